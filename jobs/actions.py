@@ -1,0 +1,342 @@
+"""What happens to jobs: submission, admission, deployment, completion, termination, reconcile.
+
+Views and tasks call these functions; status changes go through jobs.states.transition().
+"""
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from django.conf import settings
+from django.core import signing
+from django.db import transaction
+from django.utils import timezone
+
+from gpu_scheduler import core as scheduler
+from jobs import storage
+from jobs.backends import get_backend
+from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
+from jobs.manifest import ManifestError, parse_manifest
+from jobs.models import Artifact, Job, Learner, LogLine, Status
+from jobs.states import ACTIVE, transition
+from learner_agent.archive import ArchiveError, inspect_archive
+
+log = logging.getLogger(__name__)
+INGEST_SALT = "trainyard.ingest"
+SYSTEM = "lifecycle-manager"
+
+
+class SubmitError(Exception):
+    def __init__(self, detail, *, field=None, status=400):
+        super().__init__(detail)
+        self.detail, self.field, self.status = detail, field, status
+
+
+# --- submit --------------------------------------------------------------------------------------
+def submit(membership, *, manifest_bytes, code_file):
+    """Validate and store a new job; nothing is stored or reserved unless everything is valid."""
+    if not membership.can_submit:
+        raise SubmitError(f"your role in {membership.tenant.slug!r} ({membership.role}) cannot submit jobs",
+                          status=403)
+    try:
+        manifest = parse_manifest(manifest_bytes)
+    except ManifestError as exc:
+        raise SubmitError(str(exc), field=exc.field) from None
+    if code_file is None:
+        raise SubmitError("a code archive (zip or tar.gz) is required", field="code")
+    if code_file.size > settings.MAX_CODE_BYTES:
+        raise SubmitError(f"code archive is {code_file.size / 2**20:.1f} MiB; the limit is "
+                          f"{settings.MAX_CODE_BYTES / 2**20:.0f} MiB", field="code", status=413)
+    upload = _save_upload(code_file)
+    try:
+        try:
+            info = inspect_archive(upload, max_unpacked_bytes=settings.MAX_UNPACKED_BYTES,
+                                   max_members=settings.MAX_ARCHIVE_MEMBERS)
+        except ArchiveError as exc:
+            raise SubmitError(f"code archive refused: {exc}", field="code") from None
+        job = _create_job(membership, manifest, manifest_bytes, upload, info)
+    finally:
+        upload.unlink(missing_ok=True)
+    return job
+
+
+def _save_upload(code_file):
+    fd, name = tempfile.mkstemp(dir=storage.uploads_dir(), prefix=".tmp-upload-")
+    with os.fdopen(fd, "wb") as out:
+        for chunk in code_file.chunks():
+            out.write(chunk)
+    return Path(name)
+
+
+def _create_job(membership, manifest, manifest_bytes, upload, info):
+    digest = storage.sha256_of(upload)
+    job = Job(tenant=membership.tenant, owner=membership.user, name=manifest.name,
+              description=manifest.description, framework=manifest.framework, manifest=manifest.raw,
+              manifest_yaml=manifest_bytes.decode("utf-8"), learners=manifest.learners, gpus=manifest.gpus,
+              cpus=manifest.cpus, memory_bytes=manifest.memory_bytes, priority=manifest.priority,
+              code_sha256=digest, code_bytes=upload.stat().st_size)
+    folder = storage.create_job_dir(membership.tenant.slug, job.id)
+    try:
+        shutil.copyfile(upload, folder / f"code.{info.kind}")
+        with transaction.atomic():
+            job.save(force_insert=True)
+            job.events.create(to_status=Status.QUEUED, actor=membership.user.username, reason="submitted")
+            transaction.on_commit(_enqueue_schedule)
+    except Exception:
+        storage.remove_job_dir(membership.tenant.slug, job.id)
+        raise
+    return job
+
+
+def code_archive(job):
+    folder = storage.job_dir(job.tenant.slug, job.id)
+    return next(iter(sorted(folder.glob("code.*"))), None)
+
+
+def _enqueue_schedule():
+    from jobs import tasks
+    tasks.schedule.delay()
+
+
+# --- admission -----------------------------------------------------------------------------------
+def schedule_queued():
+    """One scheduling pass: admit the queued jobs that fit the free capacity, in order."""
+    queued = list(Job.objects.filter(status=Status.QUEUED).order_by("created_at"))
+    if not queued:
+        return []
+    requests = [scheduler.Request(job.id, job.learners, job.gpus, job.cpus, job.memory_bytes, job.priority,
+                                  order) for order, job in enumerate(queued)]
+    decisions = scheduler.schedule(requests, _free_nodes())
+    admitted = []
+    for job in queued:
+        if job.id in decisions.admitted:
+            placement = [{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in decisions.admitted[job.id]]
+            with transaction.atomic():
+                moved = transition(job.id, Status.PENDING, actor="scheduler", reason="admitted",
+                                   attempt=job.attempt, placement=placement, wait_reason="")
+                if moved:
+                    admitted.append(job.id)
+                    transaction.on_commit(lambda j=moved: _enqueue_deploy(j))
+        elif job.wait_reason != decisions.waiting[job.id]:
+            Job.objects.filter(pk=job.id, status=Status.QUEUED).update(wait_reason=decisions.waiting[job.id])
+    return admitted
+
+
+def used_resources():
+    """{node: {gpus, cpus, memory_bytes, gpu_ids}} held by the learners of active jobs."""
+    used = {}
+    for job in Job.objects.filter(status__in=ACTIVE).only("placement", "cpus", "memory_bytes"):
+        for learner in job.placement:
+            node = used.setdefault(learner["node"], {"gpus": 0, "cpus": 0.0, "memory_bytes": 0, "gpu_ids": set()})
+            node["gpus"] += len(learner["gpu_ids"])
+            node["cpus"] += job.cpus
+            node["memory_bytes"] += job.memory_bytes
+            node["gpu_ids"].update(learner["gpu_ids"])
+    return used
+
+
+def _free_nodes():
+    used = used_resources()
+    nodes = []
+    for node in get_backend().capacity().nodes:
+        held = used.get(node.name, {"cpus": 0.0, "memory_bytes": 0, "gpu_ids": set()})
+        gpu_ids = [g for g in range(node.gpus) if g not in held["gpu_ids"]]
+        nodes.append(scheduler.NodeFree(node.name, len(gpu_ids), node.cpus - held["cpus"],
+                                        node.memory_bytes - held["memory_bytes"], gpu_ids))
+    return nodes
+
+
+def _enqueue_deploy(job):
+    from jobs import tasks
+    tasks.deploy_job.delay(job.id, job.attempt)
+
+
+# --- deploy --------------------------------------------------------------------------------------
+def ingest_token(job_id, attempt):
+    return signing.dumps({"job": job_id, "attempt": attempt}, salt=INGEST_SALT)
+
+
+def read_ingest_token(token, job_id):
+    """The attempt an ingest token was issued for, or None if it is not valid for this job."""
+    try:
+        claims = signing.loads(token, salt=INGEST_SALT)
+    except signing.BadSignature:
+        return None
+    return claims.get("attempt") if claims.get("job") == job_id else None
+
+
+def deploy(job_id, attempt):
+    """Start the learners of an admitted attempt. Repeating it is harmless (deterministic names)."""
+    job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
+    if job is None or job.status not in (Status.PENDING, Status.DOWNLOADING, Status.PROCESSING):
+        return
+    for index in range(job.learners):
+        Learner.objects.get_or_create(job=job, attempt=attempt, index=index)
+    try:
+        get_backend().deploy(deploy_spec(job))
+    except BackendError as exc:
+        if exc.permanent:
+            transition(job.id, Status.FAILED, actor=SYSTEM, reason=f"deploy failed: {exc}", attempt=attempt)
+            return
+        raise
+
+
+def deploy_spec(job):
+    folder = storage.job_dir(job.tenant.slug, job.id)
+    manifest = parse_manifest(job.manifest_yaml)
+    env = {
+        "TRAINYARD_JOB_ID": job.id,
+        "TRAINYARD_ATTEMPT": str(job.attempt),
+        "DATA_DIR": str(folder / "data"),
+        "RESULT_DIR": str(folder / "results"),
+        "CHECKPOINT_DIR": str(folder / "checkpoints"),
+        "NUM_LEARNERS": str(job.learners),
+        "GPU_COUNT": str(job.gpus),
+    }
+    resume_from = latest_checkpoint(job) if job.attempt > 1 else None
+    if resume_from:
+        env["RESUME_FROM"] = str(resume_from)
+    learners = []
+    for index in range(job.learners):
+        placement = job.placement[index] if index < len(job.placement) else {"gpu_ids": []}
+        learner_env = {"LEARNER_ID": str(index)}
+        if job.learners > 1:
+            learner_env.update(RANK=str(index), WORLD_SIZE=str(job.learners), MASTER_ADDR="127.0.0.1",
+                               MASTER_PORT=str(20000 + int(job.code_sha256[:6], 16) % 20000))
+        learners.append(LearnerSpec(index=index, env=learner_env, gpu_ids=tuple(placement["gpu_ids"])))
+    return DeploySpec(
+        job_id=job.id, attempt=job.attempt, tenant=job.tenant.slug, command=manifest.command,
+        code_archive=str(code_archive(job)), job_dir=str(folder), learners=tuple(learners), cpus=job.cpus,
+        memory_bytes=job.memory_bytes, gpus=job.gpus, env=env, metric_regexes=manifest.metric_regexes,
+        checkpoint_signal=manifest.checkpoint_signal, grace_seconds=manifest.grace_seconds,
+        ingest_url=f"{settings.PUBLIC_URL.rstrip('/')}/api/v1/ingest/{job.id}/",
+        ingest_token=ingest_token(job.id, job.attempt))
+
+
+def latest_checkpoint(job):
+    """The newest complete checkpoint the learners wrote (temporary files are never offered)."""
+    folder = storage.job_dir(job.tenant.slug, job.id) / "checkpoints"
+    candidates = [p for p in folder.iterdir() if not p.name.startswith(".")] if folder.is_dir() else []
+    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+
+
+# --- learners report -----------------------------------------------------------------------------
+def learner_preparing(job):
+    transition(job.id, Status.DOWNLOADING, actor=SYSTEM, reason="fetching code and data", attempt=job.attempt)
+
+
+def learner_running(job, learner, when):
+    Learner.objects.filter(pk=learner.pk).update(state=Learner.State.RUNNING, started_at=when)
+    running = Learner.objects.filter(job=job, attempt=job.attempt, state=Learner.State.RUNNING).count()
+    if running == job.learners:
+        transition(job.id, Status.PROCESSING, actor=SYSTEM, reason="training", attempt=job.attempt)
+
+
+def learner_exited(job, learner, *, exit_code, reason, when, state=Learner.State.EXITED):
+    """Record a learner's end; the last one of the attempt triggers finish_attempt."""
+    updated = (Learner.objects.filter(pk=learner.pk).exclude(state__in=[Learner.State.EXITED, Learner.State.LOST])
+               .update(state=state, exit_code=exit_code, reason=reason, finished_at=when))
+    if not updated:
+        return
+    pending = Learner.objects.filter(job=job, attempt=learner.attempt).exclude(
+        state__in=[Learner.State.EXITED, Learner.State.LOST]).exists()
+    if not pending:
+        from jobs import tasks
+        transaction.on_commit(lambda: tasks.finish_attempt.delay(job.id, learner.attempt))
+
+
+# --- finish --------------------------------------------------------------------------------------
+def finish_attempt(job_id, attempt):
+    """All learners of the attempt have ended: store results and settle the job's final status."""
+    job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
+    if job is None or job.status not in ACTIVE:
+        return
+    learners = list(Learner.objects.filter(job=job, attempt=attempt).order_by("index"))
+    failed = [lr for lr in learners if lr.state == Learner.State.LOST or lr.exit_code != 0]
+    if failed:
+        first = failed[0]
+        _store_results(job)
+        transition(job.id, Status.FAILED, actor=SYSTEM, attempt=attempt, reason=_failure_reason(job, first),
+                   exit_code=first.exit_code)
+        return
+    if not transition(job.id, Status.STORING, actor=SYSTEM, reason="storing results", attempt=attempt):
+        return
+    _store_results(job)
+    transition(job.id, Status.COMPLETED, actor=SYSTEM, reason="all learners exited 0", attempt=attempt, exit_code=0)
+
+
+def _failure_reason(job, learner):
+    if learner.state == Learner.State.LOST:
+        what = f"learner {learner.index} was lost: {learner.reason}"
+    elif learner.exit_code is None:
+        what = f"learner {learner.index} did not start: {learner.reason}"
+    else:
+        what = f"learner {learner.index} exited with code {learner.exit_code}"
+        if learner.reason:
+            what += f" ({learner.reason})"
+    last = (LogLine.objects.filter(job=job, attempt=learner.attempt, learner=learner.index)
+            .order_by("-seq").values_list("line", flat=True).first())
+    return f"{what}; last output: {last[:300]}" if last else what
+
+
+def _store_results(job):
+    """Write the job's log to storage and record every result, checkpoint and log as an artifact."""
+    folder = storage.job_dir(job.tenant.slug, job.id)
+    logs = folder / "logs"
+    logs.mkdir(exist_ok=True)
+    tmp = logs / ".tmp-training.log"
+    with open(tmp, "w", encoding="utf-8") as out:
+        for line in LogLine.objects.filter(job=job).order_by("seq").values_list("line", flat=True).iterator(5000):
+            out.write(line + "\n")
+    os.replace(tmp, logs / "training.log")
+    for name, kind, path in storage.list_artifacts(job.tenant.slug, job.id):
+        Artifact.objects.update_or_create(job=job, name=name, defaults={
+            "kind": kind, "size": path.stat().st_size, "sha256": storage.sha256_of(path), "attempt": job.attempt})
+
+
+# --- user actions --------------------------------------------------------------------------------
+def terminate(job, *, actor):
+    """Stop a job for good; the learners are torn down right after the status change commits."""
+    from jobs.states import require_transition
+    job = require_transition(job.id, Status.TERMINATED, actor=actor, reason=f"terminated by {actor}")
+    from jobs import tasks
+    transaction.on_commit(lambda: tasks.teardown.delay(job.id, job.attempt))
+    return job
+
+
+def teardown(job_id, attempt):
+    job = Job.objects.select_related("tenant").filter(pk=job_id).first()
+    if job is None:
+        return
+    get_backend().delete(tenant=job.tenant.slug, job_id=job.id, attempt=attempt, learners=job.learners)
+
+
+# --- reconcile -----------------------------------------------------------------------------------
+def reconcile():
+    """Bring every active job in line with what the backend reports about its learners."""
+    backend = get_backend()
+    for job in Job.objects.select_related("tenant").filter(status__in=ACTIVE):
+        if job.status == Status.STORING:
+            from jobs import tasks
+            tasks.finish_attempt.delay(job.id, job.attempt)
+            continue
+        statuses = backend.status(tenant=job.tenant.slug, job_id=job.id, attempt=job.attempt, learners=job.learners)
+        learners = {lr.index: lr for lr in Learner.objects.filter(job=job, attempt=job.attempt)}
+        for status in statuses:
+            learner = learners.get(status.index)
+            if learner is None or learner.state in (Learner.State.EXITED, Learner.State.LOST):
+                continue
+            with transaction.atomic():
+                if status.state == LearnerState.EXITED:
+                    # The agent ended but its report never arrived: its exit record on disk says how.
+                    learner_exited(job, learner, exit_code=status.exit_code, reason=status.reason,
+                                   when=timezone.now())
+                elif status.state == LearnerState.MISSING:
+                    learner_exited(job, learner, exit_code=None, reason=status.reason,
+                                   when=timezone.now(), state=Learner.State.LOST)
+        if job.status == Status.PENDING and not learners:
+            from jobs import tasks
+            tasks.deploy_job.delay(job.id, job.attempt)
+    schedule_queued()
+

@@ -1,0 +1,181 @@
+"""The `local` backend: each learner is a learner-agent process tree on this machine.
+
+The agent is started detached (its own session, reparented away from the Celery worker), so
+learners keep running when the worker, the web server or Redis restarts. Everything the backend
+knows is on disk in the learner's folder (agent.pid, exit.json), so a restarted worker finds it.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from functools import cached_property
+from pathlib import Path
+
+from django.conf import settings
+
+from jobs import storage
+from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEPLOY_GRACE_S = 60  # a learner folder without a pid this long after deploy counts as missing
+
+
+class LocalBackend:
+    name = "local"
+
+    # --- deploy ------------------------------------------------------------------------------------
+    def deploy(self, spec: DeploySpec):
+        for learner in spec.learners:
+            folder = storage.learner_dir(spec.tenant, spec.job_id, spec.attempt, learner.index)
+            if (folder / "exit.json").exists() or _agent_alive(folder):
+                continue  # already deployed: deploy is repeated after worker restarts
+            folder.mkdir(parents=True, exist_ok=True)
+            _write_private_json(folder / "agent.json", self._agent_config(spec, learner, folder))
+            self._start_agent(folder)
+
+    def _agent_config(self, spec, learner, folder):
+        job_dir = Path(spec.job_dir)
+        work_dir = folder / "work"
+        env = dict(spec.env, **learner.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in learner.gpu_ids)
+        return {
+            "job_id": spec.job_id,
+            "attempt": spec.attempt,
+            "learner": learner.index,
+            "command": spec.command,
+            "code_archive": spec.code_archive,
+            "work_dir": str(work_dir),
+            "env": env,
+            "writable_dirs": [str(work_dir), str(job_dir / "results"), str(job_dir / "checkpoints")],
+            "readonly_dirs": [str(job_dir / "data")],
+            # The learner sees the machine read-only, minus everything Trainyard keeps: other
+            # jobs, the database, the agent's own config with its ingest token.
+            "hidden_dirs": sorted({str(settings.DATA_DIR), str(storage.root())}),
+            "ingest_url": spec.ingest_url,
+            "ingest_token": spec.ingest_token,
+            "metric_regexes": spec.metric_regexes,
+            "sandbox": settings.SANDBOX,
+            "cpus": spec.cpus,
+            "memory_bytes": spec.memory_bytes,
+            "checkpoint_signal": spec.checkpoint_signal,
+            "grace_seconds": spec.grace_seconds,
+            "max_unpacked_bytes": settings.MAX_UNPACKED_BYTES,
+            "max_members": settings.MAX_ARCHIVE_MEMBERS,
+        }
+
+    def _start_agent(self, folder):
+        # A clean environment: the agent needs no platform secret beyond its own ingest token.
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+               "PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}
+        with open(folder / "agent.log", "ab") as log:
+            result = subprocess.run(
+                [sys.executable, "-m", "learner_agent", "run", "--config", str(folder / "agent.json"),
+                 "--detach"],
+                cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=30)
+        if result.returncode != 0:
+            raise BackendError(f"learner agent did not start (exit {result.returncode}); see {folder}/agent.log")
+
+    # --- observe -----------------------------------------------------------------------------------
+    def status(self, *, tenant, job_id, attempt, learners):
+        return [self._learner_status(storage.learner_dir(tenant, job_id, attempt, i), i) for i in range(learners)]
+
+    def _learner_status(self, folder, index):
+        if _agent_alive(folder):
+            return LearnerStatus(index, LearnerState.RUNNING)
+        exit_file = folder / "exit.json"
+        if exit_file.exists():
+            try:
+                outcome = json.loads(exit_file.read_text())
+                return LearnerStatus(index, LearnerState.EXITED, outcome.get("exit_code"), outcome.get("reason", ""))
+            except (OSError, ValueError):
+                pass
+        config = folder / "agent.json"
+        if config.exists() and time.time() - config.stat().st_mtime < DEPLOY_GRACE_S:
+            return LearnerStatus(index, LearnerState.PENDING)
+        return LearnerStatus(index, LearnerState.MISSING, reason="learner agent is not running and left no exit record")
+
+    def logs(self, *, tenant, job_id, attempt, index):
+        path = storage.learner_dir(tenant, job_id, attempt, index) / "agent.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def capacity(self):
+        return Capacity(nodes=(Node(name="local", gpus=self._gpus, cpus=settings.LOCAL_CPUS,
+                                    memory_bytes=self._memory_bytes),))
+
+    @cached_property
+    def _gpus(self):
+        return settings.LOCAL_GPUS if settings.LOCAL_GPUS >= 0 else _detect_gpus()
+
+    @cached_property
+    def _memory_bytes(self):
+        if settings.LOCAL_MEMORY_MB:
+            return settings.LOCAL_MEMORY_MB * 2**20
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    # --- stop --------------------------------------------------------------------------------------
+    def halt(self, *, tenant, job_id, attempt, learners):
+        """Ask each agent to checkpoint-and-stop its learner (the agent waits the grace period)."""
+        for index in range(learners):
+            _signal_agent(storage.learner_dir(tenant, job_id, attempt, index), signal.SIGUSR1)
+
+    def delete(self, *, tenant, job_id, attempt, learners, wait_s=10.0):
+        """Stop every learner of the attempt; SIGKILL what has not stopped after `wait_s`."""
+        folders = [storage.learner_dir(tenant, job_id, attempt, i) for i in range(learners)]
+        for folder in folders:
+            _signal_agent(folder, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        while any(_agent_alive(f) for f in folders) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for folder in folders:
+            _signal_agent(folder, signal.SIGKILL)
+
+
+def _detect_gpus():
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def _agent_pid(folder):
+    try:
+        return int((folder / "agent.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _agent_alive(folder):
+    """Whether this folder's agent runs, checked against /proc so a reused pid does not fool us."""
+    pid = _agent_pid(folder)
+    if pid is None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    zombie = stat.rsplit(")", 1)[-1].split()[0] == "Z"
+    return not zombie and str(folder / "agent.json").encode() in cmdline
+
+
+def _signal_agent(folder, signum):
+    if not _agent_alive(folder):
+        return
+    try:
+        os.kill(_agent_pid(folder), signum)
+    except ProcessLookupError:
+        pass
+
+
+def _write_private_json(path, data):
+    tmp = path.with_name(f".tmp-{path.name}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)

@@ -1,0 +1,116 @@
+"""Websockets: `/ws/jobs/<id>/` streams one job, `/ws/jobs/` the status changes of a tenant's jobs.
+
+A connection is authenticated (browser session, or `?token=` for scripts) and scoped to a tenant
+exactly like the REST API; another tenant's job id is refused without a word about it.
+"""
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.http import Http404
+
+from jobs import live
+from tenants import access
+from tenants.auth import user_for_key
+
+BACKLOG_LINES = 5000
+CLOSE_NOT_FOUND = 4404
+CLOSE_UNAUTHORIZED = 4401
+
+
+class _ScopedConsumer(AsyncJsonWebsocketConsumer):
+    def query(self, name):
+        values = parse_qs(self.scope.get("query_string", b"").decode()).get(name)
+        return values[0] if values else None
+
+    @database_sync_to_async
+    def _membership(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            user = user_for_key(self.query("token"))
+        headers = dict(self.scope.get("headers", []))
+        requested = headers.get(b"x-trainyard-tenant", b"").decode() or self.query("tenant")
+        try:
+            return access.membership_for(user, requested)
+        except access.NoTenant:
+            return None
+
+
+class JobConsumer(_ScopedConsumer):
+    async def connect(self):
+        membership = await self._membership()
+        if membership is None:
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        job_id = self.scope["url_route"]["kwargs"]["job_id"]
+        job = await self._job(membership, job_id)
+        if job is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.group = live.job_group(job_id)
+        # Join before reading the backlog, so nothing published in between is missed; the
+        # client drops the duplicates by seq.
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        since = _int(self.query("since"), 0)
+        for message in await self._backlog(job, since):
+            await self.send_json(message)
+
+    async def disconnect(self, code):
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    @database_sync_to_async
+    def _job(self, membership, job_id):
+        try:
+            return access.job_or_404(membership, job_id)
+        except Http404:
+            return None
+
+    @database_sync_to_async
+    def _backlog(self, job, since):
+        from jobs.serializers import JobDetailSerializer, log_line_json, metric_json
+        job.refresh_from_db()
+        messages = [{"type": "job", "job": JobDetailSerializer(job).data}]
+        lines = job.log_lines.filter(seq__gt=since).order_by("-seq")[:BACKLOG_LINES]
+        lines = [log_line_json(line) for line in reversed(list(lines))]
+        for start in range(0, len(lines), live.CHUNK):
+            messages.append({"type": "logs", "lines": lines[start:start + live.CHUNK]})
+        points = [metric_json(p) for p in job.metric_points.order_by("id")]
+        if points:
+            messages.append({"type": "metrics", "points": points})
+        return messages
+
+    async def job_status(self, event):
+        await self.send_json({"type": "status", **event["status"], "job_detail": event["job"]})
+
+    async def job_logs(self, event):
+        await self.send_json({"type": "logs", "lines": event["lines"]})
+
+    async def job_metrics(self, event):
+        await self.send_json({"type": "metrics", "points": event["points"]})
+
+
+class JobListConsumer(_ScopedConsumer):
+    async def connect(self):
+        membership = await self._membership()
+        if membership is None:
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        self.group = live.tenant_group(membership.tenant_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def job_status(self, event):
+        await self.send_json({"type": "status", **event["status"], "job_detail": event["job"]})
+
+
+def _int(value, default):
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return default

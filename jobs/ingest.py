@@ -1,0 +1,149 @@
+"""Storing what learner agents send (DEVELOPERS.md, "The ingest protocol").
+
+Exactly-once and in order: each learner's records carry a gap-free sequence number, the learner's
+row remembers the highest one stored, and a batch is applied under the job's row lock. A resend is
+dropped, a gap is refused with 409 so the agent rewinds, and log lines get a dense job-wide `seq`.
+"""
+from dataclasses import dataclass
+from datetime import datetime, timezone as dt_timezone
+
+from django.db import transaction
+
+from jobs import actions, live
+from jobs.models import Job, Learner, LogLine, MetricPoint, Status
+
+MAX_RECORDS = 5000
+MAX_LINE = 64 * 1024
+
+
+class IngestError(Exception):
+    def __init__(self, status, detail, acked=None):
+        super().__init__(detail)
+        self.status, self.detail, self.acked = status, detail, acked
+
+
+@dataclass
+class Batch:
+    attempt: int
+    learner: int
+    records: list
+
+
+def parse_batch(payload):
+    if not isinstance(payload, dict):
+        raise IngestError(400, "body must be a JSON object")
+    attempt, learner, records = payload.get("attempt"), payload.get("learner"), payload.get("records")
+    if not isinstance(attempt, int) or not isinstance(learner, int) or learner < 0:
+        raise IngestError(400, "attempt and learner must be integers")
+    if not isinstance(records, list) or len(records) > MAX_RECORDS:
+        raise IngestError(400, f"records must be a list of at most {MAX_RECORDS}")
+    for record in records:
+        if not isinstance(record, dict) or not isinstance(record.get("seq"), int) or record["seq"] < 1:
+            raise IngestError(400, "every record needs an integer seq >= 1")
+        if record.get("kind") not in ("log", "metric", "status"):
+            raise IngestError(400, f"record {record['seq']}: kind must be log, metric or status")
+    return Batch(attempt, learner, sorted(records, key=lambda r: r["seq"]))
+
+
+def ingest(job_id, token, payload):
+    """Apply one batch; return the highest sequence number stored for this learner."""
+    attempt = actions.read_ingest_token(token, job_id) if token else None
+    if attempt is None:
+        raise IngestError(401, "ingest token is not valid for this job")
+    batch = parse_batch(payload)
+    if batch.attempt != attempt:
+        raise IngestError(401, "ingest token was issued for another attempt")
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant").filter(pk=job_id).first()
+        if job is None:
+            raise IngestError(404, "no such job")
+        if batch.learner >= job.learners:
+            raise IngestError(400, f"learner {batch.learner} does not exist (job has {job.learners})")
+        learner, _ = Learner.objects.get_or_create(job=job, attempt=attempt, index=batch.learner)
+        learner = Learner.objects.select_for_update().get(pk=learner.pk)
+        fresh = _fresh_records(batch.records, learner.acked_seq)
+        lines, points = _store(job, learner, fresh)
+        # What a stopped or superseded attempt sent is still kept (its last words matter), but its
+        # agent is told to stop the learner.
+        stopped = job.status == Status.TERMINATED or job.attempt != attempt
+    live.publish_records_on_commit(job.id, lines, points)
+    if stopped:
+        raise IngestError(410, f"job is {job.status} (attempt {job.attempt}); stop the learner", learner.acked_seq)
+    return learner.acked_seq
+
+
+def _fresh_records(records, acked):
+    """The records after `acked`, which must continue it without a gap."""
+    fresh = [r for r in records if r["seq"] > acked]
+    expected = acked + 1
+    for record in fresh:
+        if record["seq"] != expected:
+            raise IngestError(409, f"expected seq {expected}, got {record['seq']}", acked)
+        expected += 1
+    return fresh
+
+
+def _store(job, learner, records):
+    """Insert the records in order; status records apply between the rows before and after them."""
+    stored_lines, stored_points, lines, points = [], [], [], []
+
+    def flush():
+        stored_lines.extend(LogLine.objects.bulk_create(lines))
+        stored_points.extend(MetricPoint.objects.bulk_create(points))
+        lines.clear()
+        points.clear()
+
+    for record in records:
+        when = _time(record.get("time"))
+        if record["kind"] == "log":
+            job.log_seq += 1
+            lines.append(LogLine(job=job, seq=job.log_seq, attempt=learner.attempt, learner=learner.index,
+                                 stream="stderr" if record.get("stream") == "stderr" else "stdout",
+                                 time=when, line=str(record.get("line", ""))[:MAX_LINE]))
+        elif record["kind"] == "metric":
+            point = _metric(record, learner, when)
+            if point is not None:
+                point.job = job
+                points.append(point)
+        else:
+            flush()
+            Job.objects.filter(pk=job.pk).update(log_seq=job.log_seq)
+            _apply_status(job, learner, record, when)
+    flush()
+    if records:
+        learner.acked_seq = records[-1]["seq"]
+        Learner.objects.filter(pk=learner.pk).update(acked_seq=learner.acked_seq)
+        Job.objects.filter(pk=job.pk).update(log_seq=job.log_seq)
+    return stored_lines, stored_points
+
+
+def _metric(record, learner, when):
+    try:
+        value = float(record["value"])
+        step = record.get("step")
+        step = int(step) if step is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
+    name = str(record.get("name", ""))[:100]
+    if not name or value != value:  # NaN is dropped: it cannot be charted or compared
+        return None
+    return MetricPoint(attempt=learner.attempt, learner=learner.index, name=name, step=step, value=value, time=when)
+
+
+def _apply_status(job, learner, record, when):
+    state = record.get("state")
+    if state == "preparing":
+        actions.learner_preparing(job)
+    elif state == "running":
+        actions.learner_running(job, learner, when)
+    elif state == "exited":
+        exit_code = record.get("exit_code")
+        actions.learner_exited(job, learner, exit_code=exit_code if isinstance(exit_code, int) else None,
+                               reason=str(record.get("reason") or "")[:2000], when=when)
+
+
+def _time(value):
+    try:
+        return datetime.fromtimestamp(float(value), tz=dt_timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return datetime.now(tz=dt_timezone.utc)

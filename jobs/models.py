@@ -1,0 +1,163 @@
+"""A training job, its learners, its history, and what its learners reported."""
+import secrets
+import string
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from tenants.models import Tenant
+
+ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_job_id():
+    return "training-" + "".join(secrets.choice(ID_ALPHABET) for _ in range(10))
+
+
+class Status(models.TextChoices):
+    QUEUED = "QUEUED"
+    PENDING = "PENDING"
+    DOWNLOADING = "DOWNLOADING"
+    PROCESSING = "PROCESSING"
+    STORING = "STORING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    HALTING = "HALTING"
+    HALTED = "HALTED"
+    TERMINATED = "TERMINATED"
+
+
+class Job(models.Model):
+    id = models.CharField(primary_key=True, max_length=40, default=new_job_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    framework = models.CharField(max_length=40)
+    manifest = models.JSONField()
+    manifest_yaml = models.TextField()
+    learners = models.PositiveIntegerField(default=1)
+    gpus = models.PositiveIntegerField(default=0)  # per learner
+    cpus = models.FloatField(default=1.0)  # per learner
+    memory_bytes = models.BigIntegerField()  # per learner
+    priority = models.CharField(max_length=10, default="normal")
+    code_sha256 = models.CharField(max_length=64)
+    code_bytes = models.BigIntegerField(default=0)
+
+    # Written only by jobs.states.transition().
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    status_reason = models.TextField(blank=True)
+    attempt = models.PositiveIntegerField(default=1)
+    exit_code = models.IntegerField(null=True, blank=True)
+    # Why a QUEUED job waits, written by each scheduling pass ("waiting: needs 2 GPUs ...").
+    wait_reason = models.TextField(blank=True)
+    # Where the current attempt's learners run: [{"node": ..., "gpu_ids": [...]}, ...]
+    placement = models.JSONField(default=list, blank=True)
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Job-wide counter behind LogLine.seq; bumped under the job's row lock during ingest.
+    log_seq = models.BigIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-created_at"])]
+
+    def __str__(self):
+        return self.id
+
+    @property
+    def is_final(self):
+        from jobs.states import FINAL
+        return self.status in FINAL
+
+    @property
+    def total_gpus(self):
+        return self.gpus * self.learners
+
+
+class Learner(models.Model):
+    """One learner process (or pod) of one attempt of a job."""
+
+    class State(models.TextChoices):
+        DEPLOYING = "deploying"
+        RUNNING = "running"
+        EXITED = "exited"
+        LOST = "lost"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="learner_set")
+    attempt = models.PositiveIntegerField()
+    index = models.PositiveIntegerField()
+    state = models.CharField(max_length=20, choices=State.choices, default=State.DEPLOYING)
+    exit_code = models.IntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    # Highest agent sequence number stored: records at or below it are resends and are dropped.
+    acked_seq = models.BigIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "attempt", "index"], name="one_learner_per_slot")]
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    time = models.DateTimeField(default=timezone.now)
+    from_status = models.CharField(max_length=20, blank=True)
+    to_status = models.CharField(max_length=20)
+    attempt = models.PositiveIntegerField(default=1)
+    actor = models.CharField(max_length=150)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["time", "id"]
+
+
+class LogLine(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_lines")
+    seq = models.BigIntegerField()  # dense, job-wide, from 1: clients resume with ?since=
+    attempt = models.PositiveIntegerField(default=1)
+    learner = models.PositiveIntegerField(default=0)
+    stream = models.CharField(max_length=6)  # stdout | stderr
+    time = models.DateTimeField()
+    line = models.TextField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="one_log_line_per_seq")]
+
+
+class MetricPoint(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    attempt = models.PositiveIntegerField(default=1)
+    learner = models.PositiveIntegerField(default=0)
+    name = models.CharField(max_length=100)
+    step = models.BigIntegerField(null=True, blank=True)
+    value = models.FloatField()
+    time = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "name", "id"])]
+
+
+class Artifact(models.Model):
+    """A stored result file or checkpoint, recorded when the job's results are stored."""
+
+    class Kind(models.TextChoices):
+        RESULT = "result"
+        CHECKPOINT = "checkpoint"
+        LOG = "log"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifacts")
+    attempt = models.PositiveIntegerField(default=1)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    name = models.CharField(max_length=500)  # path under the job's storage, e.g. results/model.pt
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="one_artifact_per_name")]

@@ -1,0 +1,86 @@
+"""How jobs, events, log lines and metric points look in JSON (REST and websockets alike)."""
+from django.db.models import Q
+from rest_framework import serializers
+
+from jobs.models import Artifact, Job, JobEvent, MetricPoint, Status
+from jobs.states import FINAL
+
+
+def log_line_json(line):
+    return {"seq": line.seq, "learner": line.learner, "stream": line.stream,
+            "time": line.time.isoformat(), "line": line.line}
+
+
+def metric_json(point):
+    return {"name": point.name, "step": point.step, "value": point.value,
+            "time": point.time.isoformat(), "learner": point.learner}
+
+
+def queue_position(job):
+    """1-based place among all queued jobs (priority, then submission order), or None."""
+    if job.status != Status.QUEUED:
+        return None
+    rank = {"high": 0, "normal": 1, "low": 2}
+    ahead = Job.objects.filter(status=Status.QUEUED).filter(
+        Q(priority__in=[p for p, r in rank.items() if r < rank.get(job.priority, 1)])
+        | Q(priority=job.priority, created_at__lt=job.created_at))
+    return ahead.count() + 1
+
+
+def latest_metrics(job):
+    """{name: {value, step}} of each metric's most recent point."""
+    latest = {}
+    for point in MetricPoint.objects.filter(job=job).order_by("id").only("name", "value", "step"):
+        latest[point.name] = {"value": point.value, "step": point.step}
+    return latest
+
+
+class JobSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username")
+    tenant = serializers.CharField(source="tenant.slug")
+    final = serializers.SerializerMethodField()
+    queue_position = serializers.SerializerMethodField()
+    page_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = ["id", "name", "description", "framework", "status", "status_reason", "wait_reason", "attempt",
+                  "exit_code", "priority", "learners", "gpus", "cpus", "memory_bytes", "owner", "tenant",
+                  "created_at", "admitted_at", "started_at", "finished_at", "queue_position", "final",
+                  "page_url", "code_sha256", "code_bytes"]
+
+    def get_final(self, job) -> bool:
+        return job.status in FINAL
+
+    def get_queue_position(self, job) -> int | None:
+        return queue_position(job)
+
+    def get_page_url(self, job) -> str:
+        return f"/jobs/{job.id}/"
+
+
+class JobDetailSerializer(JobSerializer):
+    latest_metrics = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = JobSerializer.Meta.fields + ["manifest", "manifest_yaml", "placement", "latest_metrics"]
+
+    def get_latest_metrics(self, job) -> dict:
+        return latest_metrics(job)
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["time", "from_status", "to_status", "attempt", "actor", "reason"]
+
+
+class ArtifactSerializer(serializers.ModelSerializer):
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Artifact
+        fields = ["name", "kind", "size", "sha256", "attempt", "created_at", "url"]
+
+    def get_url(self, artifact) -> str:
+        return f"/api/v1/jobs/{artifact.job_id}/artifacts/{artifact.name}"

@@ -1,0 +1,87 @@
+"""The job state machine (SPEC §3): the only code that writes Job.status.
+
+Each change is a compare-and-swap on the row (`UPDATE ... WHERE status IN (allowed sources)`), so
+two workers racing to move the same job cannot both win, and its event row is written in the same
+transaction, so history and status never disagree.
+"""
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import Job, JobEvent, Status
+
+log = logging.getLogger(__name__)
+
+FINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.TERMINATED})
+ACTIVE = frozenset({Status.PENDING, Status.DOWNLOADING, Status.PROCESSING, Status.STORING, Status.HALTING})
+
+TRANSITIONS = {
+    Status.QUEUED: {Status.PENDING, Status.FAILED, Status.TERMINATED},
+    Status.PENDING: {Status.DOWNLOADING, Status.PROCESSING, Status.STORING, Status.QUEUED, Status.HALTING,
+                     Status.FAILED, Status.TERMINATED},
+    Status.DOWNLOADING: {Status.PROCESSING, Status.STORING, Status.QUEUED, Status.HALTING, Status.FAILED,
+                         Status.TERMINATED},
+    Status.PROCESSING: {Status.STORING, Status.QUEUED, Status.HALTING, Status.FAILED, Status.TERMINATED},
+    Status.STORING: {Status.COMPLETED, Status.HALTED, Status.FAILED, Status.TERMINATED},
+    Status.HALTING: {Status.STORING, Status.HALTED, Status.FAILED, Status.TERMINATED},
+    Status.HALTED: {Status.QUEUED, Status.TERMINATED},
+    Status.COMPLETED: set(),
+    Status.FAILED: set(),
+    Status.TERMINATED: set(),
+}
+
+
+class InvalidTransition(Exception):
+    """The job is not in a state from which the requested change is allowed."""
+
+
+def sources_of(target):
+    return {source for source, targets in TRANSITIONS.items() if target in targets}
+
+
+def can_transition(status, target):
+    return target in TRANSITIONS[Status(status)]
+
+
+def transition(job_id, target, *, actor, reason="", attempt=None, **fields):
+    """Move a job to `target` if its current status allows it (and its attempt matches).
+
+    Returns the updated Job, or None when the compare-and-swap lost (the job moved on, or another
+    worker got there first). `fields` are extra Job columns to set in the same update.
+    """
+    target = Status(target)
+    now = timezone.now()
+    updates = dict(fields, status=target, status_reason=reason, updated_at=now)
+    if target == Status.PENDING:
+        updates.setdefault("admitted_at", now)
+    if target in FINAL:
+        updates.setdefault("finished_at", now)
+    with transaction.atomic():
+        current = Job.objects.filter(pk=job_id).values("status", "attempt").first()
+        if current is None:
+            return None
+        rows = Job.objects.filter(pk=job_id, status=current["status"], status__in=sources_of(target))
+        if attempt is not None:
+            rows = rows.filter(attempt=attempt)
+        if not rows.update(**updates):
+            return None
+        job = Job.objects.get(pk=job_id)
+        JobEvent.objects.create(job=job, time=now, from_status=current["status"], to_status=target,
+                                attempt=job.attempt, actor=actor, reason=reason)
+        if target == Status.PROCESSING and job.started_at is None:
+            Job.objects.filter(pk=job_id, started_at__isnull=True).update(started_at=now)
+            job.started_at = now
+    log.info("%s: %s -> %s (%s) %s", job_id, current["status"], target, actor, reason)
+    from jobs import live
+    live.publish_status_on_commit(job)
+    return job
+
+
+def require_transition(job_id, target, **kwargs):
+    """transition() for user requests: raise InvalidTransition with a reason instead of None."""
+    job = transition(job_id, target, **kwargs)
+    if job is None:
+        status = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+        raise InvalidTransition(f"job {job_id} is {status}; it cannot become {Status(target).value}")
+    return job

@@ -1,0 +1,85 @@
+"""Where a job's files live: its code archive, data, results and checkpoints.
+
+`file://` storage is a directory tree, one folder per tenant and job; the local backend's learners
+work directly inside it. Names handed in from outside (artifact downloads) are resolved here only,
+so no path can escape a job's folder.
+"""
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
+
+from django.conf import settings
+
+JOB_SUBDIRS = ("data", "results", "checkpoints")
+ARTIFACT_DIRS = {"results": "result", "checkpoints": "checkpoint", "logs": "log"}
+
+
+class StorageError(Exception):
+    pass
+
+
+def root():
+    parsed = urlparse(settings.STORAGE_URL)
+    if parsed.scheme != "file":
+        raise StorageError(f"storage {settings.STORAGE_URL!r} is not supported by this build; use file://")
+    return Path(parsed.path)
+
+
+def job_dir(tenant_slug, job_id):
+    return root() / tenant_slug / job_id
+
+
+def uploads_dir():
+    path = root() / ".uploads"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def create_job_dir(tenant_slug, job_id):
+    path = job_dir(tenant_slug, job_id)
+    for sub in JOB_SUBDIRS:
+        (path / sub).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def remove_job_dir(tenant_slug, job_id):
+    shutil.rmtree(job_dir(tenant_slug, job_id), ignore_errors=True)
+
+
+def learner_dir(tenant_slug, job_id, attempt, index):
+    return job_dir(tenant_slug, job_id) / f"attempt-{attempt}" / f"learner-{index}"
+
+
+def sha256_of(path, chunk=1024 * 1024):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def list_artifacts(tenant_slug, job_id):
+    """Yield (name, kind, path) for every regular file under results/, checkpoints/ and logs/."""
+    base = job_dir(tenant_slug, job_id)
+    for folder, kind in ARTIFACT_DIRS.items():
+        top = base / folder
+        if not top.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames.sort()
+            for filename in sorted(filenames):
+                path = Path(dirpath) / filename
+                if path.is_symlink() or not path.is_file() or filename.startswith(".tmp"):
+                    continue
+                yield path.relative_to(base).as_posix(), kind, path
+
+
+def artifact_path(tenant_slug, job_id, name):
+    """The file behind an artifact name, or None if the name leaves the artifact folders."""
+    base = job_dir(tenant_slug, job_id).resolve()
+    candidate = (base / name).resolve()
+    if base not in candidate.parents or candidate.relative_to(base).parts[0] not in ARTIFACT_DIRS:
+        return None
+    return candidate if candidate.is_file() else None

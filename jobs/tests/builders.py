@@ -1,0 +1,57 @@
+"""Small builders for tenants, users, tokens and jobs."""
+import io
+import tarfile
+import zipfile
+
+from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from jobs.models import Job
+from tenants.models import ApiToken, Membership, Tenant
+
+MANIFEST = b"""
+name: test-job
+cpus: 1
+memory: 1GiB
+framework: {name: custom, command: sh run.sh}
+"""
+
+
+def member(tenant_slug="team-a", username="alice", role="researcher"):
+    tenant, _ = Tenant.objects.get_or_create(slug=tenant_slug)
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    membership, _ = Membership.objects.update_or_create(tenant=tenant, user=user, defaults={"role": role})
+    return membership
+
+
+def token_for(membership):
+    return ApiToken.issue(membership.user)[1]
+
+
+def tar_gz(files):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def zip_bytes(files):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def upload(data, name="code.tar.gz"):
+    return SimpleUploadedFile(name, data)
+
+
+def job(membership, **fields):
+    values = dict(tenant=membership.tenant, owner=membership.user, name="j", framework="custom",
+                  manifest={}, manifest_yaml=MANIFEST.decode(), memory_bytes=2**30, code_sha256="0" * 64)
+    values.update(fields)
+    return Job.objects.create(**values)

@@ -1,0 +1,126 @@
+"""REST API behaviour that needs no running worker (the end-to-end tests cover the rest)."""
+import os
+
+import pytest
+from rest_framework.test import APIClient
+
+from jobs.models import Job, LogLine
+from jobs.tests.builders import MANIFEST, job, member, tar_gz, token_for, upload, zip_bytes
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice():
+    return member("team-a", "alice")
+
+
+def client_for(membership):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(membership)}")
+    return client
+
+
+def submit(client, manifest=MANIFEST, code=None):
+    code = code if code is not None else tar_gz({"run.sh": b"echo hi\n"})
+    return client.post("/api/v1/jobs/", {"manifest": upload(manifest, "manifest.yml"), "code": upload(code)},
+                       format="multipart")
+
+
+def test_it_accepts_a_job_and_queues_it(alice, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = submit(client_for(alice))
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["id"].startswith("training-") and body["status"] == "QUEUED"
+    assert Job.objects.get(pk=body["id"]).events.get().to_status == "QUEUED"
+    assert len(callbacks) == 1  # the scheduling task, enqueued only after commit
+
+
+def test_it_rejects_a_bad_field_with_400_naming_it(alice):
+    response = submit(client_for(alice), manifest=MANIFEST.replace(b"memory: 1GiB", b"memory: 1 lots"))
+    assert response.status_code == 400
+    assert response.json()["field"] == "memory"
+    assert "memory" in response.json()["detail"]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("code, words", [
+    (tar_gz({"../evil.sh": b"x"}), ".."),
+    (zip_bytes({"../../etc/cron.d/x": b"x"}), ".."),
+    (zip_bytes({"/abs/path": b"x"}), "abs"),
+    (b"not an archive at all", "archive"),
+])
+def test_it_refuses_malicious_or_broken_archives(alice, code, words):
+    response = submit(client_for(alice), code=code)
+    assert response.status_code == 400, response.json()
+    assert response.json()["field"] == "code"
+    assert not Job.objects.exists()
+
+
+def test_it_refuses_an_archive_over_the_size_limit(alice, settings):
+    settings.MAX_CODE_BYTES = 1024
+    response = submit(client_for(alice), code=tar_gz({"big.bin": os.urandom(4096)}))
+    assert response.status_code == 413
+    assert response.json()["field"] == "code"
+
+
+def test_it_refuses_an_archive_that_unpacks_too_big(alice, settings):
+    settings.MAX_UNPACKED_BYTES = 1024 * 1024
+    response = submit(client_for(alice), code=zip_bytes({"zeros.bin": b"\0" * (5 * 1024 * 1024)}))
+    assert response.status_code == 400
+    assert response.json()["field"] == "code"
+
+
+def test_it_needs_a_token():
+    assert APIClient().get("/api/v1/jobs/").status_code in (401, 403)
+    bad = APIClient()
+    bad.credentials(HTTP_AUTHORIZATION="Token nope")
+    assert bad.get("/api/v1/jobs/").status_code == 401
+
+
+def test_viewers_cannot_submit_or_terminate():
+    viewer = member("team-a", "victor", role="viewer")
+    client = client_for(viewer)
+    assert submit(client).status_code == 403
+    theirs = job(member("team-a", "alice"))
+    assert client.post(f"/api/v1/jobs/{theirs.id}/terminate/").status_code == 403
+
+
+@pytest.mark.parametrize("suffix", ["", "events/", "logs/", "metrics/", "artifacts/", "artifacts/results/x",
+                                    "terminate/"])
+def test_outsiders_get_404_for_another_tenants_job(alice, suffix):
+    secret = job(alice)
+    LogLine.objects.create(job=secret, seq=1, stream="stdout", time=secret.created_at, line="secret")
+    outsider = client_for(member("team-b", "bob"))
+    method = outsider.post if suffix == "terminate/" else outsider.get
+    response = method(f"/api/v1/jobs/{secret.id}/{suffix}")
+    assert response.status_code == 404
+    assert b"secret" not in response.content
+    assert outsider.get("/api/v1/jobs/").json()["count"] == 0
+
+
+def test_it_pages_logs_by_seq(alice):
+    target = job(alice)
+    LogLine.objects.bulk_create(LogLine(job=target, seq=i, stream="stdout", time=target.created_at, line=f"l{i}")
+                                for i in range(1, 11))
+    body = client_for(alice).get(f"/api/v1/jobs/{target.id}/logs/?since=4&limit=3").json()
+    assert [x["seq"] for x in body["results"]] == [5, 6, 7]
+    assert body["next_since"] == 7 and body["final"] is False
+
+
+def test_terminate_is_refused_with_409_for_a_finished_job(alice):
+    done = job(alice, status="COMPLETED")
+    response = client_for(alice).post(f"/api/v1/jobs/{done.id}/terminate/")
+    assert response.status_code == 409
+    assert "COMPLETED" in response.json()["detail"]
+
+
+def test_it_names_the_tenant_with_a_header():
+    both = member("team-a", "carol")
+    member("team-b", "carol")
+    theirs = job(member("team-b", "bob"))
+    client = client_for(both)
+    assert client.get(f"/api/v1/jobs/{theirs.id}/", HTTP_X_TRAINYARD_TENANT="team-b").status_code == 200
+    assert client.get(f"/api/v1/jobs/{theirs.id}/", HTTP_X_TRAINYARD_TENANT="team-a").status_code == 404
+    assert client.get("/api/v1/jobs/", HTTP_X_TRAINYARD_TENANT="team-c").status_code == 403

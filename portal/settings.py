@@ -1,0 +1,160 @@
+"""Django settings for Trainyard, read from the environment (see README "Configuration")."""
+import os
+from pathlib import Path
+
+import dj_database_url
+
+from portal import env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# Everything Trainyard writes on this machine (SQLite file, stored jobs, runtime files) lives here.
+DATA_DIR = Path(env.text("TRAINYARD_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+
+DEBUG = env.boolean("TRAINYARD_DEBUG", False)
+SECRET_KEY = env.text("TRAINYARD_SECRET_KEY") or env.text("DJANGO_SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG and env.boolean("TRAINYARD_REQUIRE_SECRET_KEY", False):
+        raise env.ConfigError("TRAINYARD_SECRET_KEY must be set")
+    # A per-checkout key keeps demo installs working without configuration; production sets one.
+    SECRET_KEY = "trainyard-insecure-dev-key-" + str(BASE_DIR)
+ALLOWED_HOSTS = [h.strip() for h in env.text("TRAINYARD_ALLOWED_HOSTS", "*").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env.text("TRAINYARD_CSRF_TRUSTED_ORIGINS", "").split(",")
+                        if o.strip()]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "guardian",
+    "tenants",
+    "jobs",
+    "portal",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+ASGI_APPLICATION = "portal.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "DIRS": [BASE_DIR / "templates"],
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+
+# --- database: SQLite on a fresh machine, PostgreSQL through DATABASE_URL ---------------------
+DATABASE_URL = env.url("DATABASE_URL", f"sqlite:///{DATA_DIR / 'trainyard.sqlite3'}",
+                       schemes=("sqlite", "postgres", "postgresql", "pgsql"))
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The web server, the worker and beat write concurrently: WAL lets readers proceed and
+    # IMMEDIATE transactions make writers queue on the lock instead of failing mid-transaction.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: broker for Celery and the channel layer for websockets ----------------------------
+# Unset means the embedded server that `make demo` (portal.runner) starts on this port.
+EMBEDDED_REDIS_PORT = env.integer("TRAINYARD_EMBEDDED_REDIS_PORT", 6390, minimum=1)
+REDIS_URL = env.url("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0",
+                    schemes=("redis", "rediss", "unix"))
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_IGNORE_RESULT = True
+# A task is acknowledged only after it ran, so a worker killed mid-task leaves it to be redone;
+# every task is idempotent for that reason.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
+RECONCILE_INTERVAL_S = env.number("TRAINYARD_RECONCILE_INTERVAL", 10.0, minimum=0.5)
+CELERY_BEAT_SCHEDULE = {
+    "reconcile": {"task": "jobs.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000, "expiry": 30},
+    }
+}
+
+# --- jobs, storage and the learner backend --------------------------------------------------
+STORAGE_URL = env.url("TRAINYARD_STORAGE_URL", f"file://{DATA_DIR / 'storage'}", schemes=("file", "s3"))
+BACKEND = env.choice("TRAINYARD_BACKEND", "local", ("local", "kubernetes"))
+# The address learners' agents use to reach the platform's ingest endpoint.
+PUBLIC_URL = env.url("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:8000", schemes=("http", "https"))
+MAX_CODE_BYTES = env.integer("TRAINYARD_MAX_CODE_MB", 100, minimum=1) * 1024 * 1024
+MAX_UNPACKED_BYTES = env.integer("TRAINYARD_MAX_UNPACKED_MB", 1024, minimum=1) * 1024 * 1024
+MAX_ARCHIVE_MEMBERS = env.integer("TRAINYARD_MAX_ARCHIVE_FILES", 20000, minimum=1)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+
+LOCAL_GPUS = env.integer("TRAINYARD_LOCAL_GPUS", -1)  # -1: the GPUs nvidia-smi reports
+LOCAL_CPUS = env.number("TRAINYARD_LOCAL_CPUS", float(os.cpu_count() or 1), minimum=0.1)
+LOCAL_MEMORY_MB = env.integer("TRAINYARD_LOCAL_MEMORY_MB", 0)  # 0: the machine's total memory
+SANDBOX = env.choice("TRAINYARD_SANDBOX", "auto", ("auto", "bwrap", "none"))
+
+# --- auth and API -------------------------------------------------------------------------------
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.auth.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "portal.api.exception_handler",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "Trainyard API", "VERSION": "1", "SERVE_INCLUDE_SCHEMA": False}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = env.text("TRAINYARD_STATIC_ROOT")  # only for collectstatic; whitenoise serves from the finders
+WHITENOISE_USE_FINDERS = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.text("TRAINYARD_LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}

@@ -1,0 +1,92 @@
+"""The spine, end to end: real web server, Celery worker, beat, Redis and learner processes."""
+import json
+import time
+
+import pytest
+
+from portal.harness import EXAMPLES
+
+pytestmark = pytest.mark.e2e
+
+LINES_100K = """
+name: hundred-thousand-lines
+cpus: 1
+memory: 1GiB
+framework: {name: custom, command: "python3 -c \\"import sys\\nfor i in range(1, 100001): print(f'line {i}')\\""}
+"""
+
+SLEEPER = """
+name: sleeper
+cpus: 1
+memory: 1GiB
+framework: {name: custom, command: "echo started; sleep 600"}
+"""
+
+
+@pytest.mark.embedded_smoke
+def test_it_trains_the_pytorch_example_through_the_cli(live_platform):
+    folder = EXAMPLES / "pytorch-digits"
+    result = live_platform.cli("train", str(folder / "manifest.yml"), str(folder), "--follow", timeout=300)
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.split()[0]
+    assert job_id.startswith("training-")
+    assert "val_acc" in result.stdout  # the training log was streamed
+
+    shown = json.loads(live_platform.cli("show", job_id, "--json").stdout)
+    assert shown["status"] == "COMPLETED" and shown["exit_code"] == 0
+    assert shown["latest_metrics"]["train.val_acc"]["value"] > 0.8
+    assert shown["latest_metrics"]["train.loss"]["step"] == 8
+
+    events = live_platform.api("GET", f"/api/v1/jobs/{job_id}/events/").json()["results"]
+    assert [e["to_status"] for e in events] == ["QUEUED", "PENDING", "DOWNLOADING", "PROCESSING", "STORING",
+                                                "COMPLETED"]
+    artifacts = {a["name"]: a for a in live_platform.api("GET", f"/api/v1/jobs/{job_id}/artifacts/").json()["results"]}
+    assert "checkpoints/epoch-8.pt" in artifacts and artifacts["checkpoints/epoch-8.pt"]["kind"] == "checkpoint"
+    assert "results/model.pt" in artifacts and "logs/training.log" in artifacts
+    download = live_platform.api("GET", artifacts["results/model.pt"]["url"])
+    assert download.status_code == 200 and len(download.content) == artifacts["results/model.pt"]["size"]
+
+
+@pytest.mark.embedded_smoke
+def test_a_failing_command_ends_failed_with_its_exit_code_and_last_lines(live_platform):
+    job = live_platform.submit("failing")
+    done = live_platform.wait_for(job["id"])
+    assert done["status"] == "FAILED"
+    assert done["exit_code"] == 3
+    assert "exited with code 3" in done["status_reason"]
+    lines = [x["line"] for x in live_platform.all_logs(job["id"])]
+    assert lines and lines[-1] in done["status_reason"]
+
+
+def test_it_loses_no_line_of_a_hundred_thousand(live_platform):
+    job = live_platform.submit("custom-shell", manifest_text=LINES_100K)
+    done = live_platform.wait_for(job["id"], timeout=300)
+    assert done["status"] == "COMPLETED", done["status_reason"]
+    lines = live_platform.all_logs(job["id"])
+    assert len(lines) == 100_000
+    assert [x["seq"] for x in lines] == list(range(1, 100_001))
+    assert lines[0]["line"] == "line 1" and lines[-1]["line"] == "line 100000"
+    assert len({x["line"] for x in lines}) == 100_000
+
+
+def test_terminate_stops_a_running_job_for_good(live_platform):
+    job = live_platform.submit("custom-shell", manifest_text=SLEEPER)
+    live_platform.wait_for(job["id"], {"PROCESSING"}, timeout=60)
+    response = live_platform.api("POST", f"/api/v1/jobs/{job['id']}/terminate/")
+    assert response.status_code == 202
+    assert live_platform.wait_for(job["id"], timeout=10)["status"] == "TERMINATED"
+    learner_dir = next(live_platform.data_dir.glob(f"storage/*/{job['id']}/attempt-1/learner-0"))
+    deadline = time.monotonic() + 20
+    while not (learner_dir / "exit.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert json.loads((learner_dir / "exit.json").read_text())["reason"].startswith("terminated")
+    assert live_platform.api("POST", f"/api/v1/jobs/{job['id']}/terminate/").status_code == 409
+
+
+def test_bad_manifest_is_refused_and_nothing_is_stored(live_platform):
+    before = live_platform.api("GET", "/api/v1/jobs/").json()["count"]
+    broken = (EXAMPLES / "custom-shell" / "manifest.yml").read_text() + "\nmemory: 12 bananas\n"
+    response = live_platform.api("POST", "/api/v1/jobs/", files={"manifest": ("m.yml", broken),
+                                                                 "code": ("c.tar.gz", b"")})
+    assert response.status_code == 400 and response.json()["field"] == "memory"
+    assert live_platform.api("GET", "/api/v1/jobs/").json()["count"] == before
