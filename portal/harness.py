@@ -47,11 +47,13 @@ class PlatformSession:
 
     def submit(self, example, *, manifest_text=None, token=None):
         """Submit examples/<example> (optionally with another manifest); return the job JSON."""
-        from portal.cli import pack_code
+        from portal.cli import code_upload
         folder = EXAMPLES / example
         manifest = manifest_text if manifest_text is not None else (folder / "manifest.yml").read_text()
-        response = self.api("POST", "/api/v1/jobs/", token=token, files={
-            "manifest": ("manifest.yml", manifest), "code": ("code.tar.gz", pack_code(folder))})
+        code = code_upload(str(folder))
+        with code.fileobj:
+            response = self.api("POST", "/api/v1/jobs/", token=token, files={
+                "manifest": ("manifest.yml", manifest), "code": (code.filename, code.fileobj.read())})
         if response.status_code != 201:
             raise AssertionError(f"submit {example}: {response.status_code} {response.text}")
         return response.json()

@@ -68,7 +68,10 @@ class LocalBackend:
 
     def _start_agent(self, folder):
         # A clean environment: the agent needs no platform secret beyond its own ingest token.
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+        # The platform's own Python comes first on PATH: on the local backend, the frameworks a
+        # learner's `python` imports are the ones installed beside Trainyard.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+        env = {"PATH": path, "LANG": "C.UTF-8",
                "PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}
         with open(folder / "agent.log", "ab") as log:
             result = subprocess.run(

@@ -1,0 +1,137 @@
+"""overhead: what running through Trainyard costs compared with running the same training bare.
+
+The PyTorch example is run bare (same thread settings the agent gives a 1-CPU learner) and then
+submitted to a freshly started platform on the embedded defaults; the ratio of median wall times
+is the overhead. Submit→PROCESSING latency is measured on short jobs; RSS figures come from /proc.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+from bench.report import median, percentile, publish
+from portal.harness import EXAMPLES, start_session
+
+EXAMPLE = "pytorch-digits"
+RUNS = int(os.environ.get("BENCH_OVERHEAD_RUNS", 3))
+LATENCY_JOBS = int(os.environ.get("BENCH_LATENCY_JOBS", 20))
+QUICK_JOB = """
+name: latency-probe
+cpus: 1
+memory: 512MiB
+framework: {name: custom, command: "echo ready"}
+"""
+
+
+def bare_run_seconds():
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "code"
+        shutil.copytree(EXAMPLES / EXAMPLE, work)
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CHECKPOINT_DIR=str(Path(tmp) / "ckpt"),
+                   RESULT_DIR=str(Path(tmp) / "results"), PYTHONPATH=str(EXAMPLES.parent))
+        started = time.monotonic()
+        subprocess.run([sys.executable, "train.py", "--epochs", "8"], cwd=work, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        return time.monotonic() - started
+
+
+def platform_run_seconds(session, peak):
+    started = time.monotonic()
+    job = session.submit(EXAMPLE)
+    watcher = threading.Thread(target=_watch_agent_rss, args=(session, job["id"], peak), daemon=True)
+    watcher.start()
+    done = session.wait_for(job["id"], timeout=600, poll=0.05)
+    elapsed = time.monotonic() - started
+    if done["status"] != "COMPLETED":
+        raise RuntimeError(f"{job['id']} ended {done['status']}: {done['status_reason']}")
+    return elapsed
+
+
+def submit_to_processing_seconds(session):
+    job = session.submit("custom-shell", manifest_text=QUICK_JOB)
+    session.wait_for(job["id"], timeout=120, poll=0.05)
+    events = session.api("GET", f"/api/v1/jobs/{job['id']}/events/").json()["results"]
+    processing = next(e["time"] for e in events if e["to_status"] == "PROCESSING")
+    return (datetime.fromisoformat(processing) - datetime.fromisoformat(job["created_at"])).total_seconds()
+
+
+def _watch_agent_rss(session, job_id, peak):
+    """Track the learner agent's own peak RSS (VmHWM) while it lives."""
+    pid_file = next(iter(session.data_dir.glob(f"storage/*/{job_id}/attempt-1/learner-0")), None)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        pid_file = pid_file or next(iter(session.data_dir.glob(f"storage/*/{job_id}/attempt-1/learner-0")), None)
+        try:
+            pid = int((pid_file / "agent.pid").read_text())
+            status = Path(f"/proc/{pid}/status").read_text()
+        except (OSError, ValueError, TypeError):
+            if pid_file is not None and (pid_file / "exit.json").exists():
+                return
+            time.sleep(0.05)
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peak.append(int(line.split()[1]) / 1024)
+        time.sleep(0.1)
+
+
+def process_tree_rss_mb(root_pids):
+    """Sum of VmRSS over the process groups the platform started (each part leads its own group)."""
+    groups = set(root_pids)
+    total_kb = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) not in groups:
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kb += int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total_kb / 1024
+
+
+def main():
+    bare = [bare_run_seconds() for _ in range(RUNS)]
+    data_dir = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
+    env_backup = {k: os.environ.pop(k) for k in ("DATABASE_URL", "REDIS_URL") if k in os.environ}
+    session = start_session(data_dir)  # the embedded defaults: SQLite + embedded Redis
+    os.environ.update(env_backup)
+    try:
+        time.sleep(3)  # let the worker and beat settle before measuring idle memory
+        idle_rss = process_tree_rss_mb(session.platform.pids().values())
+        latencies = [submit_to_processing_seconds(session) for _ in range(LATENCY_JOBS)]
+        peak = []
+        through = [platform_run_seconds(session, peak) for _ in range(RUNS)]
+    finally:
+        session.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    ratio = median(through) / median(bare)
+    figures = {
+        "overhead_ratio": round(ratio, 4),
+        "bare_wall_s_median": round(median(bare), 3),
+        "platform_wall_s_median": round(median(through), 3),
+        "submit_to_processing_p50_s": round(percentile(latencies, 0.5), 4),
+        "submit_to_processing_p95_s": round(percentile(latencies, 0.95), 4),
+        "agent_rss_mb": round(max(peak), 1) if peak else None,
+        "platform_idle_rss_mb": round(idle_rss, 1),
+        "runs": RUNS,
+        "latency_jobs": LATENCY_JOBS,
+    }
+    publish("overhead", [
+        ("bare training wall time (median, s)", figures["bare_wall_s_median"], ""),
+        ("through Trainyard, submit→COMPLETED (median, s)", figures["platform_wall_s_median"], ""),
+        ("overhead ratio", figures["overhead_ratio"], "target ≤ 1.05"),
+        ("submit→PROCESSING p50 (s)", figures["submit_to_processing_p50_s"], "target ≤ 1 s"),
+        ("submit→PROCESSING p95 (s)", figures["submit_to_processing_p95_s"], ""),
+        ("learner agent peak RSS (MB)", figures["agent_rss_mb"], ""),
+        ("platform idle RSS: web+worker+beat+Redis (MB)", figures["platform_idle_rss_mb"], ""),
+    ], figures)
