@@ -19,6 +19,12 @@ CLOSE_UNAUTHORIZED = 4401
 
 
 class _ScopedConsumer(AsyncJsonWebsocketConsumer):
+    async def refuse(self, code):
+        # Accept-then-close, so the browser sees why (4401/4404) instead of an anonymous 1006;
+        # nothing is sent in between.
+        await self.accept()
+        await self.close(code=code)
+
     def query(self, name):
         values = parse_qs(self.scope.get("query_string", b"").decode()).get(name)
         return values[0] if values else None
@@ -40,12 +46,12 @@ class JobConsumer(_ScopedConsumer):
     async def connect(self):
         membership = await self._membership()
         if membership is None:
-            await self.close(code=CLOSE_UNAUTHORIZED)
+            await self.refuse(CLOSE_UNAUTHORIZED)
             return
         job_id = self.scope["url_route"]["kwargs"]["job_id"]
         job = await self._job(membership, job_id)
         if job is None:
-            await self.close(code=CLOSE_NOT_FOUND)
+            await self.refuse(CLOSE_NOT_FOUND)
             return
         self.group = live.job_group(job_id)
         # Join before reading the backlog, so nothing published in between is missed; the
@@ -95,7 +101,7 @@ class JobListConsumer(_ScopedConsumer):
     async def connect(self):
         membership = await self._membership()
         if membership is None:
-            await self.close(code=CLOSE_UNAUTHORIZED)
+            await self.refuse(CLOSE_UNAUTHORIZED)
             return
         self.group = live.tenant_group(membership.tenant_id)
         await self.channel_layer.group_add(self.group, self.channel_name)

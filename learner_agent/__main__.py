@@ -1,0 +1,7 @@
+"""Entry point: `python -m learner_agent run --config PATH [--detach]` (see learner_agent.agent)."""
+import sys
+
+from learner_agent.agent import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,397 @@
+"""The learner agent: runs one learner's command and reports everything it does to the platform.
+
+One agent runs beside each learner (a detached process for the local backend, the container's main
+process on Kubernetes). In order, it: records `preparing`; unpacks the code; starts the command
+(sandboxed) and records `running`; ships every output line as a log record plus any metric points
+found in it; enforces the memory limit; obeys terminate (SIGTERM) and halt (SIGUSR1) and the
+platform's 410; and when the command ends writes `exit.json` and records `exited`, then keeps trying to
+deliver what is left for as long as `flush_timeout_s`.
+
+`exit.json` is written before the final delivery on purpose: if the platform is down until the agent
+gives up, the backend still learns how the learner ended from the file.
+"""
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from queue import SimpleQueue
+
+from learner_agent import archive, sandbox
+from learner_agent.config import ConfigError, load_config
+from learner_agent.learner import LearnerProcess, iter_lines
+from learner_agent.metrics import MetricExtractor
+from learner_agent.shipper import Shipper
+
+log = logging.getLogger("learner_agent")
+
+TERMINATE_GRACE_S = 5.0
+MEMORY_CHECK_INTERVAL_S = 0.5
+READERS_DRAIN_TIMEOUT_S = 10.0
+# Once the learner has ended, a SIGTERM means "go away": deliver what you can quickly, then exit.
+LAST_CALL_FLUSH_S = 5.0
+# Variables the agent itself may keep; everything else is dropped by re-executing (see main()).
+AGENT_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR")
+_CLEAN_ENV_MARK = "LEARNER_AGENT_CLEAN_ENV"
+
+
+class PrepareError(Exception):
+    """The command could not be started; the message is the `exited` reason."""
+
+
+class Agent:
+    def __init__(self, config, *, shipper=None):
+        self.config = config
+        self.shipper = shipper or Shipper(
+            config.ingest_url, config.ingest_token, attempt=config.attempt, learner=config.learner,
+            on_gone=lambda: self.request_stop("gone"))
+        self._extractor = MetricExtractor(config.metric_regexes)
+        self._requests = SimpleQueue()  # reentrant put(): safe from signal handlers
+        self._lock = threading.Lock()
+        self._learner = None
+        self._stop_kind = None  # "halt" | "terminate" | "gone", the strongest requested so far
+        self._killed_after_grace = False
+        self._oom_reason = None
+        self._streams_open = True
+        self._learner_ended = threading.Event()
+        self._finished = False
+        self._flush_deadline = None
+
+    # --- requests from outside (signal handlers, the shipper) ---
+
+    def request_stop(self, kind):
+        """Ask for "halt", "terminate" or "gone"; handled on the control thread."""
+        self._requests.put(kind)
+
+    def install_signal_handlers(self):
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("terminate"))
+        signal.signal(signal.SIGINT, lambda *_: self.request_stop("terminate"))
+        signal.signal(signal.SIGUSR1, lambda *_: self.request_stop("halt"))
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    # --- the run, in order ---
+
+    def run(self):
+        """Run the learner to the end; returns the agent's exit code (0 unless the agent itself broke)."""
+        threading.Thread(target=self._control_loop, name="control", daemon=True).start()
+        self._record_status("preparing")
+        try:
+            argv, env, sandboxed = self._prepare()
+            with self._lock:
+                if self._stop_kind is not None:  # stopped while unpacking: never start it
+                    raise PrepareError(self._stop_reason(killed=False))
+                self._learner = LearnerProcess.start(argv, env=env, cwd=self.config.work_dir,
+                                                     sandboxed=sandboxed)
+        except PrepareError as e:
+            log.warning("not starting the command: %s", e)
+            return self._finish(exit_code=None, reason=str(e))
+        except OSError as e:
+            log.exception("cannot start the command")
+            return self._finish(exit_code=None, reason=f"cannot start the command: {e}")
+        log.info("started the command as pid %d (sandbox: %s)", self._learner.pid,
+                 "bwrap" if sandboxed else "none")
+        self._record_status("running")
+        returncode = self._supervise(self._learner)
+        exit_code = returncode if returncode >= 0 else 128 - returncode
+        return self._finish(exit_code=exit_code, reason=self._exit_reason(returncode))
+
+    def _prepare(self):
+        config = self.config
+        try:
+            mode = sandbox.resolve_mode(config.sandbox)
+        except sandbox.SandboxError as e:
+            raise PrepareError(str(e)) from e
+        if mode == "none" and config.sandbox == "auto":
+            log.warning("running without a sandbox: %s", sandbox.bwrap_problem())
+        try:
+            for d in self._dirs_to_create():
+                os.makedirs(d, exist_ok=True)
+            self._unpack_code()
+        except archive.ArchiveError as e:
+            raise PrepareError(f"code archive rejected: {e}") from e
+        except OSError as e:
+            log.exception("preparing failed")
+            raise PrepareError(f"preparing failed: {e}") from e
+        env = sandbox.build_env(work_dir=config.work_dir, cpus=config.cpus, learner_env=config.env)
+        argv = sandbox.build_argv(
+            config.command, mode=mode, work_dir=config.work_dir, writable_dirs=config.writable_dirs,
+            readonly_dirs=config.readonly_dirs,
+            # The agent's own directory (config with the ingest token, pid, log) is never the learner's
+            # business; its work/ directory inside is bound back as writable.
+            hidden_dirs=(*config.hidden_dirs, config.agent_dir))
+        return argv, env, mode == "bwrap"
+
+    def _dirs_to_create(self):
+        env = self.config.env
+        return [*self.config.writable_dirs,
+                *(env[k] for k in ("RESULT_DIR", "CHECKPOINT_DIR") if os.path.isabs(env.get(k, "")))]
+
+    def _unpack_code(self):
+        work_dir = self.config.work_dir
+        if os.path.islink(work_dir):
+            raise PrepareError(f"work_dir {work_dir} is a symlink")
+        if os.path.isdir(work_dir) and os.listdir(work_dir):
+            # A restarted agent starts again from a clean copy of the code.
+            log.info("removing the previous contents of %s", work_dir)
+            shutil.rmtree(work_dir)
+        info = archive.extract_archive(self.config.code_archive, work_dir,
+                                       max_unpacked_bytes=self.config.max_unpacked_bytes,
+                                       max_members=self.config.max_members)
+        log.info("unpacked %s: %d members, %d bytes", info.kind, info.members, info.unpacked_bytes)
+
+    def _supervise(self, learner):
+        """Ship the learner's output and watch its memory until it ends; returns its returncode."""
+        readers = [threading.Thread(target=self._ship_lines, args=(pipe, stream), daemon=True,
+                                    name=f"read-{stream}")
+                   for pipe, stream in ((learner.stdout, "stdout"), (learner.stderr, "stderr"))]
+        for reader in readers:
+            reader.start()
+        if self.config.memory_bytes:
+            threading.Thread(target=self._watch_memory, args=(learner,), name="memory",
+                             daemon=True).start()
+        returncode = learner.wait()
+        self._learner_ended.set()
+        # Anything the command left running in the background dies with it, as in a container; it
+        # would otherwise keep the pipes open and the readers waiting forever.
+        learner.kill()
+        deadline = time.monotonic() + READERS_DRAIN_TIMEOUT_S
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            # A straggler (a process that escaped the group) must not add lines after `exited`.
+            self._streams_open = False
+        if any(reader.is_alive() for reader in readers):
+            log.warning("output still open %.0fs after the command ended; ignoring the rest",
+                        READERS_DRAIN_TIMEOUT_S)
+        log.info("the command ended with returncode %d", returncode)
+        return returncode
+
+    def _ship_lines(self, pipe, stream):
+        try:
+            for line in iter_lines(pipe):
+                now = time.time()
+                records = [{"kind": "log", "stream": stream, "time": now, "line": line}]
+                try:
+                    records += [{"kind": "metric", **point, "time": now}
+                                for point in self._extractor.extract(line)]
+                except Exception:  # a metric bug must never cost a log line
+                    log.exception("metric extraction failed on a %s line", stream)
+                with self._lock:
+                    if not self._streams_open:
+                        return
+                    self.shipper.add_many(records)
+        except (OSError, ValueError):
+            log.exception("reading the command's %s failed", stream)
+
+    def _watch_memory(self, learner):
+        limit = self.config.memory_bytes
+        while not self._learner_ended.wait(MEMORY_CHECK_INTERVAL_S):
+            used = learner.rss_bytes()
+            if used > limit:
+                reason = f"memory limit {format_bytes(limit)} exceeded (OOM killed)"
+                log.warning("%s: the learner used %s", reason, format_bytes(used))
+                with self._lock:
+                    self._oom_reason = reason
+                learner.kill()
+                return
+
+    def _finish(self, *, exit_code, reason):
+        """Write exit.json, record `exited`, deliver everything (patiently), then return 0."""
+        _write_json_atomically(self.config.agent_file("exit.json"),
+                               {"exit_code": exit_code, "reason": reason, "finished_at": time.time()})
+        self._record_status("exited", exit_code=exit_code, reason=reason)
+        with self._lock:
+            self._finished = True
+            self._flush_deadline = time.monotonic() + self.config.flush_timeout_s
+        delivered = False
+        while True:
+            with self._lock:
+                remaining = self._flush_deadline - time.monotonic()
+            if remaining <= 0 or self.shipper.stopped_reason is not None:
+                break
+            if self.shipper.flush(timeout=min(remaining, 1.0)):
+                delivered = True
+                break
+        if delivered:
+            log.info("all %d records delivered; exiting", self.shipper.last_seq)
+        else:
+            log.error("exiting with records %d..%d undelivered (%s)", self.shipper.acked + 1,
+                      self.shipper.last_seq, self.shipper.stopped_reason or "flush timed out")
+        self.shipper.close(timeout=1.0)
+        return 0
+
+    # --- stopping ---
+
+    def _control_loop(self):
+        while True:
+            self._handle_stop(self._requests.get())
+
+    def _handle_stop(self, kind):
+        with self._lock:
+            if self._finished:
+                if kind != "halt":  # "go away": stop waiting for a platform that may be down
+                    self._flush_deadline = min(self._flush_deadline, time.monotonic() + LAST_CALL_FLUSH_S)
+                return
+            if self._learner_ended.is_set():
+                return
+            # A stronger request (terminate, gone) overrides a halt in progress; nothing overrides those.
+            if self._stop_kind is not None and not (self._stop_kind == "halt" and kind != "halt"):
+                return
+            self._stop_kind = kind
+            learner = self._learner
+        log.info("stop requested: %s", kind)
+        if learner is not None:  # else run() sees _stop_kind before starting the command
+            threading.Thread(target=self._stop_learner, args=(learner, kind), daemon=True,
+                             name=f"stop-{kind}").start()
+
+    def _stop_learner(self, learner, kind):
+        if kind == "halt":
+            sig, grace = signal.Signals[self.config.checkpoint_signal], self.config.grace_seconds
+        else:
+            sig, grace = signal.SIGTERM, TERMINATE_GRACE_S
+        learner.send_signal(sig)
+        if self._learner_ended.wait(grace):
+            return
+        with self._lock:
+            if self._stop_kind == kind == "halt":
+                self._killed_after_grace = True
+        log.warning("the learner did not stop within %.0fs of %s; killing it", grace, sig.name)
+        learner.kill()
+
+    def _exit_reason(self, returncode):
+        with self._lock:
+            if self._oom_reason:
+                return self._oom_reason
+            if self._stop_kind is not None:
+                return self._stop_reason(killed=self._killed_after_grace)
+        if returncode < 0:
+            return f"killed by {signal.Signals(-returncode).name}"
+        return ""
+
+    def _stop_reason(self, *, killed):
+        if self._stop_kind == "halt":
+            return "halted: grace period expired, killed" if killed else "halted"
+        if self._stop_kind == "gone":
+            return "terminated: the platform ended this attempt"
+        return "terminated"
+
+    def _record_status(self, state, **fields):
+        self.shipper.add({"kind": "status", "state": state, **fields})
+
+
+def format_bytes(n):
+    """4294967296 → "4.0GiB", 200000000 → "190.7MiB"."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f}GiB"
+    return f"{n / 2**20:.1f}MiB"
+
+
+def _write_json_atomically(path, data):
+    """Readers (the backend) see the old file or the whole new one, never half of it."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_text_atomically(path, text):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# --- process plumbing: the CLI entry point ---
+
+def main(argv=None):
+    """`python -m learner_agent run --config PATH [--detach]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m learner_agent")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="run one learner")
+    run_parser.add_argument("--config", required=True, help="path to agent.json")
+    run_parser.add_argument("--detach", action="store_true",
+                            help="detach from the caller (double fork); the caller returns at once")
+    args = parser.parse_args(argv)
+    try:
+        # Checked before detaching, so whoever starts the agent gets a bad config as an error.
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"learner_agent: {e}", file=sys.stderr)
+        return 2
+    if args.detach and not _detach(config):
+        return 0  # the caller's side of the double fork
+    _drop_inherited_environment(config)
+    return run_agent(config)
+
+
+def run_agent(config):
+    """Run the agent in this process (signal handlers, pid file, agent.log) and return its exit code."""
+    _log_to_file(config.agent_file("agent.log"))
+    _write_text_atomically(config.agent_file("agent.pid"), f"{os.getpid()}\n")
+    agent = Agent(config)
+    agent.install_signal_handlers()
+    log.info("agent %d for %s attempt %d learner %d", os.getpid(), config.job_id, config.attempt,
+             config.learner)
+    try:
+        return agent.run()
+    except Exception:
+        log.exception("the agent failed")
+        return 1
+
+
+def _detach(config):
+    """Double fork: returns False in the caller (once the middle process is gone), True in the agent."""
+    middle = os.fork()
+    if middle:
+        os.waitpid(middle, 0)  # exits right away; reaping it leaves no zombie in the caller
+        return False
+    try:
+        os.setsid()  # no controlling terminal, not in the caller's process group
+        if os.fork():
+            os._exit(0)
+        # The agent, now a child of init (or the nearest subreaper). Its own stdout/stderr go to
+        # agent.log so even a crash before logging is set up leaves a trace.
+        os.chdir(config.agent_dir)
+        null = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(config.agent_file("agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(null)
+        os.close(out)
+        return True
+    except BaseException:
+        os._exit(1)
+
+
+def _drop_inherited_environment(config):
+    """Re-exec with a minimal environment unless we already have one.
+
+    Whoever starts the agent (a Celery worker) may hold platform secrets in its environment. The
+    learner's environment is built fresh anyway, but without a sandbox a learner could still read the
+    agent's /proc/<pid>/environ; after exec() that holds only harmless variables. The pid stays the same.
+    """
+    if os.environ.get(_CLEAN_ENV_MARK) or not sys.executable:
+        return  # already re-executed (the marker also rules out an exec loop)
+    wanted = {k: os.environ[k] for k in AGENT_ENV_KEEP if k in os.environ}
+    wanted["PYTHONPATH"] = sandbox.PACKAGE_PARENT
+    wanted[_CLEAN_ENV_MARK] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "learner_agent", "run", "--config", config.path],
+              wanted)
+
+
+def _log_to_file(path):
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)

@@ -1,0 +1,246 @@
+"""Safe handling of the code archives users upload (zip, tar, tar.gz).
+
+The same rules run twice: the platform calls `inspect_archive` when a job is submitted, so a bad
+archive is refused before anything is stored, and the learner agent calls `extract_archive` to unpack
+the code. An archive is untrusted input, so both refuse anything that could write outside the target
+(absolute paths, `..`, links), anything that isn't a plain file or directory, too many members, and
+more bytes than allowed. Headers can lie (zip bombs), so extraction also counts the bytes it actually
+writes. Stdlib only: the agent imports this.
+"""
+import gzip
+import os
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import zipfile
+import zlib
+from dataclasses import dataclass
+
+_CHUNK_BYTES = 1 << 20
+_WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
+# What a broken or hostile compressed stream can raise while being read.
+_CORRUPT_ERRORS = (tarfile.TarError, zipfile.BadZipFile, zlib.error, gzip.BadGzipFile, EOFError,
+                   NotImplementedError)
+
+
+class ArchiveError(ValueError):
+    """The archive breaks a rule; the message names the offending member when there is one."""
+
+    def __init__(self, message, *, member=None):
+        self.member = member
+        super().__init__(f"archive member {member!r}: {message}" if member is not None else message)
+
+
+@dataclass(frozen=True)
+class ArchiveInfo:
+    kind: str  # "zip" | "tar" | "tar.gz"
+    members: int  # files and directories
+    unpacked_bytes: int  # declared by the headers (inspect) or actually written (extract)
+
+
+def inspect_archive(path, *, max_unpacked_bytes, max_members):
+    """Check an archive without unpacking it; raise ArchiveError when it breaks a rule."""
+    kind = detect_kind(path)
+    members = total = 0
+    for entry in _entries(path, kind, max_unpacked_bytes=max_unpacked_bytes, max_members=max_members):
+        members += 1
+        total += entry.size
+    return ArchiveInfo(kind=kind, members=members, unpacked_bytes=total)
+
+
+def extract_archive(path, dest, *, max_unpacked_bytes, max_members):
+    """Unpack into `dest` (which must not exist, or be an empty directory); all or nothing.
+
+    The archive is unpacked into a fresh directory next to `dest` and renamed into place at the end,
+    so a refused archive leaves nothing behind and nothing in the tree can be a pre-existing symlink.
+    A single top-level directory in the archive is kept as it is.
+    """
+    dest = os.path.abspath(dest)
+    if os.path.islink(dest):
+        raise FileExistsError(f"{dest} is a symlink; refusing to unpack through it")
+    if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
+        raise FileExistsError(f"{dest} already exists and is not an empty directory")
+    kind = detect_kind(path)
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.", suffix=".unpacking", dir=parent)
+    try:
+        info = _unpack(path, kind, staging, max_unpacked_bytes=max_unpacked_bytes,
+                       max_members=max_members)
+        os.chmod(staging, 0o755)
+        if os.path.isdir(dest):
+            os.rmdir(dest)  # empty, checked above; rename cannot replace it otherwise
+        os.rename(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return info
+
+
+def detect_kind(path):
+    """"zip", "tar.gz" or "tar", from the file's first bytes (the name may say anything)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head.startswith(b"PK"):
+        return "zip"
+    if head.startswith(b"\x1f\x8b"):
+        return "tar.gz"
+    return "tar"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str  # as written in the archive, for messages
+    parts: tuple  # safe relative path components
+    is_dir: bool
+    size: int
+    executable: bool
+    open: object  # () -> readable binary file, for files
+
+
+def _unpack(path, kind, root, *, max_unpacked_bytes, max_members):
+    members = written = 0
+    for entry in _entries(path, kind, max_unpacked_bytes=max_unpacked_bytes, max_members=max_members):
+        members += 1
+        target = os.path.join(root, *entry.parts)
+        try:
+            if entry.is_dir:
+                os.makedirs(target, exist_ok=True)
+                continue
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            written = _write_file(entry, target, written, max_unpacked_bytes)
+        except OSError as e:
+            raise ArchiveError(f"cannot be unpacked: {e.strerror or e}", member=entry.name) from e
+    return ArchiveInfo(kind=kind, members=members, unpacked_bytes=written)
+
+
+def _write_file(entry, target, written, max_unpacked_bytes):
+    """Copy one member, counting real bytes: a header that lies about the size changes nothing."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(target, flags, 0o755 if entry.executable else 0o644)
+    with os.fdopen(fd, "wb") as out:
+        try:
+            with entry.open() as src:
+                while chunk := src.read(_CHUNK_BYTES):
+                    written += len(chunk)
+                    if written > max_unpacked_bytes:
+                        raise ArchiveError(
+                            f"archive unpacks to more than {max_unpacked_bytes} bytes "
+                            f"(the headers understate the size)", member=entry.name)
+                    out.write(chunk)
+        except _CORRUPT_ERRORS as e:
+            raise ArchiveError(f"is corrupt: {e}", member=entry.name) from e
+    return written
+
+
+def _entries(path, kind, *, max_unpacked_bytes, max_members):
+    """Yield the archive's members as checked _Entry objects, enforcing count and declared size."""
+    source = _zip_entries(path) if kind == "zip" else _tar_entries(path, kind)
+    members = declared = 0
+    for entry in source:
+        if entry is None:  # the archive's own root ("./"): nothing to create
+            continue
+        members += 1
+        if members > max_members:
+            raise ArchiveError(f"archive has more than {max_members} members")
+        declared += entry.size
+        if declared > max_unpacked_bytes:
+            raise ArchiveError(f"archive unpacks to more than {max_unpacked_bytes} bytes",
+                               member=entry.name)
+        yield entry
+
+
+def _zip_entries(path):
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ArchiveError(f"not a valid zip archive: {e}") from e
+    with zf:
+        for info in zf.infolist():
+            name = info.filename
+            if info.flag_bits & 0x1:
+                raise ArchiveError("is encrypted", member=name)
+            file_type = stat.S_IFMT(info.external_attr >> 16) if info.create_system == 3 else 0
+            if file_type not in (0, stat.S_IFREG, stat.S_IFDIR):
+                raise ArchiveError(_describe_file_type(file_type), member=name)
+            is_dir = info.is_dir() or file_type == stat.S_IFDIR
+            parts = _safe_parts(name, is_dir=is_dir)
+            if parts is None:
+                yield None
+                continue
+            yield _Entry(name=name, parts=parts, is_dir=is_dir, size=0 if is_dir else info.file_size,
+                         executable=bool((info.external_attr >> 16) & 0o111),
+                         open=lambda info=info: zf.open(info))
+
+
+def _tar_entries(path, kind):
+    # Stream mode ("r|"): one forward pass. Random access into a .tar.gz would decompress from the
+    # start for every member.
+    try:
+        tf = tarfile.open(path, "r|gz" if kind == "tar.gz" else "r|")
+    except _CORRUPT_ERRORS as e:
+        raise ArchiveError(f"not a zip or tar archive: {e}") from e
+    with tf:
+        members = iter(tf)
+        first = True
+        while True:
+            try:
+                member = next(members)
+            except StopIteration:
+                return
+            except _CORRUPT_ERRORS as e:
+                # A stream is only read on demand, so a file that isn't a tar at all fails here.
+                what = "not a zip or tar archive" if first else "archive is corrupt"
+                raise ArchiveError(f"{what}: {e}") from e
+            first = False
+            name = member.name
+            if member.issparse() or not (member.isreg() or member.isdir()):
+                raise ArchiveError(_describe_tar_type(member), member=name)
+            parts = _safe_parts(name, is_dir=member.isdir())
+            if parts is None:
+                yield None
+                continue
+            yield _Entry(name=name, parts=parts, is_dir=member.isdir(),
+                         size=0 if member.isdir() else member.size,
+                         executable=bool(member.mode & 0o111),
+                         open=lambda member=member: tf.extractfile(member))
+
+
+def _safe_parts(name, *, is_dir):
+    """The member's path as components that stay inside the target, or None for the root itself."""
+    if "\x00" in name:
+        raise ArchiveError("path contains a NUL byte", member=name)
+    # Zips written on Windows may use backslashes; treat them as separators so they are checked too.
+    normalized = name.replace("\\", "/")
+    if normalized.startswith("/") or _WINDOWS_DRIVE.match(normalized):
+        raise ArchiveError("absolute path", member=name)
+    parts = tuple(p for p in normalized.split("/") if p not in ("", "."))
+    if ".." in parts:
+        raise ArchiveError("path contains '..' (would write outside the target)", member=name)
+    if not parts:
+        if is_dir:
+            return None
+        raise ArchiveError("empty file name", member=name)
+    return parts
+
+
+def _describe_tar_type(member):
+    if member.issym():
+        return f"is a symbolic link (to {member.linkname!r}); links are not allowed"
+    if member.islnk():
+        return f"is a hard link (to {member.linkname!r}); links are not allowed"
+    if member.ischr() or member.isblk():
+        return "is a device file; only files and directories are allowed"
+    if member.isfifo():
+        return "is a FIFO; only files and directories are allowed"
+    if member.issparse():
+        return "is a sparse file; only plain files and directories are allowed"
+    return "has an unsupported type; only files and directories are allowed"
+
+
+def _describe_file_type(file_type):
+    if file_type == stat.S_IFLNK:
+        return "is a symbolic link; links are not allowed"
+    return "is not a plain file or directory; only files and directories are allowed"

@@ -1,0 +1,144 @@
+"""The agent's configuration file (`agent.json`), read and checked in one place.
+
+The platform's backend writes it (mode 0600, next to `agent.pid`, `agent.log` and `exit.json`); the
+agent refuses to start on a config it doesn't understand rather than guessing, so a mistake shows up
+as one clear error at deploy time instead of a learner that runs with the wrong limits.
+"""
+import json
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+
+from learner_agent.sandbox import MODES
+
+_REQUIRED_STRINGS = ("job_id", "command", "code_archive", "work_dir", "ingest_url", "ingest_token")
+
+
+class ConfigError(ValueError):
+    """The config file is missing, unreadable, or breaks a rule; the message says which."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    path: str  # the config file itself; its directory holds the agent's other files
+    job_id: str
+    attempt: int
+    learner: int
+    command: str
+    code_archive: str
+    work_dir: str
+    ingest_url: str
+    ingest_token: str = field(repr=False)
+    env: dict = field(default_factory=dict, repr=False)
+    writable_dirs: tuple = ()
+    readonly_dirs: tuple = ()
+    hidden_dirs: tuple = ()
+    metric_regexes: dict = field(default_factory=dict)
+    sandbox: str = "auto"
+    cpus: float = 1.0
+    memory_bytes: int | None = None
+    checkpoint_signal: str = "SIGTERM"
+    grace_seconds: float = 60.0
+    max_unpacked_bytes: int = 4 * 2**30
+    max_members: int = 100_000
+    flush_timeout_s: float = 86400.0
+
+    @property
+    def agent_dir(self):
+        return os.path.dirname(self.path)
+
+    def agent_file(self, name):
+        return os.path.join(self.agent_dir, name)
+
+
+def load_config(path):
+    path = os.path.abspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from e
+    except ValueError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a JSON object")
+    return parse_config(data, path=path)
+
+
+def parse_config(data, *, path):
+    """An AgentConfig from the decoded JSON; relative paths are taken relative to the config's directory."""
+    base = os.path.dirname(os.path.abspath(path))
+    values = {"path": os.path.abspath(path)}
+    for key in _REQUIRED_STRINGS:
+        value = data.get(key)
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: required, a non-empty string")
+        values[key] = value
+    for key in ("code_archive", "work_dir"):
+        values[key] = os.path.join(base, values[key])
+    for key in ("attempt", "learner"):
+        values[key] = _integer(data, key, minimum=0 if key == "learner" else 1, required=True)
+    env = data.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise ConfigError("env: must map variable names to values")
+    values["env"] = {k: "" if v is None else str(v) for k, v in env.items()}
+    for key in ("writable_dirs", "readonly_dirs", "hidden_dirs"):
+        dirs = data.get(key) or []
+        if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
+            raise ConfigError(f"{key}: must be a list of directory paths")
+        values[key] = tuple(os.path.join(base, d) for d in dirs)
+    values["metric_regexes"] = _regexes(data.get("metric_regexes") or {})
+    sandbox = data.get("sandbox", "auto")
+    if sandbox not in MODES:
+        raise ConfigError(f"sandbox: must be one of {', '.join(MODES)}")
+    values["sandbox"] = sandbox
+    values["cpus"] = _number(data, "cpus", 1.0, minimum_exclusive=0)
+    if data.get("memory_bytes") is not None:
+        values["memory_bytes"] = _integer(data, "memory_bytes", minimum=1)
+    values["checkpoint_signal"] = _signal_name(data.get("checkpoint_signal", "SIGTERM"))
+    values["grace_seconds"] = _number(data, "grace_seconds", 60.0, minimum=0)
+    values["flush_timeout_s"] = _number(data, "flush_timeout_s", 86400.0, minimum=0)
+    for key, default in (("max_unpacked_bytes", AgentConfig.max_unpacked_bytes),
+                         ("max_members", AgentConfig.max_members)):
+        values[key] = _integer(data, key, minimum=1) if data.get(key) is not None else default
+    return AgentConfig(**values)
+
+
+def _integer(data, key, *, minimum, required=False):
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{key}: must be an integer >= {minimum}")
+    return value
+
+
+def _number(data, key, default, *, minimum=None, minimum_exclusive=None):
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}: must be a number")
+    if (minimum is not None and value < minimum) or (
+            minimum_exclusive is not None and value <= minimum_exclusive):
+        bound = f">= {minimum}" if minimum is not None else f"> {minimum_exclusive}"
+        raise ConfigError(f"{key}: must be {bound}")
+    return float(value)
+
+
+def _regexes(regexes):
+    if not isinstance(regexes, dict):
+        raise ConfigError("metric_regexes: must map group names to regexes")
+    for group, regex in regexes.items():
+        if not isinstance(regex, str):
+            raise ConfigError(f"metric_regexes.{group}: must be a regex string")
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise ConfigError(f"metric_regexes.{group}: not a valid regex ({e})") from e
+    return dict(regexes)
+
+
+def _signal_name(name):
+    if not isinstance(name, str) or name not in signal.Signals.__members__:
+        raise ConfigError(f"checkpoint_signal: {name!r} is not a signal name like SIGTERM")
+    return name

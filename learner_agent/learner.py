@@ -1,0 +1,98 @@
+"""The user's command as a running process: starting it, reading its output, signalling, killing.
+
+The command gets its own process group (session), so signals reach the shell and everything it
+started, and never the agent. Inside bubblewrap there is one more layer: bwrap (and its pid-1 reaper)
+sit between us and the command, which runs in a session of its own. Killing bwrap kills the whole
+sandbox at once, which is right for SIGKILL but wrong for a polite signal the learner must see (the
+checkpoint signal), so polite signals go to the process groups *inside* the tree instead.
+"""
+import os
+import signal
+import subprocess
+
+from learner_agent import procfs
+
+MAX_LINE_BYTES = 64 * 1024
+TRUNCATED_MARK = " …[line truncated]"
+
+
+class LearnerProcess:
+    def __init__(self, popen, *, sandboxed):
+        self._popen = popen
+        self._sandboxed = sandboxed
+        self.pid = popen.pid
+        self.stdout = popen.stdout
+        self.stderr = popen.stderr
+
+    @classmethod
+    def start(cls, argv, *, env, cwd, sandboxed):
+        popen = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True, close_fds=True)
+        return cls(popen, sandboxed=sandboxed)
+
+    def wait(self):
+        return self._popen.wait()
+
+    def send_signal(self, sig):
+        """Deliver a signal the learner is meant to handle (terminate, checkpoint) to its groups."""
+        if self._sandboxed:
+            # The command's groups are the ones below bwrap that aren't bwrap's own. bwrap's pid-1
+            # reaper is in such a group too, but as a namespace's init it ignores what it doesn't handle.
+            groups = procfs.tree_process_groups(self.pid) - {self.pid}
+            if groups:
+                for group in groups:
+                    _killpg(group, sig)
+                return
+            # The command hasn't started inside the sandbox yet: there is nothing to checkpoint.
+        _killpg(self.pid, sig)
+
+    def kill(self):
+        """SIGKILL the whole tree: our group, every group below it, and every process in it."""
+        pids = procfs.descendants(self.pid)
+        _killpg(self.pid, signal.SIGKILL)
+        for group in procfs.tree_process_groups(self.pid):
+            _killpg(group, signal.SIGKILL)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def rss_bytes(self):
+        return procfs.tree_rss_bytes(self.pid)
+
+
+def iter_lines(pipe, *, max_bytes=MAX_LINE_BYTES):
+    """Decoded lines without their line ending; a line over `max_bytes` is cut and marked.
+
+    Reads in bounded pieces so a learner printing megabytes without a newline can't exhaust memory.
+    """
+    while True:
+        chunk = pipe.readline(max_bytes + 1)
+        if not chunk:
+            return
+        if chunk.endswith(b"\n"):
+            yield _decode(chunk[:-1])
+            continue
+        if len(chunk) <= max_bytes:  # the last line, without a newline
+            yield _decode(chunk)
+            return
+        # Too long: keep the first max_bytes, skip the rest of this line.
+        rest = chunk[max_bytes:]
+        while not rest.endswith(b"\n"):
+            rest = pipe.readline(max_bytes + 1)
+            if not rest:
+                break
+        yield _decode(chunk[:max_bytes]) + TRUNCATED_MARK
+
+
+def _decode(raw):
+    return raw.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def _killpg(group, sig):
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,104 @@
+"""Turning a learner's log lines into metric points.
+
+Metrics reach the platform without code changes (SPEC §6): either the learner prints
+`TRAINYARD_METRIC {"name": ..., "value": ..., "step": ...}` (what `learner_agent.report` does), or the
+manifest's `evaluation_metrics` regexes (FfDL's regex_extractor) match ordinary log lines. Every line is
+still shipped as a log line; this module only adds the points found in it.
+"""
+import json
+import math
+import re
+
+from learner_agent import METRIC_PREFIX
+
+# Named groups with these names say where in training a line is; they are the step, not metrics.
+# When a regex captures several, the first in this order wins: a global counter beats an epoch, and an
+# epoch beats a batch index that restarts every epoch.
+STEP_FIELDS = ("global_step", "step", "iteration", "iter", "epoch", "batch")
+
+
+class MetricExtractor:
+    """`extract(line)` → `[{"name", "value", "step"}, ...]` (step is an int or None)."""
+
+    def __init__(self, regexes=None):
+        self._groups = [(group, re.compile(regex)) for group, regex in (regexes or {}).items()]
+
+    def extract(self, line):
+        if line.startswith(METRIC_PREFIX):
+            # An explicit report is the whole truth about this line; regexes don't look at it, so a
+            # loose regex can't count the same value twice.
+            point = _parse_reported(line[len(METRIC_PREFIX):])
+            return [point] if point else []
+        points = []
+        for group, regex in self._groups:
+            match = regex.search(line)
+            if match:
+                points.extend(_points_from_match(group, match))
+        return points
+
+
+def _parse_reported(payload):
+    """The point in a TRAINYARD_METRIC line, or None when it is malformed (then it is just a log line)."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    name, value, step = data.get("name"), data.get("value"), data.get("step")
+    if not isinstance(name, str) or not name.strip():
+        return None
+    value = _finite_number(value)
+    if value is None:
+        return None
+    if step is not None:
+        step = _integer(step)
+        if step is None:
+            return None
+    return {"name": name.strip(), "value": value, "step": step}
+
+
+def _points_from_match(group, match):
+    fields = {name: text for name, text in match.groupdict().items() if text is not None}
+    step = None
+    for name in STEP_FIELDS:
+        if name in fields:
+            step = _integer(fields[name].strip())
+            if step is not None:
+                break
+    points = []
+    for name, text in fields.items():
+        if name in STEP_FIELDS:
+            continue
+        value = _finite_number(text.strip())
+        if value is not None:
+            points.append({"name": f"{group}.{name}", "value": value, "step": step})
+    return points
+
+
+def _finite_number(value):
+    """A float, or None for anything else: booleans, text that isn't a number, NaN and infinities
+    (which JSON cannot carry and a chart cannot draw)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _integer(value):
+    """An int for 12, "12", 12.0 or "12.0"; None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    number = _finite_number(value)
+    if number is None or not number.is_integer():
+        return None
+    return int(number)

@@ -1,0 +1,57 @@
+"""Reading the learner's process tree from /proc.
+
+A learner is a tree of processes (a shell, python, data-loader workers, ...). The agent needs the whole
+tree to enforce the memory limit (the sum over every process, as a container's limit would count it)
+and to deliver signals to every process group in it (inside bubblewrap the command runs in its own
+session, so signalling only the process we started would miss it). Linux only, like the agent.
+"""
+import os
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def process_table():
+    """{pid: (ppid, pgid, rss_bytes)} for every process we can read right now."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # exited meanwhile
+            continue
+        # The command name is in parentheses and may itself contain spaces or ')'.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        try:
+            # fields[0] is the state (stat field 3), so stat field N is fields[N - 3].
+            table[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[21]) * _PAGE_BYTES)
+        except (IndexError, ValueError):
+            continue
+    return table
+
+
+def descendants(root, table=None):
+    """Pids of every live process below `root` (not `root` itself), parents before children."""
+    table = process_table() if table is None else table
+    children = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def tree_rss_bytes(root):
+    """Resident memory of `root` and all its descendants, summed."""
+    table = process_table()
+    return sum(table[pid][2] for pid in [root, *descendants(root, table)] if pid in table)
+
+
+def tree_process_groups(root):
+    """Process group ids of `root`'s descendants (root's own group included only if one of them is in it)."""
+    table = process_table()
+    return {table[pid][1] for pid in descendants(root, table)}

@@ -1,0 +1,225 @@
+"""The agent as a real process against the fake ingest endpoint: a learner's whole life."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from learner_agent import sandbox
+from learner_agent.tests.conftest import (
+    agent_command, agent_env, has_status, read_exit, run_agent, stop_process, wait_for,
+    write_agent_config)
+
+CHATTY = (
+    "echo out1; echo err1 >&2; "
+    "echo 'TRAINYARD_METRIC {\"name\": \"loss\", \"value\": 0.5, \"step\": 1}'; "
+    "echo 'TRAINYARD_METRIC {broken'; "
+    "python3 -c 'from learner_agent import report; report(\"acc\", 0.9, step=2)'; "
+    "echo err2 >&2; echo epoch 2 loss 0.25; cat data.txt; exit 3"
+)
+MODES = ["none", pytest.param("auto", id="auto-" + ("bwrap" if sandbox.bwrap_problem() is None else "none"))]
+
+
+def kinds(records):
+    return [(r["kind"], r.get("state") or r.get("stream") or r.get("name")) for r in records]
+
+
+def start_agent(config, **env):
+    return subprocess.Popen(agent_command(config), env=agent_env(**env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_it_runs_a_learner_and_reports_everything_in_order(outside_tmp, ingest, mode):
+    config = write_agent_config(outside_tmp, ingest, command=CHATTY, sandbox=mode,
+                                files={"data.txt": "from the archive\n"},
+                                metric_regexes={"train": r"epoch (?P<epoch>\d+) loss (?P<loss>[\d.]+)"})
+    result = run_agent(config)
+    assert result.returncode == 0, result.stderr
+    records = ingest.stored()
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    assert kinds(records)[:2] == [("status", "preparing"), ("status", "running")]
+    assert records[-1] == {**records[-1], "kind": "status", "state": "exited", "exit_code": 3, "reason": ""}
+    logs = [r for r in records if r["kind"] == "log"]
+    assert [r["line"] for r in logs if r["stream"] == "stdout"] == [
+        "out1", 'TRAINYARD_METRIC {"name": "loss", "value": 0.5, "step": 1}', "TRAINYARD_METRIC {broken",
+        'TRAINYARD_METRIC {"name": "acc", "value": 0.9, "step": 2}', "epoch 2 loss 0.25", "from the archive"]
+    assert [r["line"] for r in logs if r["stream"] == "stderr"] == ["err1", "err2"]
+    # Each metric comes right after the line it was found in, with the same time.
+    for i, record in enumerate(records):
+        if record["kind"] == "metric":
+            assert records[i - 1]["kind"] == "log" and records[i - 1]["time"] == record["time"]
+    assert [(r["name"], r["value"], r["step"]) for r in records if r["kind"] == "metric"] == [
+        ("loss", 0.5, 1), ("acc", 0.9, 2), ("train.loss", 0.25, 2)]
+    assert read_exit(config)["exit_code"] == 3
+    learner_dir = os.path.dirname(config)
+    assert int(open(os.path.join(learner_dir, "agent.pid")).read()) > 0
+    assert "started the command" in open(os.path.join(learner_dir, "agent.log")).read()
+    assert os.path.isdir(os.path.join(outside_tmp, "job", "results"))
+
+
+def test_it_detaches_and_leaves_no_zombie(outside_tmp, ingest):
+    config = write_agent_config(outside_tmp, ingest, command="sleep 2; echo done")
+    started = time.monotonic()
+    result = subprocess.run(agent_command(config, "--detach"), env=agent_env(), timeout=10)
+    assert result.returncode == 0
+    assert time.monotonic() - started < 1.5  # the caller doesn't wait for the learner
+    pid = wait_for(lambda: _read_pid(config))
+    assert pid != os.getpid() and os.getppid() != pid
+    with open(f"/proc/{pid}/stat") as f:
+        assert int(f.read().rsplit(")", 1)[1].split()[1]) != os.getpid()  # not our child
+    exit_info = wait_for(lambda: _exit_if_written(config), timeout=15)
+    assert exit_info["exit_code"] == 0
+    wait_for(lambda: has_status(ingest, "exited"))
+    assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
+
+
+def test_it_reports_a_rejected_archive_without_starting_anything(outside_tmp, ingest):
+    config = write_agent_config(outside_tmp, ingest, command="touch started", files={"../evil": "x"})
+    result = run_agent(config)
+    assert result.returncode == 0
+    exit_info = read_exit(config)
+    assert exit_info["exit_code"] is None
+    assert exit_info["reason"].startswith("code archive rejected: archive member '../evil'")
+    assert kinds(ingest.stored()) == [("status", "preparing"), ("status", "exited")]
+    assert ingest.stored()[-1]["exit_code"] is None
+    assert not os.path.exists(os.path.join(os.path.dirname(config), "work"))
+
+
+def test_it_kills_a_learner_over_its_memory_limit(outside_tmp, ingest):
+    command = ("python3 -c \"import time; x = b'x' * (400 * 2**20); print('allocated', flush=True); "
+               "time.sleep(30)\"")
+    config = write_agent_config(outside_tmp, ingest, command=command, sandbox="auto",
+                                memory_bytes=200 * 2**20)
+    started = time.monotonic()
+    assert run_agent(config).returncode == 0
+    assert time.monotonic() - started < 10
+    exit_info = read_exit(config)
+    assert exit_info == {**exit_info, "exit_code": 137,
+                         "reason": "memory limit 200.0MiB exceeded (OOM killed)"}
+    assert ingest.stored()[-1]["reason"] == exit_info["reason"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sigterm_to_the_agent_terminates_the_learner(outside_tmp, ingest, mode):
+    command = "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done"
+    config = write_agent_config(outside_tmp, ingest, command=command, sandbox=mode)
+    agent = start_agent(config)
+    try:
+        wait_for(lambda: any(r.get("line") == "ready" for r in ingest.stored()))
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=10) == 0
+    finally:
+        stop_process(agent)
+    assert read_exit(config) == {**read_exit(config), "exit_code": 7, "reason": "terminated"}
+    assert "got TERM" in [r.get("line") for r in ingest.stored()]
+    assert ingest.stored()[-1]["state"] == "exited"
+
+
+def test_halt_sends_the_checkpoint_signal_and_waits_for_the_learner(outside_tmp, ingest):
+    command = "trap 'echo saving checkpoint; exit 0' USR2; echo ready; while :; do sleep 0.1; done"
+    config = write_agent_config(outside_tmp, ingest, command=command, sandbox="auto",
+                                checkpoint_signal="SIGUSR2", grace_seconds=10)
+    agent = start_agent(config)
+    try:
+        wait_for(lambda: any(r.get("line") == "ready" for r in ingest.stored()))
+        agent.send_signal(signal.SIGUSR1)
+        assert agent.wait(timeout=10) == 0
+    finally:
+        stop_process(agent)
+    assert read_exit(config) == {**read_exit(config), "exit_code": 0, "reason": "halted"}
+    assert "saving checkpoint" in [r.get("line") for r in ingest.stored()]
+
+
+def test_halt_kills_a_learner_that_outstays_its_grace_period(outside_tmp, ingest):
+    command = "trap '' TERM; echo ready; while :; do sleep 0.1; done"
+    config = write_agent_config(outside_tmp, ingest, command=command, sandbox="auto", grace_seconds=1)
+    agent = start_agent(config)
+    try:
+        wait_for(lambda: any(r.get("line") == "ready" for r in ingest.stored()))
+        started = time.monotonic()
+        agent.send_signal(signal.SIGUSR1)
+        assert agent.wait(timeout=10) == 0
+        assert 1 <= time.monotonic() - started < 5
+    finally:
+        stop_process(agent)
+    assert read_exit(config) == {**read_exit(config), "exit_code": 137,
+                                 "reason": "halted: grace period expired, killed"}
+
+
+def test_it_terminates_the_learner_when_the_platform_answers_410(outside_tmp, ingest):
+    command = "trap 'echo got TERM; exit 5' TERM; while :; do echo tick; sleep 0.1; done"
+    config = write_agent_config(outside_tmp, ingest, command=command)
+    agent = start_agent(config)
+    try:
+        wait_for(lambda: has_status(ingest, "running"))
+        ingest.gone = True
+        assert agent.wait(timeout=10) == 0
+    finally:
+        stop_process(agent)
+    exit_info = read_exit(config)
+    assert exit_info["exit_code"] == 5 and exit_info["reason"].startswith("terminated")
+
+
+def test_it_writes_exit_json_first_and_keeps_delivering_until_the_platform_is_back(outside_tmp, ingest):
+    ingest.status_override = 503
+    config = write_agent_config(outside_tmp, ingest, command="echo hello; exit 1")
+    agent = start_agent(config)
+    try:
+        exit_info = wait_for(lambda: _exit_if_written(config))
+        assert exit_info["exit_code"] == 1
+        time.sleep(0.5)
+        assert agent.poll() is None and ingest.stored() == []  # still trying
+        ingest.status_override = None
+        assert agent.wait(timeout=15) == 0
+    finally:
+        stop_process(agent)
+    assert kinds(ingest.stored()) == [("status", "preparing"), ("status", "running"), ("log", "stdout"),
+                                      ("status", "exited")]
+
+
+def test_it_refuses_a_bad_config_before_detaching(tmp_path):
+    path = tmp_path / "agent.json"
+    path.write_text(json.dumps({"job_id": "x"}))
+    result = subprocess.run(agent_command(str(path), "--detach"), env=agent_env(), capture_output=True,
+                            text=True, timeout=10)
+    assert result.returncode == 2
+    assert "command: required" in result.stderr
+
+
+def _read_pid(config):
+    try:
+        with open(os.path.join(os.path.dirname(config), "agent.pid")) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _exit_if_written(config):
+    try:
+        return read_exit(config)
+    except (OSError, ValueError):
+        return None
+
+
+def test_it_does_not_wait_for_background_processes_the_command_left_behind(outside_tmp, ingest):
+    config = write_agent_config(outside_tmp, ingest, command="(sleep 30; echo late) & echo bye")
+    started = time.monotonic()
+    assert run_agent(config).returncode == 0
+    assert time.monotonic() - started < 5
+    assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["bye"]
+
+
+def test_sigterm_after_the_learner_ended_gives_up_delivery_soon(outside_tmp, ingest):
+    ingest.status_override = 503  # the platform is down: the agent would otherwise keep trying
+    config = write_agent_config(outside_tmp, ingest, command="exit 0", flush_timeout_s=3600)
+    agent = start_agent(config)
+    try:
+        wait_for(lambda: _exit_if_written(config))
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=10) == 0
+    finally:
+        stop_process(agent)
+    assert read_exit(config)["reason"] == ""  # the learner had ended on its own

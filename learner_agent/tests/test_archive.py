@@ -1,0 +1,230 @@
+"""Code archives: what is refused, and what a good one unpacks to."""
+import dataclasses
+import io
+import os
+import stat
+import struct
+import tarfile
+import zipfile
+
+import pytest
+
+from learner_agent import archive
+from learner_agent.archive import ArchiveError, extract_archive, inspect_archive
+
+LIMITS = {"max_unpacked_bytes": 10 * 10**6, "max_members": 100}
+
+
+def make_zip(path, files, *, compression=zipfile.ZIP_DEFLATED):
+    with zipfile.ZipFile(path, "w", compression=compression) as zf:
+        for name, content in files.items():
+            zf.writestr(name, content)
+    return str(path)
+
+
+def make_tar(path, members, *, mode="w:gz"):
+    """members: (TarInfo kwargs, content bytes or None)."""
+    with tarfile.open(path, mode) as tf:
+        for fields, content in members:
+            info = tarfile.TarInfo(fields.pop("name"))
+            for key, value in fields.items():
+                setattr(info, key, value)
+            if content is not None:
+                info.size = len(content)
+            tf.addfile(info, io.BytesIO(content) if content is not None else None)
+    return str(path)
+
+
+def file_member(name, content=b"x", mode=0o644):
+    return {"name": name, "mode": mode}, content
+
+
+def assert_refused(path, tmp_path, match, **limits):
+    limits = {**LIMITS, **limits}
+    with pytest.raises(ArchiveError, match=match):
+        inspect_archive(path, **limits)
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError, match=match):
+        extract_archive(path, dest, **limits)
+    assert_nothing_left(tmp_path, dest)
+
+
+def assert_nothing_left(tmp_path, dest):
+    assert not dest.exists()
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".unpacking")]
+
+
+# --- refused ---
+
+def test_it_refuses_zip_slip(tmp_path):
+    path = make_zip(tmp_path / "a.zip", {"ok.txt": "fine", "../x": "escape"})
+    assert_refused(path, tmp_path, r"'\.\./x'.*\.\.")
+    assert not (tmp_path / "x").exists()
+
+
+def test_it_refuses_zip_slip_hidden_in_the_middle_and_with_backslashes(tmp_path):
+    assert_refused(make_zip(tmp_path / "a.zip", {"a/../../x": "escape"}), tmp_path, r"a/\.\./\.\./x")
+    assert_refused(make_zip(tmp_path / "b.zip", {"..\\x": "escape"}), tmp_path, r"\.\.")
+
+
+def test_it_refuses_absolute_paths(tmp_path):
+    assert_refused(make_zip(tmp_path / "a.zip", {"/etc/evil": "x"}), tmp_path, "'/etc/evil': absolute")
+    tar = make_tar(tmp_path / "a.tgz", [file_member("/etc/evil")])
+    assert_refused(tar, tmp_path, "'/etc/evil': absolute")
+
+
+def test_it_refuses_tar_slip(tmp_path):
+    assert_refused(make_tar(tmp_path / "a.tgz", [file_member("../x")]), tmp_path, r"'\.\./x'")
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"type": tarfile.SYMTYPE, "linkname": "/etc/passwd"}, "symbolic link"),
+    ({"type": tarfile.SYMTYPE, "linkname": "inside.txt"}, "symbolic link"),
+    ({"type": tarfile.LNKTYPE, "linkname": "inside.txt"}, "hard link"),
+    ({"type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 3}, "device"),
+    ({"type": tarfile.FIFOTYPE}, "FIFO"),
+])
+def test_it_refuses_tar_links_and_special_files(tmp_path, fields, match):
+    path = make_tar(tmp_path / "a.tgz", [file_member("inside.txt"), ({"name": "link", **fields}, None)])
+    assert_refused(path, tmp_path, f"'link': .*{match}")
+
+
+def test_it_refuses_zip_symlinks(tmp_path):
+    path = tmp_path / "a.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        info = zipfile.ZipInfo("link")
+        info.create_system = 3
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        zf.writestr(info, "/etc/passwd")
+    assert_refused(str(path), tmp_path, "'link': is a symbolic link")
+
+
+def test_it_refuses_more_than_the_declared_size_limit(tmp_path):
+    # 50 MB of zeros compresses to ~50 KB: the ratio is fine, the size is not.
+    path = make_zip(tmp_path / "zeros.zip", {"zeros.bin": b"\0" * (50 * 10**6)})
+    assert os.path.getsize(path) < 10**6
+    assert_refused(path, tmp_path, "more than 10000000 bytes")
+
+
+def test_it_refuses_a_bomb_whose_headers_lie(tmp_path):
+    path = make_zip(tmp_path / "bomb.zip", {"zeros.bin": b"\0" * (50 * 10**6)})
+    understate_zip_sizes(path, "zeros.bin", 1000)
+    assert inspect_archive(path, **LIMITS).unpacked_bytes == 1000  # the headers alone look harmless
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError, match="zeros.bin"):
+        extract_archive(path, dest, **LIMITS)
+    assert_nothing_left(tmp_path, dest)
+
+
+def test_it_counts_the_bytes_it_writes_not_the_headers(tmp_path, monkeypatch):
+    # Whatever a decoder would let through for a lying header, the write loop stops at the limit.
+    path = make_zip(tmp_path / "big.zip", {"a.bin": b"\0" * (6 * 10**6), "b.bin": b"\0" * (6 * 10**6)})
+    real_entries = archive._zip_entries
+    monkeypatch.setattr(archive, "_zip_entries",
+                        lambda p: (dataclasses.replace(e, size=1) for e in real_entries(p)))
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError, match="'b.bin': .*more than 10000000 bytes"):
+        extract_archive(path, dest, **LIMITS)
+    assert_nothing_left(tmp_path, dest)
+
+
+def test_it_allows_a_high_compression_ratio_under_the_limit(tmp_path):
+    path = make_zip(tmp_path / "zeros.zip", {"zeros.bin": b"\0" * (9 * 10**6)})
+    info = extract_archive(path, tmp_path / "dest", **LIMITS)
+    assert info.unpacked_bytes == 9 * 10**6
+    assert os.path.getsize(tmp_path / "dest" / "zeros.bin") == 9 * 10**6
+
+
+def test_it_refuses_too_many_members(tmp_path):
+    path = make_zip(tmp_path / "many.zip", {f"f{i}.txt": "x" for i in range(101)})
+    assert_refused(path, tmp_path, "more than 100 members")
+    tar = make_tar(tmp_path / "many.tgz", [file_member(f"f{i}.txt") for i in range(101)])
+    assert_refused(tar, tmp_path, "more than 100 members")
+
+
+def test_it_refuses_what_is_not_an_archive(tmp_path):
+    path = tmp_path / "code.zip"
+    path.write_text("print('hello')\n" * 100)
+    assert_refused(str(path), tmp_path, "not a zip or tar archive")
+
+
+def test_it_refuses_a_truncated_tar_gz(tmp_path):
+    path = make_tar(tmp_path / "a.tgz", [file_member("big.bin", os.urandom(200_000))])
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    assert_refused(path, tmp_path, "corrupt|not a zip or tar")
+
+
+def test_it_leaves_nothing_behind_when_a_member_cannot_be_written(tmp_path):
+    path = make_zip(tmp_path / "a.zip", {"a": "file", "a/b": "a file under a file"})
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError, match="'a/b': cannot be unpacked"):
+        extract_archive(path, dest, **LIMITS)
+    assert_nothing_left(tmp_path, dest)
+
+
+def test_it_refuses_to_unpack_into_a_symlink_or_over_existing_files(tmp_path):
+    path = make_zip(tmp_path / "a.zip", {"train.py": "x"})
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "link")
+    with pytest.raises(FileExistsError):
+        extract_archive(path, tmp_path / "link", **LIMITS)
+    assert os.listdir(tmp_path / "elsewhere") == []
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "old.txt").write_text("old")
+    with pytest.raises(FileExistsError):
+        extract_archive(path, tmp_path / "full", **LIMITS)
+
+
+# --- accepted ---
+
+def test_it_extracts_a_good_zip(tmp_path):
+    path = tmp_path / "code.zip"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("project/", "")
+        zf.writestr("project/train.py", "print('hi')\n")
+        zf.writestr("project/pkg/model.py", "X = 1\n")
+        run = zipfile.ZipInfo("project/run.sh")
+        run.create_system = 3
+        run.external_attr = (stat.S_IFREG | 0o755) << 16
+        zf.writestr(run, "#!/bin/sh\n")
+    (tmp_path / "dest").mkdir()  # an empty directory may already be there
+    info = extract_archive(str(path), tmp_path / "dest", **LIMITS)
+    assert info == archive.ArchiveInfo(kind="zip", members=4, unpacked_bytes=28)
+    dest = tmp_path / "dest"
+    assert os.listdir(dest) == ["project"]  # the single top-level directory is kept
+    assert (dest / "project" / "train.py").read_text() == "print('hi')\n"
+    assert (dest / "project" / "pkg" / "model.py").read_text() == "X = 1\n"
+    assert os.access(dest / "project" / "run.sh", os.X_OK)
+    assert not os.access(dest / "project" / "train.py", os.X_OK)
+    assert_nothing_left(tmp_path, tmp_path / "nonexistent")
+
+
+@pytest.mark.parametrize("mode, kind", [("w:gz", "tar.gz"), ("w", "tar")])
+def test_it_extracts_a_good_tar_detected_by_content(tmp_path, mode, kind):
+    path = make_tar(tmp_path / "code.bin", [({"name": "./", "type": tarfile.DIRTYPE, "mode": 0o755}, None),
+                                            ({"name": "./src", "type": tarfile.DIRTYPE, "mode": 0o755}, None),
+                                            file_member("./src/train.py", b"print(1)\n"),
+                                            file_member("./run.sh", b"#!/bin/sh\n", mode=0o755)],
+                    mode=mode)
+    assert inspect_archive(path, **LIMITS) == archive.ArchiveInfo(kind=kind, members=3, unpacked_bytes=19)
+    extract_archive(path, tmp_path / "dest", **LIMITS)
+    dest = tmp_path / "dest"
+    assert sorted(os.listdir(dest)) == ["run.sh", "src"]
+    assert (dest / "src" / "train.py").read_bytes() == b"print(1)\n"
+    assert os.access(dest / "run.sh", os.X_OK)
+
+
+def understate_zip_sizes(path, name, size):
+    """Rewrite the uncompressed size of `name` in its local header and central directory entry."""
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        encoded = name.encode()
+        local = data.find(b"PK\x03\x04")
+        assert data[local + 30:local + 30 + len(encoded)] == encoded
+        struct.pack_into("<I", data, local + 22, size)
+        central = data.find(b"PK\x01\x02")
+        assert data[central + 46:central + 46 + len(encoded)] == encoded
+        struct.pack_into("<I", data, central + 24, size)
+        f.seek(0)
+        f.write(data)

@@ -1,0 +1,52 @@
+"""Metric points from log lines: TRAINYARD_METRIC lines and the manifest's regexes."""
+import pytest
+
+from learner_agent.metrics import MetricExtractor
+
+REGEXES = {
+    "train": r"epoch (?P<epoch>\d+) loss (?P<loss>[\d.]+) acc (?P<acc>\S+)",
+    "eval": r"eval step=(?P<step>\d+) .*accuracy=(?P<accuracy>[-\d.e]+)",
+    "nostep": r"lr (?P<lr>[\d.e-]+)",
+    "both": r"epoch (?P<epoch>\d+) batch (?P<batch>\d+) global_step (?P<global_step>\d+) l=(?P<l>[\d.]+)",
+}
+
+
+@pytest.mark.parametrize("line, expected", [
+    ('TRAINYARD_METRIC {"name": "loss", "value": 0.3, "step": 10}', [("loss", 0.3, 10)]),
+    ('TRAINYARD_METRIC {"name": "loss", "value": 2}', [("loss", 2.0, None)]),
+    ('TRAINYARD_METRIC {"name": "loss", "value": 0.5, "step": 4.0}', [("loss", 0.5, 4)]),
+    ('TRAINYARD_METRIC {"name": "loss", "value": "0.5"}', [("loss", 0.5, None)]),
+    ('TRAINYARD_METRIC {"name": "loss", "value": 0.3', []),  # broken JSON
+    ('TRAINYARD_METRIC ["loss", 0.3]', []),
+    ('TRAINYARD_METRIC {"value": 0.3}', []),
+    ('TRAINYARD_METRIC {"name": "loss", "value": "high"}', []),
+    ('TRAINYARD_METRIC {"name": "loss", "value": NaN}', []),
+    ('TRAINYARD_METRIC {"name": "loss", "value": true}', []),
+    ('TRAINYARD_METRIC {"name": "loss", "value": 1, "step": 1.5}', []),
+    ('TRAINYARD_METRIC {"name": "loss", "value": 1, "step": "one"}', []),
+    ('  TRAINYARD_METRIC {"name": "loss", "value": 1}', []),  # not at the start of the line
+    ("epoch 3 loss 0.25 acc 0.9", [("train.loss", 0.25, 3), ("train.acc", 0.9, 3)]),
+    ("epoch 3 loss 0.25 acc n/a", [("train.loss", 0.25, 3)]),  # non-numeric values are skipped
+    ("[12:00] eval step=200 top1 accuracy=7.5e-1", [("eval.accuracy", 0.75, 200)]),
+    ("lr 1e-3", [("nostep.lr", 0.001, None)]),
+    ("epoch 2 batch 30 global_step 230 l=0.1", [("both.l", 0.1, 230)]),
+    ("nothing to see here", []),
+])
+def test_it_extracts(line, expected):
+    points = MetricExtractor(REGEXES).extract(line)
+    assert [(p["name"], p["value"], p["step"]) for p in points] == expected
+
+
+def test_it_does_not_apply_regexes_to_reported_lines():
+    extractor = MetricExtractor({"g": r"value\": (?P<v>[\d.]+)"})
+    assert extractor.extract('TRAINYARD_METRIC {"name": "loss", "value": 0.3}') == [
+        {"name": "loss", "value": 0.3, "step": None}]
+
+
+def test_it_matches_several_groups_on_one_line():
+    extractor = MetricExtractor({"a": r"x=(?P<x>\d+)", "b": r"y=(?P<y>\d+)"})
+    assert [p["name"] for p in extractor.extract("x=1 y=2")] == ["a.x", "b.y"]
+
+
+def test_it_works_without_regexes():
+    assert MetricExtractor().extract("epoch 1 loss 0.3") == []

@@ -1,0 +1,148 @@
+"""The shipper against a real HTTP server: exactly once, in order, whatever the network does."""
+import threading
+import time
+
+import pytest
+
+from learner_agent.shipper import Shipper
+from learner_agent.tests.conftest import TOKEN, IngestServer
+
+
+def shipper_for(server, **kwargs):
+    return Shipper(server.url, kwargs.pop("token", TOKEN), attempt=1, learner=0, **kwargs)
+
+
+def log_record(i, producer=0):
+    return {"kind": "log", "stream": "stdout", "line": f"p{producer} line {i}"}
+
+
+def test_it_delivers_everything_exactly_once_in_order_through_dropped_connections():
+    server = IngestServer(drop_rate=0.2, seed=1234)
+    shipper = shipper_for(server, max_batch=200)
+    try:
+        def produce(producer):
+            for i in range(10_000):
+                shipper.add(log_record(i, producer))
+                if i % 500 == 0:
+                    time.sleep(0.01)  # bursts, so there are many requests (and many drops)
+        producers = [threading.Thread(target=produce, args=(p,)) for p in (0, 1)]
+        for t in producers:
+            t.start()
+        for t in producers:
+            t.join()
+        assert shipper.flush(timeout=60)
+    finally:
+        shipper.close()
+        server.close()
+    stored = server.stored()
+    assert [r["seq"] for r in stored] == list(range(1, 20_001))
+    for producer in (0, 1):  # each thread's records in the order it added them
+        lines = [r["line"] for r in stored if r["line"].startswith(f"p{producer} ")]
+        assert lines == [f"p{producer} line {i}" for i in range(10_000)]
+    assert all(isinstance(r["time"], float) for r in stored)
+    assert server.dropped > 20  # the test really went through failures
+
+
+def test_it_batches_what_accumulates_and_respects_the_byte_limit():
+    server = IngestServer()
+    shipper = shipper_for(server, max_batch=1000, max_batch_bytes=4096)
+    try:
+        shipper.add_many([{"kind": "log", "stream": "stdout", "line": "x" * 100} for _ in range(500)])
+        assert shipper.flush(timeout=10)
+    finally:
+        shipper.close()
+        server.close()
+    assert len(server.stored()) == 500
+    assert max(server.body_sizes) <= 4096 + 64  # the records, plus the attempt/learner head
+    assert sum(server.body_sizes) / len(server.body_sizes) > 3000  # full batches, not one per record
+
+
+def test_it_resends_from_the_first_unstored_record_after_a_partial_ack(ingest):
+    ingest.max_store_per_request = 7
+    shipper = shipper_for(ingest)
+    shipper.add_many([log_record(i) for i in range(50)])
+    assert shipper.flush(timeout=10)
+    shipper.close()
+    assert [r["seq"] for r in ingest.stored()] == list(range(1, 51))
+    assert ingest.requests >= 8
+
+
+def test_it_retries_a_confused_409_after_a_backoff_instead_of_spinning(ingest):
+    ingest.scripted = [409, 409]
+    shipper = shipper_for(ingest)
+    started = time.monotonic()
+    shipper.add(log_record(1))
+    assert shipper.flush(timeout=10)
+    shipper.close()
+    assert time.monotonic() - started >= 0.3  # 0.1 s, then 0.2 s
+    assert [r["seq"] for r in ingest.stored()] == [1]
+
+
+def test_it_keeps_everything_while_the_platform_fails_and_sends_it_when_back(ingest):
+    ingest.status_override = 503
+    shipper = shipper_for(ingest)
+    shipper.add_many([log_record(i) for i in range(10)])
+    assert not shipper.flush(timeout=0.5)
+    assert ingest.stored() == [] and ingest.requests >= 2
+    ingest.status_override = None
+    assert shipper.flush(timeout=10)
+    shipper.close()
+    assert [r["seq"] for r in ingest.stored()] == list(range(1, 11))
+
+
+def test_it_survives_a_platform_that_is_not_listening_yet():
+    server = IngestServer()
+    url, port = server.url, server.port
+    server.close()
+    shipper = Shipper(url, TOKEN, attempt=1, learner=0)
+    shipper.add(log_record(1))
+    assert not shipper.flush(timeout=0.5)
+    shipper.close()
+    assert shipper.stopped_reason is None  # still willing: connection refused is retried
+
+
+def test_it_stops_and_calls_back_on_410(ingest):
+    ingest.gone = True
+    called = threading.Event()
+    shipper = shipper_for(ingest, on_gone=called.set)
+    shipper.add(log_record(1))
+    assert called.wait(5)
+    assert shipper.gone
+    assert [r["seq"] for r in ingest.stored()] == [1]  # its last words are kept
+    shipper.add(log_record(2))
+    assert not shipper.flush(timeout=5)
+    shipper.close()
+
+
+@pytest.mark.parametrize("status", [400, 401, 404])
+def test_it_stops_for_good_on_errors_that_retrying_cannot_fix(ingest, status):
+    ingest.status_override = status
+    shipper = shipper_for(ingest)
+    shipper.add(log_record(1))
+    started = time.monotonic()
+    assert not shipper.flush(timeout=5)
+    assert time.monotonic() - started < 2
+    assert f"HTTP {status}" in shipper.stopped_reason
+    assert not shipper.gone
+    shipper.close()
+    assert ingest.requests == 1
+
+
+def test_it_assigns_seq_and_keeps_a_given_time(ingest):
+    shipper = shipper_for(ingest)
+    assert shipper.add({"kind": "status", "state": "preparing", "time": 5.5, "seq": 99}) == 1
+    assert shipper.add_many([log_record(1), log_record(2)]) == [2, 3]
+    assert shipper.flush(timeout=5)
+    shipper.close()
+    assert ingest.stored()[0] == {"seq": 1, "kind": "status", "state": "preparing", "time": 5.5}
+    assert [r["seq"] for r in ingest.stored()] == [1, 2, 3]
+
+
+def test_it_refuses_a_record_it_cannot_encode_without_leaving_a_gap(ingest):
+    shipper = shipper_for(ingest)
+    with pytest.raises(ValueError):
+        shipper.add({"kind": "metric", "name": "loss", "value": float("nan")})
+    shipper.add(log_record(1))
+    assert shipper.flush(timeout=5)
+    shipper.close()
+    assert [r["seq"] for r in ingest.stored()] == [1]

@@ -1,0 +1,415 @@
+"""The `trainyard` CLI: offline checks, packing, configuration, and its dialogue with a fake API server.
+
+No database is needed: the server side is portal/tests/fake_api.py on a real local port.
+"""
+import io
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from learner_agent.archive import inspect_archive
+from portal import cli
+from portal.tests.fake_api import TOKEN, FakeTrainyard
+
+REPO = Path(__file__).resolve().parents[2]
+FFDL_EXAMPLES = sorted((REPO.parent / "shared" / "ffdl" / "examples").glob("*.yml"))
+OUR_EXAMPLES = sorted((REPO / "examples").glob("*/manifest.yml"))
+GOOD_MANIFEST = "name: demo\ncpus: 1\nmemory: 1GiB\nframework: {name: custom, command: sh run.sh}\n"
+
+
+def run(*argv):
+    try:
+        return cli.main([str(a) for a in argv])
+    except SystemExit as exit_:  # argparse usage errors
+        return exit_.code
+
+
+@pytest.fixture(autouse=True)
+def isolated_config(tmp_path, monkeypatch):
+    """No test reads the developer's own ~/.config/trainyard or TRAINYARD_* variables."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("XDG_CONFIG_HOME", "TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_TENANT", "TRAINYARD_CLI_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def api(monkeypatch):
+    with FakeTrainyard() as fake:
+        monkeypatch.setenv("TRAINYARD_URL", fake.url)
+        monkeypatch.setenv("TRAINYARD_TOKEN", TOKEN)
+        monkeypatch.setattr(cli, "POLL_SECONDS", 0.01)
+        yield fake
+
+
+@pytest.fixture
+def code_dir(tmp_path):
+    root = tmp_path / "code"
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "run.sh").write_text("echo hi\n")
+    (root / "pkg" / "model.py").write_text("x = 1\n")
+    (root / "pkg" / "model.pyc").write_bytes(b"\0")
+    (root / "pkg" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / ".venv" / "bin").mkdir(parents=True)
+    (root / ".venv" / "bin" / "python").write_text("")
+    return root
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def packed_names(root):
+    out = io.BytesIO()
+    cli.pack_directory(root, out)
+    with tarfile.open(fileobj=out, mode="r:gz") as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def closed_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- validate --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("manifest", FFDL_EXAMPLES + OUR_EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_it_validates_ffdl_and_bundled_manifests(manifest, capsys):
+    assert run("validate", manifest) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def test_it_finds_all_four_ffdl_examples():
+    assert len(FFDL_EXAMPLES) == 4
+
+
+@pytest.mark.parametrize("text, field", [
+    ("name: x\nmemory: 4XB\nframework: {name: pytorch, command: a}\n", "memory"),
+    ("name: x\nframework: {name: pytorch}\n", "framework.command"),
+    ("name: x\npriority: urgent\nframework: {name: pytorch, command: a}\n", "priority"),
+    ("name: x\ngpu: 1\nframework: {name: pytorch, command: a}\n", "gpu"),
+    ("name: x\nframework: {name: pytorch, command: a}\n  bad: [indent\n", "manifest"),
+])
+def test_it_rejects_a_bad_manifest_naming_the_field(tmp_path, capsys, text, field):
+    manifest = write(tmp_path / "manifest.yml", text)
+    assert run("validate", manifest) == 2
+    err = capsys.readouterr().err
+    assert f"invalid manifest: {field}" in err
+    assert "Traceback" not in err
+
+
+def test_it_reports_a_missing_manifest_file(tmp_path, capsys):
+    assert run("validate", tmp_path / "nope.yml") == 2
+    assert "No such file" in capsys.readouterr().err
+
+
+def test_train_checks_the_manifest_before_needing_a_server(tmp_path, code_dir, capsys):
+    manifest = write(tmp_path / "manifest.yml", "name: x\nframework: {name: pytorch}\n")
+    assert run("train", manifest, code_dir) == 2
+    assert "framework.command" in capsys.readouterr().err
+
+
+# --- packing ---------------------------------------------------------------------------------------
+def test_it_packs_a_code_dir_without_caches_or_vcs(code_dir):
+    names = packed_names(code_dir)
+    assert set(names) == {"run.sh", "pkg", "pkg/model.py"}
+    assert names["run.sh"].uid == 0 and names["run.sh"].uname == ""
+
+
+def test_it_copies_symlinks_that_stay_inside_the_dir(code_dir, tmp_path):
+    (code_dir / "data").mkdir()
+    (code_dir / "data" / "train.csv").write_text("1,2\n")
+    (code_dir / "latest.csv").symlink_to("data/train.csv")
+    (code_dir / "alias").symlink_to(code_dir / "data")  # absolute, but inside
+    names = packed_names(code_dir)
+    assert names["latest.csv"].isfile() and names["alias/train.csv"].isfile()
+    assert not any(m.issym() or m.islnk() for m in names.values())
+    archive = tmp_path / "code.tar.gz"
+    with open(archive, "wb") as out:
+        cli.pack_directory(code_dir, out)
+    inspect_archive(archive, max_unpacked_bytes=10**7, max_members=100)  # the server's own check
+
+
+def test_it_refuses_a_symlink_leading_outside_the_dir(code_dir, tmp_path):
+    write(tmp_path / "secret.txt", "password")
+    (code_dir / "pkg" / "secret").symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(cli.CliError) as refused:
+        packed_names(code_dir)
+    assert refused.value.exit_code == 2
+    assert "pkg/secret: symlink points outside the code directory" in str(refused.value)
+
+
+def test_it_refuses_a_relative_symlink_escaping_the_dir(code_dir):
+    (code_dir / "up").symlink_to("../..")
+    with pytest.raises(cli.CliError, match="up: symlink points outside"):
+        packed_names(code_dir)
+
+
+def test_it_refuses_a_symlink_loop(code_dir):
+    (code_dir / "pkg" / "loop").symlink_to("..")
+    with pytest.raises(cli.CliError, match="loops back"):
+        packed_names(code_dir)
+
+
+def test_it_sends_an_existing_archive_as_is(tmp_path):
+    archive = tmp_path / "mine.tar.gz"
+    archive.write_bytes(b"\x1f\x8b" + b"rest of the archive")
+    upload = cli.code_upload(str(archive))
+    assert (upload.filename, upload.size, upload.fileobj.read()) == ("code.tar.gz", 21, archive.read_bytes())
+    upload.fileobj.close()
+
+
+@pytest.mark.parametrize("name, data", [("code.zip", b"not a zip"), ("code.tar.gz", b"plain"), ("code.rar", b"")])
+def test_it_refuses_what_is_not_an_archive(tmp_path, name, data):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(cli.CliError) as refused:
+        cli.code_upload(str(tmp_path / name))
+    assert refused.value.exit_code == 2
+
+
+# --- configuration ---------------------------------------------------------------------------------
+def test_login_saves_a_private_config_that_later_commands_use(tmp_path, capsys):
+    assert run("login", "--url", "http://example.test:8000/", "--token", "abc", "--tenant", "team-a",
+               "--no-verify") == 0
+    path = tmp_path / "home" / ".config" / "trainyard" / "config.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert cli.load_config() == cli.Config("http://example.test:8000", "abc", "team-a")
+
+
+def test_environment_variables_win_over_the_saved_config_one_by_one(monkeypatch):
+    assert run("login", "--url", "http://saved.test", "--token", "saved-token", "--no-verify") == 0
+    monkeypatch.setenv("TRAINYARD_URL", "http://env.test")
+    monkeypatch.setenv("TRAINYARD_TENANT", "team-b")
+    assert cli.load_config() == cli.Config("http://env.test", "saved-token", "team-b")
+    monkeypatch.setenv("TRAINYARD_TOKEN", "env-token")
+    assert cli.load_config().token == "env-token"
+
+
+def test_xdg_config_home_moves_the_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert run("login", "--url", "http://x.test", "--token", "t", "--no-verify") == 0
+    assert (tmp_path / "xdg" / "trainyard" / "config.json").exists()
+
+
+def test_it_says_how_to_configure_when_nothing_is_set(capsys):
+    assert run("list") == 2
+    assert "TRAINYARD_URL" in capsys.readouterr().err
+
+
+def test_it_refuses_a_url_without_scheme(monkeypatch, capsys):
+    monkeypatch.setenv("TRAINYARD_URL", "localhost:8000")
+    monkeypatch.setenv("TRAINYARD_TOKEN", "t")
+    assert run("list") == 2
+    assert "not a Trainyard URL" in capsys.readouterr().err
+
+
+def test_login_checks_the_token_with_the_server(api, tmp_path, capsys):
+    assert run("login", "--url", api.url, "--token", "wrong") == 1
+    assert "Invalid token." in capsys.readouterr().err
+    assert not (tmp_path / "home" / ".config" / "trainyard" / "config.json").exists()
+    assert run("login", "--url", api.url, "--token", TOKEN, "--tenant", "team-a") == 0
+    assert "tenant team-a as researcher" in capsys.readouterr().out
+    assert api.headers[-1]["X-Trainyard-Tenant"] == "team-a"
+
+
+# --- errors ----------------------------------------------------------------------------------------
+def test_an_unreachable_server_is_one_line_without_traceback(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}"
+    env = {**os.environ, "TRAINYARD_URL": url, "TRAINYARD_TOKEN": "t", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "portal.cli", "list"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"trainyard: cannot reach Trainyard at {url}: Connection refused"
+    assert done.stdout == ""
+
+
+def test_train_against_an_unreachable_server_fails_cleanly(tmp_path, code_dir, monkeypatch, capsys):
+    monkeypatch.setenv("TRAINYARD_URL", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("TRAINYARD_TOKEN", "t")
+    assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir) == 1
+    assert "cannot reach Trainyard" in capsys.readouterr().err
+
+
+def test_the_cli_does_not_import_django():
+    done = subprocess.run([sys.executable, "-c", "import sys, portal.cli; print(sorted(m for m in sys.modules "
+                           "if m.split('.')[0] in ('django', 'rest_framework', 'celery')))"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_it_prints_the_servers_detail_and_field(api, tmp_path, code_dir, capsys):
+    manifest = write(tmp_path / "m.yml", GOOD_MANIFEST.replace("1GiB", "999GiB"))
+    assert run("train", manifest, code_dir) == 1
+    out, err = capsys.readouterr()
+    assert err.strip() == "trainyard: memory: 999 GiB is more than the tenant's quota of 64 GiB"
+    assert out == ""
+
+
+def test_a_bad_token_says_what_to_check(api, monkeypatch, capsys):
+    monkeypatch.setenv("TRAINYARD_TOKEN", "wrong")
+    assert run("list") == 1
+    err = capsys.readouterr().err
+    assert "not authorised by" in err and "Invalid token." in err and "TRAINYARD_TOKEN" in err
+
+
+def test_an_unknown_job_is_not_found(api, capsys):
+    assert run("show", "training-nosuchjob") == 1
+    assert capsys.readouterr().err.strip() == "trainyard: Not found."
+
+
+def test_a_refused_action_shows_the_reason(api, capsys):
+    api.add_job("training-done0001").status = "COMPLETED"
+    assert run("halt", "training-done0001") == 1
+    assert "training-done0001 is COMPLETED; it cannot halt" in capsys.readouterr().err
+
+
+def test_actions_print_the_new_status(api, capsys):
+    api.add_job("training-run00001").status = "PROCESSING"
+    assert run("halt", "training-run00001") == 0
+    assert capsys.readouterr().out.strip() == "training-run00001: HALTING"
+
+
+# --- train and follow ------------------------------------------------------------------------------
+def test_train_uploads_the_packed_code_and_prints_the_job_id(api, tmp_path, code_dir, capsys):
+    assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir) == 0
+    job_id = capsys.readouterr().out.strip()
+    job = api.jobs[job_id]
+    assert job.manifest["name"] == "demo"
+    with tarfile.open(fileobj=io.BytesIO(job.code), mode="r:gz") as tar:
+        assert set(tar.getnames()) == {"run.sh", "pkg", "pkg/model.py"}
+
+
+def test_train_follow_streams_every_line_and_exits_0_on_completed(api, tmp_path, code_dir, capsys):
+    assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir, "--follow") == 0
+    out, err = capsys.readouterr()
+    job_id, *lines = out.splitlines()
+    assert lines == [f"demo line {n}" for n in range(1, 8)]  # including those stored with the final status
+    assert err.strip() == f"trainyard: {job_id} COMPLETED"
+
+
+def test_train_follow_exits_1_with_the_reason_on_failed(api, tmp_path, capsys):
+    example = REPO / "examples" / "failing"
+    assert run("train", example / "manifest.yml", example, "--follow") == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1:] == ["failing line 1", "failing line 2", "failing line 3"]
+    assert "FAILED: learner 0 exited with code 3" in err
+
+
+def test_follow_rides_out_a_server_restart(api, capsys):
+    api.add_job("training-run00001")
+    api.fail_log_polls = 2
+    assert run("logs", "training-run00001", "--follow") == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"demo line {n}" for n in range(1, 8)]
+    assert "server error (HTTP 503): restarting; retrying" in err and "reconnected" in err
+
+
+def test_logs_without_follow_prints_what_is_stored(api, capsys):
+    job = api.add_job("training-run00001")
+    job.stored = 3
+    assert run("logs", "training-run00001", "--since", "1") == 0
+    assert capsys.readouterr().out.splitlines() == ["demo line 2", "demo line 3"]
+
+
+# --- reading ---------------------------------------------------------------------------------------
+def test_show_prints_a_summary_or_json(api, capsys):
+    api.add_job("training-done0001").status = "COMPLETED"
+    assert run("show", "training-done0001") == 0
+    out = capsys.readouterr().out
+    assert "training-done0001  demo" in out and "COMPLETED" in out
+    assert "1 learner × 0 GPU, 1 CPU, 1.0 GiB" in out and "loss 0.25 (step 8)" in out
+    assert f"{api.url}/jobs/training-done0001/" in out
+    assert run("show", "training-done0001", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "COMPLETED"
+
+
+def test_list_prints_a_table(api, capsys):
+    api.add_job("training-aaaa0001", "first")
+    api.add_job("training-bbbb0002", "second").status = "COMPLETED"
+    assert run("list") == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:3] == ["ID", "NAME", "STATUS"]
+    assert [r.split()[:3] for r in rows] == [["training-aaaa0001", "first", "QUEUED"],
+                                             ["training-bbbb0002", "second", "COMPLETED"]]
+    assert run("list", "--status", "COMPLETED", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 1
+
+
+def test_metrics_prints_points(api, capsys):
+    api.add_job("training-run00001")
+    assert run("metrics", "training-run00001", "--name", "loss") == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [r.split()[:3] for r in rows] == [["loss", "1", "0.9"], ["loss", "2", "0.5"]]
+
+
+def test_quota_prints_usage_against_quota(api, capsys):
+    assert run("quota") == 0
+    out = capsys.readouterr().out
+    assert "team-a" in out and "researcher" in out and "queued jobs  3" in out
+    assert any(line.split() == ["memory_bytes", "1.0", "GiB", "64.0", "GiB"] for line in out.splitlines())
+    assert any(line.split() == ["jobs", "2", "unlimited"] for line in out.splitlines())
+
+
+# --- download --------------------------------------------------------------------------------------
+def test_download_fetches_results_into_a_folder_named_after_the_job(api, tmp_path, monkeypatch, capsys):
+    api.add_job("training-done0001")
+    monkeypatch.chdir(tmp_path)
+    assert run("download", "training-done0001") == 0
+    folder = tmp_path / "training-done0001"
+    assert (folder / "results" / "model.pt").read_bytes() == api.artifacts["results/model.pt"]
+    assert (folder / "results" / "metrics.json").exists() and not (folder / "checkpoints").exists()
+    assert "2 result files" in capsys.readouterr().out
+
+
+def test_download_checkpoints_into_a_chosen_dir(api, tmp_path):
+    api.add_job("training-done0001")
+    assert run("download", "training-done0001", "--checkpoint", "-o", tmp_path / "out") == 0
+    assert [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()] == ["epoch-2.pt"]
+
+
+def test_download_refuses_a_file_that_does_not_match_its_checksum(api, tmp_path, capsys):
+    api.add_job("training-done0001")
+    api.corrupt.add("results/model.pt")
+    assert run("download", "training-done0001", "-o", tmp_path / "out") == 1
+    assert "does not match its sha256" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "results" / "model.pt").exists()
+    assert not [p for p in (tmp_path / "out").rglob(".download-*")]
+
+
+def test_download_refuses_unsafe_names():
+    with pytest.raises(cli.CliError, match="unsafe"):
+        cli._safe_target("/tmp/x", "../../etc/passwd")
+
+
+def test_train_json_prints_the_whole_job(api, tmp_path, code_dir, capsys):
+    assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir, "--json") == 0
+    job = json.loads(capsys.readouterr().out)
+    assert job["id"] in api.jobs and job["status"] == "QUEUED"
+
+
+def test_the_upload_body_reports_progress_up_to_its_length(tmp_path):
+    data = os.urandom(100_000)
+    upload = cli.Upload(io.BytesIO(data), "code.tar.gz", "application/gzip", len(data))
+    screen = io.StringIO()
+    progress = cli.Progress("uploading", stream=screen, enabled=True)
+    body = cli.MultipartBody([("code", upload)], on_read=progress.update)
+    chunks = iter(lambda: body.read(8192), b"")
+    sent = b"".join(chunks)
+    assert len(sent) == len(body) and data in sent
+    size = cli.human_bytes(len(body))
+    assert screen.getvalue().endswith(f"\r\x1b[Kuploading   8% 8.0 KiB / {size}\r\x1b[Kuploading 100% {size} / {size}")
+
+
+def test_progress_stays_silent_when_stderr_is_not_a_terminal():
+    screen = io.StringIO()
+    cli.Progress("uploading", stream=screen).update(5, 10)
+    assert screen.getvalue() == ""
