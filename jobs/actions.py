@@ -248,11 +248,14 @@ def learner_exited(job, learner, *, exit_code, reason, when, state=Learner.State
 
 # --- finish --------------------------------------------------------------------------------------
 def finish_attempt(job_id, attempt):
-    """All learners of the attempt have ended: store results and settle the job's final status."""
+    """All learners of the attempt have ended: store results and settle the job's status."""
     job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
     if job is None or job.status not in ACTIVE:
         return
     learners = list(Learner.objects.filter(job=job, attempt=attempt).order_by("index"))
+    if job.status == Status.HALTING or (job.status == Status.STORING and _halt_requested(job)):
+        _finish_halt(job, learners)
+        return
     failed = [lr for lr in learners if lr.state == Learner.State.LOST or lr.exit_code != 0]
     if failed:
         first = failed[0]
@@ -260,10 +263,36 @@ def finish_attempt(job_id, attempt):
         transition(job.id, Status.FAILED, actor=SYSTEM, attempt=attempt, reason=_failure_reason(job, first),
                    exit_code=first.exit_code)
         return
-    if not transition(job.id, Status.STORING, actor=SYSTEM, reason="storing results", attempt=attempt):
+    if job.status != Status.STORING and not transition(job.id, Status.STORING, actor=SYSTEM,
+                                                        reason="storing results", attempt=attempt):
         return
     _store_results(job)
     transition(job.id, Status.COMPLETED, actor=SYSTEM, reason="all learners exited 0", attempt=attempt, exit_code=0)
+
+
+def _halt_requested(job):
+    last = job.events.filter(to_status__in=[Status.HALTING, Status.PROCESSING, Status.PENDING]).last()
+    return last is not None and last.to_status == Status.HALTING
+
+
+def _finish_halt(job, learners):
+    """A halted attempt: keep what it wrote, say whether a new checkpoint came out, release it."""
+    if job.status == Status.HALTING and not transition(job.id, Status.STORING, actor=SYSTEM, attempt=job.attempt,
+                                                       reason="storing checkpoint after halt"):
+        return
+    _store_results(job)
+    checkpoint = latest_checkpoint(job)
+    halted_at = job.events.filter(to_status=Status.HALTING).last().time
+    killed = [lr.index for lr in learners if "killed" in lr.reason]
+    if checkpoint is not None and checkpoint.stat().st_mtime >= halted_at.timestamp():
+        reason = f"halted; resume continues from checkpoint {checkpoint.name}"
+    elif checkpoint is not None:
+        reason = f"halted, but no new checkpoint was written; resume continues from {checkpoint.name}"
+    else:
+        reason = "halted, but no checkpoint was written; resume starts from the beginning"
+    if killed:
+        reason += f" (learner {', '.join(map(str, killed))} ignored the signal and was killed after the grace period)"
+    transition(job.id, Status.HALTED, actor=SYSTEM, attempt=job.attempt, reason=reason)
 
 
 def _failure_reason(job, learner):
@@ -305,6 +334,31 @@ def terminate(job, *, actor):
     return job
 
 
+def halt(job, *, actor):
+    """Ask the learners to checkpoint and stop; the job becomes HALTED once they have."""
+    from jobs.states import require_transition
+    job = require_transition(job.id, Status.HALTING, actor=actor, reason=f"halt requested by {actor}",
+                             attempt=job.attempt)
+    from jobs import tasks
+    transaction.on_commit(lambda: tasks.halt_learners.delay(job.id, job.attempt))
+    return job
+
+
+def halt_learners(job_id, attempt):
+    job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt, status=Status.HALTING).first()
+    if job is not None:
+        get_backend().halt(tenant=job.tenant.slug, job_id=job.id, attempt=attempt, learners=job.learners)
+
+
+def resume(job, *, actor):
+    """Queue a halted job again as a new attempt; its learners start from the last checkpoint."""
+    from jobs.states import require_transition
+    job = require_transition(job.id, Status.QUEUED, actor=actor, reason=f"resumed by {actor}", attempt=job.attempt,
+                             attempt_next=True)
+    transaction.on_commit(_enqueue_schedule)
+    return job
+
+
 def teardown(job_id, attempt):
     job = Job.objects.select_related("tenant").filter(pk=job_id).first()
     if job is None:
@@ -335,8 +389,13 @@ def reconcile():
                 elif status.state == LearnerState.MISSING:
                     learner_exited(job, learner, exit_code=None, reason=status.reason,
                                    when=timezone.now(), state=Learner.State.LOST)
+        from jobs import tasks
         if job.status == Status.PENDING and not learners:
-            from jobs import tasks
             tasks.deploy_job.delay(job.id, job.attempt)
+        elif job.status == Status.HALTING:
+            if not learners:
+                tasks.finish_attempt.delay(job.id, job.attempt)
+            else:
+                tasks.halt_learners.delay(job.id, job.attempt)  # repeated: reaches a late-started agent
     schedule_queued()
 

@@ -58,12 +58,17 @@ class JobDetail(TenantScoped, APIView):
         return Response(JobDetailSerializer(self.job()).data)
 
 
-class JobTerminate(TenantScoped, APIView):
+class JobAction(TenantScoped, APIView):
+    """POST halt/ · resume/ · terminate/: 202 with the job, or 409 saying why not now."""
+
+    action = None  # set by as_view(action=...)
+    ACTIONS = {"halt": actions.halt, "resume": actions.resume, "terminate": actions.terminate}
+
     def post(self, request, job_id):
         job = self.job()
         if not self.membership().can_submit:
-            return Response({"detail": "viewers cannot terminate jobs"}, status=403)
-        job = actions.terminate(job, actor=request.user.username)
+            return Response({"detail": f"viewers cannot {self.action} jobs"}, status=403)
+        job = self.ACTIONS[self.action](job, actor=request.user.username)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 

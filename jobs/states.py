@@ -7,6 +7,7 @@ transaction, so history and status never disagree.
 import logging
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from jobs.models import Job, JobEvent, Status
@@ -44,15 +45,18 @@ def can_transition(status, target):
     return target in TRANSITIONS[Status(status)]
 
 
-def transition(job_id, target, *, actor, reason="", attempt=None, **fields):
+def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=False, **fields):
     """Move a job to `target` if its current status allows it (and its attempt matches).
 
     Returns the updated Job, or None when the compare-and-swap lost (the job moved on, or another
-    worker got there first). `fields` are extra Job columns to set in the same update.
+    worker got there first). `attempt_next` starts a new attempt (resume, retry); `fields` are
+    extra Job columns to set in the same update.
     """
     target = Status(target)
     now = timezone.now()
     updates = dict(fields, status=target, status_reason=reason, updated_at=now)
+    if attempt_next:
+        updates.update(attempt=F("attempt") + 1, placement=[], exit_code=None, finished_at=None)
     if target == Status.PENDING:
         updates.setdefault("admitted_at", now)
     if target in FINAL:

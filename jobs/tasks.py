@@ -49,6 +49,11 @@ def teardown(job_id, attempt):
     schedule.delay()
 
 
+@app.task(ignore_result=True, autoretry_for=(BackendError,), retry_backoff=1, max_retries=5)
+def halt_learners(job_id, attempt):
+    actions.halt_learners(job_id, attempt)
+
+
 @app.task(ignore_result=True)
 def reconcile():
     lock = _redis().lock(SCHEDULE_LOCK, timeout=120, blocking_timeout=1)

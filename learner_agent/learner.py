@@ -35,7 +35,23 @@ class LearnerProcess:
         return self._popen.wait()
 
     def send_signal(self, sig):
-        """Deliver a signal the learner is meant to handle (terminate, checkpoint) to its groups."""
+        """Deliver a signal the learner is meant to handle (terminate, checkpoint).
+
+        The command runs under `/bin/sh -c`, which only waits for what it started; if the shell
+        got a signal it does not trap it would die at once, and inside bubblewrap its exit tears
+        the sandbox down before the learner has written its checkpoint. So the signal goes to
+        every process below that shell, and to the shell itself only when it traps the signal or
+        nothing runs below it.
+        """
+        table = procfs.process_table()
+        shell = self._command_shell(table)
+        below = procfs.descendants(shell, table) if shell else []
+        if below:
+            for pid in below:
+                _kill(pid, sig)
+            if procfs.catches(shell, sig):
+                _kill(shell, sig)
+            return
         if self._sandboxed:
             # The command's groups are the ones below bwrap that aren't bwrap's own. bwrap's pid-1
             # reaper is in such a group too, but as a namespace's init it ignores what it doesn't handle.
@@ -46,6 +62,13 @@ class LearnerProcess:
                 return
             # The command hasn't started inside the sandbox yet: there is nothing to checkpoint.
         _killpg(self.pid, sig)
+
+    def _command_shell(self, table):
+        """The pid of our `/bin/sh -c COMMAND` if it is still a shell, else None."""
+        for pid in [self.pid, *procfs.descendants(self.pid, table)]:
+            if procfs.argv(pid)[:2] == ["/bin/sh", "-c"]:
+                return pid
+        return None
 
     def kill(self):
         """SIGKILL the whole tree: our group, every group below it, and every process in it."""
@@ -89,6 +112,13 @@ def iter_lines(pipe, *, max_bytes=MAX_LINE_BYTES):
 
 def _decode(raw):
     return raw.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def _kill(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _killpg(group, sig):

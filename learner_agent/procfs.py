@@ -55,3 +55,25 @@ def tree_process_groups(root):
     """Process group ids of `root`'s descendants (root's own group included only if one of them is in it)."""
     table = process_table()
     return {table[pid][1] for pid in descendants(root, table)}
+
+
+def argv(pid):
+    """A process's command line as a list ([] if it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0")[:-1]]
+
+
+def catches(pid, signum):
+    """Whether the process has a handler installed for the signal (SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & (1 << (int(signum) - 1)))
+    except (OSError, ValueError):
+        pass
+    return False

@@ -9,7 +9,8 @@ from portal import views
 api_v1 = [
     path("jobs/", api.JobList.as_view(), name="job-list"),
     path("jobs/<str:job_id>/", api.JobDetail.as_view(), name="job-detail"),
-    path("jobs/<str:job_id>/terminate/", api.JobTerminate.as_view(), name="job-terminate"),
+    *[path(f"jobs/<str:job_id>/{action}/", api.JobAction.as_view(action=action), name=f"job-{action}")
+      for action in ("halt", "resume", "terminate")],
     path("jobs/<str:job_id>/events/", api.JobEvents.as_view(), name="job-events"),
     path("jobs/<str:job_id>/logs/", api.JobLogs.as_view(), name="job-logs"),
     path("jobs/<str:job_id>/metrics/", api.JobMetrics.as_view(), name="job-metrics"),

@@ -133,6 +133,28 @@ def test_halt_sends_the_checkpoint_signal_and_waits_for_the_learner(outside_tmp,
     assert "saving checkpoint" in [r.get("line") for r in ingest.stored()]
 
 
+PYTHON_CHECKPOINTER = (
+    "echo starting; python3 -c \"import signal, sys, time\n"
+    "def save(*_):\n    print('checkpoint written', flush=True); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, save)\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)\n\"")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_halt_reaches_a_program_the_shell_started_and_not_the_shell(outside_tmp, ingest, mode):
+    # The shell would die of SIGTERM at once (taking the sandbox with it) before python saved.
+    config = write_agent_config(outside_tmp, ingest, command=PYTHON_CHECKPOINTER, sandbox=mode,
+                                checkpoint_signal="SIGTERM", grace_seconds=10)
+    agent = start_agent(config)
+    try:
+        wait_for(lambda: any(r.get("line") == "ready" for r in ingest.stored()))
+        agent.send_signal(signal.SIGUSR1)
+        assert agent.wait(timeout=15) == 0
+    finally:
+        stop_process(agent)
+    assert read_exit(config)["exit_code"] == 0 and read_exit(config)["reason"] == "halted"
+    assert "checkpoint written" in [r.get("line") for r in ingest.stored()]
+
+
 def test_halt_kills_a_learner_that_outstays_its_grace_period(outside_tmp, ingest):
     command = "trap '' TERM; echo ready; while :; do sleep 0.1; done"
     config = write_agent_config(outside_tmp, ingest, command=command, sandbox="auto", grace_seconds=1)

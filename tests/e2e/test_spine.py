@@ -90,3 +90,25 @@ def test_bad_manifest_is_refused_and_nothing_is_stored(live_platform):
                                                                  "code": ("c.tar.gz", b"")})
     assert response.status_code == 400 and response.json()["field"] == "memory"
     assert live_platform.api("GET", "/api/v1/jobs/").json()["count"] == before
+
+
+def test_halt_checkpoints_and_resume_continues_from_it(live_platform):
+    manifest = (EXAMPLES / "pytorch-digits" / "manifest.yml").read_text().replace("--epochs 8", "--epochs 40")
+    job = live_platform.submit("pytorch-digits", manifest_text=manifest)
+    deadline = time.monotonic() + 120
+    while not live_platform.job(job["id"])["latest_metrics"].get("train.loss") and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert live_platform.api("POST", f"/api/v1/jobs/{job['id']}/halt/").status_code == 202
+    halted = live_platform.wait_for(job["id"], {"HALTED", "FAILED", "COMPLETED"}, timeout=60)
+    assert halted["status"] == "HALTED", halted["status_reason"]
+    assert "resume continues from checkpoint" in halted["status_reason"]
+    assert live_platform.api("POST", f"/api/v1/jobs/{job['id']}/halt/").status_code == 409
+
+    assert live_platform.api("POST", f"/api/v1/jobs/{job['id']}/resume/").status_code == 202
+    done = live_platform.wait_for(job["id"], timeout=300)
+    assert done["status"] == "COMPLETED" and done["attempt"] == 2, done["status_reason"]
+    second = [x["line"] for x in live_platform.all_logs(job["id"])]
+    assert any(line.startswith("resuming from") for line in second)
+    statuses = [e["to_status"] for e in live_platform.api("GET", f"/api/v1/jobs/{job['id']}/events/").json()["results"]]
+    assert statuses[statuses.index("HALTING"):] == ["HALTING", "STORING", "HALTED", "QUEUED", "PENDING", "DOWNLOADING",
+                                                    "PROCESSING", "STORING", "COMPLETED"]
