@@ -124,3 +124,20 @@ def test_it_names_the_tenant_with_a_header():
     assert client.get(f"/api/v1/jobs/{theirs.id}/", HTTP_X_TRAINYARD_TENANT="team-b").status_code == 200
     assert client.get(f"/api/v1/jobs/{theirs.id}/", HTTP_X_TRAINYARD_TENANT="team-a").status_code == 404
     assert client.get("/api/v1/jobs/", HTTP_X_TRAINYARD_TENANT="team-c").status_code == 403
+
+
+def test_it_publishes_an_openapi_schema_and_offline_docs(alice):
+    client = client_for(alice)
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert schema.status_code == 200
+    assert "/api/v1/jobs/{job_id}/logs/" in schema.json()["paths"]
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200 and b"/static/drf_spectacular_sidecar/" in docs.content
+
+
+@pytest.mark.parametrize("action, status", [("halt", "COMPLETED"), ("resume", "PROCESSING"), ("halt", "QUEUED")])
+def test_halt_and_resume_answer_409_when_not_allowed(alice, action, status):
+    target = job(alice, status=status)
+    response = client_for(alice).post(f"/api/v1/jobs/{target.id}/{action}/")
+    assert response.status_code == 409
+    assert status in response.json()["detail"]
