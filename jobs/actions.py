@@ -354,7 +354,7 @@ def resume(job, *, actor):
     """Queue a halted job again as a new attempt; its learners start from the last checkpoint."""
     from jobs.states import require_transition
     job = require_transition(job.id, Status.QUEUED, actor=actor, reason=f"resumed by {actor}", attempt=job.attempt,
-                             attempt_next=True)
+                             attempt_next=True, only_from={Status.HALTED})
     transaction.on_commit(_enqueue_schedule)
     return job
 

@@ -45,12 +45,13 @@ def can_transition(status, target):
     return target in TRANSITIONS[Status(status)]
 
 
-def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=False, **fields):
+def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=False, only_from=None, **fields):
     """Move a job to `target` if its current status allows it (and its attempt matches).
 
     Returns the updated Job, or None when the compare-and-swap lost (the job moved on, or another
-    worker got there first). `attempt_next` starts a new attempt (resume, retry); `fields` are
-    extra Job columns to set in the same update.
+    worker got there first). `attempt_next` starts a new attempt (resume, retry); `only_from`
+    narrows the allowed sources (resume is QUEUED-from-HALTED only); `fields` are extra Job
+    columns to set in the same update.
     """
     target = Status(target)
     now = timezone.now()
@@ -65,7 +66,8 @@ def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=F
         current = Job.objects.filter(pk=job_id).values("status", "attempt").first()
         if current is None:
             return None
-        rows = Job.objects.filter(pk=job_id, status=current["status"], status__in=sources_of(target))
+        sources = sources_of(target) & set(only_from) if only_from else sources_of(target)
+        rows = Job.objects.filter(pk=job_id, status=current["status"], status__in=sources)
         if attempt is not None:
             rows = rows.filter(attempt=attempt)
         if not rows.update(**updates):

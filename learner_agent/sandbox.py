@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 
 MODES = ("auto", "bwrap", "none")
 # The directory holding the learner_agent package: on the learner's PYTHONPATH for `report`.
@@ -22,7 +23,13 @@ PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_DIR = os.path.join(PACKAGE_PARENT, "learner_agent")
 
 _ISOLATION = ["--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session",
-              "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+              "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+# The learner gets a private, empty /tmp (a tmpfs, like every hidden dir).
+_PRIVATE_DIRS = ("/tmp",)
+# What the learner runs with: the platform's Python environment (its `python` comes first on PATH)
+# and the learner_agent package. They stay visible, read-only, even when they live under a hidden
+# dir such as /tmp (a checkout in /tmp, a CI runner's work dir).
+_RUNTIME_DIRS = tuple(dict.fromkeys([sys.prefix, sys.base_prefix, sys.exec_prefix, PACKAGE_DIR]))
 # GPUs are device files; bwrap's fresh /dev doesn't have them, so they are passed through when present.
 _GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri")
 
@@ -102,15 +109,16 @@ def _mount_args(*, work_dir, writable_dirs, readonly_dirs, hidden_dirs):
     inside a hidden one shows through, and a hidden directory inside a visible one stays hidden.
     """
     mounts = {}
-    for rank, option, dirs in ((0, "--tmpfs", hidden_dirs), (1, "--bind", [work_dir, *writable_dirs]),
+    for rank, option, dirs in ((0, "--tmpfs", [*_PRIVATE_DIRS, *hidden_dirs]),
+                               (1, "--bind", [work_dir, *writable_dirs]),
                                (2, "--ro-bind", readonly_dirs)):
         for d in dirs:
             if not os.path.isdir(d):
                 continue  # nothing to hide, nothing to show (bwrap would refuse a missing source)
             mounts[os.path.realpath(d)] = (rank, option)
-    if _is_hidden(PACKAGE_DIR, mounts):
-        # The learner imports `report` from here; expose just the package, read-only.
-        mounts.setdefault(os.path.realpath(PACKAGE_DIR), (2, "--ro-bind"))
+    for runtime in _RUNTIME_DIRS:
+        if os.path.isdir(runtime) and _is_hidden(runtime, mounts):
+            mounts.setdefault(os.path.realpath(runtime), (2, "--ro-bind"))
     args = []
     for path, (_, option) in sorted(mounts.items(), key=lambda m: (_depth(m[0]), m[1][0])):
         args += [option, path] if option == "--tmpfs" else [option, path, path]

@@ -20,7 +20,7 @@ from jobs import storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEPLOY_GRACE_S = 60  # a learner folder without a pid this long after deploy counts as missing
+DEPLOY_GRACE_S = 60  # an agent that has not written its pid this long after deploy counts as missing
 
 
 class LocalBackend:
@@ -96,7 +96,8 @@ class LocalBackend:
             except (OSError, ValueError):
                 pass
         config = folder / "agent.json"
-        if config.exists() and time.time() - config.stat().st_mtime < DEPLOY_GRACE_S:
+        never_started = not (folder / "agent.pid").exists()
+        if never_started and config.exists() and time.time() - config.stat().st_mtime < DEPLOY_GRACE_S:
             return LearnerStatus(index, LearnerState.PENDING)
         return LearnerStatus(index, LearnerState.MISSING, reason="learner agent is not running and left no exit record")
 

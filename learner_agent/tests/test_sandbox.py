@@ -140,3 +140,17 @@ def test_bwrap_hides_first_and_shows_the_learners_dirs_through(tmp_path, monkeyp
         ("--ro-bind", str(data), str(data))}
     assert str(other) not in argv  # a missing directory is skipped, not an error inside bwrap
     assert argv[argv.index("--chdir"):] == ["--chdir", str(work), "--", "/bin/sh", "-c", "python train.py"]
+
+
+def test_the_python_runtime_stays_visible_under_a_hidden_dir(tmp_path, monkeypatch):
+    # e.g. a checkout (and its .venv) under /tmp, which the learner gets a private copy of
+    runtime = tmp_path / "checkout" / ".venv"
+    runtime.mkdir(parents=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr(sandbox, "_RUNTIME_DIRS", (str(runtime),))
+    args = sandbox._mount_args(work_dir=str(work), writable_dirs=(), readonly_dirs=(), hidden_dirs=(str(tmp_path),))
+    hidden_at = args.index(str(tmp_path)) - 1
+    exposed_at = args.index("--ro-bind")
+    assert args[hidden_at] == "--tmpfs" and hidden_at < exposed_at
+    assert args[exposed_at:exposed_at + 3] == ["--ro-bind", str(runtime), str(runtime)]

@@ -1,5 +1,7 @@
 """The spine, end to end: real web server, Celery worker, beat, Redis and learner processes."""
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -112,3 +114,13 @@ def test_halt_checkpoints_and_resume_continues_from_it(live_platform):
     statuses = [e["to_status"] for e in live_platform.api("GET", f"/api/v1/jobs/{job['id']}/events/").json()["results"]]
     assert statuses[statuses.index("HALTING"):] == ["HALTING", "STORING", "HALTED", "QUEUED", "PENDING", "DOWNLOADING",
                                                     "PROCESSING", "STORING", "COMPLETED"]
+
+
+def test_reconcile_fails_a_job_whose_learner_vanished(live_platform):
+    job = live_platform.submit("custom-shell", manifest_text=SLEEPER)
+    live_platform.wait_for(job["id"], {"PROCESSING"}, timeout=60)
+    learner_dir = next(live_platform.data_dir.glob(f"storage/*/{job['id']}/attempt-1/learner-0"))
+    os.kill(int((learner_dir / "agent.pid").read_text()), signal.SIGKILL)  # no report can follow
+    done = live_platform.wait_for(job["id"], timeout=30)
+    assert done["status"] == "FAILED"
+    assert "learner 0 was lost" in done["status_reason"]

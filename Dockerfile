@@ -1,0 +1,16 @@
+# One image for every Trainyard process (web, worker, beat); the command picks the role.
+FROM python:3.11-slim
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap procps \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY portal portal
+COPY tenants tenants
+COPY jobs jobs
+COPY gpu_scheduler gpu_scheduler
+COPY learner_agent learner_agent
+RUN pip install --no-cache-dir -e ".[ml]"
+COPY . .
+ENV DJANGO_SETTINGS_MODULE=portal.settings PYTHONUNBUFFERED=1 TRAINYARD_DATA_DIR=/data
+EXPOSE 8000
+CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]
