@@ -10,7 +10,7 @@ EXCLUDED = {"report"}
 
 
 def available():
-    return sorted(m.name for m in pkgutil.iter_modules([str(Path(bench.__file__).parent))
+    return sorted(m.name for m in pkgutil.iter_modules([str(Path(bench.__file__).parent)])
                   if m.name not in EXCLUDED and not m.name.startswith("_"))
 
 

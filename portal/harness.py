@@ -113,7 +113,7 @@ def start_session(data_dir, *, port=None, tenant="team-a", username="alice", pas
     platform = Platform(data_dir=data_dir, port=port or free_port(), env=env, quiet=quiet)
     session = PlatformSession(platform, "", username, password, tenant, data_dir, cleanups)
     session.manage("tenant", "create", tenant)
-    session.manage("tenant", "adduser", tenant, username, "--role", "researcher", "--password", password)
+    session.manage("tenant", "adduser", tenant, username, "--role", "researcher", f"--password={password}")
     session.token = session.manage("token", "create", username, "--name", f"session-{uuid.uuid4().hex[:6]}")
     try:
         platform.start()

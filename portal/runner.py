@@ -178,9 +178,26 @@ def _signal_group(process, sig):
         pass
 
 
-def stop_learner_agents(data_dir):
-    """Stop agents whose config lives under data_dir (the demo's Ctrl-C leaves nothing running)."""
-    marker = str(Path(data_dir).resolve())
+def stop_learner_agents(data_dir, *, wait_s=15.0):
+    """Stop agents whose config lives under data_dir (the demo's Ctrl-C leaves nothing running).
+
+    SIGTERM lets each agent stop its learner and try a last delivery; what is still there after
+    `wait_s` is killed.
+    """
+    pids = _agent_pids(Path(data_dir).resolve())
+    for pid in pids:
+        _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.2)
+        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    for pid in pids:
+        _kill(pid, signal.SIGKILL)
+
+
+def _agent_pids(data_dir):
+    marker = str(data_dir)
+    pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -189,10 +206,15 @@ def stop_learner_agents(data_dir):
         except OSError:
             continue
         if "learner_agent" in cmdline and marker in cmdline:
-            try:
-                os.kill(int(proc.name), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            pids.append(int(proc.name))
+    return pids
+
+
+def _kill(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def migrate(env):

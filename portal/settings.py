@@ -70,6 +70,8 @@ DATABASE_URL = env.url("DATABASE_URL", f"sqlite:///{DATA_DIR / 'trainyard.sqlite
                        schemes=("sqlite", "postgres", "postgresql", "pgsql"))
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A fresh checkout has no var/ yet; SQLite creates the file but not its folder.
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # The web server, the worker and beat write concurrently: WAL lets readers proceed and
     # IMMEDIATE transactions make writers queue on the lock instead of failing mid-transaction.
     DATABASES["default"]["OPTIONS"] = {

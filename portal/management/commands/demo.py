@@ -29,6 +29,8 @@ class Command(BaseCommand):
         except StartupError as exc:
             raise CommandError(str(exc)) from None
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        # Ctrl-C must stop the demo even when it was started from a shell that ignores SIGINT.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             jobs = [session.submit(example) for example in DEMO_EXAMPLES]
             facts = {"url": session.url, "username": "demo", "password": password, "token": session.token}
