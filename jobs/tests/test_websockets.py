@@ -1,0 +1,93 @@
+"""The job websocket in-process (channels' communicator, in-memory channel layer): backlog from a
+seq, live fan-out, token auth, and refusal of outsiders."""
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+from django.utils import timezone
+
+from jobs import live
+from jobs.models import LogLine, MetricPoint
+from jobs.tests.builders import job, member, token_for
+from portal.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def in_memory_layer(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+def lines(target, count):
+    now = timezone.now()
+    LogLine.objects.bulk_create(LogLine(job=target, seq=i, stream="stdout", time=now, line=f"l{i}")
+                                for i in range(1, count + 1))
+
+
+async def receive_all(communicator):
+    """(JSON messages received, close code or None) until the server goes quiet or closes."""
+    messages = []
+    while not await communicator.receive_nothing(timeout=0.3):
+        output = await communicator.receive_output()
+        if output["type"] == "websocket.close":
+            return messages, output.get("code")
+        messages.append(json.loads(output["text"]))
+    return messages, None
+
+
+@async_to_sync
+async def session(path, then=None):
+    """Connect, read everything, optionally do `then()` and read again; return (close code, messages)."""
+    communicator = WebsocketCommunicator(application, path, headers=[(b"origin", b"http://testserver")])
+    connected, code = await communicator.connect()
+    if not connected:
+        return code, []
+    messages, code = await receive_all(communicator)
+    if then is not None and code is None:
+        await then()
+        more, code = await receive_all(communicator)
+        messages += more
+    await communicator.disconnect()
+    return code, messages
+
+
+def test_it_sends_the_job_then_the_backlog_after_since():
+    alice = member()
+    target = job(alice)
+    lines(target, 5)
+    MetricPoint.objects.create(job=target, name="loss", value=0.5, step=1, time=timezone.now())
+    code, messages = session(f"/ws/jobs/{target.id}/?since=3&token={token_for(alice)}")
+    assert code is None
+    assert messages[0]["type"] == "job" and messages[0]["job"]["id"] == target.id
+    assert [x["seq"] for x in messages[1]["lines"]] == [4, 5]
+    assert messages[2] == {"type": "metrics", "points": [
+        {"name": "loss", "step": 1, "value": 0.5, "time": messages[2]["points"][0]["time"], "learner": 0}]}
+
+
+def test_it_forwards_live_records_published_after_connect():
+    alice = member()
+    target = job(alice)
+
+    async def publish():
+        from channels.layers import get_channel_layer
+        await get_channel_layer().group_send(live.job_group(target.id), {
+            "type": "job.logs", "lines": [{"seq": 1, "learner": 0, "stream": "stdout", "time": "t", "line": "hi"}]})
+
+    _, messages = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}", then=publish)
+    assert messages[-1] == {"type": "logs", "lines": [{"seq": 1, "learner": 0, "stream": "stdout", "time": "t",
+                                                       "line": "hi"}]}
+
+
+@pytest.mark.parametrize("path_of", [lambda j: f"/ws/jobs/{j.id}/", lambda j: "/ws/jobs/"])
+def test_it_refuses_a_connection_without_credentials(path_of):
+    target = job(member())
+    assert session(path_of(target)) == (4401, [])
+
+
+def test_an_outsider_is_refused_with_not_found_and_gets_no_data():
+    target = job(member("team-a", "alice"))
+    lines(target, 3)
+    outsider = member("team-b", "bob")
+    assert session(f"/ws/jobs/{target.id}/?token={token_for(outsider)}") == (4404, [])
