@@ -82,21 +82,33 @@ def _create_job(membership, manifest, manifest_bytes, upload, info):
         with transaction.atomic():
             job.save(force_insert=True)
             job.events.create(to_status=Status.QUEUED, actor=membership.user.username, reason="submitted")
-            transaction.on_commit(_enqueue_schedule)
+            enqueue("schedule")
     except Exception:
         storage.remove_job_dir(membership.tenant.slug, job.id)
         raise
     return job
 
 
+def enqueue(task_name, *args):
+    """Send a lifecycle task once the current transaction commits (at once outside one).
+
+    The state the task acts on is already in the database, and the reconcile pass re-drives every
+    active job from there, so a broker that is down makes the send log a warning rather than fail
+    the request or task that changed the state.
+    """
+    def send():
+        from jobs import tasks
+        try:
+            getattr(tasks, task_name).delay(*args)
+        except Exception:  # noqa: BLE001 - kombu raises many kinds of connection errors
+            log.warning("could not enqueue %s%s; reconcile will retry", task_name, args, exc_info=True)
+
+    transaction.on_commit(send)
+
+
 def code_archive(job):
     folder = storage.job_dir(job.tenant.slug, job.id)
     return next(iter(sorted(folder.glob("code.*"))), None)
-
-
-def _enqueue_schedule():
-    from jobs import tasks
-    tasks.schedule.delay()
 
 
 # --- admission -----------------------------------------------------------------------------------
@@ -117,7 +129,7 @@ def schedule_queued():
                                    attempt=job.attempt, placement=placement, wait_reason="")
                 if moved:
                     admitted.append(job.id)
-                    transaction.on_commit(lambda j=moved: _enqueue_deploy(j))
+                    enqueue("deploy_job", moved.id, moved.attempt)
         elif job.wait_reason != decisions.waiting[job.id]:
             Job.objects.filter(pk=job.id, status=Status.QUEUED).update(wait_reason=decisions.waiting[job.id])
     return admitted
@@ -145,11 +157,6 @@ def _free_nodes():
         nodes.append(scheduler.NodeFree(node.name, len(gpu_ids), node.cpus - held["cpus"],
                                         node.memory_bytes - held["memory_bytes"], gpu_ids))
     return nodes
-
-
-def _enqueue_deploy(job):
-    from jobs import tasks
-    tasks.deploy_job.delay(job.id, job.attempt)
 
 
 # --- deploy --------------------------------------------------------------------------------------
@@ -242,8 +249,7 @@ def learner_exited(job, learner, *, exit_code, reason, when, state=Learner.State
     pending = Learner.objects.filter(job=job, attempt=learner.attempt).exclude(
         state__in=[Learner.State.EXITED, Learner.State.LOST]).exists()
     if not pending:
-        from jobs import tasks
-        transaction.on_commit(lambda: tasks.finish_attempt.delay(job.id, learner.attempt))
+        enqueue("finish_attempt", job.id, learner.attempt)
 
 
 # --- finish --------------------------------------------------------------------------------------
@@ -329,8 +335,7 @@ def terminate(job, *, actor):
     """Stop a job for good; the learners are torn down right after the status change commits."""
     from jobs.states import require_transition
     job = require_transition(job.id, Status.TERMINATED, actor=actor, reason=f"terminated by {actor}")
-    from jobs import tasks
-    transaction.on_commit(lambda: tasks.teardown.delay(job.id, job.attempt))
+    enqueue("teardown", job.id, job.attempt)
     return job
 
 
@@ -339,8 +344,7 @@ def halt(job, *, actor):
     from jobs.states import require_transition
     job = require_transition(job.id, Status.HALTING, actor=actor, reason=f"halt requested by {actor}",
                              attempt=job.attempt)
-    from jobs import tasks
-    transaction.on_commit(lambda: tasks.halt_learners.delay(job.id, job.attempt))
+    enqueue("halt_learners", job.id, job.attempt)
     return job
 
 
@@ -355,7 +359,7 @@ def resume(job, *, actor):
     from jobs.states import require_transition
     job = require_transition(job.id, Status.QUEUED, actor=actor, reason=f"resumed by {actor}", attempt=job.attempt,
                              attempt_next=True, only_from={Status.HALTED})
-    transaction.on_commit(_enqueue_schedule)
+    enqueue("schedule")
     return job
 
 
@@ -368,34 +372,44 @@ def teardown(job_id, attempt):
 
 # --- reconcile -----------------------------------------------------------------------------------
 def reconcile():
-    """Bring every active job in line with what the backend reports about its learners."""
+    """Bring every active job in line with what the backend reports about its learners, and
+    re-drive whatever step a lost task or a crashed worker left undone."""
     backend = get_backend()
     for job in Job.objects.select_related("tenant").filter(status__in=ACTIVE):
         if job.status == Status.STORING:
-            from jobs import tasks
-            tasks.finish_attempt.delay(job.id, job.attempt)
+            enqueue("finish_attempt", job.id, job.attempt)
             continue
-        statuses = backend.status(tenant=job.tenant.slug, job_id=job.id, attempt=job.attempt, learners=job.learners)
         learners = {lr.index: lr for lr in Learner.objects.filter(job=job, attempt=job.attempt)}
-        for status in statuses:
-            learner = learners.get(status.index)
-            if learner is None or learner.state in (Learner.State.EXITED, Learner.State.LOST):
-                continue
-            with transaction.atomic():
-                if status.state == LearnerState.EXITED:
-                    # The agent ended but its report never arrived: its exit record on disk says how.
-                    learner_exited(job, learner, exit_code=status.exit_code, reason=status.reason,
-                                   when=timezone.now())
-                elif status.state == LearnerState.MISSING:
-                    learner_exited(job, learner, exit_code=None, reason=status.reason,
-                                   when=timezone.now(), state=Learner.State.LOST)
-        from jobs import tasks
-        if job.status == Status.PENDING and not learners:
-            tasks.deploy_job.delay(job.id, job.attempt)
+        if learners:
+            _settle_learners(job, learners, backend.status(tenant=job.tenant.slug, job_id=job.id,
+                                                           attempt=job.attempt, learners=job.learners))
+        ended = len(learners) == job.learners and all(
+            lr.state in (Learner.State.EXITED, Learner.State.LOST) for lr in _reload(learners))
+        if ended:
+            enqueue("finish_attempt", job.id, job.attempt)  # its task may have been lost
+        elif job.status == Status.PENDING and not learners:
+            enqueue("deploy_job", job.id, job.attempt)
         elif job.status == Status.HALTING:
-            if not learners:
-                tasks.finish_attempt.delay(job.id, job.attempt)
+            if learners:
+                enqueue("halt_learners", job.id, job.attempt)  # repeated: reaches a late-started agent
             else:
-                tasks.halt_learners.delay(job.id, job.attempt)  # repeated: reaches a late-started agent
+                enqueue("finish_attempt", job.id, job.attempt)
     schedule_queued()
 
+
+def _settle_learners(job, learners, statuses):
+    for status in statuses:
+        learner = learners.get(status.index)
+        if learner is None or learner.state in (Learner.State.EXITED, Learner.State.LOST):
+            continue
+        with transaction.atomic():
+            if status.state == LearnerState.EXITED:
+                # The agent ended but its report never arrived: its exit record on disk says how.
+                learner_exited(job, learner, exit_code=status.exit_code, reason=status.reason, when=timezone.now())
+            elif status.state == LearnerState.MISSING:
+                learner_exited(job, learner, exit_code=None, reason=status.reason, when=timezone.now(),
+                               state=Learner.State.LOST)
+
+
+def _reload(learners):
+    return Learner.objects.filter(pk__in=[lr.pk for lr in learners.values()])

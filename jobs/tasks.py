@@ -39,7 +39,15 @@ def deploy_job(job_id, attempt):
 
 @app.task(ignore_result=True)
 def finish_attempt(job_id, attempt):
-    actions.finish_attempt(job_id, attempt)
+    # Reconcile re-sends this for every job whose learners have ended, so it can arrive twice;
+    # one storer at a time per job. If its worker dies, the lock expires and reconcile re-drives it.
+    lock = _redis().lock(f"trainyard:finish:{job_id}", timeout=600, blocking_timeout=0)
+    if not lock.acquire():
+        return
+    try:
+        actions.finish_attempt(job_id, attempt)
+    finally:
+        lock.release()
     schedule.delay()  # resources were released
 
 

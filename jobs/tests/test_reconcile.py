@@ -1,0 +1,81 @@
+"""reconcile() against a backend double (the project's own interface): it settles learners the
+backend knows more about, and re-drives steps whose tasks were lost."""
+import pytest
+
+from jobs import actions
+from jobs.backends.base import Capacity, LearnerState, LearnerStatus, Node
+from jobs.models import Learner
+from jobs.tests.builders import job, member
+
+pytestmark = pytest.mark.django_db
+
+
+class BackendDouble:
+    name = "double"
+
+    def __init__(self, states):
+        self.states = states  # index -> LearnerStatus
+
+    def status(self, *, tenant, job_id, attempt, learners):
+        return [self.states.get(i, LearnerStatus(i, LearnerState.RUNNING)) for i in range(learners)]
+
+    def capacity(self):
+        return Capacity(nodes=(Node("n1", 0, 8.0, 64 * 2**30),))
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    calls = []
+    monkeypatch.setattr(actions, "enqueue", lambda name, *args: calls.append((name, *args)))
+    return calls
+
+
+def use_backend(monkeypatch, states):
+    monkeypatch.setattr(actions, "get_backend", lambda: BackendDouble(states))
+
+
+def running_job(learners=1, **fields):
+    target = job(member(), status="PROCESSING", learners=learners, **fields)
+    for index in range(learners):
+        Learner.objects.create(job=target, attempt=1, index=index, state=Learner.State.RUNNING)
+    return target
+
+
+def test_it_records_an_exit_whose_report_never_arrived(monkeypatch, sent):
+    target = running_job()
+    use_backend(monkeypatch, {0: LearnerStatus(0, LearnerState.EXITED, 3, "")})
+    actions.reconcile()
+    assert Learner.objects.get(job=target).exit_code == 3
+    assert ("finish_attempt", target.id, 1) in sent
+
+
+def test_it_marks_a_vanished_learner_lost(monkeypatch, sent):
+    target = running_job(learners=2)
+    use_backend(monkeypatch, {1: LearnerStatus(1, LearnerState.MISSING, reason="agent gone")})
+    actions.reconcile()
+    states = dict(Learner.objects.filter(job=target).values_list("index", "state"))
+    assert states == {0: "running", 1: "lost"}
+    assert ("finish_attempt", target.id, 1) not in sent  # learner 0 still runs
+
+
+def test_it_redrives_finish_when_every_learner_ended_but_the_job_did_not(monkeypatch, sent):
+    target = running_job()
+    Learner.objects.filter(job=target).update(state=Learner.State.EXITED, exit_code=0)
+    use_backend(monkeypatch, {})
+    actions.reconcile()
+    assert ("finish_attempt", target.id, 1) in sent
+
+
+def test_it_redeploys_an_admitted_job_that_has_no_learners(monkeypatch, sent):
+    target = job(member(), status="PENDING")
+    use_backend(monkeypatch, {})
+    actions.reconcile()
+    assert ("deploy_job", target.id, 1) in sent
+
+
+def test_it_leaves_running_learners_alone(monkeypatch, sent):
+    target = running_job()
+    use_backend(monkeypatch, {})
+    actions.reconcile()
+    assert Learner.objects.get(job=target).state == "running"
+    assert not [c for c in sent if c[0] != "schedule"]
