@@ -266,14 +266,28 @@ def finish_attempt(job_id, attempt):
     if failed:
         first = failed[0]
         _store_results(job)
-        transition(job.id, Status.FAILED, actor=SYSTEM, attempt=attempt, reason=_failure_reason(job, first),
-                   exit_code=first.exit_code)
+        if job.retries < parse_manifest(job.manifest_yaml).max_retries:
+            _restart(job, _failure_reason(job, first))
+        else:
+            transition(job.id, Status.FAILED, actor=SYSTEM, attempt=attempt, reason=_failure_reason(job, first),
+                       exit_code=first.exit_code)
         return
     if job.status != Status.STORING and not transition(job.id, Status.STORING, actor=SYSTEM,
                                                         reason="storing results", attempt=attempt):
         return
     _store_results(job)
     transition(job.id, Status.COMPLETED, actor=SYSTEM, reason="all learners exited 0", attempt=attempt, exit_code=0)
+
+
+def _restart(job, failure):
+    """Queue the whole job again (every learner, together) as the next attempt, from its checkpoint."""
+    checkpoint = latest_checkpoint(job)
+    limit = parse_manifest(job.manifest_yaml).max_retries
+    resume = f"resumes from {checkpoint.name}" if checkpoint else "starts over: no checkpoint yet"
+    if transition(job.id, Status.QUEUED, actor=SYSTEM, attempt=job.attempt, attempt_next=True,
+                  reason=f"restart {job.retries + 1} of {limit} ({resume}) after: {failure}",
+                  retries=job.retries + 1):
+        enqueue("schedule")
 
 
 def _halt_requested(job):

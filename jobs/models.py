@@ -49,6 +49,7 @@ class Job(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)
     status_reason = models.TextField(blank=True)
     attempt = models.PositiveIntegerField(default=1)
+    retries = models.PositiveIntegerField(default=0)  # automatic restarts used (manifest restart_policy)
     exit_code = models.IntegerField(null=True, blank=True)
     # Why a QUEUED job waits, written by each scheduling pass ("waiting: needs 2 GPUs ...").
     wait_reason = models.TextField(blank=True)

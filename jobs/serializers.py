@@ -45,7 +45,7 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["id", "name", "description", "framework", "status", "status_reason", "wait_reason", "attempt",
-                  "exit_code", "priority", "learners", "gpus", "cpus", "memory_bytes", "owner", "tenant",
+                  "retries", "exit_code", "priority", "learners", "gpus", "cpus", "memory_bytes", "owner", "tenant",
                   "created_at", "admitted_at", "started_at", "finished_at", "queue_position", "final",
                   "page_url", "code_sha256", "code_bytes"]
 

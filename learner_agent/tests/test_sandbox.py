@@ -123,6 +123,7 @@ def test_explicit_bwrap_that_cannot_work_is_an_error(monkeypatch):
 def test_bwrap_hides_first_and_shows_the_learners_dirs_through(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "bwrap_problem", lambda: None)
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(sandbox, "_RUNTIME_DIRS", ())  # wherever this checkout lives, e.g. under /tmp
     storage = tmp_path / "storage"
     work, results, data, other = (storage / "job" / "work", storage / "job" / "results",
                                   storage / "job" / "data", tmp_path / "missing")

@@ -124,3 +124,31 @@ def test_reconcile_fails_a_job_whose_learner_vanished(live_platform):
     done = live_platform.wait_for(job["id"], timeout=30)
     assert done["status"] == "FAILED"
     assert "learner 0 was lost" in done["status_reason"]
+
+
+CRASH_ONCE = """
+name: crash-once
+cpus: 1
+memory: 512MiB
+restart_policy: {max_retries: 2}
+framework:
+  name: custom
+  command: 'echo attempt $TRAINYARD_ATTEMPT; if [ "$TRAINYARD_ATTEMPT" = 1 ]; then exit 5; fi'
+"""
+
+
+def test_a_crashed_learner_with_retries_left_restarts_as_the_next_attempt(live_platform):
+    job = live_platform.submit("custom-shell", manifest_text=CRASH_ONCE)
+    done = live_platform.wait_for(job["id"], timeout=90)
+    assert (done["status"], done["attempt"], done["retries"]) == ("COMPLETED", 2, 1), done["status_reason"]
+    events = live_platform.api("GET", f"/api/v1/jobs/{job['id']}/events/").json()["results"]
+    restart = next(e for e in events if e["to_status"] == "QUEUED" and e["from_status"])
+    assert restart["reason"].startswith("restart 1 of 2") and "exited with code 5" in restart["reason"]
+    assert [x["line"] for x in live_platform.all_logs(job["id"])] == ["attempt 1", "attempt 2"]
+
+
+def test_a_learner_that_keeps_crashing_fails_once_retries_run_out(live_platform):
+    always = CRASH_ONCE.replace('[ "$TRAINYARD_ATTEMPT" = 1 ]', "true").replace("max_retries: 2", "max_retries: 1")
+    job = live_platform.submit("custom-shell", manifest_text=always)
+    done = live_platform.wait_for(job["id"], timeout=90)
+    assert (done["status"], done["attempt"], done["exit_code"]) == ("FAILED", 2, 5)
