@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpu_scheduler import core as scheduler
-from jobs import storage
+from jobs import checkpoints, storage
 from jobs.backends import get_backend
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
 from jobs.manifest import ManifestError, parse_manifest
@@ -197,11 +197,11 @@ def deploy_spec(job):
         "TRAINYARD_ATTEMPT": str(job.attempt),
         "DATA_DIR": str(folder / "data"),
         "RESULT_DIR": str(folder / "results"),
-        "CHECKPOINT_DIR": str(folder / "checkpoints"),
+        "CHECKPOINT_DIR": str(checkpoints.attempt_dir(folder, job.attempt)),
         "NUM_LEARNERS": str(job.learners),
         "GPU_COUNT": str(job.gpus),
     }
-    resume_from = latest_checkpoint(job) if job.attempt > 1 else None
+    resume_from = checkpoints.last_good(folder, job.attempt)
     if resume_from:
         env["RESUME_FROM"] = str(resume_from)
     learners = []
@@ -222,10 +222,8 @@ def deploy_spec(job):
 
 
 def latest_checkpoint(job):
-    """The newest complete checkpoint the learners wrote (temporary files are never offered)."""
-    folder = storage.job_dir(job.tenant.slug, job.id) / "checkpoints"
-    candidates = [p for p in folder.iterdir() if not p.name.startswith(".")] if folder.is_dir() else []
-    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+    """The newest complete checkpoint of this attempt or, failing that, of the ones before it."""
+    return checkpoints.last_good(storage.job_dir(job.tenant.slug, job.id), job.attempt + 1)
 
 
 # --- learners report -----------------------------------------------------------------------------
@@ -339,9 +337,16 @@ def _store_results(job):
         for line in LogLine.objects.filter(job=job).order_by("seq").values_list("line", flat=True).iterator(5000):
             out.write(line + "\n")
     os.replace(tmp, logs / "training.log")
+    checkpoints.apply_retention(folder, job.attempt)
+    seen = set()
     for name, kind, path in storage.list_artifacts(job.tenant.slug, job.id):
-        Artifact.objects.update_or_create(job=job, name=name, defaults={
-            "kind": kind, "size": path.stat().st_size, "sha256": storage.sha256_of(path), "attempt": job.attempt})
+        seen.add(name)
+        values = {"kind": kind, "size": path.stat().st_size, "sha256": storage.sha256_of(path),
+                  "complete": kind != Artifact.Kind.CHECKPOINT or checkpoints.is_complete(path)}
+        artifact, created = Artifact.objects.get_or_create(job=job, name=name, defaults=dict(values, attempt=job.attempt))
+        if not created and (artifact.size, artifact.sha256) != (values["size"], values["sha256"]):
+            Artifact.objects.filter(pk=artifact.pk).update(**values)
+    job.artifacts.exclude(name__in=seen).delete()  # removed by retention
 
 
 # --- user actions --------------------------------------------------------------------------------

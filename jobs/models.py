@@ -158,6 +158,8 @@ class Artifact(models.Model):
     name = models.CharField(max_length=500)  # path under the job's storage, e.g. results/model.pt
     size = models.BigIntegerField()
     sha256 = models.CharField(max_length=64)
+    # False for a checkpoint that was cut short (see jobs.checkpoints.is_complete): listed, never resumed from.
+    complete = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

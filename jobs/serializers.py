@@ -80,7 +80,7 @@ class ArtifactSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Artifact
-        fields = ["name", "kind", "size", "sha256", "attempt", "created_at", "url"]
+        fields = ["name", "kind", "size", "sha256", "attempt", "complete", "created_at", "url"]
 
     def get_url(self, artifact) -> str:
         return f"/api/v1/jobs/{artifact.job_id}/artifacts/{artifact.name}"

@@ -122,6 +122,8 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 LOCAL_GPUS = env.integer("TRAINYARD_LOCAL_GPUS", -1)  # -1: the GPUs nvidia-smi reports
 LOCAL_CPUS = env.number("TRAINYARD_LOCAL_CPUS", float(os.cpu_count() or 1), minimum=0.1)
 LOCAL_MEMORY_MB = env.integer("TRAINYARD_LOCAL_MEMORY_MB", 0)  # 0: the machine's total memory
+# How many complete checkpoints each attempt keeps once it ends (0 keeps them all).
+CHECKPOINTS_KEPT_PER_ATTEMPT = env.integer("TRAINYARD_CHECKPOINTS_KEPT", 5, minimum=0)
 SANDBOX = env.choice("TRAINYARD_SANDBOX", "auto", ("auto", "bwrap", "none"))
 
 # --- auth and API -------------------------------------------------------------------------------

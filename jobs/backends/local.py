@@ -49,8 +49,9 @@ class LocalBackend:
             "code_archive": spec.code_archive,
             "work_dir": str(work_dir),
             "env": env,
-            "writable_dirs": [str(work_dir), str(job_dir / "results"), str(job_dir / "checkpoints")],
-            "readonly_dirs": [str(job_dir / "data")],
+            # Earlier attempts' checkpoints are readable (RESUME_FROM), only this attempt's writable.
+            "writable_dirs": [str(work_dir), str(job_dir / "results"), env["CHECKPOINT_DIR"]],
+            "readonly_dirs": [str(job_dir / "data"), str(job_dir / "checkpoints")],
             # The learner sees the machine read-only, minus everything Trainyard keeps: other
             # jobs, the database, the agent's own config with its ingest token.
             "hidden_dirs": sorted({str(settings.DATA_DIR), str(storage.root())}),

@@ -43,7 +43,9 @@ def test_it_trains_the_pytorch_example_through_the_cli(live_platform):
     assert [e["to_status"] for e in events] == ["QUEUED", "PENDING", "DOWNLOADING", "PROCESSING", "STORING",
                                                 "COMPLETED"]
     artifacts = {a["name"]: a for a in live_platform.api("GET", f"/api/v1/jobs/{job_id}/artifacts/").json()["results"]}
-    assert "checkpoints/epoch-8.pt" in artifacts and artifacts["checkpoints/epoch-8.pt"]["kind"] == "checkpoint"
+    checkpoint = artifacts["checkpoints/attempt-1/epoch-8.pt"]
+    assert checkpoint["kind"] == "checkpoint" and checkpoint["complete"] is True
+    assert "checkpoints/attempt-1/epoch-1.pt" not in artifacts  # retention keeps the newest 5
     assert "results/model.pt" in artifacts and "logs/training.log" in artifacts
     download = live_platform.api("GET", artifacts["results/model.pt"]["url"])
     assert download.status_code == 200 and len(download.content) == artifacts["results/model.pt"]["size"]
@@ -109,8 +111,14 @@ def test_halt_checkpoints_and_resume_continues_from_it(live_platform):
     assert live_platform.api("POST", f"/api/v1/jobs/{job['id']}/resume/").status_code == 202
     done = live_platform.wait_for(job["id"], timeout=300)
     assert done["status"] == "COMPLETED" and done["attempt"] == 2, done["status_reason"]
-    second = [x["line"] for x in live_platform.all_logs(job["id"])]
-    assert any(line.startswith("resuming from") for line in second)
+    lines = [x["line"] for x in live_platform.all_logs(job["id"])]
+    resumed_at = next(i for i, line in enumerate(lines) if line.startswith("resuming from"))
+    epochs = [int(line.split()[1].split("/")[0]) for line in lines if line.startswith("epoch ")]
+    before = [int(line.split()[1].split("/")[0]) for line in lines[:resumed_at] if line.startswith("epoch ")]
+    after = epochs[len(before):]
+    # the epoch counter continues from the checkpoint instead of starting again at 1
+    assert after[0] in (before[-1], before[-1] + 1) and after[-1] == 40
+    assert "attempt-1" in lines[resumed_at]
     statuses = [e["to_status"] for e in live_platform.api("GET", f"/api/v1/jobs/{job['id']}/events/").json()["results"]]
     assert statuses[statuses.index("HALTING"):] == ["HALTING", "STORING", "HALTED", "QUEUED", "PENDING", "DOWNLOADING",
                                                     "PROCESSING", "STORING", "COMPLETED"]

@@ -1,0 +1,57 @@
+import io
+import os
+import time
+import zipfile
+
+import pytest
+
+from jobs import checkpoints
+
+
+def zip_file(path, size=1000):
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("data.pkl", os.urandom(size))
+    return path
+
+
+@pytest.mark.parametrize("name, make, complete", [
+    ("epoch-1.pt", lambda p: zip_file(p), True),
+    ("epoch-1.pt", lambda p: p.write_bytes(zip_file(io.BytesIO()).getvalue()[:-30]), False),  # cut short
+    ("epoch-1.pt", lambda p: p.write_bytes(b"\x80\x02legacy pickle"), True),  # not a zip: cannot be checked
+    ("model.h5", lambda p: p.write_bytes(b"\x89HDF..."), True),
+    (".epoch-1.pt.tmp-42", lambda p: zip_file(p), False),
+    ("epoch-1.pt.partial", lambda p: zip_file(p), False),
+    ("empty.ckpt", lambda p: p.write_bytes(b""), False),
+])
+def test_it_tells_complete_checkpoints_from_cut_short_ones(tmp_path, name, make, complete):
+    path = tmp_path / name
+    make(path)
+    assert checkpoints.is_complete(path) is complete
+
+
+def write(job, attempt, name, age):
+    folder = checkpoints.attempt_dir(job, attempt)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = zip_file(folder / name)
+    stamp = time.time() - age
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def test_last_good_is_the_newest_complete_one_of_the_latest_attempt_that_has_one(tmp_path):
+    write(tmp_path, 1, "epoch-1.pt", age=30)
+    good = write(tmp_path, 2, "epoch-2.pt", age=20)
+    broken = checkpoints.attempt_dir(tmp_path, 2) / "epoch-3.pt"
+    broken.write_bytes(b"PK\x03\x04 truncated")
+    assert checkpoints.last_good(tmp_path, before_attempt=3) == good
+    assert checkpoints.last_good(tmp_path, before_attempt=2).name == "epoch-1.pt"
+    assert checkpoints.last_good(tmp_path, before_attempt=1) is None
+
+
+def test_retention_keeps_the_newest_per_attempt(tmp_path):
+    for epoch in range(1, 8):
+        write(tmp_path, 1, f"epoch-{epoch}.pt", age=100 - epoch)
+    removed = checkpoints.apply_retention(tmp_path, 1, keep=3)
+    assert sorted(p.name for p in removed) == [f"epoch-{e}.pt" for e in range(1, 5)]
+    assert sorted(p.name for p in checkpoints.attempt_dir(tmp_path, 1).iterdir()) == [
+        "epoch-5.pt", "epoch-6.pt", "epoch-7.pt"]
