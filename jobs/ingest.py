@@ -9,10 +9,11 @@ from datetime import datetime, timezone as dt_timezone
 
 from django.db import transaction
 
-from jobs import actions, live
-from jobs.models import Job, Learner, LogLine, MetricPoint, Status
+from jobs import actions, bulk, live
+from jobs.models import Job, Learner, MetricPoint, Status
+from jobs.serializers import metric_json
 
-MAX_RECORDS = 5000
+MAX_RECORDS = 20000
 MAX_LINE = 64 * 1024
 
 
@@ -84,22 +85,28 @@ def _fresh_records(records, acked):
 
 
 def _store(job, learner, records):
-    """Insert the records in order; status records apply between the rows before and after them."""
-    stored_lines, stored_points, lines, points = [], [], [], []
+    """Insert the records in order; status records apply between the rows before and after them.
+
+    Returns the stored log lines and metric points as the JSON the websockets send.
+    """
+    stored_lines, stored_points, rows, points = [], [], [], []
 
     def flush():
-        stored_lines.extend(LogLine.objects.bulk_create(lines))
-        stored_points.extend(MetricPoint.objects.bulk_create(points))
-        lines.clear()
+        bulk.insert_log_lines(rows)
+        MetricPoint.objects.bulk_create(points)
+        stored_points.extend(metric_json(p) for p in points)
+        rows.clear()
         points.clear()
 
     for record in records:
         when = _time(record.get("time"))
         if record["kind"] == "log":
             job.log_seq += 1
-            lines.append(LogLine(job=job, seq=job.log_seq, attempt=learner.attempt, learner=learner.index,
-                                 stream="stderr" if record.get("stream") == "stderr" else "stdout",
-                                 time=when, line=str(record.get("line", ""))[:MAX_LINE]))
+            stream = "stderr" if record.get("stream") == "stderr" else "stdout"
+            line = str(record.get("line", ""))[:MAX_LINE]
+            rows.append((job.pk, job.log_seq, learner.attempt, learner.index, stream, when, line))
+            stored_lines.append({"seq": job.log_seq, "learner": learner.index, "stream": stream,
+                                 "time": when.isoformat(), "line": line})
         elif record["kind"] == "metric":
             point = _metric(record, learner, when)
             if point is not None:

@@ -31,13 +31,12 @@ def publish_status_on_commit(job):
 
 
 def publish_records_on_commit(job_id, lines, points):
+    """lines, points: already in their JSON shape (jobs.serializers)."""
     if not lines and not points:
         return
-    from jobs.serializers import log_line_json, metric_json
-    messages = [{"type": "job.logs", "lines": [log_line_json(x) for x in lines[i:i + CHUNK]]}
-                for i in range(0, len(lines), CHUNK)]
+    messages = [{"type": "job.logs", "lines": lines[i:i + CHUNK]} for i in range(0, len(lines), CHUNK)]
     if points:
-        messages.append({"type": "job.metrics", "points": [metric_json(p) for p in points]})
+        messages.append({"type": "job.metrics", "points": points})
     transaction.on_commit(lambda: [_send([job_group(job_id)], m) for m in messages])
 
 

@@ -26,8 +26,8 @@ _PERMANENT_FAILURES = {400: "malformed body", 401: "token not valid", 403: "forb
 
 
 class Shipper:
-    def __init__(self, ingest_url, token, *, attempt, learner, max_batch=1000,
-                 max_batch_bytes=512 * 1024, http_timeout=10, on_gone=None,
+    def __init__(self, ingest_url, token, *, attempt, learner, max_batch=20000,
+                 max_batch_bytes=8 * 1024 * 1024, http_timeout=30, on_gone=None,
                  backoff_initial=0.1, backoff_max=5.0):
         url = urllib.parse.urlsplit(ingest_url)
         if url.scheme not in ("http", "https") or not url.hostname:

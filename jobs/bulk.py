@@ -1,0 +1,43 @@
+"""Fast inserts of log lines for the ingest path.
+
+One learner can print tens of thousands of lines a second; the ORM spends ~100 µs preparing each
+row of a bulk_create, which would cap ingestion well below that. These rows are simple and
+trusted (built by jobs.ingest), so they go to the database as plain tuples: PostgreSQL's COPY
+(several times faster than INSERT ... VALUES), SQLite's executemany.
+"""
+import io
+
+from django.db import connection
+
+from jobs.models import LogLine
+
+COLUMNS = ("job_id", "seq", "attempt", "learner", "stream", "time", "line")
+
+
+def insert_log_lines(rows):
+    """rows: tuples in COLUMNS order, `time` an aware datetime."""
+    if not rows:
+        return
+    table = connection.ops.quote_name(LogLine._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(c) for c in COLUMNS)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.cursor.copy_expert(f"COPY {table} ({columns}) FROM STDIN", _copy_text(rows))
+        else:
+            adapt = connection.ops.adapt_datetimefield_value
+            placeholders = ", ".join(["%s"] * len(COLUMNS))
+            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({placeholders})",
+                               [(*row[:5], adapt(row[5]), row[6]) for row in rows])
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": ""})  # PostgreSQL text cannot hold NUL
+
+
+def _copy_text(rows):
+    """Rows in COPY's text format: tab-separated, with backslash, tab and newlines escaped."""
+    buffer = io.StringIO()
+    for job_id, seq, attempt, learner, stream, time, line in rows:
+        buffer.write(f"{job_id}\t{seq}\t{attempt}\t{learner}\t{stream}\t{time.isoformat()}\t"
+                     f"{line.translate(_COPY_ESCAPES)}\n")
+    buffer.seek(0)
+    return buffer
