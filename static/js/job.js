@@ -31,7 +31,7 @@
     chip: root.querySelector("[data-testid=job-status]"),
     reason: root.querySelector("[data-testid=job-reason]"),
     connection: root.querySelector("[data-testid=connection]"),
-    terminate: root.querySelector("[data-testid=terminate]"),
+    actions: [...root.querySelectorAll("[data-action]")],
     actionError: root.querySelector("[data-testid=action-error]"),
     elapsed: root.querySelector("[data-testid=elapsed]"),
     attempt: root.querySelector("[data-field=attempt]"),
@@ -55,7 +55,7 @@
     root.dataset.status = status;
     T.setStatusChip(ui.chip, status);
     if (reason !== undefined) renderReason(reason);
-    if (ui.terminate) ui.terminate.hidden = T.isFinal(status);
+    renderActions(status);
   }
 
   /** Apply a job snapshot: the REST detail ("job" messages) or the list form (status.job_detail). */
@@ -87,27 +87,44 @@
     ui.actionError.hidden = !text;
   }
 
-  async function terminateJob() {
-    const question = `Terminate job ${jobId}?\n\nIts learners are stopped now and the job cannot be resumed.`;
-    if (!window.confirm(question)) return;
+  // Which buttons a status offers; the server still decides (409 with a reason otherwise).
+  const ACTIONS_BY_STATUS = {
+    halt: ["PENDING", "DOWNLOADING", "PROCESSING"],
+    resume: ["HALTED"],
+    terminate: ["QUEUED", "PENDING", "DOWNLOADING", "PROCESSING", "STORING", "HALTING", "HALTED"],
+  };
+  const CONFIRM = {
+    halt: (id) => `Halt job ${id}?\n\nIts learners get the checkpoint signal, save, and stop; resume continues from there.`,
+    terminate: (id) => `Terminate job ${id}?\n\nIts learners are stopped now and the job cannot be resumed.`,
+  };
+
+  function renderActions(status) {
+    for (const button of ui.actions) {
+      button.hidden = !(ACTIONS_BY_STATUS[button.dataset.action] || []).includes(status);
+    }
+  }
+
+  async function runAction(button) {
+    const action = button.dataset.action;
+    if (CONFIRM[action] && !window.confirm(CONFIRM[action](jobId))) return;
     showActionError("");
-    ui.terminate.disabled = true;
+    button.disabled = true;
     try {
-      const response = await fetch(`/api/v1/jobs/${encodeURIComponent(jobId)}/terminate/`, {
+      const response = await fetch(`/api/v1/jobs/${encodeURIComponent(jobId)}/${action}/`, {
         method: "POST",
         credentials: "same-origin",
         headers: { "X-CSRFToken": T.csrfToken(), Accept: "application/json" },
       });
       const body = await response.json().catch(() => ({}));
       if (!response.ok) {
-        showActionError(body.detail || `Could not terminate the job (HTTP ${response.status}).`);
+        showActionError(body.detail || `Could not ${action} the job (HTTP ${response.status}).`);
         return;
       }
       applyJob(body);
     } catch (err) {
       showActionError(`Could not reach the server: ${err.message}`);
     } finally {
-      ui.terminate.disabled = false;
+      button.disabled = false;
     }
   }
 
@@ -798,7 +815,8 @@
   }
 
   function start() {
-    if (ui.terminate) ui.terminate.addEventListener("click", terminateJob);
+    for (const button of ui.actions) button.addEventListener("click", () => runAction(button));
+    renderActions(job.status);
     renderElapsed();
     setInterval(() => { if (job.startedAt && !job.finishedAt) renderElapsed(); }, 1000);
     chart.setSeries([]);

@@ -58,8 +58,8 @@ def count(page, testid, attribute):
 
 
 def test_the_job_page_follows_logs_and_the_loss_curve_live(browser, live_platform):
-    page = logged_in_page(browser, live_platform)
     job = live_platform.submit("custom-shell", manifest_text=SLOW_TRAINER)
+    page = logged_in_page(browser, live_platform)  # after submitting: the list page reloads for new jobs
     page.goto(f"{live_platform.url}/jobs/{job['id']}/")
     page.wait_for_function("document.querySelector('[data-testid=log]').dataset.lineCount > 0", timeout=30000)
     early_lines, early_points = count(page, "log", "data-line-count"), count(page, "loss-chart", "data-point-count")
@@ -102,3 +102,43 @@ def test_an_outsider_cannot_open_the_page_or_the_websocket(browser, live_platfor
         ws.onclose = event => resolve(event.code);
     })""", f"ws://127.0.0.1:{live_platform.platform.port}/ws/jobs/{job['id']}/")
     assert closed == 4404
+
+
+CHECKPOINTER = """
+name: checkpointer
+cpus: 1
+memory: 512MiB
+checkpoint: {signal: SIGTERM, grace_seconds: 10}
+framework:
+  name: custom
+  command: |
+    python3 -c "import os, signal, sys, time
+    if os.environ.get('RESUME_FROM'):
+        print('resumed from ' + os.path.basename(os.environ['RESUME_FROM'])); sys.exit(0)
+    def save(*_):
+        open(os.path.join(os.environ['CHECKPOINT_DIR'], 'step.ckpt'), 'w').write('42')
+        print('checkpoint saved', flush=True); sys.exit(0)
+    signal.signal(signal.SIGTERM, save)
+    print('training', flush=True)
+    time.sleep(600)"
+"""
+
+
+def test_halt_and_resume_from_the_job_page(browser, live_platform):
+    job = live_platform.submit("custom-shell", manifest_text=CHECKPOINTER)
+    live_platform.wait_for(job["id"], {"PROCESSING"}, timeout=60)
+    page = logged_in_page(browser, live_platform)  # after submitting: the list page reloads for new jobs
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(f"{live_platform.url}/jobs/{job['id']}/")
+    assert page.is_hidden("[data-testid=resume]")
+    page.click("[data-testid=halt]")
+    page.wait_for_function("document.querySelector('[data-testid=job-status]').textContent.includes('HALTED')",
+                           timeout=30000)
+    assert "checkpoint step.ckpt" in page.inner_text("[data-testid=job-reason]")
+    assert page.is_hidden("[data-testid=halt]")
+    page.click("[data-testid=resume]")
+    page.wait_for_function("document.querySelector('[data-testid=job-status]').textContent.includes('COMPLETED')",
+                           timeout=60000)
+    page.wait_for_function("document.querySelector('[data-testid=log]').innerText.includes('resumed from step.ckpt')",
+                           timeout=10000)
+    assert live_platform.job(job["id"])["attempt"] == 2
