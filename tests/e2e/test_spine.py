@@ -3,6 +3,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,46 @@ def test_terminate_stops_a_running_job_for_good(live_platform):
         time.sleep(0.2)
     assert json.loads((learner_dir / "exit.json").read_text())["reason"].startswith("terminated")
     assert live_platform.api("POST", f"/api/v1/jobs/{job['id']}/terminate/").status_code == 409
+    assert processes_inside(learner_dir.parent.parent.parent) == []  # nothing the job started survives
+
+
+def processes_inside(folder):
+    """Pids whose command line or working directory lies in `folder`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cwd = os.readlink(proc / "cwd")
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(str(folder)) or str(folder) in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+STUBBORN = """
+name: stubborn
+cpus: 1
+memory: 512MiB
+checkpoint: {signal: SIGTERM, grace_seconds: 2}
+framework:
+  name: custom
+  command: |
+    python3 -c "import signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print('ignoring SIGTERM', flush=True)
+    time.sleep(600)"
+"""
+
+
+def test_a_learner_that_ignores_halt_is_killed_after_the_grace_period(live_platform):
+    job = live_platform.submit("custom-shell", manifest_text=STUBBORN)
+    live_platform.wait_for(job["id"], {"PROCESSING"}, timeout=60)
+    assert live_platform.api("POST", f"/api/v1/jobs/{job['id']}/halt/").status_code == 202
+    halted = live_platform.wait_for(job["id"], {"HALTED", "FAILED"}, timeout=30)
+    assert halted["status"] == "HALTED"
+    assert "no checkpoint was written" in halted["status_reason"]
+    assert "ignored the signal and was killed" in halted["status_reason"]
 
 
 def test_bad_manifest_is_refused_and_nothing_is_stored(live_platform):
