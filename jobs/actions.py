@@ -178,8 +178,6 @@ def deploy(job_id, attempt):
     job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
     if job is None or job.status not in (Status.PENDING, Status.DOWNLOADING, Status.PROCESSING):
         return
-    for index in range(job.learners):
-        Learner.objects.get_or_create(job=job, attempt=attempt, index=index)
     try:
         get_backend().deploy(deploy_spec(job))
     except BackendError as exc:
@@ -187,6 +185,11 @@ def deploy(job_id, attempt):
             transition(job.id, Status.FAILED, actor=SYSTEM, reason=f"deploy failed: {exc}", attempt=attempt)
             return
         raise
+    # The rows only once the backend has the learners: reconcile judges every learner that has a
+    # row by what the backend reports, and one whose agent is not started yet would look vanished
+    # (lost). Until then reconcile sees no rows and re-drives this deploy, which is harmless.
+    for index in range(job.learners):
+        Learner.objects.get_or_create(job=job, attempt=attempt, index=index)
 
 
 def deploy_spec(job):

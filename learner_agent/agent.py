@@ -10,6 +10,7 @@ deliver what is left for as long as `flush_timeout_s`.
 `exit.json` is written before the final delivery on purpose: if the platform is down until the agent
 gives up, the backend still learns how the learner ended from the file.
 """
+import fcntl
 import json
 import logging
 import os
@@ -333,6 +334,8 @@ def main(argv=None):
 
 def run_agent(config):
     """Run the agent in this process (signal handlers, pid file, agent.log) and return its exit code."""
+    if not _claim_learner(config):
+        return 0
     _log_to_file(config.agent_file("agent.log"))
     _write_text_atomically(config.agent_file("agent.pid"), f"{os.getpid()}\n")
     agent = Agent(config)
@@ -344,6 +347,36 @@ def run_agent(config):
     except Exception:
         log.exception("the agent failed")
         return 1
+
+
+def _claim_learner(config):
+    """Make this the only agent that ever runs this learner; False (after saying why) if it is not.
+
+    A deploy can be repeated while the agent it started is still coming up (reconcile re-drives a
+    deploy it does not see progressing; a worker restarts mid-deploy): the backend then finds no pid
+    yet and starts a second agent. Two agents would run the command twice and ship two different
+    streams under the same seqs, which the platform cannot tell apart. So the first agent takes an
+    exclusive lock on agent.lock for its whole life (the kernel drops it when the agent dies, however it
+    dies), and an agent that finds the learner locked, or already ended (exit.json), leaves at once.
+    """
+    fd = os.open(config.agent_file("agent.lock"), os.O_WRONLY | os.O_CREAT, 0o600)  # not inherited
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        print(f"learner_agent {os.getpid()}: another agent is running this learner; leaving it alone",
+              file=sys.stderr, flush=True)
+        return False
+    if os.path.exists(config.agent_file("exit.json")):
+        os.close(fd)
+        print(f"learner_agent {os.getpid()}: this learner has already run (exit.json exists); not again",
+              file=sys.stderr, flush=True)
+        return False
+    _CLAIMS.append(fd)
+    return True
+
+
+_CLAIMS = []  # the agent.lock descriptor, kept open (and locked) until the process exits
 
 
 def _detach(config):

@@ -101,8 +101,12 @@ class PlatformSession:
 
 
 def start_session(data_dir, *, port=None, tenant="team-a", username="alice", password="alice-password",
-                  quiet=True, fresh_database=True, **extra_env):
-    """Migrate, create the tenant/user/token, start every process; return a PlatformSession."""
+                  quiet=True, fresh_database=True, public_url=None, supervise=False, **extra_env):
+    """Migrate, create the tenant/user/token, start every process; return a PlatformSession.
+
+    `public_url` is the address learner agents post to, when it is not the web server's own;
+    `supervise` starts again any part that exits on its own (runner.Platform).
+    """
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     cleanups = []
@@ -110,7 +114,8 @@ def start_session(data_dir, *, port=None, tenant="team-a", username="alice", pas
     env["DATABASE_URL"] = _database(data_dir, cleanups) if fresh_database else env.get("DATABASE_URL", "")
     env.update(_redis_env())
     migrate(env)
-    platform = Platform(data_dir=data_dir, port=port or free_port(), env=env, quiet=quiet)
+    platform = Platform(data_dir=data_dir, port=port or free_port(), env=env, quiet=quiet, public_url=public_url,
+                        supervise=supervise)
     session = PlatformSession(platform, "", username, password, tenant, data_dir, cleanups)
     session.manage("tenant", "create", tenant)
     session.manage("tenant", "adduser", tenant, username, "--role", "researcher", f"--password={password}")

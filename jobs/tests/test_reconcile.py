@@ -79,3 +79,20 @@ def test_it_leaves_running_learners_alone(monkeypatch, sent):
     actions.reconcile()
     assert Learner.objects.get(job=target).state == "running"
     assert not [c for c in sent if c[0] != "schedule"]
+
+
+def test_a_reconcile_during_deploy_does_not_call_learners_lost_before_they_start(monkeypatch, sent):
+    # The local backend reports a learner whose agent it has not started yet as MISSING; a
+    # reconcile pass that runs while deploy is still starting the agents must not judge them.
+    target = job(member(), status="PENDING", learners=2)
+    not_started = {i: LearnerStatus(i, LearnerState.MISSING, reason="learner agent is not running") for i in (0, 1)}
+
+    class Deploying(BackendDouble):
+        def deploy(self, spec):
+            actions.reconcile()  # the beat tick that lands mid-deploy
+            self.states.clear()  # now the agents run
+
+    monkeypatch.setattr(actions, "get_backend", lambda: Deploying(not_started))
+    actions.deploy(target.id, 1)
+    assert list(Learner.objects.filter(job=target).values_list("index", "state")) == [(0, "deploying"),
+                                                                                       (1, "deploying")]

@@ -76,6 +76,25 @@ def test_it_detaches_and_leaves_no_zombie(outside_tmp, ingest):
     assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
 
 
+def test_it_runs_a_learner_once_however_often_it_is_started(outside_tmp, ingest):
+    # Deploy may start a second agent before the first has written its pid (reconcile re-drives a
+    # deploy; a worker restarts mid-deploy): only one may run the command, and never twice.
+    ran = os.path.join(outside_tmp, "job", "results", "ran.txt")
+    config = write_agent_config(outside_tmp, ingest, command=f"echo ran >> {ran}; sleep 1")
+    first, second = start_agent(config), start_agent(config)
+    try:
+        assert {first.wait(15), second.wait(15)} == {0}
+        assert run_agent(config).returncode == 0  # ended already: exit.json is there
+    finally:
+        stop_process(first)
+        stop_process(second)
+    with open(ran) as f:
+        assert f.read() == "ran\n"
+    records = ingest.stored()
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    assert [r.get("state") for r in records if r["kind"] == "status"] == ["preparing", "running", "exited"]
+
+
 def test_it_reports_a_rejected_archive_without_starting_anything(outside_tmp, ingest):
     config = write_agent_config(outside_tmp, ingest, command="touch started", files={"../evil": "x"})
     result = run_agent(config)

@@ -25,7 +25,7 @@ class Command(BaseCommand):
         self.stdout.write("Starting Trainyard (Redis, web server, Celery worker, beat)...")
         try:
             session = start_session(settings.DATA_DIR, port=port, tenant="demo", username="demo", password=password,
-                                    fresh_database=False)
+                                    fresh_database=False, supervise=True)
         except StartupError as exc:
             raise CommandError(str(exc)) from None
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -1,0 +1,80 @@
+"""The runner's handling of the platform's processes, with `sleep` standing in for each part."""
+import os
+import signal
+import time
+
+import pytest
+
+from portal.runner import Platform, StartupError, free_port
+
+
+class Sleepers(Platform):
+    def start_redis(self):
+        self.spawn("redis", ["sleep", "60"])
+
+    def start_web(self):
+        self.spawn("web", ["sleep", "60"])
+
+    def start_worker(self):
+        self.spawn("worker", ["sleep", "60"])
+
+    def start_beat(self):
+        self.spawn("beat", ["sleep", "60"])
+
+    def wait_ready(self, timeout):
+        pass
+
+
+@pytest.fixture
+def platform(tmp_path, request):
+    started = Sleepers(data_dir=tmp_path, port=free_port(), env={"REDIS_URL": ""},
+                       supervise=getattr(request, "param", True)).start()
+    yield started
+    started.stop()
+
+
+def wait_for(predicate, timeout=5):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def test_it_starts_a_crashed_part_again(platform):
+    crashed = platform.pids()["worker"]
+    os.kill(crashed, signal.SIGKILL)
+    assert wait_for(lambda: platform.pids().get("worker") not in (None, crashed))
+    assert [(part, code) for part, code, _ in platform.restarts] == [("worker", -9)]
+    assert "worker exited with code -9; starting it again" in (platform.log_dir / "worker.log").read_text()
+    platform.check_alive("worker")
+
+
+def test_a_part_stopped_on_purpose_stays_down_until_started(platform):
+    platform.kill("beat")
+    time.sleep(1.2)  # two supervisor rounds
+    assert "beat" not in platform.pids() and not platform.restarts
+    platform.start_beat()
+    assert "beat" in platform.pids()
+
+
+def test_a_crash_looping_part_is_left_down_and_reported(platform, monkeypatch):
+    monkeypatch.setattr("portal.runner.RESTARTS_PER_MINUTE", 2)
+    for _ in range(3):
+        pid = wait_for(lambda: platform.pids().get("web"))
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: platform.pids().get("web") != pid)
+    time.sleep(1.2)
+    assert "web" not in platform.pids() and len(platform.restarts) == 2
+    with pytest.raises(StartupError, match="web exited with code -9"):
+        platform.check_alive("web")
+
+
+@pytest.mark.parametrize("platform", [False], indirect=True)
+def test_unsupervised_a_crash_is_reported_and_left_alone(platform):
+    process = platform.processes["redis"]
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    with pytest.raises(StartupError, match="redis exited with code -9"):
+        platform.check_alive("redis")
+    time.sleep(0.6)
+    assert "redis" not in platform.pids() and not platform.restarts
