@@ -62,14 +62,7 @@ class PlatformSession:
         return self.api("GET", f"/api/v1/jobs/{job_id}/").json()
 
     def wait_for(self, job_id, statuses=FINAL, timeout=120, poll=0.1):
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.job(job_id)
-            if job["status"] in statuses:
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{job_id} still {job['status']} after {timeout}s: {job.get('status_reason')}")
-            time.sleep(poll)
+        return wait_for_status(self.job, job_id, statuses, timeout=timeout, poll=poll)
 
     def all_logs(self, job_id):
         lines, since = [], 0
@@ -98,6 +91,19 @@ class PlatformSession:
         stop_learner_agents(self.data_dir)
         for cleanup in reversed(self.cleanups):
             cleanup()
+
+
+def wait_for_status(get_job, job_id, statuses, *, timeout, poll=0.1):
+    """Poll `get_job(job_id)` until its status is one of `statuses`; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = get_job(job_id)
+        if job["status"] in statuses:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{job_id} still {job['status']} after {timeout:.0f}s "
+                                 f"(wanted {'/'.join(sorted(statuses))}): {job.get('status_reason')}")
+        time.sleep(poll)
 
 
 def start_session(data_dir, *, port=None, tenant="team-a", username="alice", password="alice-password",

@@ -7,7 +7,7 @@ import time
 import pytest
 import requests
 
-from portal.harness import start_session
+from portal.harness import start_session, wait_for_status
 from portal.runner import free_port
 from tests.chaos.tcp_proxy import CuttableProxy
 
@@ -51,15 +51,7 @@ class ChaosPlatform:
         return self.api("GET", f"/api/v1/jobs/{job_id}/").json()
 
     def wait_for(self, job_id, statuses, *, timeout):
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.job(job_id)
-            if job["status"] in statuses:
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{job_id} still {job['status']} after {timeout:.0f}s "
-                                     f"(wanted {'/'.join(sorted(statuses))}): {job['status_reason']}")
-            time.sleep(0.1)
+        return wait_for_status(self.job, job_id, statuses, timeout=timeout)
 
     def kill(self, part, *, downtime):
         """SIGKILL one part of the platform, leave it down for `downtime` seconds, start it again."""
