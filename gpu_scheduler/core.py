@@ -1,107 +1,513 @@
-"""One scheduling cycle over a snapshot: take the queue in order, place each job's learners as a
-gang (all or none), and say why every job left waiting waits.
+"""One scheduling cycle over a snapshot, shaped like Kueue's:
 
-This first policy is strict priority-then-FIFO with head-of-line blocking (no backfill), so a big
-job at the head is never starved by small ones behind it.
+1. heads of queues: every tenant's queue, ordered by priority then submission order;
+2. snapshot: free capacity per node (running and stopping jobs subtracted), usage per tenant and user;
+3. nominate: the next job is the best head across tenants (see `_order_key`);
+4. admit: check the tenant's limits, then place all learners at once (gang) or none;
+5. a job that does not fit may wait for resources being freed, pick preemption victims, have small
+   jobs moved off a node (consolidation), or, once it has waited long, get the nodes likeliest to
+   fit it soon held for it; smaller jobs behind it backfill the rest of the cluster;
+6. requeue: every job not admitted gets a reason that starts with its position in its tenant queue.
+
+Cross-tenant rules (also in gpu_scheduler/README.md):
+- Priority orders jobs inside a tenant, and across tenants only in the shared pool (tenants without a
+  quota, or every tenant when quotas are off). Between tenants the order is: jobs that fit in their
+  tenant's guaranteed quota first, then borrowing / shared-pool jobs by the tenant's weighted dominant
+  share beyond its quota (fair share), then soft-over-budget tenants last.
+- A job may halt (preempt) running work that is: (a) of a soft-over-budget tenant; (b) of another
+  tenant borrowing beyond its quota, when the job fits inside its own tenant's quota (reclaim);
+  (c) of lower priority in the same tenant, or in the shared pool when the job's tenant is in it too.
+  Victims are the fewest, lowest-priority, most recently started ones; the job itself waits until they
+  have stopped, and the nodes it will use are held for it meanwhile.
+- Consolidation moves (halts, to restart at once elsewhere) small single-learner jobs of no higher
+  priority, of any tenant: it takes no capacity away from their tenant, only the work since their
+  last checkpoint.
+
+Pure: no Django, no I/O. The caller applies the decisions (admits, halts) and calls again.
 """
-from dataclasses import dataclass, field
+import heapq
+import itertools
+from collections.abc import Sequence
 
-PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
-
-
-@dataclass(frozen=True)
-class Request:
-    job_id: str
-    learners: int
-    gpus: int  # per learner
-    cpus: float  # per learner
-    memory_bytes: int  # per learner
-    priority: str = "normal"
-    order: int = 0  # submission order (smaller first)
+from gpu_scheduler.model import (CPU_EPSILON, PRIORITY_RANK, Decisions, Node, Placement, Resources,
+                                 SchedulingInputError, Snapshot, TenantPolicy, Workload)
+from gpu_scheduler.placement import FreeMap, Tally
+from gpu_scheduler.policy import Policy
+from gpu_scheduler.reasons import exceeds_quota, gpus_text, learners_of, position_prefix, quota_in_use
 
 
-@dataclass
-class NodeFree:
-    name: str
-    gpus: int
-    cpus: float
-    memory_bytes: int
-    gpu_ids: list = field(default_factory=list)  # free GPU indices on this node
+__all__ = ["Decisions", "Node", "Placement", "Policy", "Resources", "SchedulingInputError",
+           "Snapshot", "TenantPolicy", "Workload", "schedule"]
 
-    def fits(self, request):
-        return (self.gpus >= request.gpus and self.cpus + 1e-9 >= request.cpus
-                and self.memory_bytes >= request.memory_bytes)
-
-    def take(self, request):
-        taken, self.gpu_ids = tuple(self.gpu_ids[:request.gpus]), self.gpu_ids[request.gpus:]
-        self.gpus -= request.gpus
-        self.cpus -= request.cpus
-        self.memory_bytes -= request.memory_bytes
-        return taken
+DIMENSIONS = ("gpus", "cpus", "memory_bytes")
 
 
-@dataclass(frozen=True)
-class Placement:
-    node: str
-    gpu_ids: tuple
+def schedule(snapshot: Snapshot, queued: Sequence[Workload] = (), policy: Policy = Policy.full()) -> Decisions:
+    if not policy.gang:
+        return _PodByPodCycle(snapshot, queued, policy).run()
+    return _Cycle(snapshot, queued, policy).run()
 
 
-@dataclass
-class Decisions:
-    admitted: dict = field(default_factory=dict)  # job_id -> [Placement per learner]
-    waiting: dict = field(default_factory=dict)  # job_id -> human reason
+class _TenantState:
+    """A tenant's usage during one cycle (running + stopping + admitted so far)."""
+    __slots__ = ("policy", "used", "nominal", "jobs", "user_gpus", "blocked", "blocked_users", "capacity")
+
+    def __init__(self, policy, quotas_on, capacity):
+        self.policy = policy
+        self.used = [0, 0.0, 0]
+        quota = policy.quota if quotas_on else None
+        self.nominal = None if quota is None else (quota.gpus, quota.cpus, quota.memory_bytes)
+        self.jobs = 0
+        self.user_gpus = {}
+        self.blocked = None  # a tenant-wide limit hit earlier in this cycle: later jobs wait behind it
+        self.blocked_users = {}
+        self.capacity = capacity
+
+    def add(self, workload, learners):
+        per = workload.per_learner
+        self.used[0] += per.gpus * learners
+        self.used[1] += per.cpus * learners
+        self.used[2] += per.memory_bytes * learners
+        self.user_gpus[workload.user] = self.user_gpus.get(workload.user, 0) + per.gpus * learners
+
+    def within_quota(self, per, learners):
+        if self.nominal is None:
+            return False
+        used, nominal = self.used, self.nominal
+        return (used[0] + per.gpus * learners <= nominal[0]
+                and used[1] + per.cpus * learners <= nominal[1] + CPU_EPSILON
+                and used[2] + per.memory_bytes * learners <= nominal[2])
+
+    def borrowing_in(self, per):
+        """Uses more than its quota in a dimension this job needs (a no-quota tenant borrows all)."""
+        nominal = self.nominal or (0, 0.0, 0)
+        needs = (per.gpus, per.cpus, per.memory_bytes)
+        return any(need and used > quota + CPU_EPSILON for need, used, quota in zip(needs, self.used, nominal))
+
+    def share(self):
+        """Weighted dominant share of the cluster used beyond the tenant's quota (Kueue's DRS)."""
+        nominal = self.nominal or (0, 0.0, 0)
+        share = 0.0
+        for used, quota, total in zip(self.used, nominal, self.capacity):
+            if total > 0 and used > quota:
+                share = max(share, (used - quota) / total)
+        return share / self.policy.weight
 
 
-def queue_order(requests):
-    return sorted(requests, key=lambda r: (PRIORITY_RANK.get(r.priority, 1), r.order))
+class _Cycle:
+    def __init__(self, snapshot, queued, policy):
+        self.snapshot, self.policy = snapshot, policy
+        self.free = FreeMap(snapshot.nodes, snapshot.running)
+        capacity = [0, 0.0, 0]
+        for node in snapshot.nodes:
+            capacity[0] += node.gpus
+            capacity[1] += node.cpus
+            capacity[2] += node.memory_bytes
+        self.capacity = capacity
+        self.tenants = {}
+        self.stopping = []
+        running_ids = set()
+        for workload in snapshot.running:
+            running_ids.add(workload.job_id)
+            state = self._tenant(workload.tenant)
+            state.add(workload, len(workload.placement))
+            state.jobs += 1
+            if workload.stopping:
+                self.stopping.append(workload)
+        self.queues = self._tenant_queues(queued, running_ids)
+        self.decisions = Decisions()
+        self.reservations_left = policy.reservations
+        self.checks_left = policy.preemption_checks if policy.preemption else 0
+        self.claimed = set()  # running jobs picked as victims in this cycle
+        self.head_of_line = None  # strict FIFO (backfill off): the job everything else waits behind
+        self._victims_by_tenant = None
+        self.failed_searches = {}
+        self._movable = None
 
+    def _tenant(self, name):
+        state = self.tenants.get(name)
+        if state is None:
+            state = self.tenants[name] = _TenantState(self.snapshot.tenant(name), self.policy.quotas, self.capacity)
+        return state
 
-def schedule(requests, nodes):
-    decisions = Decisions()
-    blocked_by = None
-    for position, request in enumerate(queue_order(requests), start=1):
-        if blocked_by is not None:
-            decisions.waiting[request.job_id] = f"{_ordinal(position)} in queue, behind {blocked_by}"
-            continue
-        placement = _place_gang(request, nodes)
-        if placement is None:
-            decisions.waiting[request.job_id] = _why_not(request, nodes)
-            blocked_by = request.job_id
-        else:
-            decisions.admitted[request.job_id] = placement
-    return decisions
+    def _tenant_queues(self, queued, running_ids):
+        queues = {}
+        for workload in queued:
+            if workload.placement:
+                raise SchedulingInputError(f"job {workload.job_id}: a queued workload must have no placement")
+            if workload.job_id in running_ids:
+                raise SchedulingInputError(f"job {workload.job_id} is both queued and running")
+            queues.setdefault(workload.tenant, []).append(workload)
+        for name, queue in queues.items():
+            queue.sort(key=lambda w: (PRIORITY_RANK[w.priority], w.order, w.job_id))
+            self._tenant(name)
+        return queues
 
+    # --- 3. nominate and order -------------------------------------------------------------------
+    def _order_key(self, state, workload):
+        within = state.within_quota(workload.per_learner, workload.learners)
+        soft = state.policy.budget == "soft_exceeded"
+        share = state.share() if self.policy.fair_share and not within else 0.0
+        return (soft, not within, share, PRIORITY_RANK[workload.priority], workload.order, workload.job_id)
 
-def _place_gang(request, nodes):
-    """Place all learners or none; prefer the fullest node that fits (packing keeps nodes whole)."""
-    trial = [NodeFree(n.name, n.gpus, n.cpus, n.memory_bytes, list(n.gpu_ids)) for n in nodes]
-    placements = []
-    for _ in range(request.learners):
-        candidates = [n for n in trial if n.fits(request)]
-        if not candidates:
+    def run(self):
+        heads = []
+        for name, queue in self.queues.items():
+            heapq.heappush(heads, (self._order_key(self.tenants[name], queue[0]), name, 0))
+        while heads:
+            _, name, index = heapq.heappop(heads)
+            queue, state = self.queues[name], self.tenants[name]
+            self.decisions.position[queue[index].job_id] = index + 1
+            self._consider(queue[index], state, index + 1)
+            if index + 1 < len(queue):
+                heapq.heappush(heads, (self._order_key(state, queue[index + 1]), name, index + 1))
+        return self.decisions
+
+    # --- 4. admit --------------------------------------------------------------------------------
+    def _consider(self, workload, state, position):
+        if self.head_of_line is not None:
+            return self._wait(workload, position, f"behind {self.head_of_line} (strict FIFO)")
+        if state.blocked is not None:
+            return self._wait(workload, position, state.blocked)
+        if workload.user in state.blocked_users:
+            return self._wait(workload, position, state.blocked_users[workload.user])
+        limit = self._limit(workload, state)
+        if limit is not None:
+            return self._wait(workload, position, limit)
+        placements = self.free.place_gang(workload.per_learner, workload.learners, self.policy.packing)
+        if placements is None:
+            return self._blocked_by_capacity(workload, state, position)
+        self.decisions.admitted[workload.job_id] = placements
+        state.add(workload, workload.learners)
+        state.jobs += 1
+
+    def _limit(self, workload, state):
+        """Why the tenant's own limits keep this job waiting, or None. Tenant-wide limits also hold the
+        tenant's later jobs (strict FIFO inside a tenant, so a big job is not starved by its small
+        siblings); a job that can never fit the limit holds nobody."""
+        policy, per, learners = state.policy, workload.per_learner, workload.learners
+        if policy.budget == "hard_exceeded":
+            state.blocked = policy.budget_reason or "tenant budget exhausted"
+            return state.blocked
+        if policy.max_jobs is not None and state.jobs >= policy.max_jobs:
+            state.blocked = f"tenant concurrent jobs {state.jobs}/{policy.max_jobs}"
+            return state.blocked
+        gpus = per.gpus * learners
+        cap = policy.max_gpus_per_user
+        if cap is not None and gpus:
+            if gpus > cap:
+                return f"needs {gpus} GPUs, more than the per-user GPU cap of {cap}"
+            used = state.user_gpus.get(workload.user, 0)
+            if used + gpus > cap:
+                state.blocked_users[workload.user] = f"user GPU cap {used}/{cap} in use"
+                return state.blocked_users[workload.user]
+        if state.nominal is None or state.within_quota(per, learners):
             return None
-        node = min(candidates, key=lambda n: (n.gpus, n.cpus))
-        placements.append(Placement(node.name, node.take(request)))
-    for real, tried in zip(nodes, trial):
-        real.gpus, real.cpus, real.memory_bytes, real.gpu_ids = tried.gpus, tried.cpus, tried.memory_bytes, tried.gpu_ids
-    return placements
+        if policy.can_borrow and self.policy.borrowing:
+            return None
+        needs = (gpus, per.cpus * learners, per.memory_bytes * learners)
+        for dimension, need, used, quota in zip(DIMENSIONS, needs, state.used, state.nominal):
+            if need > quota + CPU_EPSILON:
+                return exceeds_quota(dimension, need, quota)
+        for dimension, need, used, quota in zip(DIMENSIONS, needs, state.used, state.nominal):
+            if used + need > quota + CPU_EPSILON:
+                state.blocked = quota_in_use(dimension, used, quota)
+                return state.blocked
+        return None
+
+    def _wait(self, workload, position, reason):
+        self.decisions.waiting[workload.job_id] = position_prefix(position) + reason
+
+    # --- 5. a job that does not fit ----------------------------------------------------------------
+    def _blocked_by_capacity(self, workload, state, position):
+        per, learners = workload.per_learner, workload.learners
+        # The same search for the same kind of job (tenant, priority, shape) on an unchanged free map
+        # finds nothing again: skip it, so the bounded checks go to different jobs.
+        search = (workload.tenant, workload.priority, per.gpus, per.cpus, per.memory_bytes, learners)
+        placement_aware = self.policy.preempt_for_placement or not self.free.fits_in_total(per, learners)
+        if self.checks_left > 0 and placement_aware and self.failed_searches.get(search) != self.free.version \
+                and self.free.ever_hosts(per) >= learners:
+            self.checks_left -= 1
+            self.failed_searches[search] = self.free.version
+            tally = Tally(self.free, per, learners)
+            for stopping in self.stopping:
+                tally.change(stopping, +1)
+            if tally.fits():
+                return self._wait_for_freed(workload, position, tally)
+            victims = self._pick_victims(workload, state, tally)
+            if victims:
+                for victim, reason in victims:
+                    self.decisions.preempt[victim.job_id] = reason
+                    self.claimed.add(victim.job_id)
+                    self.stopping.append(victim)
+                return self._wait_for_freed(workload, position, tally)
+            if self.policy.consolidate and self._consolidate(workload, position):
+                return None
+        if not self.policy.backfill:
+            self.head_of_line = workload.job_id
+        reason = self.free.why_not(per, learners)
+        soft = state.policy.budget == "soft_exceeded"
+        if self.reservations_left > 0 and not soft and self._waited_long(workload) \
+                and self.free.ever_hosts(per) >= learners:
+            if self.free.reserve_closest(per, learners):
+                self.reservations_left -= 1
+                reason += "; the nodes closest to fitting are held for it"
+        self._wait(workload, position, reason)
+
+    # --- consolidation ----------------------------------------------------------------------------------
+    def _consolidate(self, workload, position):
+        """Packing still leaves holes as jobs end: an 8-GPU job can wait while a node has 7 free GPUs
+        and one small job. If small single-learner jobs (no higher priority than this one, running
+        for at least `move_after_s`, at most `move_max_share` of this job's GPUs in all) can start again right now
+        elsewhere, halt them through their checkpoint so that this job gets the node; they lose only
+        the work since their last checkpoint, and the GPUs stop idling. Single-learner jobs only."""
+        per = workload.per_learner
+        if workload.learners != 1 or per.gpus < 2 or not self.free.fits_in_total(per, 1):
+            return False
+        best = None
+        for node in list(self.free.with_free_gpus((per.gpus + 1) // 2)):
+            movers = self._movers(node, workload)
+            if movers and (best is None or movers[0] < best[0]):
+                best = (movers[0], node, movers[1])
+        if best is None:
+            return False
+        _, node, victims = best
+        self.free.reserve(node)
+        if not self._can_restart_elsewhere(victims):
+            self.free.unreserve(node)
+            return False
+        for victim in victims:
+            self.decisions.preempt[victim.job_id] = (
+                f"moved: halted through its checkpoint to make room for job {workload.job_id}; "
+                f"restarts at once on free GPUs elsewhere")
+            self.claimed.add(victim.job_id)
+            self.stopping.append(victim)
+        moved = sum(v.per_learner.gpus for v in victims)
+        self._wait(workload, position, f"for {gpus_text(moved)} being freed by moving smaller jobs")
+        return True
+
+    def _movers(self, node, workload):
+        """The fewest GPUs to move off this node for the job to fit there: (gpus moved, victims) or None."""
+        per, rank = workload.per_learner, PRIORITY_RANK[workload.priority]
+        by_node = self._single_learner_jobs()
+        candidates = sorted((v for v in by_node.get(node.name, ())
+                             if v.job_id not in self.claimed and PRIORITY_RANK[v.priority] >= rank
+                             and self.snapshot.now - v.started >= self.policy.move_after_s),
+                            key=lambda v: (v.per_learner.gpus, -v.started))
+        freed, cpus, memory, victims = len(node.gpu_ids), node.cpus, node.memory, []
+        for victim in candidates:
+            if freed >= per.gpus and cpus + CPU_EPSILON >= per.cpus and memory >= per.memory_bytes:
+                break
+            victims.append(victim)
+            freed += victim.per_learner.gpus
+            cpus += victim.per_learner.cpus
+            memory += victim.per_learner.memory_bytes
+        fits = freed >= per.gpus and cpus + CPU_EPSILON >= per.cpus and memory >= per.memory_bytes
+        moved = sum(v.per_learner.gpus for v in victims)
+        if not victims or not fits or moved > self.policy.move_max_share * per.gpus:
+            return None
+        return (moved, len(victims)), victims
+
+    def _single_learner_jobs(self):
+        if self._movable is None:
+            self._movable = {}
+            for running in self.snapshot.running:
+                if running.learners == 1 and len(running.placement) == 1 and running.preemptible \
+                        and not running.stopping:
+                    self._movable.setdefault(running.placement[0].node, []).append(running)
+        return self._movable
+
+    def _can_restart_elsewhere(self, victims):
+        """Try placing the victims on the free capacity left (the node is already held); undo it."""
+        placed, ok = [], True
+        for victim in victims:
+            placements = self.free.place_gang(victim.per_learner, 1, packing=True)
+            if placements is None:
+                ok = False
+                break
+            placed.append((victim, placements))
+        for victim, placements in placed:
+            for placement in placements:
+                self.free.give_back(placement, victim.per_learner)
+        return ok
+
+    def _waited_long(self, workload):
+        """Reservations go only to jobs that have waited `reserve_after_s`: most blocked jobs find room
+        through normal churn soon, and holding nodes idle for them would cost more than it saves."""
+        if workload.queued_at is None:
+            return self.policy.reserve_after_s <= 0
+        return self.snapshot.now - workload.queued_at >= self.policy.reserve_after_s
+
+    def _wait_for_freed(self, workload, position, tally):
+        nodes, freed_gpus = tally.plan()
+        for node in nodes:
+            self.free.reserve(node)
+        what = gpus_text(freed_gpus) if freed_gpus else "resources"
+        self._wait(workload, position, f"for {what} being freed by preemption")
+
+    # --- preemption --------------------------------------------------------------------------------
+    def _pick_victims(self, workload, state, tally):
+        """Greedy over candidates in preference order until the job fits, then drop any victim the
+        job turns out not to need (fewest victims). At most `victim_scan` candidates are tried, which
+        bounds a cycle's cost when no set of victims would do."""
+        chosen, usage = [], {}
+        candidates = self._candidates(workload, state, usage)
+        for victim, reason in itertools.islice(candidates, self.policy.victim_scan):
+            tally.change(victim, +1)
+            chosen.append((victim, reason))
+            victim_usage = usage.setdefault(victim.tenant, list(self.tenants[victim.tenant].used))
+            per, placed = victim.per_learner, len(victim.placement)
+            victim_usage[0] -= per.gpus * placed
+            victim_usage[1] -= per.cpus * placed
+            victim_usage[2] -= per.memory_bytes * placed
+            if tally.fits():
+                break
+        if not tally.fits():
+            for victim, _ in chosen:
+                tally.change(victim, -1)
+            return []
+        needed = [chosen[-1]]
+        for victim, reason in reversed(chosen[:-1]):
+            tally.change(victim, -1)
+            if not tally.fits():
+                tally.change(victim, +1)
+                needed.append((victim, reason))
+        return needed
+
+    def _victim_lists(self):
+        """Per tenant, the running jobs that could be halted, by preference: lowest priority, then most
+        recently started."""
+        if self._victims_by_tenant is None:
+            by_tenant = {}
+            for running in self.snapshot.running:
+                if running.preemptible and not running.stopping and len(running.placement) == running.learners:
+                    by_tenant.setdefault(running.tenant, []).append(running)
+            self._victims_by_tenant = {name: sorted(victims, key=_victim_key) for name, victims in by_tenant.items()}
+        return self._victims_by_tenant
+
+    def _candidates(self, workload, state, usage):
+        """Running jobs this one may halt, best victims first (soft-over-budget tenants' jobs, then
+        lowest priority, then most recently started):
+        (a) any job of a soft-over-budget tenant (unless this job's tenant is over its soft budget too);
+        (b) reclaim: any job of another tenant borrowing beyond its quota, if this job fits in its own;
+        (c) lower-priority jobs of the same tenant, or of the shared pool when this job is in it."""
+        soft_job = state.policy.budget == "soft_exceeded"
+        reclaiming = state.nominal is not None and state.within_quota(workload.per_learner, workload.learners)
+        in_pool = state.nominal is None
+        rank = PRIORITY_RANK[workload.priority]
+        streams = []
+        for name, by_preference in self._victim_lists().items():
+            other = self.tenants[name]
+            mine = name == workload.tenant
+            if not soft_job and not mine and other.policy.budget == "soft_exceeded":
+                streams.append(_ranked(0, by_preference, "soft", name))
+                continue
+            if reclaiming and not mine and other.borrowing_in(workload.per_learner):
+                streams.append(_ranked(1, by_preference, "reclaim", name))
+                continue
+            pool = in_pool and other.nominal is None
+            if mine or pool:
+                streams.append(_ranked(1, by_preference, "priority", name, below=rank))
+        seen = set()
+        for _, victim, kind, name in heapq.merge(*streams, key=lambda item: item[0]):
+            if victim.job_id in self.claimed or victim.job_id == workload.job_id or victim.job_id in seen:
+                continue
+            seen.add(victim.job_id)
+            if kind == "reclaim" and not self._still_borrowing(name, usage, workload.per_learner):
+                continue
+            yield victim, self._preempt_reason(kind, workload, victim)
+
+    def _still_borrowing(self, tenant, usage, per):
+        state = self.tenants[tenant]
+        used = usage.get(tenant, state.used)
+        nominal = state.nominal or (0, 0.0, 0)
+        needs = (per.gpus, per.cpus, per.memory_bytes)
+        return any(need and u > q + CPU_EPSILON for need, u, q in zip(needs, used, nominal))
+
+    @staticmethod
+    def _preempt_reason(kind, workload, victim):
+        if kind == "soft":
+            return (f"preempted: tenant {victim.tenant} is over its soft budget and job {workload.job_id} "
+                    f"needs the capacity")
+        if kind == "reclaim":
+            return f"reclaimed: tenant {workload.tenant} needs its quota (for job {workload.job_id})"
+        return f"preempted for higher-priority job {workload.job_id}"
 
 
-def _why_not(request, nodes):
-    learners = f"{request.learners} learners × " if request.learners > 1 else ""
-    if request.gpus and max((n.gpus for n in nodes), default=0) < request.gpus:
-        largest = max((n.gpus for n in nodes), default=0)
-        return f"waiting: needs {learners}{request.gpus} GPUs on one node; largest free block is {largest}"
-    if max((n.cpus for n in nodes), default=0) + 1e-9 < request.cpus:
-        largest = max((n.cpus for n in nodes), default=0)
-        return f"waiting: needs {learners}{request.cpus:g} CPUs on one node; {largest:g} free"
-    if max((n.memory_bytes for n in nodes), default=0) < request.memory_bytes:
-        largest = max((n.memory_bytes for n in nodes), default=0)
-        return (f"waiting: needs {learners}{request.memory_bytes / 2**30:.1f} GiB memory on one node; "
-                f"{largest / 2**30:.1f} GiB free")
-    return f"waiting: {request.learners} learners do not all fit at once"
+def _victim_key(victim, kind_rank=0):
+    return (kind_rank, -PRIORITY_RANK[victim.priority], -victim.started, -victim.order, victim.job_id)
 
 
-def _ordinal(n):
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
+def _ranked(kind_rank, victims, kind, name, below=None):
+    """A tenant's victims (already in preference order) as merge items; with `below`, only those of
+    lower priority than a job of that rank."""
+    for victim in victims:
+        if below is not None and PRIORITY_RANK[victim.priority] <= below:
+            return
+        yield _victim_key(victim, kind_rank), victim, kind, name
+
+
+class _PodByPodCycle:
+    """FfDL's default (Kubernetes' own scheduler) for the baseline: every learner is a pod placed on
+    its own, in priority-then-submission order; a distributed job can be partly placed and hold GPUs
+    it cannot use. Running workloads with fewer placements than learners get their missing learners
+    here; `admitted` then holds only the newly placed learners."""
+
+    def __init__(self, snapshot, queued, policy):
+        self.snapshot, self.policy = snapshot, policy
+        self.free = FreeMap(snapshot.nodes, snapshot.running)
+        self.decisions = Decisions()
+        self.jobs, self.user_gpus = {}, {}
+        for workload in snapshot.running:
+            self.jobs[workload.tenant] = self.jobs.get(workload.tenant, 0) + 1
+            key = (workload.tenant, workload.user)
+            self.user_gpus[key] = self.user_gpus.get(key, 0) + workload.per_learner.gpus * len(workload.placement)
+        partial = [w for w in snapshot.running if len(w.placement) < w.learners and not w.stopping]
+        self.pending = sorted(list(queued) + partial, key=lambda w: (PRIORITY_RANK[w.priority], w.order, w.job_id))
+        self.positions = {}
+        per_tenant = {}
+        for workload in sorted(queued, key=lambda w: (PRIORITY_RANK[w.priority], w.order, w.job_id)):
+            per_tenant[workload.tenant] = per_tenant.get(workload.tenant, 0) + 1
+            self.positions[workload.job_id] = per_tenant[workload.tenant]
+
+    def run(self):
+        for workload in self.pending:
+            queued = not workload.placement
+            position = self.positions.get(workload.job_id)
+            if position is not None:
+                self.decisions.position[workload.job_id] = position
+            if queued:
+                limit = self._limit(workload)
+                if limit is not None:
+                    self.decisions.waiting[workload.job_id] = position_prefix(position) + limit
+                    continue
+            placed = []
+            for _ in range(workload.learners - len(workload.placement)):
+                placement = self.free.place_learner(workload.per_learner, self.policy.packing)
+                if placement is None:
+                    break
+                placed.append(placement)
+            if placed:
+                self.decisions.admitted[workload.job_id] = placed
+                key = (workload.tenant, workload.user)
+                self.user_gpus[key] = self.user_gpus.get(key, 0) + workload.per_learner.gpus * len(placed)
+                if queued:
+                    self.jobs[workload.tenant] = self.jobs.get(workload.tenant, 0) + 1
+            elif queued:
+                reason = self.free.why_not(workload.per_learner, 1) if workload.learners == 1 else \
+                    f"none of its {learners_of(workload.learners, workload.per_learner.gpus)} fits yet"
+                self.decisions.waiting[workload.job_id] = position_prefix(position) + reason
+        return self.decisions
+
+    def _limit(self, workload):
+        policy = self.snapshot.tenant(workload.tenant)
+        if policy.budget == "hard_exceeded":
+            return policy.budget_reason or "tenant budget exhausted"
+        jobs = self.jobs.get(workload.tenant, 0)
+        if policy.max_jobs is not None and jobs >= policy.max_jobs:
+            return f"tenant concurrent jobs {jobs}/{policy.max_jobs}"
+        used = self.user_gpus.get((workload.tenant, workload.user), 0)
+        gpus = workload.per_learner.gpus * workload.learners
+        if policy.max_gpus_per_user is not None and gpus and used + gpus > policy.max_gpus_per_user:
+            return f"user GPU cap {used}/{policy.max_gpus_per_user} in use"
+        return None

@@ -1,37 +1,323 @@
+"""One scheduling cycle, policy by policy, on small hand-made clusters."""
+import dataclasses
+
 import pytest
 
-from gpu_scheduler.core import NodeFree, Request, schedule
+from gpu_scheduler import Policy, SchedulingInputError, schedule
+from gpu_scheduler.tests.builders import gpus_in_use, job, node, nodes, running, snapshot, tenant
+
+FULL = Policy.full()
+HOUR = 3600.0
 
 
-def node(name="n1", gpus=0, cpus=8.0, memory=64 * 2**30):
-    return NodeFree(name, gpus, cpus, memory, list(range(gpus)))
+def admitted(decisions):
+    return sorted(decisions.admitted)
 
 
-def request(job_id, *, learners=1, gpus=0, cpus=1.0, memory=2**30, priority="normal", order=0):
-    return Request(job_id, learners, gpus, cpus, memory, priority, order)
-
-
-@pytest.mark.parametrize("requests, nodes, admitted", [
-    ([request("a"), request("b", order=1)], [node()], ["a", "b"]),
-    ([request("a", cpus=6), request("b", cpus=6, order=1)], [node()], ["a"]),
-    # head-of-line blocking: a small job does not overtake a big one that waits
-    ([request("big", cpus=9), request("small", order=1)], [node()], []),
-    ([request("low", priority="low"), request("high", priority="high", order=1, cpus=8)], [node()], ["high"]),
-    # gang: both learners or neither
-    ([request("gang", learners=2, gpus=2)], [node(gpus=2), node("n2", gpus=1)], []),
-    ([request("gang", learners=2, gpus=2)], [node(gpus=2), node("n2", gpus=2)], ["gang"]),
+# --- order: FIFO within a priority, priorities first --------------------------------------------
+@pytest.mark.parametrize("queue, expected", [
+    ([job("a", gpus=4), job("b", gpus=4), job("c", gpus=4)], ["a", "b"]),
+    ([job("a", gpus=8), job("b", gpus=8, priority="high")], ["b"]),
+    ([job("a", gpus=8, priority="low"), job("b", gpus=8)], ["b"]),
+    ([job("a", gpus=8, order=5), job("b", gpus=8, order=3)], ["b"]),
 ])
-def test_it_admits_in_order_and_as_gangs(requests, nodes, admitted):
-    assert list(schedule(requests, nodes).admitted) == admitted
+def test_it_admits_by_priority_then_submission_order(queue, expected):
+    assert admitted(schedule(snapshot([node()]), queue)) == expected
 
 
-def test_it_assigns_distinct_gpus():
-    decisions = schedule([request("a", gpus=1), request("b", gpus=1, order=1)], [node(gpus=2)])
-    ids = [p.gpu_ids for job in ("a", "b") for p in decisions.admitted[job]]
-    assert sorted(ids) == [(0,), (1,)]
+# --- gang ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cluster, busy, expected", [
+    (nodes(2), [running("r1", ("n1", range(4))), running("r2", ("n2", range(4)))], ["g"]),
+    (nodes(2), [running("r1", ("n1", range(4))), running("r2", ("n2", range(6)))], []),
+    (nodes(1), [], ["g"]),  # both learners on one node
+])
+def test_it_places_all_learners_or_none(cluster, busy, expected):
+    decisions = schedule(snapshot(cluster, *busy), [job("g", learners=2, gpus=4)])
+    assert admitted(decisions) == expected
+    for placements in decisions.admitted.values():
+        assert len(placements) == 2 and all(len(p.gpu_ids) == 4 for p in placements)
 
 
-def test_it_says_why_a_job_waits():
-    decisions = schedule([request("a", gpus=4), request("b", order=1)], [node(gpus=2)])
-    assert decisions.waiting["a"] == "waiting: needs 4 GPUs on one node; largest free block is 2"
-    assert decisions.waiting["b"] == "2nd in queue, behind a"
+def test_it_assigns_free_distinct_gpu_ids():
+    snap = snapshot([node(gpus=4)], running("r", ("n1", (0, 2))))
+    decisions = schedule(snap, [job("a", gpus=1), job("b", gpus=1)])
+    ids = sorted(p.gpu_ids for placements in decisions.admitted.values() for p in placements)
+    assert ids == [(1,), (3,)]
+
+
+# --- placement ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy, expected_node", [(FULL, "n1"), (Policy.kueue_like(), "n2")])
+def test_packing_fills_the_fullest_node_and_spread_the_emptiest(policy, expected_node):
+    snap = snapshot(nodes(2), running("r", ("n1", range(4))))
+    decisions = schedule(snap, [job("a", gpus=1)], policy)
+    assert decisions.admitted["a"][0].node == expected_node
+
+
+def test_packing_keeps_a_whole_node_for_a_big_job():
+    snap = snapshot(nodes(2), running("r", ("n1", range(4))))
+    queue = [job("small", gpus=2, order=1), job("big", gpus=8, order=2)]
+    assert admitted(schedule(snap, queue, FULL)) == ["big", "small"]
+    assert admitted(schedule(snap, queue, Policy.kueue_like())) == ["small"]
+
+
+def test_cordoned_nodes_get_no_new_work():
+    cluster = [node("n1", schedulable=False), node("n2", gpus=2)]
+    decisions = schedule(snapshot(cluster), [job("a", gpus=2), job("b", gpus=1)])
+    assert decisions.admitted["a"][0].node == "n2"
+    assert "b" in decisions.waiting
+
+
+# --- backfill and reservations ------------------------------------------------------------------------
+def test_small_jobs_backfill_behind_a_job_that_does_not_fit():
+    snap = snapshot([node()], running("r", ("n1", range(4))))
+    decisions = schedule(snap, [job("big", gpus=8), job("small", gpus=2)])
+    assert admitted(decisions) == ["small"]
+    assert decisions.waiting["big"] == "waiting: 1st in tenant queue; needs 8 GPUs on one node; largest free block is 4"
+
+
+def test_strict_fifo_without_backfill_holds_everyone_behind_the_head():
+    snap = snapshot([node()], running("r", ("n1", range(4))))
+    decisions = schedule(snap, [job("big", gpus=8), job("small", gpus=2)], dataclasses.replace(FULL, backfill=False))
+    assert admitted(decisions) == []
+    assert decisions.waiting["small"] == "waiting: 2nd in tenant queue; behind big (strict FIFO)"
+
+
+@pytest.mark.parametrize("waited, small_goes_to", [(5 * HOUR, "n2"), (60.0, "n1")])
+def test_a_long_waiting_job_gets_the_nodes_likeliest_to_free_held_for_it(waited, small_goes_to):
+    now = 100 * HOUR
+    snap = snapshot(nodes(2), running("young", ("n1", range(4)), started=now - 100, preemptible=False),
+                    running("old", ("n2", range(2)), started=now - 10 * HOUR, preemptible=False), now=now)
+    decisions = schedule(snap, [job("big", gpus=8, queued_at=now - waited), job("small", gpus=1)])
+    assert decisions.admitted["small"][0].node == small_goes_to
+    assert ("held for it" in decisions.waiting["big"]) == (waited > FULL.reserve_after_s)
+
+
+# --- tenants' limits -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy, queue, reason", [
+    (tenant("t1", 8), [job("a")], "tenant GPU quota 8/8 in use"),
+    (tenant("t1", 20), [job("a", gpus=24)],
+     "needs 24 GPUs, more than the tenant GPU quota of 20; it cannot start unless the tenant may borrow"),
+    (tenant("t1", max_jobs=1), [job("a")], "tenant concurrent jobs 1/1"),
+    (tenant("t1", max_gpus_per_user=8), [job("a")], "user GPU cap 8/8 in use"),
+    (tenant("t1", budget="hard_exceeded", budget_reason="GPU-hours budget 1.0/1.0 h used this month"), [job("a")],
+     "GPU-hours budget 1.0/1.0 h used this month"),
+])
+def test_a_tenants_limits_keep_its_jobs_waiting_with_the_reason(policy, queue, reason):
+    snap = snapshot(nodes(2), running("r", ("n1", range(8))), tenants=[policy])
+    decisions = schedule(snap, queue)
+    assert decisions.admitted == {}
+    assert decisions.waiting["a"] == f"waiting: 1st in tenant queue; {reason}"
+
+
+def test_a_tenant_may_borrow_idle_capacity_beyond_its_quota():
+    snap = snapshot(nodes(2), running("r", ("n1", range(8))), tenants=[tenant("t1", 8, can_borrow=True)])
+    assert admitted(schedule(snap, [job("a")])) == ["a"]
+    assert admitted(schedule(snap, [job("a")], dataclasses.replace(FULL, borrowing=False))) == []
+
+
+def test_other_users_are_not_held_by_one_users_cap():
+    snap = snapshot(nodes(2), running("r", ("n1", range(8))), tenants=[tenant("t1", max_gpus_per_user=8)])
+    decisions = schedule(snap, [job("a"), job("b", user="u2")])
+    assert admitted(decisions) == ["b"]
+
+
+def test_a_quota_blocked_job_holds_its_tenants_later_jobs():
+    snap = snapshot(nodes(2), running("r", ("n1", range(6))), tenants=[tenant("t1", 8)])
+    decisions = schedule(snap, [job("a", gpus=4), job("b", gpus=1)])
+    assert admitted(decisions) == []
+    assert decisions.waiting["b"] == "waiting: 2nd in tenant queue; tenant GPU quota 6/8 in use"
+    assert decisions.position == {"a": 1, "b": 2}
+
+
+def test_without_quotas_every_tenant_shares_one_pool():
+    snap = snapshot(nodes(2), running("r", ("n1", range(8))), tenants=[tenant("t1", 8)])
+    assert admitted(schedule(snap, [job("a")], dataclasses.replace(FULL, quotas=False))) == ["a"]
+
+
+# --- fair share -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("weight_t2, policy, expected", [
+    (1.0, FULL, ["a"]),  # t1 uses 4 of 16 GPUs, t2 uses 6: t1 has the lower share
+    (2.0, FULL, ["b"]),  # t2's weight halves its share: 6/16/2 < 4/16
+    (1.0, dataclasses.replace(FULL, fair_share=False), ["a"]),
+    (2.0, dataclasses.replace(FULL, fair_share=False), ["a"]),  # plain submission order
+])
+def test_fair_share_serves_the_tenant_with_the_lowest_weighted_dominant_share(weight_t2, policy, expected):
+    snap = snapshot(nodes(2), running("r1", ("n1", range(4)), tenant="t1"),
+                    running("r2", ("n2", range(6)), tenant="t2"),
+                    tenants=[tenant("t1"), tenant("t2", weight=weight_t2)])
+    decisions = schedule(snap, [job("a", gpus=4, tenant="t1"), job("b", gpus=4, tenant="t2")], policy)
+    assert admitted(decisions) == expected
+
+
+def test_jobs_within_their_quota_go_before_borrowing_ones():
+    snap = snapshot(nodes(2), running("r1", ("n1", range(8)), tenant="t1"),
+                    tenants=[tenant("t1", 8, can_borrow=True), tenant("t2", 8, can_borrow=True)])
+    decisions = schedule(snap, [job("a", gpus=8, tenant="t1"), job("b", gpus=8, tenant="t2")])
+    assert admitted(decisions) == ["b"]
+
+
+# --- budgets ------------------------------------------------------------------------------------------------
+def test_a_soft_over_budget_tenant_runs_only_on_capacity_nobody_else_wants():
+    snap = snapshot([node(gpus=2)], tenants=[tenant("t1", budget="soft_exceeded")])
+    decisions = schedule(snap, [job("a", gpus=2, tenant="t1"), job("b", gpus=2, tenant="t2")])
+    assert admitted(decisions) == ["b"]
+    assert admitted(schedule(snap, [job("a", gpus=2, tenant="t1")])) == ["a"]
+
+
+def test_a_soft_over_budget_tenants_jobs_are_preempted_by_anyone():
+    snap = snapshot([node()], running("s", ("n1", range(8)), tenant="t1", priority="high"),
+                    tenants=[tenant("t1", budget="soft_exceeded")])
+    decisions = schedule(snap, [job("a", gpus=8, tenant="t2", priority="low")])
+    assert decisions.preempt == {"s": "preempted: tenant t1 is over its soft budget and job a needs the capacity"}
+
+
+# --- preemption ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("victim, expected", [
+    ({"priority": "low"}, {"x": "preempted for higher-priority job h"}),
+    ({"priority": "high"}, {}),
+    ({"priority": "low", "preemptible": False}, {}),
+    ({"priority": "low", "tenant": "t2"}, {"x": "preempted for higher-priority job h"}),  # shared pool
+])
+def test_a_higher_priority_job_halts_lower_priority_work(victim, expected):
+    snap = snapshot([node()], running("x", ("n1", range(8)), **victim))
+    decisions = schedule(snap, [job("h", gpus=8, priority="high")])
+    assert decisions.preempt == expected
+    assert decisions.admitted == {}  # never admitted in the cycle that preempts
+    if expected:
+        assert decisions.waiting["h"] == "waiting: 1st in tenant queue; for 8 GPUs being freed by preemption"
+
+
+def test_priority_does_not_cross_a_tenant_with_a_quota():
+    snap = snapshot([node()], running("x", ("n1", range(8)), tenant="t2", priority="low"),
+                    tenants=[tenant("t2", 8)])
+    assert schedule(snap, [job("h", gpus=8, priority="high")]).preempt == {}
+
+
+def test_it_picks_the_fewest_most_recently_started_victims():
+    busy = [running(f"l{i}", ("n1", (i,)), priority="low", started=float(i)) for i in range(8)]
+    decisions = schedule(snapshot([node()], *busy), [job("h", gpus=2, priority="high")])
+    assert sorted(decisions.preempt) == ["l6", "l7"]
+
+
+def test_it_picks_the_lowest_priority_victims_before_recent_ones():
+    snap = snapshot([node()], running("low", ("n1", range(4)), priority="low", started=0.0),
+                    running("normal", ("n1", range(4, 8)), started=10.0))
+    decisions = schedule(snap, [job("h", gpus=4, priority="high")])
+    assert list(decisions.preempt) == ["low"]
+
+
+def test_it_waits_for_stopping_work_instead_of_picking_more_victims():
+    snap = snapshot([node()], running("x", ("n1", range(8)), priority="low", stopping=True),
+                    running("y", ("n2", range(8)), priority="low"))
+    decisions = schedule(snap, [job("h", gpus=8, priority="high")])
+    assert decisions.preempt == {}
+    assert decisions.waiting["h"] == "waiting: 1st in tenant queue; for 8 GPUs being freed by preemption"
+
+
+def test_a_tenant_within_its_quota_reclaims_borrowed_capacity():
+    quotas = [tenant("t1", 8, can_borrow=True), tenant("t2", 8, can_borrow=True)]
+    snap = snapshot(nodes(2), running("old", ("n1", range(8)), tenant="t2", started=1.0),
+                    running("new", ("n2", range(8)), tenant="t2", started=2.0), tenants=quotas)
+    decisions = schedule(snap, [job("a", gpus=8, tenant="t1")])
+    assert decisions.preempt == {"new": "reclaimed: tenant t1 needs its quota (for job a)"}
+
+
+def test_a_borrowing_job_reclaims_nothing():
+    quotas = [tenant("t1", 8, can_borrow=True), tenant("t2", 8, can_borrow=True)]
+    snap = snapshot(nodes(3), running("mine", ("n1", range(8)), tenant="t1"),
+                    running("b1", ("n2", range(8)), tenant="t2"), running("b2", ("n3", range(8)), tenant="t2"),
+                    tenants=quotas)
+    decisions = schedule(snap, [job("a", gpus=8, tenant="t1")])
+    assert decisions.preempt == {}
+    assert decisions.waiting["a"].startswith("waiting: 1st in tenant queue; needs 8 GPUs on one node")
+
+
+def test_kueue_like_preempts_only_when_capacity_is_short_in_total():
+    snap = snapshot(nodes(2), running("x", ("n1", range(4)), priority="low"),
+                    running("y", ("n2", range(4)), priority="low"))
+    queue = [job("h", gpus=8, priority="high")]
+    assert schedule(snap, queue, Policy.kueue_like()).preempt == {}  # 8 GPUs are free, split in two
+    assert len(schedule(snap, queue, FULL).preempt) == 1
+
+
+# --- consolidation -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("small_ran_for, n2_used, policy, moved", [
+    (HOUR, 6, FULL, True),
+    (60.0, 6, FULL, False),  # just started: not moved
+    (HOUR, 8, FULL, False),  # it could not restart anywhere
+    (HOUR, 6, Policy.kueue_like(), False),
+])
+def test_a_small_job_is_moved_to_give_a_waiting_big_job_a_whole_node(small_ran_for, n2_used, policy, moved):
+    now = 10 * HOUR
+    snap = snapshot(nodes(2), running("small", ("n1", (0,)), started=now - small_ran_for),
+                    running("pinned", ("n2", range(n2_used)), preemptible=False), now=now)
+    decisions = schedule(snap, [job("big", gpus=8)], policy)
+    assert decisions.admitted == {}
+    if moved:
+        assert decisions.preempt == {"small": "moved: halted through its checkpoint to make room for job big; "
+                                              "restarts at once on free GPUs elsewhere"}
+        assert decisions.waiting["big"] == "waiting: 1st in tenant queue; for 1 GPU being freed by moving smaller jobs"
+    else:
+        assert decisions.preempt == {}
+
+
+# --- reasons and positions ------------------------------------------------------------------------------------
+def test_every_queued_job_gets_its_position_in_its_tenant_queue():
+    snap = snapshot([node()], running("r", ("n1", range(6)), tenant="t0", preemptible=False))
+    queue = [job(f"j{i}", gpus=4, tenant="t1" if i % 2 else "t2") for i in range(5)]
+    decisions = schedule(snap, queue)
+    assert decisions.position == {"j0": 1, "j2": 2, "j4": 3, "j1": 1, "j3": 2}
+    assert decisions.waiting["j4"].startswith("waiting: 3rd in tenant queue; needs 4 GPUs on one node")
+    assert all(reason.startswith("waiting: ") for reason in decisions.waiting.values())
+
+
+@pytest.mark.parametrize("queued, reason", [
+    (job("a", learners=2, gpus=4), "needs 2 learners × 4 GPUs each on one node; largest free block is 2"),
+    (job("a", gpus=16), "needs 16 GPUs with 64 CPUs and 256.0 GiB per learner; the cluster can never hold it "
+                        "(largest node has 8 GPUs)"),
+    (job("a", gpus=1, cpus=64), "needs 64 CPUs and 16.0 GiB memory on one node with 1 free GPUs; "
+                                "no node has that much free"),
+])
+def test_it_says_what_a_job_needs_and_what_is_free(queued, reason):
+    snap = snapshot([node()], running("r", ("n1", range(6)), cpus=1.0, preemptible=False))
+    assert schedule(snap, [queued]).waiting["a"] == f"waiting: 1st in tenant queue; {reason}"
+
+
+# --- bad input ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("busy, queue, message", [
+    ([running("a", ("n1", (0,))), running("b", ("n1", (0,)))], [], "job b: GPU 0 on node n1"),
+    ([running("a", ("n1", (9,)))], [], "job a: GPU 9 on node n1 is out of range"),
+    ([], [running("a", ("n1", (0,)))], "job a: a queued workload must have no placement"),
+    ([running("a", ("n1", (0,)))], [job("a")], "job a is both queued and running"),
+])
+def test_it_rejects_an_inconsistent_snapshot_naming_the_job(busy, queue, message):
+    with pytest.raises(SchedulingInputError, match=message):
+        schedule(snapshot([node()], *busy), queue)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"priority": "urgent"}, "priority must be one of"),
+    ({"learners": 0}, "learners must be an integer >= 1"),
+    ({"gpus": 0, "cpus": 0, "memory_gib": 0}, "asks for nothing"),
+    ({"gpus": -1}, "gpus must be a non-negative number"),
+])
+def test_it_rejects_a_bad_workload_naming_the_field(kwargs, message):
+    with pytest.raises(SchedulingInputError, match=message):
+        job("a", **kwargs)
+
+
+# --- the FfDL baseline: pod by pod ------------------------------------------------------------------------------
+def test_pod_by_pod_places_part_of_a_distributed_job_and_completes_it_later():
+    policy = Policy.fifo_spread()
+    decisions = schedule(snapshot(nodes(2), running("r", ("n2", range(8)))), [job("g", learners=2, gpus=8)], policy)
+    assert [p.node for p in decisions.admitted["g"]] == ["n1"]  # one learner placed, one pending
+    partial = running("g", ("n1", range(8)), learners=2, gpus=8)
+    decisions = schedule(snapshot(nodes(2), partial), [], policy)
+    assert [p.node for p in decisions.admitted["g"]] == ["n2"]
+
+
+def test_admitted_work_never_exceeds_free_capacity():
+    snap = snapshot(nodes(2), running("r", ("n1", range(5))), running("s", ("n2", range(7)), stopping=True))
+    decisions = schedule(snap, [job(f"j{i}", gpus=1 + i % 3) for i in range(10)])
+    for name, ids in gpus_in_use(decisions, snap).items():
+        assert len(ids) == len(set(ids)) <= 8, name

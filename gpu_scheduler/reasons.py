@@ -1,0 +1,55 @@
+"""How the scheduler words things for people: positions, resource amounts, why a job waits."""
+
+GIB = 2**30
+
+
+def ordinal(n):
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+_PREFIXES = {}
+
+
+def position_prefix(position):
+    prefix = _PREFIXES.get(position)
+    if prefix is None:
+        prefix = f"waiting: {ordinal(position)} in tenant queue; "
+        if len(_PREFIXES) < 100_000:
+            _PREFIXES[position] = prefix
+    return prefix
+
+
+def gib(memory_bytes):
+    return f"{memory_bytes / GIB:.1f} GiB"
+
+
+def gpus_text(count):
+    return "1 GPU" if count == 1 else f"{count} GPUs"
+
+
+def learners_of(learners, gpus):
+    """'4 GPUs' for one learner, '2 learners × 4 GPUs' for a distributed job."""
+    each = gpus_text(gpus)
+    return f"{learners} learners × {each}" if learners > 1 else each
+
+
+def amount(dimension, value):
+    if dimension == "memory_bytes":
+        return gib(value)
+    if dimension == "cpus":
+        return f"{value:g}"
+    return str(value)
+
+
+DIMENSION_LABEL = {"gpus": "GPU", "cpus": "CPU", "memory_bytes": "memory"}
+
+
+def quota_in_use(dimension, used, quota):
+    return f"tenant {DIMENSION_LABEL[dimension]} quota {amount(dimension, used)}/{amount(dimension, quota)} in use"
+
+
+def exceeds_quota(dimension, needed, quota):
+    return (f"needs {amount(dimension, needed)} {DIMENSION_LABEL[dimension]}s, more than the tenant "
+            f"{DIMENSION_LABEL[dimension]} quota of {amount(dimension, quota)}; it cannot start unless the "
+            f"tenant may borrow").replace("memorys", "memory")
