@@ -33,6 +33,10 @@ class Membership(models.Model):
     def can_submit(self):
         return self.role in (self.Role.ADMIN, self.Role.RESEARCHER)
 
+    @property
+    def is_admin(self):
+        return self.role == self.Role.ADMIN
+
 
 def hash_key(key):
     return hashlib.sha256(key.encode()).hexdigest()
@@ -64,3 +68,93 @@ class ApiToken(models.Model):
 
     def __str__(self):
         return f"{self.user} / {self.name} ({self.prefix}…)"
+
+
+class Quota(models.Model):
+    """What a tenant may hold at once and consume per period. An empty field means no limit.
+
+    `gpus`/`cpus`/`memory_bytes` are the tenant's guaranteed share of the pool; with `can_borrow`
+    its jobs may also run on capacity nobody else is using, and give it back (halted through their
+    checkpoint) when its owner needs it. GPU-/CPU-hour budgets count per `period`; over a `hard`
+    budget nothing new starts, over a `soft` one new jobs run only on idle capacity, at the lowest
+    priority, and yield to anyone.
+    """
+
+    class Period(models.TextChoices):
+        DAY = "day"
+        WEEK = "week"
+        MONTH = "month"
+
+    class BudgetMode(models.TextChoices):
+        HARD = "hard"
+        SOFT = "soft"
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
+    gpus = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs in use at once")
+    cpus = models.FloatField(null=True, blank=True, help_text="CPUs in use at once")
+    memory_bytes = models.BigIntegerField(null=True, blank=True, help_text="memory in use at once (bytes)")
+    jobs = models.PositiveIntegerField(null=True, blank=True, help_text="jobs running at once")
+    gpus_per_user = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs one member may hold at once")
+    gpu_hours = models.FloatField(null=True, blank=True, help_text="GPU-hours per period")
+    cpu_hours = models.FloatField(null=True, blank=True, help_text="CPU-hours per period")
+    period = models.CharField(max_length=10, choices=Period.choices, default=Period.MONTH)
+    budget_mode = models.CharField(max_length=10, choices=BudgetMode.choices, default=BudgetMode.HARD)
+    can_borrow = models.BooleanField(default=False, help_text="may use idle capacity beyond its GPU/CPU/memory quota")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    LIMITS = ("gpus", "cpus", "memory_bytes", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours")
+
+    def __str__(self):
+        return f"quota of {self.tenant}"
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in (*self.LIMITS, "period", "budget_mode", "can_borrow")}
+
+
+class UsageRecord(models.Model):
+    """Resources one job attempt held, from admission to release (one row per attempt).
+
+    Written by jobs.states.transition() in the same transaction as the status change, so usage and
+    job history never disagree; `ended_at` is empty while the attempt still holds its resources.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage_records")
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="usage_records")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="usage_records")
+    attempt = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField()  # all learners together
+    cpus = models.FloatField()
+    memory_bytes = models.BigIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "attempt"], name="one_usage_record_per_attempt")]
+        indexes = [models.Index(fields=["tenant", "ended_at"], name="usage_tenant_open"),
+                   models.Index(fields=["tenant", "started_at"], name="usage_tenant_started")]
+
+    def seconds_within(self, start, end, now):
+        """Seconds this record held its resources inside [start, end)."""
+        begin = max(self.started_at, start)
+        finish = min(self.ended_at or now, end)
+        return max(0.0, (finish - begin).total_seconds())
+
+
+class AuditEntry(models.Model):
+    """Who changed a quota, a membership or a token, when, and what it was before and after."""
+
+    time = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.CharField(max_length=200)  # username, or "command:<name>" for manage.py commands
+    action = models.CharField(max_length=20)  # created | changed | deleted
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit")
+    target_type = models.CharField(max_length=40)  # quota | membership | token
+    target = models.CharField(max_length=200)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-time", "-id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self):
+        return f"{self.time:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type} {self.target}"

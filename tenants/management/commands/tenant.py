@@ -2,12 +2,18 @@
 
 Idempotent: running the same command twice leaves the same state and says so.
 """
+import argparse
+import getpass
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils.text import slugify
 
-from tenants.models import Membership, Tenant
+from jobs.manifest import ManifestError, parse_memory
+from tenants import quotas
+from tenants.audit import acting_as
+from tenants.models import Membership, Quota, Tenant
 
 
 class Command(BaseCommand):
@@ -18,10 +24,17 @@ class Command(BaseCommand):
         create = sub.add_parser("create", help="create a tenant (or update its name)")
         create.add_argument("slug")
         create.add_argument("--name", default="")
-        for flag in ("--gpus", "--cpus", "--memory", "--jobs", "--gpu-hours"):
-            # Accepted now so scripts written against SPEC §1 work; quotas are enforced by the
-            # tenants/quotas issue.
-            create.add_argument(flag, default=None)
+        create.add_argument("--gpus", type=int, help="GPUs in use at once")
+        create.add_argument("--cpus", type=float, help="CPUs in use at once")
+        create.add_argument("--memory", help="memory in use at once, e.g. 64GiB")
+        create.add_argument("--jobs", type=int, help="jobs running at once")
+        create.add_argument("--gpus-per-user", type=int, help="GPUs one member may hold at once")
+        create.add_argument("--gpu-hours", type=float, help="GPU-hours per period")
+        create.add_argument("--cpu-hours", type=float, help="CPU-hours per period")
+        create.add_argument("--period", choices=[p.value for p in Quota.Period])
+        create.add_argument("--budget-mode", choices=[m.value for m in Quota.BudgetMode])
+        create.add_argument("--can-borrow", action=argparse.BooleanOptionalAction, default=None,
+                            help="may use idle capacity beyond its quota (preemptible)")
         adduser = sub.add_parser("adduser", help="add a user to a tenant (creating the user if needed)")
         adduser.add_argument("slug")
         adduser.add_argument("username")
@@ -30,13 +43,29 @@ class Command(BaseCommand):
         adduser.add_argument("--email", default="")
 
     def handle(self, *args, action, **options):
-        if action == "create":
-            self.create(options["slug"], options["name"])
-        else:
-            self.adduser(options["slug"], options["username"], options["role"], options["password"],
-                         options["email"])
+        with acting_as(f"command:tenant {action} ({getpass.getuser()})"):
+            if action == "create":
+                self.create(options["slug"], options["name"], self.quota_options(options))
+            else:
+                self.adduser(options["slug"], options["username"], options["role"], options["password"],
+                             options["email"])
 
-    def create(self, slug, name):
+    @staticmethod
+    def quota_options(options):
+        limits = {name: options[name] for name in ("gpus", "cpus", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours",
+                                                   "period", "budget_mode", "can_borrow") if options[name] is not None}
+        if options["memory"] is not None:
+            try:
+                limits["memory_bytes"] = parse_memory(options["memory"], "--memory")
+            except ManifestError as exc:
+                raise CommandError(str(exc)) from None
+        for name, value in limits.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise CommandError(f"--{name.replace('_', '-')} must not be negative")
+        return limits
+
+    @transaction.atomic
+    def create(self, slug, name, limits):
         if slugify(slug) != slug:
             raise CommandError(f"{slug!r} is not a valid slug (lowercase letters, digits, hyphens)")
         tenant, created = Tenant.objects.get_or_create(slug=slug, defaults={"name": name or slug})
@@ -44,6 +73,10 @@ class Command(BaseCommand):
             tenant.name = name
             tenant.save(update_fields=["name"])
         self.stdout.write(f"tenant {slug} {'created' if created else 'exists'}")
+        if limits:
+            quota = quotas.set_quota(tenant, **limits)
+            shown = ", ".join(f"{k}={v}" for k, v in quota.as_dict().items() if v is not None)
+            self.stdout.write(f"quota of {slug}: {shown}")
 
     @transaction.atomic
     def adduser(self, slug, username, role, password, email):

@@ -1,7 +1,10 @@
 """`manage.py token create USERNAME [--name NAME]` prints only the new key (for scripts)."""
+import getpass
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from tenants.audit import acting_as
 from tenants.models import ApiToken
 
 
@@ -18,5 +21,6 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user {username!r}")
-        _, key = ApiToken.issue(user, name=name)
+        with acting_as(f"command:token {action} ({getpass.getuser()})"):
+            _, key = ApiToken.issue(user, name=name)
         self.stdout.write(key)

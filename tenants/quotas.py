@@ -1,0 +1,189 @@
+"""Quotas and usage: what each tenant holds now, what it consumed this period, and what the
+scheduler may still give it.
+
+Usage comes from the job state machine: an attempt starts holding its resources when it is
+admitted (QUEUED → PENDING) and stops when it releases them (a final state, HALTED, or back to
+QUEUED for a retry). jobs.states.transition() calls `on_transition()` inside the same transaction
+as the status change, so accounting is exact to the second and never disagrees with job history.
+"""
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.signals import post_save
+from django.utils import timezone
+
+from tenants.models import Quota, UsageRecord
+
+HOURS = 3600.0
+HISTORY_PERIODS = 6
+
+
+# --- accounting ----------------------------------------------------------------------------------
+def on_transition(job, *, holding_before, holding_after, when):
+    """Open a usage record when an attempt starts holding resources, close it when it lets go."""
+    if holding_after and not holding_before:
+        UsageRecord.objects.get_or_create(job=job, attempt=job.attempt, defaults={
+            "tenant_id": job.tenant_id, "user_id": job.owner_id, "gpus": job.gpus * job.learners,
+            "cpus": job.cpus * job.learners, "memory_bytes": job.memory_bytes * job.learners, "started_at": when})
+    elif holding_before and not holding_after:
+        UsageRecord.objects.filter(job=job, ended_at__isnull=True).update(ended_at=when)
+
+
+def job_usage(job, now=None):
+    """What a job has consumed over all its attempts: GPU-hours, CPU-hours, seconds holding resources."""
+    now = now or timezone.now()
+    gpu_s = cpu_s = held_s = 0.0
+    for record in UsageRecord.objects.filter(job=job).only("gpus", "cpus", "started_at", "ended_at"):
+        seconds = max(0.0, ((record.ended_at or now) - record.started_at).total_seconds())
+        held_s += seconds
+        gpu_s += record.gpus * seconds
+        cpu_s += record.cpus * seconds
+    return {"gpu_hours": round(gpu_s / HOURS, 4), "cpu_hours": round(cpu_s / HOURS, 4), "seconds": round(held_s, 1)}
+
+
+# --- periods -------------------------------------------------------------------------------------
+def period_bounds(period, now):
+    """[start, end) of the budget period containing `now`, in the platform's time zone."""
+    local = timezone.localtime(now)
+    day = local.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == Quota.Period.DAY:
+        return day, day + timedelta(days=1)
+    if period == Quota.Period.WEEK:
+        start = day - timedelta(days=day.weekday())
+        return start, start + timedelta(days=7)
+    start = day.replace(day=1)
+    return start, _next_month(start)
+
+
+def _next_month(start):
+    return start.replace(year=start.year + (start.month == 12), month=start.month % 12 + 1)
+
+
+def _previous_start(period, start):
+    if period == Quota.Period.DAY:
+        return start - timedelta(days=1)
+    if period == Quota.Period.WEEK:
+        return start - timedelta(days=7)
+    return (start - timedelta(days=1)).replace(day=1)
+
+
+# --- what a tenant uses --------------------------------------------------------------------------
+@dataclass
+class Usage:
+    gpus: int = 0
+    cpus: float = 0.0
+    memory_bytes: int = 0
+    jobs: int = 0
+    gpu_hours: float = 0.0
+    cpu_hours: float = 0.0
+    gpus_by_user: dict = field(default_factory=dict)  # user id -> GPUs held now
+    period_start: datetime | None = None
+    period_end: datetime | None = None
+
+
+def consumed(tenant_id, start, end, now):
+    """(GPU-hours, CPU-hours) the tenant's attempts held inside [start, end)."""
+    records = UsageRecord.objects.filter(tenant_id=tenant_id, started_at__lt=end).filter(
+        Q(ended_at__isnull=True) | Q(ended_at__gt=start)).only("gpus", "cpus", "started_at", "ended_at")
+    gpu_s = cpu_s = 0.0
+    for record in records:
+        seconds = record.seconds_within(start, end, now)
+        gpu_s += record.gpus * seconds
+        cpu_s += record.cpus * seconds
+    return gpu_s / HOURS, cpu_s / HOURS
+
+
+def usage_of(tenant, now=None, quota=None):
+    now = now or timezone.now()
+    quota = quota if quota is not None else quota_of(tenant)
+    start, end = period_bounds(quota.period if quota else Quota.Period.MONTH, now)
+    usage = Usage(period_start=start, period_end=end)
+    for record in UsageRecord.objects.filter(tenant=tenant, ended_at__isnull=True):
+        usage.gpus += record.gpus
+        usage.cpus += record.cpus
+        usage.memory_bytes += record.memory_bytes
+        usage.jobs += 1
+        usage.gpus_by_user[record.user_id] = usage.gpus_by_user.get(record.user_id, 0) + record.gpus
+    usage.gpu_hours, usage.cpu_hours = consumed(tenant.pk, start, end, now)
+    return usage
+
+
+def history(tenant, quota=None, now=None, periods=HISTORY_PERIODS):
+    """GPU- and CPU-hours per period, newest first, this period included."""
+    now = now or timezone.now()
+    period = quota.period if quota else Quota.Period.MONTH
+    start, end = period_bounds(period, now)
+    rows = []
+    for _ in range(periods):
+        gpu_h, cpu_h = consumed(tenant.pk, start, end, now)
+        rows.append({"period_start": start.isoformat(), "gpu_hours": round(gpu_h, 4), "cpu_hours": round(cpu_h, 4)})
+        start, end = _previous_start(period, start), start
+    return rows
+
+
+def quota_of(tenant):
+    return Quota.objects.filter(tenant=tenant).first()
+
+
+def budget_state(quota, usage):
+    """("ok" | "hard_exceeded" | "soft_exceeded", reason) for the period's GPU-/CPU-hour budgets."""
+    if quota is None:
+        return "ok", ""
+    period = {"day": "today", "week": "this week", "month": "this month"}[quota.period]
+    for name, limit, used in (("GPU-hours", quota.gpu_hours, usage.gpu_hours),
+                              ("CPU-hours", quota.cpu_hours, usage.cpu_hours)):
+        if limit is not None and used >= limit:
+            state = "soft_exceeded" if quota.budget_mode == Quota.BudgetMode.SOFT else "hard_exceeded"
+            kind = "soft " if state == "soft_exceeded" else ""
+            return state, f"tenant {kind}{name} budget {used:.2f}/{limit:g} h used {period}"
+    return "ok", ""
+
+
+# --- quota changes take effect at once -----------------------------------------------------------
+def _reschedule_on_quota_change(sender, instance, **kwargs):
+    from jobs.actions import enqueue
+    enqueue("schedule")
+
+
+post_save.connect(_reschedule_on_quota_change, sender=Quota, dispatch_uid="quota-change-reschedules")
+
+
+def set_quota(tenant, **limits):
+    """Create or change a tenant's quota (fields as in Quota); unknown names are refused."""
+    unknown = set(limits) - set(Quota.LIMITS) - {"period", "budget_mode", "can_borrow"}
+    if unknown:
+        raise ValueError(f"unknown quota field(s): {', '.join(sorted(unknown))}")
+    with transaction.atomic():
+        quota = Quota.objects.select_for_update().filter(tenant=tenant).first() or Quota(tenant=tenant)
+        for name, value in limits.items():
+            setattr(quota, name, value)
+        quota.full_clean()
+        quota.save()
+    return quota
+
+
+# --- the summary shown by the API, the CLI, the tenant page and the admin console ----------------
+def summary(tenant, *, user=None, now=None):
+    from jobs.models import Job, Status
+
+    now = now or timezone.now()
+    quota = quota_of(tenant)
+    usage = usage_of(tenant, now, quota)
+    state, reason = budget_state(quota, usage)
+    queued = Job.objects.filter(tenant=tenant, status=Status.QUEUED).only("gpus", "learners")
+    limits = quota.as_dict() if quota else dict.fromkeys(Quota.LIMITS, None) | {
+        "period": Quota.Period.MONTH, "budget_mode": Quota.BudgetMode.HARD, "can_borrow": False}
+    body = {
+        "quota": limits,
+        "usage": {"gpus": usage.gpus, "cpus": usage.cpus, "memory_bytes": usage.memory_bytes, "jobs": usage.jobs,
+                  "gpu_hours": round(usage.gpu_hours, 4), "cpu_hours": round(usage.cpu_hours, 4),
+                  "period_start": usage.period_start.isoformat(), "period_end": usage.period_end.isoformat()},
+        "budget": {"state": state, "reason": reason},
+        "queued": {"jobs": len(queued), "gpus": sum(j.gpus * j.learners for j in queued)},
+        "history": history(tenant, quota, now),
+    }
+    if user is not None:
+        body["usage"]["my_gpus"] = usage.gpus_by_user.get(user.pk, 0)
+    return body

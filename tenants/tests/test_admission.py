@@ -1,0 +1,155 @@
+"""Admission against quotas: jobs over a quota wait in QUEUED with the reason, budgets per period,
+soft limits, quota changes taking effect at once — and exactly N admitted under real concurrency."""
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from conftest import skip_or_fail
+from jobs import actions, admission
+from jobs.models import Job, Status
+from jobs.tests.builders import job, member, tar_gz, upload
+from tenants import quotas
+from tenants.models import UsageRecord
+
+pytestmark = pytest.mark.django_db
+SMALL_JOB = b"name: small\ncpus: 0.5\nmemory: 256MiB\nframework: {name: custom, command: sh run.sh}\n"
+CODE = tar_gz({"run.sh": b"echo hi\n"})
+
+
+def statuses(*jobs):
+    return [Job.objects.get(pk=j.pk).status for j in jobs]
+
+
+def reason(j):
+    return Job.objects.get(pk=j.pk).wait_reason
+
+
+def test_a_job_over_the_tenant_gpu_quota_waits_with_the_reason(cluster, sent):
+    cluster(gpus=8)
+    alice = member()
+    quotas.set_quota(alice.tenant, gpus=2)
+    first, second = job(alice, gpus=2), job(alice, gpus=1)
+    admission.run_cycle()
+    assert statuses(first, second) == [Status.PENDING, Status.QUEUED]
+    assert "tenant GPU quota 2/2 in use" in reason(second)
+    assert ("deploy_job", (first.id, 1)) in sent
+
+
+def test_concurrent_jobs_and_per_user_caps(cluster, sent):
+    cluster(gpus=8)
+    alice, bob = member("team-a", "alice"), member("team-a", "bob")
+    quotas.set_quota(alice.tenant, jobs=2, gpus_per_user=1)
+    a1, a2, b1, b2 = job(alice, gpus=1), job(alice, gpus=1), job(bob, gpus=1), job(bob, gpus=0)
+    admission.run_cycle()
+    assert statuses(a1, a2, b1, b2) == [Status.PENDING, Status.QUEUED, Status.PENDING, Status.QUEUED]
+    assert "user GPU cap 1/1" in reason(a2)
+    assert "concurrent jobs 2/2" in reason(b2)
+
+
+def test_raising_a_quota_admits_the_waiting_job(cluster, sent):
+    cluster(gpus=8)
+    alice = member()
+    quotas.set_quota(alice.tenant, gpus=1)
+    running, waiting = job(alice, gpus=1), job(alice, gpus=1)
+    admission.run_cycle()
+    assert statuses(waiting) == [Status.QUEUED]
+    sent.clear()
+    quotas.set_quota(alice.tenant, gpus=2)
+    assert ("schedule", ()) in sent  # the change re-runs the scheduler on its own
+    admission.run_cycle()
+    assert statuses(running, waiting) == [Status.PENDING, Status.PENDING]
+
+
+def used_gpu_minutes(membership, minutes):
+    done = job(membership, status=Status.COMPLETED)
+    now = timezone.now()
+    return UsageRecord.objects.create(tenant=membership.tenant, job=done, user=membership.user, attempt=1, gpus=1,
+                                      cpus=1, memory_bytes=0, started_at=now - timedelta(minutes=minutes),
+                                      ended_at=now)
+
+
+def test_a_spent_gpu_hour_budget_queues_the_next_job_with_the_reason(cluster, sent):
+    cluster(gpus=4)
+    alice = member()
+    quotas.set_quota(alice.tenant, gpu_hours=1)
+    spent = used_gpu_minutes(alice, 59)
+    first = job(alice, gpus=1)
+    admission.run_cycle()
+    assert statuses(first) == [Status.PENDING]  # 59 of 60 minutes used: still allowed
+    spent.started_at -= timedelta(minutes=2)  # usage passes the limit
+    spent.save()
+    second = job(alice, gpus=1)
+    admission.run_cycle()
+    assert statuses(second) == [Status.QUEUED]
+    assert "GPU-hours budget" in reason(second) and "/1 h used this month" in reason(second)
+
+
+@pytest.mark.parametrize("mode, outcome", [("soft", Status.PENDING), ("hard", Status.QUEUED)])
+def test_over_budget_on_an_idle_cluster_a_soft_limit_still_runs_and_a_hard_one_holds(cluster, sent, mode, outcome):
+    cluster(gpus=4)
+    alice = member()
+    quotas.set_quota(alice.tenant, gpu_hours=1, budget_mode=mode)
+    used_gpu_minutes(alice, 120)
+    over = job(alice, gpus=1)
+    admission.run_cycle()
+    assert statuses(over) == [outcome]
+
+
+def test_a_higher_priority_job_preempts_through_a_halt(cluster, sent):
+    cluster(gpus=4)
+    alice = member()
+    low = [job(alice, gpus=1, priority="low") for _ in range(4)]
+    admission.run_cycle()
+    high = job(alice, gpus=1, priority="high")
+    admission.run_cycle()
+    after = statuses(*low)
+    assert after.count(Status.HALTING) == 1 and after.count(Status.PENDING) == 3
+    victim = Job.objects.get(status=Status.HALTING)
+    assert victim.preempted_reason and ("halt_learners", (victim.id, 1)) in sent
+    assert statuses(high) == [Status.QUEUED]  # waits until the victim has let go
+    admission.run_cycle()
+    assert Job.objects.filter(status=Status.HALTING).count() == 1  # no second victim for the same job
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_hundred_concurrent_submissions_admit_exactly_the_quota(cluster, sent, monkeypatch):
+    """200 submissions, each followed by its own scheduling cycle, from 50 connections at once
+    (PostgreSQL's default limit is 100 connections), released together by a barrier."""
+    if connection.vendor != "postgresql":
+        skip_or_fail("the concurrency test needs PostgreSQL (set DATABASE_URL)")
+    monkeypatch.setattr("jobs.live._send", lambda groups, message: None)  # no channel layer in this test
+    cluster(gpus=0, nodes=4, cpus=1000.0)
+    alice = member()
+    quotas.set_quota(alice.tenant, jobs=10)
+    connections_at_once, submissions = 50, 200
+    start = threading.Barrier(connections_at_once)
+    errors = []
+
+    def submit_and_schedule(count):
+        try:
+            start.wait()
+            for _ in range(count):
+                actions.submit(alice, manifest_bytes=SMALL_JOB, code_file=upload(CODE))
+                admission.run_cycle()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    share = submissions // connections_at_once
+    threads = [threading.Thread(target=submit_and_schedule, args=(share,)) for _ in range(connections_at_once)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert Job.objects.count() == submissions
+    assert Job.objects.filter(status=Status.PENDING).count() == 10
+    assert UsageRecord.objects.filter(ended_at__isnull=True).count() == 10
+    admission.run_cycle()
+    waiting = set(Job.objects.filter(status=Status.QUEUED).values_list("wait_reason", flat=True))
+    assert len(waiting) and all("concurrent jobs 10/10" in r for r in waiting)

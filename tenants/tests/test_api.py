@@ -1,0 +1,134 @@
+"""Tenancy over REST: the current tenant's quota and usage, members, quotas, tokens — who may do
+what, what outsiders get (404 and no data), and the audit log of every change."""
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from jobs.tests.builders import client_for, member
+from tenants import quotas
+from tenants.models import ApiToken, AuditEntry, Membership
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def platform_admin():
+    return get_user_model().objects.create_superuser("root", "root@example.org", "pw")
+
+
+def test_current_tenant_shows_quota_usage_and_queue():
+    alice = member("team-a", "alice")
+    quotas.set_quota(alice.tenant, gpus=8, gpu_hours=100, budget_mode="soft")
+    body = client_for(alice).get("/api/v1/tenants/current/").json()
+    assert body["tenant"]["slug"] == "team-a" and body["role"] == "researcher"
+    assert body["quota"]["gpus"] == 8 and body["quota"]["budget_mode"] == "soft" and body["quota"]["jobs"] is None
+    assert body["usage"]["gpus"] == 0 and body["usage"]["gpu_hours"] == 0 and body["queued"]["jobs"] == 0
+    assert body["usage"]["period_start"].startswith(body["history"][0]["period_start"][:10])
+
+
+def test_only_platform_admins_change_quotas(platform_admin, django_capture_on_commit_callbacks):
+    admin = member("team-a", "ada", role="admin")
+    researcher = member("team-a", "alice")
+    for membership in (admin, researcher):
+        response = client_for(membership).patch("/api/v1/tenants/team-a/quota/", {"gpus": 99}, format="json")
+        assert response.status_code == 403, response.content
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = client_for(platform_admin).patch("/api/v1/tenants/team-a/quota/", {"gpus": 4, "jobs": 2},
+                                                    format="json")
+    assert response.status_code == 200 and response.json()["gpus"] == 4
+    assert len(callbacks) == 1  # the scheduler re-runs at once for the tenant's queued jobs
+    entry = AuditEntry.objects.get(target_type="quota")
+    assert (entry.actor, entry.action, entry.before, entry.after["gpus"]) == ("root", "created", None, 4)
+
+
+def test_a_quota_must_be_sane(platform_admin):
+    member("team-a", "alice")
+    response = client_for(platform_admin).patch("/api/v1/tenants/team-a/quota/", {"gpus": -1}, format="json")
+    assert response.status_code == 400 and "gpus" in response.json()
+
+
+def test_another_tenants_quota_is_not_found():
+    member("team-a", "alice")
+    bob = member("team-b", "bob", role="admin")
+    assert client_for(bob).get("/api/v1/tenants/team-a/quota/").status_code == 404
+    assert client_for(bob).patch("/api/v1/tenants/team-a/quota/", {"gpus": 1}, format="json").status_code == 404
+
+
+def test_tenant_admins_manage_their_members_and_researchers_cannot():
+    admin = member("team-a", "ada", role="admin")
+    researcher = member("team-a", "alice")
+    get_user_model().objects.create_user("newbie")
+    refused = client_for(researcher).post("/api/v1/tenants/current/members/", {"username": "newbie"}, format="json")
+    assert refused.status_code == 403
+    added = client_for(admin).post("/api/v1/tenants/current/members/", {"username": "newbie", "role": "viewer"},
+                                   format="json")
+    assert added.status_code == 201 and added.json()["role"] == "viewer"
+    changed = client_for(admin).patch("/api/v1/tenants/current/members/newbie/", {"role": "researcher"},
+                                      format="json")
+    assert changed.json()["role"] == "researcher"
+    assert client_for(admin).delete("/api/v1/tenants/current/members/newbie/").status_code == 204
+    names = [m["username"] for m in client_for(researcher).get("/api/v1/tenants/current/members/").json()["results"]]
+    assert names == ["ada", "alice"]
+    log = list(AuditEntry.objects.filter(target_type="membership", target="newbie@team-a").order_by("time", "id")
+               .values_list("actor", "action", "after"))
+    assert log == [("ada", "created", {"user": "newbie", "role": "viewer"}),
+                   ("ada", "changed", {"user": "newbie", "role": "researcher"}), ("ada", "deleted", None)]
+
+
+def test_the_last_admin_cannot_leave():
+    admin = member("team-a", "ada", role="admin")
+    response = client_for(admin).delete("/api/v1/tenants/current/members/ada/")
+    assert response.status_code == 400 and "last admin" in str(response.json())
+    assert Membership.objects.filter(user=admin.user).exists()
+
+
+def test_members_of_another_tenant_are_not_found():
+    member("team-a", "alice")
+    bob = member("team-b", "bob", role="admin")
+    assert client_for(bob).delete("/api/v1/tenants/current/members/alice/").status_code == 404
+    assert client_for(bob).patch("/api/v1/tenants/current/members/alice/", {"role": "viewer"},
+                                 format="json").status_code == 404
+    assert Membership.objects.filter(user__username="alice").exists()
+
+
+def test_users_create_list_and_revoke_their_tokens():
+    alice = member("team-a", "alice")
+    client = client_for(alice)
+    created = client.post("/api/v1/tokens/", {"name": "laptop"}, format="json").json()
+    assert created["key"].startswith("ty_") and created["name"] == "laptop"
+    listed = client.get("/api/v1/tokens/").json()["results"]
+    assert "key" not in listed[0] and {t["name"] for t in listed} == {"default", "laptop"}
+    assert client.delete(f"/api/v1/tokens/{created['id']}/").json()["revoked_at"]
+    revoked = APIClient()
+    revoked.credentials(HTTP_AUTHORIZATION=f"Token {created['key']}")
+    assert revoked.get("/api/v1/jobs/").status_code == 401
+    assert AuditEntry.objects.filter(target_type="token", action="changed", actor="alice").exists()
+
+
+def test_a_token_needs_a_name():
+    response = client_for(member()).post("/api/v1/tokens/", {"name": " "}, format="json")
+    assert response.status_code == 400 and response.json()["field"] == "name"
+
+
+def test_another_users_token_is_not_found():
+    alice, bob = member("team-a", "alice"), member("team-a", "bob")
+    theirs, _ = ApiToken.issue(alice.user, "ci")
+    assert client_for(bob).delete(f"/api/v1/tokens/{theirs.pk}/").status_code == 404
+    theirs.refresh_from_db()
+    assert theirs.revoked_at is None
+    assert "ci" not in str(client_for(bob).get("/api/v1/tokens/").json())
+
+
+def test_platform_admins_act_in_any_tenant(platform_admin):
+    member("team-a", "alice")
+    client = client_for(platform_admin)
+    body = client.get("/api/v1/tenants/current/", HTTP_X_TRAINYARD_TENANT="team-a").json()
+    assert body["tenant"]["slug"] == "team-a" and body["role"] == "admin"
+
+
+def test_the_audit_log_names_the_command_that_changed_a_quota():
+    from django.core.management import call_command
+    member("team-a", "alice")
+    call_command("tenant", "create", "team-a", "--gpus", "2")
+    entry = AuditEntry.objects.get(target_type="quota")
+    assert entry.actor.startswith("command:tenant create") and entry.after["gpus"] == 2

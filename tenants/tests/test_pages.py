@@ -1,0 +1,56 @@
+"""The members and tokens pages of the portal."""
+import pytest
+from django.contrib.auth import get_user_model
+
+from jobs.tests.builders import logged_in, member
+from tenants.models import ApiToken, AuditEntry, Membership
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_tenant_admin_adds_changes_and_removes_members():
+    ada = member("team-a", "ada", role="admin")
+    get_user_model().objects.create_user("newbie")
+    page = logged_in(ada)
+    page.post("/tenant/members/", {"action": "add", "username": "newbie", "role": "viewer"})
+    assert Membership.objects.get(user__username="newbie").role == "viewer"
+    page.post("/tenant/members/", {"action": "role", "username": "newbie", "role": "researcher"})
+    assert Membership.objects.get(user__username="newbie").role == "researcher"
+    html = page.get("/tenant/members/").content.decode()
+    assert "newbie" in html and "Add a member" in html
+    page.post("/tenant/members/", {"action": "remove", "username": "newbie"})
+    assert not Membership.objects.filter(user__username="newbie").exists()
+    assert AuditEntry.objects.filter(target="newbie@team-a", actor="ada").count() == 3
+
+
+def test_researchers_see_members_but_cannot_change_them():
+    member("team-a", "ada", role="admin")
+    alice = member("team-a", "alice")
+    get_user_model().objects.create_user("newbie")
+    page = logged_in(alice)
+    assert "Add a member" not in page.get("/tenant/members/").content.decode()
+    page.post("/tenant/members/", {"action": "add", "username": "newbie"})
+    page.post("/tenant/members/", {"action": "role", "username": "ada", "role": "viewer"})
+    assert not Membership.objects.filter(user__username="newbie").exists()
+    assert Membership.objects.get(user__username="ada").role == "admin"
+
+
+def test_the_last_admin_stays_admin():
+    ada = member("team-a", "ada", role="admin")
+    logged_in(ada).post("/tenant/members/", {"action": "role", "username": "ada", "role": "viewer"})
+    assert Membership.objects.get(user__username="ada").role == "admin"
+
+
+def test_tokens_page_shows_a_new_key_once_and_revokes():
+    alice = member("team-a", "alice")
+    page = logged_in(alice)
+    created = page.post("/account/tokens/", {"action": "create", "name": "laptop"}).content.decode()
+    token = ApiToken.objects.get(user=alice.user, name="laptop")
+    assert f"ty_{token.prefix}" in created and 'data-testid="new-token"' in created
+    assert 'data-testid="new-token"' not in page.get("/account/tokens/").content.decode()
+    other = ApiToken.issue(member("team-a", "bob").user, "theirs")[0]
+    page.post("/account/tokens/", {"action": "revoke", "token": other.pk})
+    page.post("/account/tokens/", {"action": "revoke", "token": token.pk})
+    other.refresh_from_db()
+    token.refresh_from_db()
+    assert other.revoked_at is None and token.revoked_at is not None
