@@ -1,0 +1,108 @@
+"""Admission: feed the queue, the running jobs, the tenants' quotas and the backend's capacity into
+gpu_scheduler's pure core, then carry out what it decides — admit (QUEUED → PENDING, deploy),
+preempt (halt through the checkpoint, then back to QUEUED), or say why a job waits.
+
+A cycle is one transaction that holds the cluster-wide admission lock while it reads and decides,
+so two cycles racing (two workers, a submit racing a finish) run one after the other and the second
+sees the first's admissions: quotas hold whatever the interleaving. On PostgreSQL that lock is a
+transaction-scoped advisory lock; SQLite already lets only one writer in at a time.
+"""
+import logging
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+import gpu_scheduler as scheduler
+from jobs.backends import get_backend
+from jobs.models import Job, Status
+from jobs.states import ACTIVE, transition
+from tenants import quotas
+from tenants.models import Tenant
+
+log = logging.getLogger(__name__)
+ACTOR = "scheduler"
+ADMISSION_LOCK_KEY = 0x7472_6169  # any constant shared by every Trainyard process ("trai")
+NO_LIMIT_GPUS = 10**9
+NO_LIMIT_BYTES = 2**62
+
+
+def run_cycle():
+    """One scheduling cycle; returns the ids of the jobs it admitted."""
+    nodes = tuple(get_backend().capacity().nodes)  # before the lock: may be a network call
+    with transaction.atomic():
+        _take_admission_lock()
+        queued = list(Job.objects.filter(status=Status.QUEUED).select_related("owner").order_by("created_at"))
+        if not queued:
+            return []
+        running = list(Job.objects.filter(status__in=ACTIVE).select_related("owner"))
+        tenants = _policies({job.tenant_id for job in queued + running})
+        snapshot = scheduler.Snapshot(nodes=nodes, tenants={p.name: p for p in tenants.values()},
+                                      running=tuple(_workload(job, tenants) for job in running),
+                                      now=timezone.now().timestamp())
+        decisions = scheduler.schedule(snapshot, [_workload(job, tenants) for job in queued])
+        by_id = {job.id: job for job in queued + running}
+        for job_id, reason in decisions.preempt.items():
+            _preempt(by_id[job_id], reason)
+        admitted = [job_id for job_id, placement in decisions.admitted.items() if _admit(by_id[job_id], placement)]
+        for job_id, reason in decisions.waiting.items():
+            if by_id[job_id].wait_reason != reason:
+                Job.objects.filter(pk=job_id, status=Status.QUEUED).update(wait_reason=reason)
+    return admitted
+
+
+def _take_admission_lock():
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADMISSION_LOCK_KEY])
+
+
+def _policies(tenant_ids):
+    """The scheduler's view of each tenant: its quota and whether its budget is spent."""
+    now = timezone.now()
+    policies = {}
+    for tenant in Tenant.objects.filter(pk__in=tenant_ids):
+        quota = quotas.quota_of(tenant)
+        if quota is None:
+            policies[tenant.pk] = scheduler.TenantPolicy(tenant.slug)
+            continue
+        budget, reason = quotas.budget_state(quota, quotas.usage_of(tenant, now, quota))
+        limited = any(v is not None for v in (quota.gpus, quota.cpus, quota.memory_bytes))
+        nominal = scheduler.Resources(
+            gpus=NO_LIMIT_GPUS if quota.gpus is None else quota.gpus,
+            cpus=float("inf") if quota.cpus is None else quota.cpus,
+            memory_bytes=NO_LIMIT_BYTES if quota.memory_bytes is None else quota.memory_bytes) if limited else None
+        policies[tenant.pk] = scheduler.TenantPolicy(
+            tenant.slug, quota=nominal, max_jobs=quota.jobs, max_gpus_per_user=quota.gpus_per_user,
+            can_borrow=quota.can_borrow, budget=budget, budget_reason=reason)
+    return policies
+
+
+def _workload(job, tenants):
+    return scheduler.Workload(
+        job_id=job.id, tenant=tenants[job.tenant_id].name, user=job.owner.username, learners=job.learners,
+        per_learner=scheduler.Resources(job.gpus, job.cpus, job.memory_bytes), priority=job.priority,
+        order=int(job.created_at.timestamp() * 1_000_000),
+        placement=tuple(scheduler.Placement(p["node"], tuple(p["gpu_ids"])) for p in job.placement),
+        stopping=job.status == Status.HALTING or bool(job.preempted_reason),
+        started=job.admitted_at.timestamp() if job.admitted_at else 0.0,
+        # A queued job's last transition put it in the queue (wait-reason updates leave updated_at alone).
+        queued_at=job.updated_at.timestamp() if job.status == Status.QUEUED else None)
+
+
+def _admit(job, placement):
+    moved = transition(job.id, Status.PENDING, actor=ACTOR, reason="admitted", attempt=job.attempt,
+                       placement=[{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in placement], wait_reason="")
+    if moved:
+        from jobs.actions import enqueue
+        enqueue("deploy_job", moved.id, moved.attempt)
+    return moved is not None
+
+
+def _preempt(job, reason):
+    """Halt a running job through its checkpoint to make room; it is queued again once halted."""
+    from jobs.actions import enqueue
+    moved = transition(job.id, Status.HALTING, actor=ACTOR, reason=f"preempted: {reason}", attempt=job.attempt,
+                       preempted_reason=reason)
+    if moved:
+        log.info("%s: preempted (%s)", job.id, reason)
+        enqueue("halt_learners", moved.id, moved.attempt)
