@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
+# Capacity is reported in the scheduler's own terms (allocatable totals per node), so the snapshot
+# takes it as it is. gpu_scheduler is pure Python and imports nothing of the project.
+from gpu_scheduler import Node  # noqa: F401 - part of this interface
+
 
 class BackendError(Exception):
     """A backend call failed. `permanent` errors fail the job; the others are retried."""
@@ -22,6 +26,7 @@ class LearnerSpec:
     index: int
     env: dict  # the learner's own variables (SPEC §6), on top of the job's
     gpu_ids: tuple = ()
+    node: str = ""  # the node the scheduler placed it on; container backends pin the learner there
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class DeploySpec:
     grace_seconds: int
     ingest_url: str
     ingest_token: str
+    framework: str = "custom"
+    framework_version: str = ""
+    image: str = ""  # the learner image on container backends (from the framework registry)
 
 
 class LearnerState(str, Enum):
@@ -57,14 +65,6 @@ class LearnerStatus:
     state: LearnerState
     exit_code: int | None = None
     reason: str = ""
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    gpus: int
-    cpus: float
-    memory_bytes: int
 
 
 @dataclass(frozen=True)

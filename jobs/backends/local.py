@@ -3,6 +3,11 @@
 The agent is started detached (its own session, reparented away from the Celery worker), so
 learners keep running when the worker, the web server or Redis restarts. Everything the backend
 knows is on disk in the learner's folder (agent.pid, exit.json), so a restarted worker finds it.
+
+A learner runs in the platform's own Python environment, so its framework (jobs.frameworks) must be
+importable there; that is checked before anything starts. The learners of a distributed job share
+one private network namespace, held per attempt (learner_agent.netns, `attempt-<n>/netns.pid`):
+they reach each other on 127.0.0.1 and nothing else.
 """
 import json
 import os
@@ -10,14 +15,18 @@ import shutil
 import signal
 import subprocess
 import sys
+import logging
 import time
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from django.conf import settings
 
-from jobs import storage
+from jobs import frameworks, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
+from learner_agent import netns, sandbox
+
+log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_GRACE_S = 60  # an agent that has not written its pid this long after deploy counts as missing
@@ -28,15 +37,39 @@ class LocalBackend:
 
     # --- deploy ------------------------------------------------------------------------------------
     def deploy(self, spec: DeploySpec):
-        for learner in spec.learners:
-            folder = storage.learner_dir(spec.tenant, spec.job_id, spec.attempt, learner.index)
-            if (folder / "exit.json").exists() or _agent_alive(folder):
-                continue  # already deployed: deploy is repeated after worker restarts
+        _check_framework(spec.framework, spec.framework_version)
+        pending = [learner for learner in spec.learners
+                   if not (self._learner_folder(spec, learner) / "exit.json").exists()
+                   and not _agent_alive(self._learner_folder(spec, learner))]
+        if not pending:
+            return  # already deployed: deploy is repeated after worker restarts
+        network = self._shared_network(spec)
+        for learner in pending:
+            folder = self._learner_folder(spec, learner)
             folder.mkdir(parents=True, exist_ok=True)
-            _write_private_json(folder / "agent.json", self._agent_config(spec, learner, folder))
+            _write_private_json(folder / "agent.json", self._agent_config(spec, learner, folder, network))
             self._start_agent(folder)
 
-    def _agent_config(self, spec, learner, folder):
+    def _learner_folder(self, spec, learner):
+        return storage.learner_dir(spec.tenant, spec.job_id, spec.attempt, learner.index)
+
+    def _shared_network(self, spec):
+        """The network namespace the learners of a distributed job share ("" for one learner)."""
+        if len(spec.learners) < 2:
+            return ""
+        attempt_dir = storage.learner_dir(spec.tenant, spec.job_id, spec.attempt, 0).parent
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return netns.create(attempt_dir, len(spec.learners))
+        except (netns.NetnsError, OSError, subprocess.SubprocessError) as exc:
+            if sandbox.resolve_mode(settings.SANDBOX) == "none":
+                # Without a sandbox a learner is a plain process on the host's network anyway.
+                log.warning("%s: learners share the host network: %s", spec.job_id, exc)
+                return ""
+            raise BackendError(f"the learners of a distributed job need a shared private network "
+                               f"namespace, which cannot be created here: {exc}", permanent=True) from exc
+
+    def _agent_config(self, spec, learner, folder, network=""):
         job_dir = Path(spec.job_dir)
         work_dir = folder / "work"
         env = dict(spec.env, **learner.env)
@@ -65,6 +98,7 @@ class LocalBackend:
             "grace_seconds": spec.grace_seconds,
             "max_unpacked_bytes": settings.MAX_UNPACKED_BYTES,
             "max_members": settings.MAX_ARCHIVE_MEMBERS,
+            "network_namespace": network,
         }
 
     def _start_agent(self, folder):
@@ -136,6 +170,31 @@ class LocalBackend:
             time.sleep(0.1)
         for folder in folders:
             _signal_agent(folder, signal.SIGKILL)
+        if folders:
+            netns.stop(folders[0].parent)
+
+
+def _check_framework(name, version):
+    """A learner here runs in the platform's Python: its framework must be importable, in the major
+    version the manifest asked for (code for another major version rarely runs)."""
+    framework = frameworks.REGISTRY.get(name)
+    if framework is None:
+        raise BackendError(f"framework {name!r} is not in the registry", permanent=True)
+    installed = _installed_version(name)
+    if installed is None:
+        raise BackendError(f"framework {name}: the platform's Python environment cannot import "
+                           f"{', '.join(framework.modules)}; install it beside Trainyard (for TensorFlow, Keras "
+                           f"and JAX: pip install -e '.[frameworks]')", permanent=True)
+    wanted, have = frameworks.parse_version(version), frameworks.parse_version(installed)
+    if wanted and have and wanted[0] != have[0]:
+        raise BackendError(f"framework {name}: the manifest asks for {framework.title} {version}, but the local "
+                           f"backend runs the installed {framework.title} {installed}; ask for "
+                           f"{have[0]}.x or \"latest\"", permanent=True)
+
+
+@lru_cache(maxsize=None)
+def _installed_version(name):
+    return frameworks.REGISTRY[name].installed_version()
 
 
 def _detect_gpus():

@@ -1,0 +1,126 @@
+"""A cache of the learner pods, kept current by list + watch (an informer in miniature).
+
+`sync()` lists every Trainyard pod and remembers the list's resourceVersion; `watch_once()` follows
+changes from there until the server closes the stream, tracking the resourceVersion of each event and
+bookmark. A 410 Gone (the version is too old) or any broken stream leads to a fresh list, and so does
+every `resync_s` seconds, so a missed event can only leave the cache stale for one resync period.
+`run()` loops that in a daemon thread; `status()` of the backend reads the cache while it is fresh
+and lists directly otherwise, so correctness never depends on the watch.
+"""
+import logging
+import threading
+import time
+
+from jobs.backends.k8s.api import Gone, KubeError
+from jobs.backends.k8s.objects import MANAGED_BY
+
+log = logging.getLogger(__name__)
+
+
+class PodWatcher:
+    def __init__(self, api, *, resync_s=300.0, watch_timeout_s=60.0, on_change=None, clock=time.monotonic):
+        self.api = api
+        self.resync_s = resync_s
+        self.watch_timeout_s = watch_timeout_s
+        self.on_change = on_change  # called with (event type, pod) after the cache changed
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pods = {}  # (namespace, name) -> pod dict
+        self._resource_version = None
+        self._synced_at = None
+        self._stop = threading.Event()
+        self._thread = None
+
+    # --- reading -------------------------------------------------------------------------------
+    def fresh(self):
+        """Whether the cache reflects a list (plus watch events) less than `resync_s` old."""
+        with self._lock:
+            return self._synced_at is not None and self._clock() - self._synced_at < self.resync_s
+
+    def pods(self, labels):
+        with self._lock:
+            return [pod for pod in self._pods.values()
+                    if all(((pod.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in labels.items())]
+
+    @property
+    def resource_version(self):
+        return self._resource_version
+
+    # --- feeding -------------------------------------------------------------------------------
+    def sync(self):
+        """Replace the cache with a fresh list of every Trainyard pod."""
+        items, version = self.api.list("Pod", labels=MANAGED_BY)
+        with self._lock:
+            self._pods = {_key(pod): pod for pod in items}
+            self._resource_version = version
+            self._synced_at = self._clock()
+        log.debug("pod cache synced: %d pods at resourceVersion %s", len(items), version)
+
+    def watch_once(self):
+        """Follow changes until the stream ends; on 410 Gone forget the version so the next pass lists."""
+        try:
+            for kind, pod in self.api.watch("Pod", labels=MANAGED_BY, resource_version=self._resource_version,
+                                            timeout_s=self.watch_timeout_s):
+                self.apply(kind, pod)
+                if self._stop.is_set():
+                    return
+        except Gone:
+            log.info("pod watch expired (410 Gone); listing again")
+            with self._lock:
+                self._resource_version = None
+                self._synced_at = None
+
+    def apply(self, kind, pod):
+        version = (pod.get("metadata") or {}).get("resourceVersion")
+        with self._lock:
+            if version:  # a fake API server may leave it out: keep the last one known
+                self._resource_version = version
+            if kind == "BOOKMARK":
+                return
+            if kind == "DELETED":
+                self._pods.pop(_key(pod), None)
+            else:
+                self._pods[_key(pod)] = pod
+        if self.on_change is not None:
+            try:
+                self.on_change(kind, pod)
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop the cache
+                log.exception("pod change listener failed")
+
+    def due_for_resync(self):
+        with self._lock:
+            return self._synced_at is None or self._resource_version is None or \
+                self._clock() - self._synced_at >= self.resync_s
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run_once(self):
+        if self.due_for_resync():
+            self.sync()
+        self.watch_once()
+
+    def run(self, *, error_backoff_s=1.0, max_backoff_s=30.0):
+        backoff = error_backoff_s
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+                backoff = error_backoff_s
+            except KubeError as exc:
+                log.warning("pod watch failed (%s); retrying in %.0fs", exc, backoff)
+                with self._lock:
+                    self._synced_at = None  # events may have been missed: list again
+                self._stop.wait(backoff)
+                backoff = min(max_backoff_s, backoff * 2)
+
+    def start(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.run, name="k8s-pod-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+
+
+def _key(pod):
+    meta = pod.get("metadata") or {}
+    return meta.get("namespace"), meta.get("name")

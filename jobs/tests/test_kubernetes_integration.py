@@ -1,0 +1,464 @@
+"""The Kubernetes backend driving real job lifecycles against a stateful fake API server over HTTP
+(kmock's KubernetesEmulator, see k8s_fake.py) through the official client.
+
+The lifecycle is the real one (jobs.actions, with the Celery tasks run in-process by `worker`); the
+kubelet is simulated by PATCHing pod status, and each learner agent by sending the ingest batches it
+would send (reading its token from the attempt's Secret and writing its exit.json). What only a real
+cluster shows (scheduling, the garbage collector, NetworkPolicy enforcement, the agent in a real pod)
+is listed in README.md, "Run on Kubernetes".
+"""
+import base64
+import json
+import time
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from jobs import actions, admission, storage
+from jobs.backends.base import BackendError
+from jobs.backends.k8s import objects
+from jobs.backends.k8s.api import Gone, KubeApi, api_client_for
+from jobs.backends.k8s.backend import K8sConfig, KubernetesBackend
+from jobs.backends.k8s.watcher import PodWatcher
+from jobs.ingest import ingest
+from jobs.models import Job, Learner, Status
+from jobs.tests.builders import job as make_job, member, tar_gz
+from jobs.tests.k8s_fake import FakeCluster, Kubelet
+
+pytestmark = pytest.mark.django_db
+NS = "trainyard-team-a"
+CONFIG = K8sConfig(namespace_prefix="trainyard-", image_prefix="registry.example/learner-", image_tag="1.0",
+                   agent_image="registry.example/learner-agent:1.0",
+                   storage_volume={"persistentVolumeClaim": {"claimName": "trainyard-storage"}},
+                   platform=objects.Platform(namespace="trainyard", ingest_port=8000),
+                   ingest_url="http://trainyard-web.trainyard.svc:8000")
+MANIFEST = """
+name: k8s-job
+learners: {learners}
+gpus: 1
+cpus: 2
+memory: 1GiB
+framework: {{name: pytorch, version: "2.5", command: python train.py}}
+checkpoint: {{signal: SIGUSR1, grace_seconds: 30}}
+"""
+
+
+@pytest.fixture
+def cluster():
+    fake = FakeCluster().start()
+    fake.add_node("node-1", gpus=2)
+    fake.add_node("node-2", gpus=2)
+    fake.add_node("node-3", gpus=8, cordoned=True)
+    yield fake
+    fake.stop()
+
+
+def new_backend(cluster, *, watcher=False, quota=None):
+    api = KubeApi(api_client_for(cluster.url), retries=1, backoff_s=0.01)
+    return KubernetesBackend(api, CONFIG, quota_for=lambda slug: quota,
+                             watcher=PodWatcher(api) if watcher else None)
+
+
+def use(monkeypatch, chosen):
+    """Make `chosen` the backend of the lifecycle (what get_backend() returns with TRAINYARD_BACKEND=kubernetes)."""
+    for module in (actions, admission):
+        monkeypatch.setattr(module, "get_backend", lambda: chosen)
+    return chosen
+
+
+@pytest.fixture
+def backend(cluster, monkeypatch):
+    return use(monkeypatch, new_backend(cluster, quota={"gpus": 4, "cpus": 16, "memory_bytes": 64 * 2**30, "jobs": 2}))
+
+
+class Worker:
+    """Runs the lifecycle's Celery tasks in-process, in the order they were sent."""
+    TASKS = {"schedule": lambda: admission.run_cycle(), "deploy_job": actions.deploy,
+             "finish_attempt": actions.finish_attempt, "teardown": actions.teardown,
+             "halt_learners": actions.halt_learners}
+
+    def __init__(self):
+        self.sent = []
+
+    def run(self):
+        while self.sent:
+            name, args = self.sent.pop(0)
+            self.TASKS[name](*args)
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    running = Worker()
+    monkeypatch.setattr(actions, "enqueue", lambda name, *args: running.sent.append((name, args)))
+    return running
+
+
+def submitted(learners=2):
+    target = make_job(member(), learners=learners, gpus=1, cpus=2.0, framework="pytorch",
+                      manifest_yaml=MANIFEST.format(learners=learners))
+    folder = storage.create_job_dir(target.tenant.slug, target.id)
+    (folder / "code.tar.gz").write_bytes(tar_gz({"train.py": b"print('hi')\n"}))
+    return target
+
+
+class Agent:
+    """What one learner agent sends and writes, as learner_agent does it inside the pod."""
+
+    def __init__(self, cluster, target, index, attempt=1):
+        self.job, self.index, self.attempt, self.seq = target, index, attempt, 0
+        secret = cluster.get(f"/api/v1/namespaces/{NS}/secrets/{objects.secret_name(target.id, attempt)}")
+        self.token = secret.get("stringData", {}).get("token") or base64.b64decode(secret["data"]["token"]).decode()
+
+    def send(self, **record):
+        self.seq += 1
+        ingest(self.job.id, self.token, {"attempt": self.attempt, "learner": self.index,
+                                         "records": [{"seq": self.seq, "time": time.time(), **record}]})
+
+    def exit(self, exit_code, reason=""):
+        self.write_exit_record(exit_code, reason)
+        self.send(kind="status", state="exited", exit_code=exit_code, reason=reason)
+
+    def write_exit_record(self, exit_code, reason=""):
+        folder = storage.learner_dir(self.job.tenant.slug, self.job.id, self.attempt, self.index)
+        (folder / "exit.json").write_text(json.dumps({"exit_code": exit_code, "reason": reason}))
+
+
+def status_of(target):
+    return Job.objects.get(pk=target.id).status
+
+
+def history(target):
+    return list(Job.objects.get(pk=target.id).events.order_by("id").values_list("to_status", flat=True))
+
+
+def deployed(cluster, target, worker, learners):
+    """Submit → admitted → deployed → both pods running and reported (PROCESSING)."""
+    admission.run_cycle()
+    worker.run()
+    kubelet = Kubelet(cluster)
+    agents = [Agent(cluster, target, i) for i in range(learners)]
+    for i, agent in enumerate(agents):
+        kubelet.schedule(NS, objects.pod_name(target.id, 1, i), node=f"node-{i % 2 + 1}")
+        kubelet.run(NS, objects.pod_name(target.id, 1, i))
+        agent.send(kind="status", state="preparing")
+        agent.send(kind="status", state="running")
+    return kubelet, agents
+
+
+def assert_schema_valid(obj):
+    try:
+        kubernetes_validate.validate(obj, "1.34.0", strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{obj.get('kind')} {obj['metadata']['name']}: {exc.message} at {list(exc.path)}")
+
+
+# --- the lifecycle -------------------------------------------------------------------------------
+def test_a_two_learner_job_goes_from_queued_to_completed(cluster, backend, worker):
+    target = submitted(learners=2)
+    assert status_of(target) == Status.QUEUED
+    admission.run_cycle()
+    assert status_of(target) == Status.PENDING
+    worker.run()  # deploy_job
+
+    pods = [objects.pod_name(target.id, 1, i) for i in range(2)]
+    assert cluster.names("pods", NS) == pods
+    assert cluster.names("services", NS) == [objects.attempt_name(target.id, 1)]
+    assert cluster.names("secrets", NS) == [objects.secret_name(target.id, 1)]
+    assert Learner.objects.filter(job=target, attempt=1).count() == 2
+    root = cluster.get(f"/api/v1/namespaces/{NS}/configmaps/{objects.attempt_name(target.id, 1)}")
+    for path in [f"/api/v1/namespaces/{NS}/pods/{pods[1]}",
+                 f"/api/v1/namespaces/{NS}/services/{objects.attempt_name(target.id, 1)}",
+                 f"/api/v1/namespaces/{NS}/secrets/{objects.secret_name(target.id, 1)}",
+                 f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/"
+                 f"{objects.peers_policy_name(target.id, 1)}"]:
+        child = cluster.get(path)
+        assert_schema_valid(child)
+        assert child["metadata"]["ownerReferences"][0]["uid"] == root["metadata"]["uid"]
+        assert child["metadata"]["labels"][objects.LABEL_JOB] == target.id
+    config = json.loads(root["data"]["learner-1.json"])
+    assert config["env"]["MASTER_ADDR"] == f"{pods[0]}.{objects.attempt_name(target.id, 1)}.{NS}.svc"
+    assert config["env"]["RANK"] == "1" and config["env"]["WORLD_SIZE"] == "2"
+    assert config["ingest_url"] == f"http://trainyard-web.trainyard.svc:8000/api/v1/ingest/{target.id}/"
+    assert "ingest_token" not in config
+    pod = cluster.get(f"/api/v1/namespaces/{NS}/pods/{pods[0]}")
+    assert pod["spec"]["containers"][0]["image"] == "pytorch/pytorch:2.5"  # from the framework registry
+    assert pod["spec"]["initContainers"][0]["image"] == "registry.example/learner-agent:1.0"
+
+    kubelet, agents = deployed(cluster, target, worker, learners=2)
+    actions.reconcile()  # running pods change nothing
+    assert status_of(target) == Status.PROCESSING
+    for agent in agents:
+        agent.send(kind="log", stream="stdout", line="epoch 1 loss 0.3")
+        agent.exit(0)
+    for name in pods:
+        kubelet.terminate(NS, name, exit_code=0)
+    worker.run()  # finish_attempt
+    assert status_of(target) == Status.COMPLETED
+    assert history(target) == [Status.PENDING, Status.DOWNLOADING, Status.PROCESSING, Status.STORING,
+                               Status.COMPLETED]
+
+
+def test_an_oom_killed_learner_fails_the_job_with_that_reason(cluster, backend, worker):
+    target = submitted(learners=1)
+    kubelet, _ = deployed(cluster, target, worker, learners=1)
+    # The container was killed by the kernel: the agent died with it and reported nothing.
+    kubelet.terminate(NS, objects.pod_name(target.id, 1, 0), exit_code=137, reason="OOMKilled")
+    actions.reconcile()
+    worker.run()
+    failed = Job.objects.get(pk=target.id)
+    assert failed.status == Status.FAILED
+    assert "learner 0 exited with code 137 (OOMKilled: memory limit 1GiB exceeded)" in failed.status_reason
+
+
+def test_halt_checkpoints_then_the_pods_are_deleted(cluster, backend, worker):
+    target = submitted(learners=2)
+    kubelet, agents = deployed(cluster, target, worker, learners=2)
+    actions.halt(Job.objects.get(pk=target.id), actor="alice")
+    worker.run()  # halt_learners
+    pods = [objects.pod_name(target.id, 1, i) for i in range(2)]
+    for name in pods:  # what the agent reads through its downward-API file
+        annotations = cluster.get(f"/api/v1/namespaces/{NS}/pods/{name}")["metadata"]["annotations"]
+        assert objects.HALT_ANNOTATION in annotations
+    # Each agent signals its learner, which writes a checkpoint; then the agent reports and exits.
+    checkpoint = storage.job_dir("team-a", target.id) / "checkpoints" / "attempt-1" / "model.pt"
+    checkpoint.write_bytes(b"weights")
+    for agent in agents:
+        agent.exit(0, "halted")
+    for name in pods:
+        kubelet.terminate(NS, name, exit_code=0)
+    worker.run()  # finish_attempt
+    halted = Job.objects.get(pk=target.id)
+    assert halted.status == Status.HALTED
+    assert "resume continues from checkpoint model.pt" in halted.status_reason
+    assert checkpoint.read_bytes() == b"weights"
+    # The attempt's pods stay until teardown; see the report: finish_attempt should enqueue it.
+    actions.teardown(target.id, 1)
+    assert cluster.names("pods", NS) == []
+    assert cluster.names("configmaps", NS) == [] and cluster.names("secrets", NS) == []
+    assert cluster.names("services", NS) == []
+
+
+def test_a_restarted_worker_reconciles_from_a_fresh_list(cluster, backend, worker, monkeypatch):
+    target = submitted(learners=2)
+    kubelet, agents = deployed(cluster, target, worker, learners=2)
+    # The worker dies; meanwhile both learners finish, but their `exited` reports never arrive.
+    for index, agent in enumerate(agents):
+        agent.write_exit_record(0)
+        kubelet.terminate(NS, objects.pod_name(target.id, 1, index), exit_code=0)
+    restarted = new_backend(cluster, watcher=True)
+    restarted.watcher.sync()
+    assert restarted.watcher.fresh()
+    use(monkeypatch, restarted)
+    actions.reconcile()
+    worker.run()
+    assert status_of(target) == Status.COMPLETED
+    assert sorted(Learner.objects.filter(job=target).values_list("exit_code", flat=True)) == [0, 0]
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_job(cluster, backend, worker):
+    target = submitted(learners=1)
+    admission.run_cycle()
+    worker.run()
+    Kubelet(cluster).image_pull_backoff(NS, objects.pod_name(target.id, 1, 0), "pull access denied")
+    actions.reconcile()
+    worker.run()
+    failed = Job.objects.get(pk=target.id)
+    assert failed.status == Status.FAILED
+    reason = "learner 0 did not start: image pull failed: registry.example/nope:1: pull access denied"
+    assert reason in failed.status_reason
+
+
+def test_a_pod_that_stays_unschedulable_fails_the_job_with_the_schedulers_reason(cluster, backend, worker):
+    target = submitted(learners=1)
+    admission.run_cycle()
+    worker.run()
+    message = "0/3 nodes are available: 2 Insufficient nvidia.com/gpu, 1 node(s) were unschedulable."
+    kubelet = Kubelet(cluster)
+    kubelet.unschedulable(NS, objects.pod_name(target.id, 1, 0), message, since="2020-01-01T00:00:00Z")
+    actions.reconcile()
+    worker.run()
+    assert status_of(target) == Status.FAILED
+    assert message in Job.objects.get(pk=target.id).status_reason
+
+
+def test_a_learner_whose_pod_vanished_is_lost(cluster, backend, worker):
+    target = submitted(learners=2)
+    deployed(cluster, target, worker, learners=2)
+    cluster.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{objects.pod_name(target.id, 1, 1)}")
+    actions.reconcile()
+    assert dict(Learner.objects.filter(job=target).values_list("index", "state")) == {0: "running", 1: "lost"}
+
+
+def test_terminate_removes_everything_the_attempt_created(cluster, backend, worker):
+    target = submitted(learners=2)
+    deployed(cluster, target, worker, learners=2)
+    actions.terminate(Job.objects.get(pk=target.id), actor="alice")
+    worker.run()  # teardown
+    for plural in ("pods", "services", "secrets", "configmaps"):
+        assert cluster.names(plural, NS) == [], plural
+    assert cluster.names("networkpolicies", NS, group="apis/networking.k8s.io/v1") == ["learners-default-deny"]
+
+
+# --- the backend on its own ----------------------------------------------------------------------
+def test_a_repeated_deploy_is_harmless(cluster, backend, worker):
+    target = submitted(learners=2)
+    admission.run_cycle()
+    worker.run()
+    pods = [objects.pod_name(target.id, 1, i) for i in range(2)]
+    uids = [cluster.get(f"/api/v1/namespaces/{NS}/pods/{name}")["metadata"]["uid"] for name in pods]
+    actions.deploy(target.id, 1)  # a re-driven deploy: every create answers "already exists"
+    assert cluster.names("pods", NS) == pods
+    assert [cluster.get(f"/api/v1/namespaces/{NS}/pods/{name}")["metadata"]["uid"] for name in pods] == uids
+    assert Learner.objects.filter(job=target).count() == 2
+
+
+def test_the_namespace_quota_follows_the_tenants_quota(cluster):
+    backend = new_backend(cluster)
+    backend.ensure_namespace("team-b", {"gpus": 4, "cpus": 8, "memory_bytes": 2**34, "jobs": 2})
+    path = "/api/v1/namespaces/trainyard-team-b/resourcequotas/tenant-quota"
+    assert cluster.get(path)["spec"]["hard"]["requests.nvidia.com/gpu"] == "4"
+    backend.ensure_namespace("team-b", {"gpus": 6, "cpus": None, "memory_bytes": None, "jobs": 2})
+    hard = cluster.get(path)["spec"]["hard"]
+    assert hard.get("requests.nvidia.com/gpu") == "6"
+    assert hard.get("requests.cpu") is None  # lifted
+    backend.ensure_namespace("team-b", None)
+    assert cluster.get(path) is None
+    namespace = cluster.get("/api/v1/namespaces/trainyard-team-b")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert_schema_valid(namespace)
+    assert_schema_valid(cluster.get("/api/v1/namespaces/trainyard-team-b/limitranges/learner-limits"))
+
+
+def test_capacity_counts_schedulable_nodes_only(cluster):
+    nodes = new_backend(cluster).capacity().nodes
+    assert sorted((n.name, n.gpus) for n in nodes) == [("node-1", 2), ("node-2", 2)]
+
+
+def test_the_scheduler_does_not_count_a_cordoned_node(cluster, backend, worker):
+    big = make_job(member(), learners=1, gpus=3, manifest_yaml=MANIFEST.format(learners=1))
+    admission.run_cycle()
+    assert status_of(big) == Status.QUEUED  # only node-3 (cordoned) has 3 free GPUs
+
+
+def test_it_works_with_a_server_that_assigns_no_uids(monkeypatch, worker):
+    plain = FakeCluster(realistic=False).start()
+    try:
+        plain.add_node("node-1", gpus=2)
+        use(monkeypatch, new_backend(plain))
+        target = submitted(learners=1)
+        admission.run_cycle()
+        worker.run()
+        pod = plain.get(f"/api/v1/namespaces/{NS}/pods/{objects.pod_name(target.id, 1, 0)}")
+        assert "ownerReferences" not in pod["metadata"]  # nothing to refer to; delete() removes each
+        actions.teardown(target.id, 1)
+        assert plain.names("pods", NS) == [] and plain.names("configmaps", NS) == []
+    finally:
+        plain.stop()
+
+
+# --- the watch -----------------------------------------------------------------------------------
+def test_the_pod_cache_follows_changes_through_the_watch(cluster, backend, worker):
+    target = submitted(learners=1)
+    admission.run_cycle()
+    worker.run()
+    api = KubeApi(api_client_for(cluster.url), retries=0)
+    seen = []
+    watcher = PodWatcher(api, watch_timeout_s=2, on_change=lambda kind, pod: seen.append(kind)).start()
+    try:
+        deadline = time.monotonic() + 5
+        while not watcher.fresh() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        Kubelet(cluster).run(NS, objects.pod_name(target.id, 1, 0))
+        labels = objects.learner_selector(target.id, 1)
+        while time.monotonic() < deadline and not any(
+                (p.get("status") or {}).get("phase") == "Running" for p in watcher.pods(labels)):
+            time.sleep(0.05)
+        assert [(p.get("status") or {}).get("phase") for p in watcher.pods(labels)] == ["Running"]
+        assert "MODIFIED" in seen
+    finally:
+        watcher.stop()
+
+
+class ScriptedApi:
+    """The project's own API wrapper, scripted: a watch that expires with 410 Gone."""
+
+    def __init__(self):
+        self.lists = 0
+        self.watches = []
+
+    def list(self, kind, **_):
+        self.lists += 1
+        return [{"metadata": {"namespace": "ns", "name": f"p{self.lists}", "labels": {}}}], str(100 * self.lists)
+
+    def watch(self, kind, *, resource_version, **_):
+        self.watches.append(resource_version)
+        if len(self.watches) == 1:
+            yield "MODIFIED", {"metadata": {"namespace": "ns", "name": "p1", "resourceVersion": "105"}}
+            raise Gone("too old resource version", status=410)
+        yield "BOOKMARK", {"metadata": {"resourceVersion": "250"}}
+
+
+def test_a_watch_that_expires_lists_again_and_resumes_from_the_new_version():
+    api = ScriptedApi()
+    watcher = PodWatcher(api, resync_s=3600)
+    watcher.run_once()  # list (v100), watch from 100, event (v105), then 410
+    assert (api.lists, api.watches) == (1, ["100"])
+    assert not watcher.fresh()
+    watcher.run_once()  # must list again (v200) and watch from there, not from 105
+    assert (api.lists, api.watches) == (2, ["100", "200"])
+    assert watcher.resource_version == "250"  # bookmarks move it on
+    watcher.run_once()  # no relist while fresh
+    assert (api.lists, api.watches[-1]) == (2, "250")
+
+
+def test_the_cache_is_resynced_after_the_resync_period():
+    api = ScriptedApi()
+    now = [0.0]
+    watcher = PodWatcher(api, resync_s=60, clock=lambda: now[0])
+    watcher.sync()
+    assert watcher.fresh() and not watcher.due_for_resync()
+    now[0] = 61.0
+    assert not watcher.fresh() and watcher.due_for_resync()
+
+
+# --- wiring --------------------------------------------------------------------------------------
+def test_get_backend_builds_it_from_kubeconfig_and_settings(cluster, settings, tmp_path, monkeypatch):
+    from jobs.backends import get_backend
+    from tenants.models import Tenant
+    from tenants.quotas import set_quota
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": cluster.url}}],
+        "users": [{"name": "nobody", "user": {"token": "unused"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "nobody"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    settings.BACKEND = "kubernetes"
+    settings.K8S_WATCH = False
+    settings.K8S_STORAGE_VOLUME = '{"persistentVolumeClaim": {"claimName": "trainyard-storage"}}'
+    set_quota(Tenant.objects.create(slug="team-c"), gpus=2, jobs=1, can_borrow=False)
+    get_backend.cache_clear()
+    try:
+        backend = get_backend()
+        assert backend.name == "kubernetes"
+        assert sorted(n.name for n in backend.capacity().nodes) == ["node-1", "node-2"]
+        backend.ensure_namespace("team-c", backend.quota_for("team-c"))
+        hard = cluster.get("/api/v1/namespaces/trainyard-team-c/resourcequotas/tenant-quota")["spec"]["hard"]
+        assert hard == {"requests.nvidia.com/gpu": "2"}
+    finally:
+        get_backend.cache_clear()
+
+
+def test_get_backend_names_the_setting_that_is_missing(settings):
+    from jobs.backends import get_backend
+
+    settings.BACKEND = "kubernetes"
+    settings.K8S_STORAGE_VOLUME = ""
+    get_backend.cache_clear()
+    try:
+        with pytest.raises(BackendError, match="TRAINYARD_K8S_STORAGE_VOLUME is not set"):
+            get_backend()
+    finally:
+        get_backend.cache_clear()

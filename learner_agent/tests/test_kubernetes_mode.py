@@ -1,0 +1,82 @@
+"""The agent as the Kubernetes backend runs it: config on a read-only mount (a ConfigMap), the ingest
+token in a file (the attempt's Secret), its own files in `state_dir`, and halt asked for through the
+pod's annotations file (a downward-API volume) since nothing can send it a signal."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from learner_agent.config import ConfigError, load_config
+from learner_agent.tests.conftest import TOKEN, agent_command, agent_env, stop_process, wait_for, write_agent_config
+
+
+def kubernetes_layout(base, ingest, *, command, **overrides):
+    """agent.json in a read-only folder; token, state and annotations files where the pod has them."""
+    learner_config = write_agent_config(base, ingest, command=command, **overrides)
+    state_dir = os.path.dirname(learner_config)
+    with open(learner_config) as f:
+        config = json.load(f)
+    os.unlink(learner_config)
+    mounts = {name: os.path.join(base, name) for name in ("agent", "ingest", "podinfo")}
+    for path in mounts.values():
+        os.makedirs(path)
+    token_file = os.path.join(mounts["ingest"], "token")
+    with open(token_file, "w") as f:
+        f.write(TOKEN + "\n")
+    halt_file = os.path.join(mounts["podinfo"], "annotations")
+    with open(halt_file, "w") as f:
+        f.write('trainyard.io/other="x"\n')
+    del config["ingest_token"]
+    config.update(ingest_token_file=token_file, state_dir=state_dir, halt_file=halt_file)
+    path = os.path.join(mounts["agent"], "agent.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    os.chmod(mounts["agent"], 0o555)  # as read-only as a ConfigMap volume
+    return path, state_dir, halt_file
+
+
+def test_it_halts_when_the_pods_annotations_ask_for_it(outside_tmp, ingest):
+    command = "trap 'echo saving checkpoint; exit 0' USR2; echo ready; while :; do sleep 0.1; done"
+    config, state_dir, halt_file = kubernetes_layout(outside_tmp, ingest, command=command,
+                                                     checkpoint_signal="SIGUSR2", grace_seconds=10)
+    agent = subprocess.Popen(agent_command(config), env=agent_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(r.get("line") == "ready" for r in ingest.stored()))
+        # What the kubelet writes once the backend has annotated the pod.
+        with open(halt_file, "a") as f:
+            f.write('trainyard.io/halt="2026-11-21T12:00:00+00:00"\n')
+        assert agent.wait(timeout=15) == 0
+    finally:
+        stop_process(agent)
+        os.chmod(os.path.dirname(config), 0o755)
+    with open(os.path.join(state_dir, "exit.json")) as f:
+        assert json.load(f)["reason"] == "halted"
+    assert "saving checkpoint" in [r.get("line") for r in ingest.stored()]
+    assert os.listdir(os.path.dirname(config)) == ["agent.json"]  # nothing written beside the config
+    assert {"agent.log", "agent.pid", "exit.json"} <= set(os.listdir(state_dir))
+
+
+def test_it_reads_the_ingest_token_from_a_file(outside_tmp, ingest):
+    config, _, _ = kubernetes_layout(outside_tmp, ingest, command="true")
+    assert load_config(config).ingest_token == TOKEN
+
+
+@pytest.mark.parametrize("change, complaint", [
+    ({"ingest_token": TOKEN}, "exactly one is required"),  # both
+    ({"ingest_token_file": None}, "exactly one is required"),  # neither
+    ({"ingest_token_file": "/nonexistent/token"}, "cannot read /nonexistent/token"),
+    ({"state_dir": 7}, "state_dir: must be a path"),
+])
+def test_it_refuses_a_bad_token_or_state_setting(outside_tmp, ingest, change, complaint):
+    config, _, _ = kubernetes_layout(outside_tmp, ingest, command="true")
+    with open(config) as f:
+        data = json.load(f)
+    data.update(change)
+    data = {k: v for k, v in data.items() if v is not None}
+    patched = os.path.join(outside_tmp, "patched.json")
+    with open(patched, "w") as f:
+        json.dump(data, f)
+    with pytest.raises(ConfigError, match=complaint):
+        load_config(patched)
