@@ -1,0 +1,128 @@
+"""frameworks: what running through Trainyard costs for each framework, and what a second learner buys.
+
+For each framework's example the same command runs bare (the thread settings the agent gives a
+1-CPU learner) and then through a freshly started platform on the embedded defaults (submit →
+COMPLETED); the ratio of median wall times is `overhead_ratio_<framework>`. `tensorflow` runs the
+Keras example under `framework: tensorflow` (the same program, so it shares keras's bare timing).
+`ddp_2_learner_speedup` is the training throughput (samples/s over all learners, as the example
+reports it) of the 2-learner PyTorch DDP job over the same job with 1 learner, both through the
+platform. Frameworks whose packages are missing are left out and listed as skipped. Each figure is
+the median of BENCH_FRAMEWORKS_RUNS runs (3), bare and platform runs alternating.
+"""
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.report import median, publish
+from portal.harness import EXAMPLES, start_session
+
+RUNS = int(os.environ.get("BENCH_FRAMEWORKS_RUNS", 3))
+# framework: (example, command, module it needs)
+CASES = {
+    "pytorch": ("pytorch-digits", "python train.py --epochs 4", "torch"),
+    "keras": ("keras-digits", "python train.py --epochs 3", "tensorflow"),
+    "tensorflow": ("keras-digits", "python train.py --epochs 3", "tensorflow"),
+    "jax": ("jax-regression", "python train.py --steps 500", "jax"),
+    "sklearn": ("sklearn-digits", "python train.py --epochs 10", "sklearn"),
+    "custom": ("custom-shell", "bash run.sh", None),
+}
+# A global batch of 512 (256 per learner) so each step computes more than it communicates, as in
+# real data-parallel training; the example's default (128) is tuned for learning, not throughput.
+DDP_COMMAND = "python train.py --epochs 12 --global-batch 512"
+
+
+def manifest_for(example, command, *, framework=None, learners=None):
+    text = (EXAMPLES / example / "manifest.yml").read_text()
+    text = re.sub(r"(?m)^  command: .*$", f"  command: {command}", text)
+    if framework:
+        text = re.sub(r"(?m)^  name: .*$", f"  name: {framework}", text)
+        text = re.sub(r"(?m)^  version: .*$", "  version: latest", text)
+    if learners:
+        text = re.sub(r"(?m)^learners: .*$", f"learners: {learners}", text)
+    return text
+
+
+def bare_seconds(example, command):
+    """The example's command on its own, as a 1-CPU learner would run it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "code"
+        shutil.copytree(EXAMPLES / example, work)
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                   KERAS_BACKEND="tensorflow", CHECKPOINT_DIR=str(Path(tmp) / "ckpt"),
+                   RESULT_DIR=str(Path(tmp) / "results"), DATA_DIR=str(Path(tmp) / "data"),
+                   PYTHONPATH=str(EXAMPLES.parent), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        started = time.monotonic()
+        subprocess.run(command, shell=True, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        return time.monotonic() - started
+
+
+def platform_seconds(session, example, manifest):
+    started = time.monotonic()
+    job = session.submit(example, manifest_text=manifest)
+    done = session.wait_for(job["id"], timeout=600, poll=0.05)
+    elapsed = time.monotonic() - started
+    if done["status"] != "COMPLETED":
+        raise RuntimeError(f"{example}: {job['id']} ended {done['status']}: {done['status_reason']}")
+    return elapsed, job["id"]
+
+
+def throughput(session, job_id):
+    points = session.api("GET", f"/api/v1/jobs/{job_id}/metrics/").json()["results"]
+    values = [p["value"] for p in points if p["name"] == "throughput_samples_per_s" and p["learner"] == 0]
+    if not values:
+        raise RuntimeError(f"{job_id} reported no throughput")
+    return values[-1]
+
+
+def main():
+    available = {name: case for name, case in CASES.items() if case[2] is None or importlib.util.find_spec(case[2])}
+    skipped = sorted(set(CASES) - set(available))
+    data_dir = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
+    env_backup = {k: os.environ.pop(k) for k in ("DATABASE_URL", "REDIS_URL") if k in os.environ}
+    session = start_session(data_dir, TRAINYARD_LOCAL_CPUS="4")
+    os.environ.update(env_backup)
+    bare, through, ddp = {}, {}, {}
+    try:
+        for name, (example, command, _) in available.items():
+            key = (example, command)
+            manifest = manifest_for(example, command, framework=name if name == "tensorflow" else None)
+            if key not in bare:
+                # One untimed run first: the first import of a framework reads it from disk, which
+                # would be charged to whichever side happened to run first.
+                bare_seconds(example, command)
+                bare[key] = []
+            # Bare and platform runs alternate, so a change in the machine's load hits both sides.
+            for _ in range(RUNS):
+                bare[key].append(bare_seconds(example, command))
+                through.setdefault(name, []).append(platform_seconds(session, example, manifest)[0])
+        for learners in (1, 2):
+            runs = [throughput(session, platform_seconds(session, "pytorch-ddp", manifest_for(
+                "pytorch-ddp", DDP_COMMAND, learners=learners))[1]) for _ in range(RUNS)]
+            ddp[learners] = median(runs)
+    finally:
+        session.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    figures, rows = {}, []
+    for name, (example, command, _) in available.items():
+        bare_s, through_s = median(bare[(example, command)]), median(through[name])
+        figures[f"overhead_ratio_{name}"] = round(through_s / bare_s, 4)
+        figures[f"bare_wall_s_{name}"] = round(bare_s, 3)
+        figures[f"platform_wall_s_{name}"] = round(through_s, 3)
+        rows.append((f"{name} ({example}): bare / through Trainyard (s)", f"{bare_s:.1f} / {through_s:.1f}", ""))
+        rows.append((f"overhead_ratio_{name}", figures[f"overhead_ratio_{name}"], ""))
+    figures["ddp_1_learner_samples_per_s"] = round(ddp[1], 1)
+    figures["ddp_2_learner_samples_per_s"] = round(ddp[2], 1)
+    figures["ddp_2_learner_speedup"] = round(ddp[2] / ddp[1], 4)
+    figures.update(runs=RUNS, skipped_frameworks=skipped, cpus=os.cpu_count(),
+                   load_average_1m=round(os.getloadavg()[0], 2))
+    rows += [("PyTorch DDP throughput, 1 learner (samples/s)", figures["ddp_1_learner_samples_per_s"], ""),
+             ("PyTorch DDP throughput, 2 learners (samples/s)", figures["ddp_2_learner_samples_per_s"], ""),
+             ("ddp_2_learner_speedup", figures["ddp_2_learner_speedup"], f"{os.cpu_count()} CPUs on this machine")]
+    publish("frameworks", rows, figures)

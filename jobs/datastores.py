@@ -1,0 +1,384 @@
+"""Data stores: where a job's training data comes from and where its results go, and the platform's
+own artifact storage behind TRAINYARD_STORAGE_URL. One small interface (`Store`: list, get, put)
+with two implementations, `LocalStore` (a directory) and `S3Store` (any S3-compatible server,
+through boto3), and the two transfers built on it: `fetch` (DOWNLOADING: a prefix into DATA_DIR)
+and `push` (STORING: RESULT_DIR and the checkpoints out).
+
+Credentials a manifest carries (a data store's `connection`) are secrets: `redact_yaml`/`redact`
+remove them before the manifest is stored or shown, `seal_credentials` keeps them encrypted
+(Fernet, with a key derived from SECRET_KEY) in the job's folder, and they are deleted when the job
+reaches a final state. Error messages name the store and the problem, never a secret.
+
+Where transfers run: on the local backend, the lifecycle worker downloads into the job's data/
+folder before any learner starts (the learners then see it read-only), and uploads at STORING.
+A Kubernetes backend would do the same from an init container (download) and the agent's exit
+path (upload), handing the sealed credentials over as a Kubernetes Secret.
+
+Imports are Django-free at module level (the manifest parser and the CLI import this module).
+"""
+import base64
+import fcntl
+import hashlib
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlparse
+
+import yaml
+
+# A connection's fields that are addresses, not secrets; every other field is redacted.
+PUBLIC_CONNECTION_FIELDS = ("auth_url", "region", "type")
+REDACTED = "<redacted>"
+SEALED_FILE = ".credentials.sealed"
+FETCHED_MARK = ".trainyard-fetched"  # in DATA_DIR: this job's data is complete (attempts share it)
+LOCAL_STORES_DIR = "datastores"  # under TRAINYARD_DATA_DIR: the folders `type: local` stores name
+S3_TYPES = ("s3_datastore", "mount_cos")
+
+
+class DataStoreError(Exception):
+    """A transfer failed; the message names the store and the cause (and is safe to show)."""
+
+
+# --- the store interface and its two implementations ---------------------------------------------
+@dataclass(frozen=True)
+class StoredObject:
+    key: str  # relative to the store's root, '/'-separated
+    size: int
+
+
+class LocalStore:
+    """A directory tree."""
+
+    def __init__(self, root, *, name="local"):
+        self.root = Path(root)
+        self.name = name
+
+    def list(self, prefix=""):
+        top = self.root / prefix if prefix else self.root
+        if not top.is_dir():
+            raise DataStoreError(f"data store {self.name!r}: folder {top} does not exist")
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames.sort()
+            for filename in sorted(filenames):
+                path = Path(dirpath) / filename
+                if path.is_file() and not path.is_symlink():
+                    yield StoredObject(path.relative_to(self.root).as_posix(), path.stat().st_size)
+
+    def get(self, key, destination):
+        _copy_file(self.root / key, destination)
+
+    def put(self, source, key):
+        _copy_file(source, self.root / key)
+
+
+class S3Store:
+    """One bucket of an S3-compatible server. Timeouts and retries are short on purpose: a wrong
+    endpoint or a dead server must fail the job at DOWNLOADING within seconds, not hang it."""
+
+    def __init__(self, bucket, *, endpoint=None, access_key=None, secret_key=None, session_token=None,
+                 region=None, name="s3"):
+        import boto3
+        from botocore.config import Config
+        self.bucket = bucket
+        self.name = name
+        config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"},
+                        s3={"addressing_style": "path"})
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint or None, aws_access_key_id=access_key or None,
+            aws_secret_access_key=secret_key or None, aws_session_token=session_token or None,
+            region_name=region or "us-east-1", config=config)
+
+    def list(self, prefix=""):
+        with self._errors("listing"):
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+            for page in pages:
+                for item in page.get("Contents", []):
+                    if not item["Key"].endswith("/"):
+                        yield StoredObject(item["Key"], item["Size"])
+
+    def get(self, key, destination):
+        destination = Path(destination)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        tmp = destination.with_name(f".tmp-{destination.name}")
+        with self._errors(f"downloading {key}"):
+            self.client.download_file(self.bucket, key, str(tmp))
+        os.replace(tmp, destination)
+
+    def put(self, source, key):
+        with self._errors(f"uploading {key}"):
+            self.client.upload_file(str(source), self.bucket, key)
+
+    @contextmanager
+    def _errors(self, doing):
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            yield
+        except ClientError as exc:
+            raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: "
+                                 f"{_explain_client_error(exc)}") from None
+        except (BotoCoreError, S3UploadFailedError) as exc:
+            raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: {exc}") from None
+
+
+def _explain_client_error(exc):
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidClientTokenId", "403", "AccessDenied"):
+        return (f"the server refused the credentials ({code}); check the connection's user_name (access "
+                "key id) and password (secret key), and that they may read/write this bucket")
+    if code in ("NoSuchBucket", "404"):
+        return f"the bucket does not exist ({code})"
+    return f"{code}: {error.get('Message', '')}".strip(": ")
+
+
+def _copy_file(source, destination):
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    tmp = destination.with_name(f".tmp-{destination.name}")
+    with open(source, "rb") as src, open(tmp, "wb") as out:
+        while block := src.read(1024 * 1024):
+            out.write(block)
+    os.replace(tmp, destination)
+
+
+# --- the manifest's stores ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Location:
+    """A store and a key prefix in it: where a manifest's training_data or training_results are."""
+    store: object
+    prefix: str
+    label: str  # for messages: "data store 'store1' (s3 bucket my-data)"
+
+
+def split_container(container):
+    bucket, _, prefix = container.partition("/")
+    return bucket, prefix.strip("/")
+
+
+def location(spec, section, credentials, *, data_root):
+    """The Location of `spec[section]` (training_data or training_results) of one manifest data store."""
+    container = spec[section]["container"]
+    store_id = spec["id"]
+    if spec["type"] == "local":
+        root = Path(data_root) / LOCAL_STORES_DIR
+        return Location(LocalStore(root, name=store_id), container, f"data store {store_id!r} (folder {container})")
+    bucket, prefix = split_container(container)
+    connection = spec.get("connection") or {}
+    secret = credentials.get(store_id, {})
+    store = S3Store(bucket, endpoint=connection.get("auth_url"), region=connection.get("region"),
+                    access_key=secret.get("user_name") or secret.get("access_key_id"),
+                    secret_key=secret.get("password") or secret.get("secret_access_key"),
+                    session_token=secret.get("session_token"), name=store_id)
+    return Location(store, prefix, f"data store {store_id!r} (bucket {bucket})")
+
+
+# --- transfers ---------------------------------------------------------------------------------
+class Progress:
+    """Calls `report(line)` at the start, about every `every_s` seconds, and at the end."""
+
+    def __init__(self, report, verb, label, *, every_s=2.0):
+        self.report, self.verb, self.label, self.every_s = report, verb, label, every_s
+        self._last = 0.0
+
+    def __call__(self, done_files, total_files, done_bytes, total_bytes, *, final=False):
+        now = time.monotonic()
+        if final or done_files == 0 or now - self._last >= self.every_s:
+            self._last = now
+            percent = 100 * done_bytes / total_bytes if total_bytes else 100.0
+            what = "done" if final else f"{percent:.0f}%"
+            self.report(f"[trainyard] {self.verb} {self.label}: {done_files}/{total_files} files, "
+                        f"{_mib(done_bytes)}/{_mib(total_bytes)} ({what})")
+
+
+def fetch(source, destination, *, report=lambda line: None):
+    """Download every object under source.prefix into `destination`, keeping relative paths."""
+    destination = Path(destination)
+    objects = list(source.store.list(source.prefix))
+    total = sum(o.size for o in objects)
+    progress = Progress(report, "downloading from", source.label)
+    progress(0, len(objects), 0, total)
+    done = 0
+    for count, obj in enumerate(objects, 1):
+        relative = _relative_key(obj.key, source.prefix)
+        target = (destination / relative).resolve()
+        if destination.resolve() not in target.parents:
+            raise DataStoreError(f"{source.label}: object {obj.key!r} would land outside DATA_DIR; refused")
+        source.store.get(obj.key, target)
+        done += obj.size
+        progress(count, len(objects), done, total)
+    progress(len(objects), len(objects), done, total, final=True)
+    return len(objects), total
+
+
+def push(folders, target, *, report=lambda line: None):
+    """Upload every regular file of each {name: folder} under target.prefix/name/."""
+    files = []
+    for name, folder in folders.items():
+        folder = Path(folder)
+        if not folder.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames.sort()
+            for filename in sorted(filenames):
+                path = Path(dirpath) / filename
+                if path.is_file() and not path.is_symlink() and not filename.startswith(".tmp"):
+                    files.append((path, str(PurePosixPath(target.prefix, name, path.relative_to(folder).as_posix()))))
+    total = sum(path.stat().st_size for path, _ in files)
+    progress = Progress(report, "uploading to", target.label)
+    progress(0, len(files), 0, total)
+    done = 0
+    for count, (path, key) in enumerate(files, 1):
+        target.store.put(path, key.lstrip("/"))
+        done += path.stat().st_size
+        progress(count, len(files), done, total)
+    progress(len(files), len(files), done, total, final=True)
+    return len(files), total
+
+
+def _relative_key(key, prefix):
+    relative = key[len(prefix):] if prefix and key.startswith(prefix) else key
+    return relative.lstrip("/")
+
+
+def _mib(n):
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+@contextmanager
+def exclusive(lock_path):
+    """Yield True while holding an exclusive lock on `lock_path`, False if someone else holds it.
+
+    A re-driven deploy must not download the same data twice at once; the kernel drops the lock if
+    the worker holding it dies, so the next re-drive starts over."""
+    fd = os.open(lock_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+# --- credentials -------------------------------------------------------------------------------
+def credentials(raw):
+    """{store id: {field: value}} of the secret connection fields of a parsed manifest mapping."""
+    found = {}
+    for store in (raw or {}).get("data_stores") or []:
+        if not isinstance(store, dict):
+            continue
+        connection = store.get("connection") or {}
+        secret = {k: str(v) for k, v in connection.items()
+                  if k not in PUBLIC_CONNECTION_FIELDS and v not in (None, "", REDACTED)}
+        if secret:
+            found[str(store.get("id"))] = secret
+    return found
+
+
+def redact(raw):
+    """A copy of a parsed manifest mapping with every credential replaced by REDACTED."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("data_stores"), list):
+        return raw
+    stores = []
+    for store in raw["data_stores"]:
+        if isinstance(store, dict) and isinstance(store.get("connection"), dict):
+            connection = {k: (v if k in PUBLIC_CONNECTION_FIELDS or v in (None, "") else REDACTED)
+                          for k, v in store["connection"].items()}
+            store = dict(store, connection=connection)
+        stores.append(store)
+    return dict(raw, data_stores=stores)
+
+
+def redact_yaml(text):
+    """The manifest text with each credential's value replaced in place (comments and layout kept).
+
+    Positions come from the YAML node tree, so a secret is found however it is quoted or folded; a
+    text that does not compose (never stored anyway) is returned unchanged."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return text
+    spans = []
+    for store in _items(_value(root, "data_stores")):
+        connection = _value(store, "connection")
+        if not isinstance(connection, yaml.MappingNode):
+            continue
+        for key, value in connection.value:
+            if key.value not in PUBLIC_CONNECTION_FIELDS and isinstance(value, yaml.ScalarNode) and value.value:
+                spans.append((value.start_mark.index, value.end_mark.index))
+    for start, end in sorted(spans, reverse=True):
+        text = text[:start] + f'"{REDACTED}"' + text[end:]
+    return text
+
+
+def _value(node, key):
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == key:
+                return v
+    return None
+
+
+def _items(node):
+    return node.value if isinstance(node, yaml.SequenceNode) else []
+
+
+def _fernet(secret_key):
+    from cryptography.fernet import Fernet
+    # A key of its own for this purpose, derived from SECRET_KEY (never SECRET_KEY itself).
+    digest = hashlib.sha256(b"trainyard.datastores.credentials\0" + secret_key.encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(digest))
+
+
+def seal_credentials(folder, secrets, *, secret_key):
+    """Keep `secrets` encrypted in the job's folder (mode 0600); nothing is written when there are none."""
+    if not secrets:
+        return None
+    path = Path(folder) / SEALED_FILE
+    token = _fernet(secret_key).encrypt(json.dumps(secrets).encode())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(token)
+    return path
+
+
+def unseal_credentials(folder, *, secret_key):
+    """The sealed secrets of a job, {} if it has none (or they were deleted because it ended)."""
+    from cryptography.fernet import InvalidToken
+    path = Path(folder) / SEALED_FILE
+    try:
+        token = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        return json.loads(_fernet(secret_key).decrypt(token))
+    except InvalidToken:
+        raise DataStoreError("the job's data-store credentials cannot be decrypted (SECRET_KEY changed?)") from None
+
+
+def delete_credentials(folder):
+    Path(folder, SEALED_FILE).unlink(missing_ok=True)
+
+
+# --- the platform's own storage (TRAINYARD_STORAGE_URL) ----------------------------------------
+def platform_store(url):
+    """The Location behind TRAINYARD_STORAGE_URL: file:///path or s3://bucket/prefix.
+
+    s3:// takes its endpoint and credentials from the usual AWS_* variables (AWS_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION), as boto3 reads them."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return Location(LocalStore(parsed.path, name="platform"), "", f"platform storage {parsed.path}")
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise DataStoreError(f"TRAINYARD_STORAGE_URL {url!r} names no bucket (s3://bucket/prefix)")
+        store = S3Store(parsed.netloc, endpoint=os.environ.get("AWS_ENDPOINT_URL"),
+                        region=os.environ.get("AWS_DEFAULT_REGION"), name="platform")
+        return Location(store, parsed.path.strip("/"), f"platform storage s3://{parsed.netloc}")
+    raise DataStoreError(f"TRAINYARD_STORAGE_URL {url!r}: use file:///path or s3://bucket/prefix")

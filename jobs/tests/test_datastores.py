@@ -1,0 +1,290 @@
+"""Data stores: transfers (local folders and a real S3-compatible server), credentials, redaction."""
+import json
+
+import pytest
+from rest_framework.test import APIClient
+
+from jobs import datastores, storage, transfers
+from jobs.datastores import DataStoreError, LocalStore, Location, S3Store
+from jobs.manifest import parse_manifest
+from jobs.models import Job, LogLine
+from jobs.tests.builders import member, tar_gz, token_for, upload
+
+SECRET = "s3cr3t-Pa55"
+
+MANIFEST = f"""
+name: with-data
+framework: {{name: custom, command: sh run.sh}}
+data_stores:
+  - id: lake
+    type: s3_datastore
+    training_data: {{container: data-bucket/inputs}}
+    training_results: {{container: results-bucket}}
+    connection:
+      auth_url: http://127.0.0.1:9
+      user_name: AKIDEXAMPLE   # the access key id counts as a credential too
+      password: '{SECRET}'
+"""
+
+
+# --- redaction -----------------------------------------------------------------------------------
+def test_it_redacts_credentials_in_the_text_and_keeps_everything_else():
+    redacted = datastores.redact_yaml(MANIFEST)
+    assert SECRET not in redacted and "AKIDEXAMPLE" not in redacted
+    assert "# the access key id counts as a credential too" in redacted  # comments and layout kept
+    assert "auth_url: http://127.0.0.1:9" in redacted
+    manifest = parse_manifest(redacted)  # still a valid manifest
+    assert manifest.data_stores[0]["connection"]["password"] == datastores.REDACTED
+
+
+@pytest.mark.parametrize("style", ["password: {s}", "password: '{s}'", 'password: "{s}"', "password: |\n        {s}"])
+def test_it_redacts_however_the_secret_is_quoted(style):
+    text = MANIFEST.replace(f"password: '{SECRET}'", style.format(s=SECRET))
+    assert parse_manifest(text).data_stores[0]["connection"]["password"].strip() == SECRET
+    assert SECRET not in datastores.redact_yaml(text)
+
+
+def test_it_redacts_the_parsed_mapping_and_reads_the_credentials():
+    raw = parse_manifest(MANIFEST).raw
+    assert datastores.credentials(raw) == {"lake": {"user_name": "AKIDEXAMPLE", "password": SECRET}}
+    assert SECRET not in json.dumps(datastores.redact(raw))
+    assert datastores.redact(raw)["data_stores"][0]["connection"]["auth_url"] == "http://127.0.0.1:9"
+
+
+# --- sealing -------------------------------------------------------------------------------------
+def test_sealed_credentials_are_encrypted_private_and_need_the_same_key(tmp_path):
+    path = datastores.seal_credentials(tmp_path, {"lake": {"password": SECRET}}, secret_key="key-one")
+    assert SECRET.encode() not in path.read_bytes()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert datastores.unseal_credentials(tmp_path, secret_key="key-one") == {"lake": {"password": SECRET}}
+    with pytest.raises(DataStoreError, match="cannot be decrypted"):
+        datastores.unseal_credentials(tmp_path, secret_key="key-two")
+    datastores.delete_credentials(tmp_path)
+    assert datastores.unseal_credentials(tmp_path, secret_key="key-one") == {}
+
+
+def test_nothing_is_sealed_without_credentials(tmp_path):
+    assert datastores.seal_credentials(tmp_path, {}, secret_key="k") is None
+    assert not list(tmp_path.iterdir())
+
+
+# --- transfers between folders -------------------------------------------------------------------
+def test_fetch_and_push_with_local_folders_report_progress(tmp_path):
+    source = tmp_path / "store" / "inputs"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.txt").write_text("a" * 3000)
+    (source / "sub" / "b.txt").write_text("b")
+    lines = []
+    count, size = datastores.fetch(Location(LocalStore(tmp_path / "store", name="s"), "inputs", "store s"),
+                                   tmp_path / "data", report=lines.append)
+    assert (count, size) == (2, 3001)
+    assert (tmp_path / "data" / "sub" / "b.txt").read_text() == "b"
+    assert lines[0].startswith("[trainyard] downloading from store s: 0/2 files")
+    assert lines[-1] == "[trainyard] downloading from store s: 2/2 files, 2.9 KiB/2.9 KiB (done)"
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "model.bin").write_bytes(b"m")
+    (results / ".tmp-partial").write_bytes(b"x")  # a half-written file is not uploaded
+    datastores.push({"results": results, "missing": tmp_path / "nope"},
+                    Location(LocalStore(tmp_path / "out", name="o"), "job-1", "store o"))
+    assert [p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file()] == [
+        "job-1/results/model.bin"]
+
+
+def test_a_missing_local_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(DataStoreError, match="folder .* does not exist"):
+        datastores.fetch(Location(LocalStore(tmp_path, name="s"), "nope", "s"), tmp_path / "data")
+
+
+def test_fetch_refuses_keys_that_would_escape_data_dir(tmp_path):
+    class Evil(LocalStore):
+        def list(self, prefix=""):
+            yield datastores.StoredObject("../../escaped", 1)
+
+    with pytest.raises(DataStoreError, match="outside DATA_DIR"):
+        datastores.fetch(Location(Evil(tmp_path, name="e"), "", "e"), tmp_path / "data")
+
+
+# --- a real S3-compatible server -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def s3():
+    """moto in server mode, with signatures checked against IAM keys; yields (endpoint, id, secret)."""
+    import boto3
+    from moto import settings as moto_settings
+    from moto.server import ThreadedMotoServer
+
+    from portal.runner import free_port
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    admin = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    iam = boto3.client("iam", **admin)
+    iam.create_user(UserName="u")
+    iam.put_user_policy(UserName="u", PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="u")["AccessKey"]
+    client = boto3.client("s3", **admin)
+    client.create_bucket(Bucket="data-bucket")
+    client.create_bucket(Bucket="results-bucket")
+    client.put_object(Bucket="data-bucket", Key="inputs/train.csv", Body=b"x,y\n1,2\n")
+    client.put_object(Bucket="data-bucket", Key="inputs/nested/more.csv", Body=b"x,y\n3,4\n")
+    previous = moto_settings.INITIAL_NO_AUTH_ACTION_COUNT
+    moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
+    try:
+        yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
+    finally:
+        moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = previous
+        server.stop()
+
+
+def test_s3_round_trip(s3, tmp_path):
+    endpoint, key, secret = s3
+    store = S3Store("data-bucket", endpoint=endpoint, access_key=key, secret_key=secret, name="lake")
+    assert datastores.fetch(Location(store, "inputs", "lake"), tmp_path / "data") == (2, 16)
+    assert (tmp_path / "data" / "nested" / "more.csv").read_bytes() == b"x,y\n3,4\n"
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "model.bin").write_bytes(b"weights")
+    out = S3Store("results-bucket", endpoint=endpoint, access_key=key, secret_key=secret, name="lake")
+    datastores.push({"results": tmp_path / "results"}, Location(out, "job-9", "lake"))
+    assert [(o.key, o.size) for o in out.list("job-9")] == [("job-9/results/model.bin", 7)]
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"secret_key": "wrong"}, "refused the credentials (SignatureDoesNotMatch)"),
+    ({"access_key": "AKIANOSUCHKEY000"}, "refused the credentials (InvalidAccessKeyId)"),
+    ({"bucket": "no-such-bucket"}, "the bucket does not exist (NoSuchBucket)"),
+])
+def test_s3_errors_are_clear_and_never_show_the_secret(s3, tmp_path, change, words):
+    endpoint, key, secret = s3
+    values = dict(bucket="data-bucket", access_key=key, secret_key=secret)
+    values.update(change)
+    store = S3Store(values.pop("bucket"), endpoint=endpoint, name="lake", **values)
+    with pytest.raises(DataStoreError) as error:
+        datastores.fetch(Location(store, "inputs", "lake"), tmp_path / "data")
+    assert words in str(error.value) and "data store 'lake'" in str(error.value)
+    assert secret not in str(error.value)
+
+
+def test_an_unreachable_endpoint_fails_within_seconds(tmp_path):
+    import time
+    from portal.runner import free_port
+    store = S3Store("b", endpoint=f"http://127.0.0.1:{free_port()}", access_key="a", secret_key="b", name="lake")
+    started = time.monotonic()
+    with pytest.raises(DataStoreError, match="data store 'lake'.*Could not connect"):
+        datastores.fetch(Location(store, "", "lake"), tmp_path / "data")
+    assert time.monotonic() - started < 30
+
+
+def test_platform_storage_urls():
+    assert isinstance(datastores.platform_store("file:///srv/trainyard").store, LocalStore)
+    s3_location = datastores.platform_store("s3://artifacts/trainyard")
+    assert (s3_location.store.bucket, s3_location.prefix) == ("artifacts", "trainyard")
+    with pytest.raises(DataStoreError, match="names no bucket"):
+        datastores.platform_store("s3:///x")
+    with pytest.raises(DataStoreError, match="use file:///path or s3://bucket/prefix"):
+        datastores.platform_store("ftp://x")
+
+
+# --- the platform side: submission, download, storing, the end -----------------------------------
+
+
+def submit(membership, manifest):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(membership)}")
+    return client.post("/api/v1/jobs/", {"manifest": upload(manifest.encode(), "manifest.yml"),
+                                         "code": upload(tar_gz({"run.sh": b"echo hi\n"}))}, format="multipart")
+
+
+@pytest.mark.django_db
+def test_submission_stores_no_credential_and_the_api_shows_none(settings):
+    alice = member()
+    response = submit(alice, MANIFEST)
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    assert SECRET not in job.manifest_yaml and SECRET not in json.dumps(job.manifest)
+    folder = storage.job_dir(job.tenant.slug, job.id)
+    assert datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY) == {
+        "lake": {"user_name": "AKIDEXAMPLE", "password": SECRET}}
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(alice)}")
+    shown = client.get(f"/api/v1/jobs/{job.id}/").content.decode()
+    assert SECRET not in shown and "AKIDEXAMPLE" not in shown and datastores.REDACTED in shown
+
+
+@pytest.mark.django_db
+def test_an_older_row_with_a_clear_text_secret_is_still_redacted_in_the_api():
+    from jobs.tests.builders import job as make_job
+    alice = member()
+    row = make_job(alice, manifest=parse_manifest(MANIFEST).raw, manifest_yaml=MANIFEST)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(alice)}")
+    assert SECRET not in client.get(f"/api/v1/jobs/{row.id}/").content.decode()
+
+
+LOCAL_JOB = """
+name: local-data
+framework: {name: custom, command: sh run.sh}
+data_stores:
+  - id: shelf
+    type: local
+    training_data: {container: digits}
+    training_results: {container: trained}
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_local_store_is_downloaded_with_progress_in_the_log_and_results_are_stored(settings):
+    from jobs.models import Status
+    from jobs.states import transition
+    alice = member()
+    shelf = settings.DATA_DIR / datastores.LOCAL_STORES_DIR / "digits"
+    shelf.mkdir(parents=True)
+    (shelf / "train.csv").write_text("1,2\n")
+    job = Job.objects.get(pk=submit(alice, LOCAL_JOB).json()["id"])
+    transition(job.id, Status.PENDING, actor="test")
+    job.refresh_from_db()
+    assert transfers.fetch_training_data(job) is True
+    folder = storage.job_dir(job.tenant.slug, job.id)
+    assert (folder / "data" / "train.csv").read_text() == "1,2\n"
+    job.refresh_from_db()
+    assert job.status == Status.DOWNLOADING
+    lines = list(LogLine.objects.filter(job=job).order_by("seq").values_list("stream", "line"))
+    assert lines[-1] == ("system", "[trainyard] downloading from data store 'shelf' (folder digits): 1/1 files, "
+                                   "0.0 KiB/0.0 KiB (done)")
+    (shelf / "train.csv").write_text("changed\n")
+    assert transfers.fetch_training_data(job) is True  # the data of a job is fetched once, for all attempts
+    assert (folder / "data" / "train.csv").read_text() == "1,2\n"
+
+    (folder / "results" / "model.txt").write_text("m")
+    assert transfers.push_results(job) is True
+    assert (settings.DATA_DIR / datastores.LOCAL_STORES_DIR / "trained" / job.id / "results" / "model.txt").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_download_fails_the_job_with_the_reason():
+    from jobs.models import Status
+    from jobs.states import transition
+    alice = member()
+    job = Job.objects.get(pk=submit(alice, LOCAL_JOB).json()["id"])  # its folder was never created
+    transition(job.id, Status.PENDING, actor="test")
+    job.refresh_from_db()
+    assert transfers.fetch_training_data(job) is False
+    job.refresh_from_db()
+    assert job.status == Status.FAILED
+    assert job.status_reason.startswith("downloading training data failed: data store 'shelf': folder ")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_credentials_are_deleted_when_the_job_ends():
+    from jobs.models import Status
+    from jobs.states import transition
+    alice = member()
+    job = Job.objects.get(pk=submit(alice, MANIFEST).json()["id"])
+    sealed = storage.job_dir(job.tenant.slug, job.id) / datastores.SEALED_FILE
+    assert sealed.exists()
+    transition(job.id, Status.PENDING, actor="test")
+    assert sealed.exists()  # not final: a restart or resume needs them
+    transition(job.id, Status.TERMINATED, actor="test")
+    assert not sealed.exists()

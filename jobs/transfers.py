@@ -1,0 +1,128 @@
+"""A job's data transfers, platform side: its training data in (DOWNLOADING) and its results out
+(STORING), plus the life of its data-store credentials (sealed at submission, deleted at the end).
+
+jobs.actions calls these at the matching points of a job's life; jobs.datastores does the actual
+transfers. Progress goes into the job's log as `system` lines (learner 0), so the job page, the
+CLI's `logs` and the websocket show it like any other output.
+"""
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from jobs import datastores, live, storage
+from jobs.manifest import parse_manifest
+from jobs.models import Job, LogLine, Status
+from jobs.serializers import log_line_json
+from jobs.states import FINAL, transition
+
+log = logging.getLogger(__name__)
+SYSTEM = "lifecycle-manager"
+
+
+def seal_submitted_credentials(folder, manifest):
+    """At submission: keep the manifest's credentials encrypted beside the job (never in the database)."""
+    datastores.seal_credentials(folder, datastores.credentials(manifest.raw), secret_key=settings.SECRET_KEY)
+
+
+def forget_credentials(job_id, status):
+    """At the end: a job in a final state never needs its credentials again."""
+    if status in FINAL:
+        job = Job.objects.select_related("tenant").filter(pk=job_id).first()
+        if job is not None:
+            datastores.delete_credentials(storage.job_dir(job.tenant.slug, job.id))
+
+
+def on_job_event(sender, instance, created, **kwargs):
+    """post_save of JobEvent (connected in JobsConfig.ready): every final transition writes one."""
+    if created and instance.to_status in FINAL:
+        job_id, status = instance.job_id, instance.to_status
+        transaction.on_commit(lambda: forget_credentials(job_id, status))
+
+
+# --- DOWNLOADING ---------------------------------------------------------------------------------
+def fetch_training_data(job):
+    """Download the job's training data into its data/ folder before any learner starts.
+
+    Returns True when the learners may start (no data stores, data already complete, or just
+    fetched), False when they must not (the job failed here, or another worker is fetching).
+    """
+    stores = [s for s in parse_manifest(job.manifest_yaml).data_stores if "training_data" in s]
+    folder = storage.job_dir(job.tenant.slug, job.id)
+    data_dir = folder / "data"
+    if not stores or (data_dir / datastores.FETCHED_MARK).exists():
+        return True
+    with datastores.exclusive(folder / ".fetch.lock") as mine:
+        if not mine:
+            return False  # a re-driven deploy while the first one downloads; that one goes on
+        labels = ", ".join(repr(s["id"]) for s in stores)
+        if job.status == Status.PENDING:
+            transition(job.id, Status.DOWNLOADING, actor=SYSTEM, attempt=job.attempt,
+                       reason=f"downloading training data from data store {labels}")
+        try:
+            secrets = datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY)
+            for spec in stores:
+                source = datastores.location(spec, "training_data", secrets, data_root=settings.DATA_DIR)
+                datastores.fetch(source, data_dir, report=lambda line: system_log(job.id, line))
+        except datastores.DataStoreError as exc:
+            system_log(job.id, f"[trainyard] {exc}")
+            transition(job.id, Status.FAILED, actor=SYSTEM, attempt=job.attempt,
+                       reason=f"downloading training data failed: {exc}")
+            return False
+        (data_dir / datastores.FETCHED_MARK).touch()
+    return True
+
+
+# --- STORING -------------------------------------------------------------------------------------
+def push_results(job):
+    """Upload RESULT_DIR, the checkpoints and the log to every store with training_results, and mirror
+    them into the platform's storage when that is S3. A failed upload fails the job (its reason
+    names the store); the files stay downloadable from the platform either way."""
+    folder = storage.job_dir(job.tenant.slug, job.id)
+    folders = {name: folder / name for name in ("results", "checkpoints", "logs")}
+    try:
+        targets = _result_targets(job, folder)
+        for target in targets:
+            datastores.push(folders, target, report=lambda line: system_log(job.id, line))
+    except datastores.DataStoreError as exc:
+        system_log(job.id, f"[trainyard] {exc}")
+        transition(job.id, Status.FAILED, actor=SYSTEM, attempt=job.attempt, reason=f"storing results failed: {exc}")
+        return False
+    return True
+
+
+def _result_targets(job, folder):
+    targets = []
+    specs = [s for s in parse_manifest(job.manifest_yaml).data_stores if "training_results" in s]
+    if specs:
+        secrets = datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY)
+        for spec in specs:
+            target = datastores.location(spec, "training_results", secrets, data_root=settings.DATA_DIR)
+            # FfDL's layout: each job's results under its own id in the results container.
+            targets.append(datastores.Location(target.store, _join(target.prefix, job.id), target.label))
+    mirror = storage.mirror_url()
+    if mirror:
+        platform = datastores.platform_store(mirror)
+        targets.append(datastores.Location(platform.store, _join(platform.prefix, job.tenant.slug, job.id),
+                                           platform.label))
+    return targets
+
+
+def _join(*parts):
+    return "/".join(p.strip("/") for p in parts if p)
+
+
+# --- progress lines ------------------------------------------------------------------------------
+def system_log(job_id, line):
+    """Append one platform line to the job's log (next job-wide seq, under the job's row lock)."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        if job is None:
+            return
+        seq = job.log_seq + 1
+        Job.objects.filter(pk=job_id).update(log_seq=seq)
+        row = LogLine.objects.create(job=job, seq=seq, attempt=job.attempt, learner=0, stream="system",
+                                     time=timezone.now(), line=line)
+        live.publish_records_on_commit(job_id, [log_line_json(row)], [])
+    log.info("%s: %s", job_id, line)
