@@ -180,6 +180,13 @@
     }
   }
 
+  /** GET a JSON resource of the platform with the browser session; throws on a non-2xx answer. */
+  async function getJson(path) {
+    const response = await fetch(path, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    return response.json();
+  }
+
   /** Shows a socket's state in a small pill (`.live-indicator[data-state]`). */
   function showConnectionState(el, state, reason) {
     if (!el) return;
@@ -192,7 +199,7 @@
 
   window.Trainyard = {
     FINAL_STATUSES, isFinal, parseTime, formatDuration, elapsedMs, formatBytes, formatLocalTime,
-    localizeTimes, setStatusChip, csrfToken, wsUrl, LiveSocket, showConnectionState,
+    localizeTimes, setStatusChip, csrfToken, wsUrl, LiveSocket, showConnectionState, getJson,
   };
 
   document.addEventListener("DOMContentLoaded", () => localizeTimes());

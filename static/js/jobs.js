@@ -1,14 +1,18 @@
-/* The job list: live status chips over /ws/jobs/ and ticking durations of running jobs. */
+/* The jobs page: live status chips over /ws/jobs/, ticking durations of running jobs, and fresh
+ * results (through htmx, which also drives the filters and pages) when a new job appears. */
 (function () {
   "use strict";
   const T = window.Trainyard;
 
-  const table = document.querySelector("[data-testid=jobs-table]");
   const indicator = document.querySelector("[data-testid=connection]");
-  let reloadTimer = null;
+  let refreshTimer = null;
+
+  const results = () => document.getElementById("jobs-results");
+  const table = () => document.querySelector("[data-testid=jobs-table]");
 
   function rowOf(jobId) {
-    return table ? table.querySelector(`tr[data-job-id="${CSS.escape(String(jobId))}"]`) : null;
+    const t = table();
+    return t ? t.querySelector(`tr[data-job-id="${CSS.escape(String(jobId))}"]`) : null;
   }
 
   function renderDuration(cell) {
@@ -16,45 +20,45 @@
     cell.textContent = ms == null ? "—" : T.formatDuration(ms);
   }
 
-  function renderAllDurations() {
-    if (!table) return;
-    for (const cell of table.querySelectorAll("td.duration")) renderDuration(cell);
+  function renderAll(root = document) {
+    for (const cell of root.querySelectorAll("td.duration")) renderDuration(cell);
+    T.localizeTimes(root);
   }
 
   /** Only running jobs (started, not finished) change from one second to the next. */
   function tickDurations() {
-    if (!table) return;
-    for (const cell of table.querySelectorAll('td.duration:not([data-started=""])[data-finished=""]')) {
+    for (const cell of document.querySelectorAll('td.duration:not([data-started=""])[data-finished=""]')) {
       renderDuration(cell);
     }
   }
 
   /**
-   * A status change for a job we don't show usually means a new job: reload to show it. A job
-   * older than the oldest row of a full table would not appear after a reload either, so skip it.
+   * A job we don't show is usually a new one. It belongs on the first page of the default view
+   * (newest first, unfiltered); anywhere else the reader chose what to look at, so leave it be.
    */
-  function isNewerThanTable(detail) {
-    if (!table || !detail || !detail.created_at) return true;
-    const rows = table.tBodies[0].rows;
-    const oldest = rows.length ? T.parseTime(rows[rows.length - 1].dataset.created) : null;
-    const created = T.parseTime(detail.created_at);
-    return rows.length < 200 || oldest == null || created == null || created >= oldest;
+  function showsNewJobs() {
+    const el = results();
+    return el && el.dataset.firstPage === "true" && el.dataset.defaultView === "true";
   }
 
-  function scheduleReload() {
-    // Several jobs are often submitted at once: one reload covers them all.
-    if (reloadTimer) return;
-    reloadTimer = setTimeout(() => location.reload(), 500);
+  function refreshResults() {
+    // Several jobs are often submitted at once: one refresh covers them all.
+    if (refreshTimer || !window.htmx) return;
+    refreshTimer = setTimeout(() => {
+      refreshTimer = null;
+      window.htmx.ajax("GET", location.pathname + location.search, { target: "#jobs-results", swap: "outerHTML" });
+    }, 400);
   }
 
   function applyStatus(message) {
     const row = rowOf(message.job);
     if (!row) {
-      if (isNewerThanTable(message.job_detail)) scheduleReload();
+      if (showsNewJobs()) refreshResults();
       return;
     }
-    T.setStatusChip(row.querySelector("[data-testid=job-status]"), message.status, message.reason);
     const detail = message.job_detail;
+    const reason = message.reason || (detail && detail.wait_reason) || "";
+    T.setStatusChip(row.querySelector("[data-testid=job-status]"), message.status, reason);
     const cell = row.querySelector("td.duration");
     if (detail && cell) {
       cell.dataset.started = detail.started_at || "";
@@ -63,16 +67,13 @@
     }
   }
 
-  function onMessage(message) {
-    if (message.type === "status") applyStatus(message);
-  }
-
   function start() {
-    renderAllDurations();
+    renderAll();
+    document.body.addEventListener("htmx:afterSettle", () => renderAll());
     setInterval(tickDurations, 1000);
     new T.LiveSocket({
       url: () => T.wsUrl("/ws/jobs/"),
-      onMessage,
+      onMessage: (message) => { if (message.type === "status") applyStatus(message); },
       onState: (state, reason) => T.showConnectionState(indicator, state, reason),
     }).start();
   }
