@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv clean assets
 
 venv: $(STAMP)
 
@@ -22,6 +22,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Browser libraries (package-lock.json) into static/vendor/; the result is committed, so only this needs npm.
+assets: $(STAMP)
+	npm ci --no-audit --no-fund
+	$(PY) -m portal.assets
 
 bench: $(STAMP)
 	$(PY) -m bench all

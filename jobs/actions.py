@@ -2,6 +2,7 @@
 
 Views and tasks call these functions; status changes go through jobs.states.transition().
 """
+import hashlib
 import logging
 import os
 import shutil
@@ -13,8 +14,8 @@ from django.core import signing
 from django.db import transaction
 from django.utils import timezone
 
-from gpu_scheduler import core as scheduler
-from jobs import checkpoints, storage
+from jobs import admission, checkpoints, storage
+from jobs import datastores, frameworks, transfers
 from jobs.backends import get_backend
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
 from jobs.manifest import ManifestError, parse_manifest
@@ -34,7 +35,7 @@ class SubmitError(Exception):
 
 
 # --- submit --------------------------------------------------------------------------------------
-def submit(membership, *, manifest_bytes, code_file):
+def submit(membership, *, manifest_bytes, code_file, private=False):
     """Validate and store a new job; nothing is stored or reserved unless everything is valid."""
     if not membership.can_submit:
         raise SubmitError(f"your role in {membership.tenant.slug!r} ({membership.role}) cannot submit jobs",
@@ -55,7 +56,7 @@ def submit(membership, *, manifest_bytes, code_file):
                                    max_members=settings.MAX_ARCHIVE_MEMBERS)
         except ArchiveError as exc:
             raise SubmitError(f"code archive refused: {exc}", field="code") from None
-        job = _create_job(membership, manifest, manifest_bytes, upload, info)
+        job = _create_job(membership, manifest, manifest_bytes, upload, info, private=private)
     finally:
         upload.unlink(missing_ok=True)
     return job
@@ -69,16 +70,21 @@ def _save_upload(code_file):
     return Path(name)
 
 
-def _create_job(membership, manifest, manifest_bytes, upload, info):
+def _create_job(membership, manifest, manifest_bytes, upload, info, *, private):
     digest = storage.sha256_of(upload)
+    # Data-store credentials never reach the database: stored redacted, sealed beside the job instead.
     job = Job(tenant=membership.tenant, owner=membership.user, name=manifest.name,
-              description=manifest.description, framework=manifest.framework, manifest=manifest.raw,
-              manifest_yaml=manifest_bytes.decode("utf-8"), learners=manifest.learners, gpus=manifest.gpus,
+              description=manifest.description, framework=manifest.framework,
+              manifest=datastores.redact(manifest.raw),
+              manifest_yaml=datastores.redact_yaml(manifest_bytes.decode("utf-8")), learners=manifest.learners,
+              gpus=manifest.gpus,
               cpus=manifest.cpus, memory_bytes=manifest.memory_bytes, priority=manifest.priority,
               code_sha256=digest, code_bytes=upload.stat().st_size)
+    job.private = private
     folder = storage.create_job_dir(membership.tenant.slug, job.id)
     try:
         shutil.copyfile(upload, folder / f"code.{info.kind}")
+        transfers.seal_submitted_credentials(folder, manifest)
         with transaction.atomic():
             job.save(force_insert=True)
             job.events.create(to_status=Status.QUEUED, actor=membership.user.username, reason="submitted")
@@ -100,8 +106,8 @@ def enqueue(task_name, *args):
         from jobs import tasks
         try:
             getattr(tasks, task_name).delay(*args)
-        except Exception:  # noqa: BLE001 - kombu raises many kinds of connection errors
-            log.warning("could not enqueue %s%s; reconcile will retry", task_name, args, exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - kombu raises many kinds of connection errors
+            log.warning("could not enqueue %s%s (%s); reconcile will retry", task_name, args, exc)
 
     transaction.on_commit(send)
 
@@ -112,29 +118,6 @@ def code_archive(job):
 
 
 # --- admission -----------------------------------------------------------------------------------
-def schedule_queued():
-    """One scheduling pass: admit the queued jobs that fit the free capacity, in order."""
-    queued = list(Job.objects.filter(status=Status.QUEUED).order_by("created_at"))
-    if not queued:
-        return []
-    requests = [scheduler.Request(job.id, job.learners, job.gpus, job.cpus, job.memory_bytes, job.priority,
-                                  order) for order, job in enumerate(queued)]
-    decisions = scheduler.schedule(requests, _free_nodes())
-    admitted = []
-    for job in queued:
-        if job.id in decisions.admitted:
-            placement = [{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in decisions.admitted[job.id]]
-            with transaction.atomic():
-                moved = transition(job.id, Status.PENDING, actor="scheduler", reason="admitted",
-                                   attempt=job.attempt, placement=placement, wait_reason="")
-                if moved:
-                    admitted.append(job.id)
-                    enqueue("deploy_job", moved.id, moved.attempt)
-        elif job.wait_reason != decisions.waiting[job.id]:
-            Job.objects.filter(pk=job.id, status=Status.QUEUED).update(wait_reason=decisions.waiting[job.id])
-    return admitted
-
-
 def used_resources():
     """{node: {gpus, cpus, memory_bytes, gpu_ids}} held by the learners of active jobs."""
     used = {}
@@ -146,17 +129,6 @@ def used_resources():
             node["memory_bytes"] += job.memory_bytes
             node["gpu_ids"].update(learner["gpu_ids"])
     return used
-
-
-def _free_nodes():
-    used = used_resources()
-    nodes = []
-    for node in get_backend().capacity().nodes:
-        held = used.get(node.name, {"cpus": 0.0, "memory_bytes": 0, "gpu_ids": set()})
-        gpu_ids = [g for g in range(node.gpus) if g not in held["gpu_ids"]]
-        nodes.append(scheduler.NodeFree(node.name, len(gpu_ids), node.cpus - held["cpus"],
-                                        node.memory_bytes - held["memory_bytes"], gpu_ids))
-    return nodes
 
 
 # --- deploy --------------------------------------------------------------------------------------
@@ -177,6 +149,8 @@ def deploy(job_id, attempt):
     """Start the learners of an admitted attempt. Repeating it is harmless (deterministic names)."""
     job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
     if job is None or job.status not in (Status.PENDING, Status.DOWNLOADING, Status.PROCESSING):
+        return
+    if not transfers.fetch_training_data(job):
         return
     try:
         get_backend().deploy(deploy_spec(job))
@@ -207,21 +181,30 @@ def deploy_spec(job):
     resume_from = checkpoints.last_good(folder, job.attempt)
     if resume_from:
         env["RESUME_FROM"] = str(resume_from)
+    framework = frameworks.REGISTRY[manifest.framework]
+    env.update(framework.env)
+    # Learners of one job share a private network namespace on `local`, so any port is free there;
+    # it still differs per job and attempt for a machine that cannot create namespaces.
+    port = 20000 + int(hashlib.sha256(f"{job.id}:{job.attempt}".encode()).hexdigest()[:6], 16) % 20000
     learners = []
     for index in range(job.learners):
         placement = job.placement[index] if index < len(job.placement) else {"gpu_ids": []}
         learner_env = {"LEARNER_ID": str(index)}
         if job.learners > 1:
             learner_env.update(RANK=str(index), WORLD_SIZE=str(job.learners), MASTER_ADDR="127.0.0.1",
-                               MASTER_PORT=str(20000 + int(job.code_sha256[:6], 16) % 20000))
-        learners.append(LearnerSpec(index=index, env=learner_env, gpu_ids=tuple(placement["gpu_ids"])))
+                               MASTER_PORT=str(port))
+            learner_env.update(framework.distributed_env(index=index, learners=job.learners,
+                                                         hosts=["127.0.0.1"] * job.learners, port=port))
+        learners.append(LearnerSpec(index=index, env=learner_env, gpu_ids=tuple(placement["gpu_ids"]),
+                                    node=placement.get("node", "")))
     return DeploySpec(
         job_id=job.id, attempt=job.attempt, tenant=job.tenant.slug, command=manifest.command,
         code_archive=str(code_archive(job)), job_dir=str(folder), learners=tuple(learners), cpus=job.cpus,
         memory_bytes=job.memory_bytes, gpus=job.gpus, env=env, metric_regexes=manifest.metric_regexes,
         checkpoint_signal=manifest.checkpoint_signal, grace_seconds=manifest.grace_seconds,
         ingest_url=f"{settings.PUBLIC_URL.rstrip('/')}/api/v1/ingest/{job.id}/",
-        ingest_token=ingest_token(job.id, job.attempt))
+        ingest_token=ingest_token(job.id, job.attempt), framework=manifest.framework,
+        framework_version=manifest.framework_version, image=framework.image_for(manifest.framework_version))
 
 
 def latest_checkpoint(job):
@@ -251,11 +234,23 @@ def learner_exited(job, learner, *, exit_code, reason, when, state=Learner.State
         state__in=[Learner.State.EXITED, Learner.State.LOST]).exists()
     if not pending:
         enqueue("finish_attempt", job.id, learner.attempt)
+    elif (state == Learner.State.LOST or exit_code != 0) and job.status != Status.HALTING:
+        # Gang-stop: the other learners of a distributed job would wait in a collective for the
+        # failed one forever, so they are stopped now and the attempt ends (and fails) as one.
+        enqueue("teardown", job.id, learner.attempt)
 
 
 # --- finish --------------------------------------------------------------------------------------
 def finish_attempt(job_id, attempt):
     """All learners of the attempt have ended: store results and settle the job's status."""
+    _settle_attempt(job_id, attempt)
+    # Whatever the outcome, release what the backend still holds for the attempt (finished pods and
+    # their Service/Secret/ConfigMap on Kubernetes; leftovers on `local`). Deleting twice is harmless.
+    if not Job.objects.filter(pk=job_id, attempt=attempt, status__in=ACTIVE).exists():
+        enqueue("teardown", job_id, attempt)
+
+
+def _settle_attempt(job_id, attempt):
     job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
     if job is None or job.status not in ACTIVE:
         return
@@ -265,7 +260,8 @@ def finish_attempt(job_id, attempt):
         return
     failed = [lr for lr in learners if lr.state == Learner.State.LOST or lr.exit_code != 0]
     if failed:
-        first = failed[0]
+        # The one that failed first is the cause; the others may just have been gang-stopped.
+        first = min(failed, key=lambda lr: (lr.finished_at or timezone.now(), lr.index))
         _store_results(job)
         if job.retries < parse_manifest(job.manifest_yaml).max_retries:
             _restart(job, _failure_reason(job, first))
@@ -313,7 +309,18 @@ def _finish_halt(job, learners):
         reason = "halted, but no checkpoint was written; resume starts from the beginning"
     if killed:
         reason += f" (learner {', '.join(map(str, killed))} ignored the signal and was killed after the grace period)"
-    transition(job.id, Status.HALTED, actor=SYSTEM, attempt=job.attempt, reason=reason)
+    halted = transition(job.id, Status.HALTED, actor=SYSTEM, attempt=job.attempt, reason=reason)
+    if halted and halted.preempted_reason:
+        _requeue_preempted(halted)
+
+
+def _requeue_preempted(job):
+    """A job halted to make room goes back to the queue at once, keeping its place (submission order)."""
+    checkpoint = latest_checkpoint(job)
+    resume = f"resumes from {checkpoint.name}" if checkpoint else "starts over: no checkpoint was written"
+    if transition(job.id, Status.QUEUED, actor=admission.ACTOR, attempt=job.attempt, attempt_next=True,
+                  only_from={Status.HALTED}, reason=f"requeued after preemption ({resume})", preempted_reason=""):
+        enqueue("schedule")
 
 
 def _failure_reason(job, learner):
@@ -326,6 +333,7 @@ def _failure_reason(job, learner):
         if learner.reason:
             what += f" ({learner.reason})"
     last = (LogLine.objects.filter(job=job, attempt=learner.attempt, learner=learner.index)
+            .exclude(stream="system")  # the platform's own lines (data transfers) are not the learner's
             .order_by("-seq").values_list("line", flat=True).first())
     return f"{what}; last output: {last[:300]}" if last else what
 
@@ -350,6 +358,7 @@ def _store_results(job):
         if not created and (artifact.size, artifact.sha256) != (values["size"], values["sha256"]):
             Artifact.objects.filter(pk=artifact.pk).update(**values)
     job.artifacts.exclude(name__in=seen).delete()  # removed by retention
+    transfers.push_results(job)
 
 
 # --- user actions --------------------------------------------------------------------------------
@@ -409,14 +418,14 @@ def reconcile():
             lr.state in (Learner.State.EXITED, Learner.State.LOST) for lr in _reload(learners))
         if ended:
             enqueue("finish_attempt", job.id, job.attempt)  # its task may have been lost
-        elif job.status == Status.PENDING and not learners:
-            enqueue("deploy_job", job.id, job.attempt)
+        elif job.status in (Status.PENDING, Status.DOWNLOADING) and not learners:
+            enqueue("deploy_job", job.id, job.attempt)  # DOWNLOADING: a data download cut short
         elif job.status == Status.HALTING:
             if learners:
                 enqueue("halt_learners", job.id, job.attempt)  # repeated: reaches a late-started agent
             else:
                 enqueue("finish_attempt", job.id, job.attempt)
-    schedule_queued()
+    admission.run_cycle()
 
 
 def _settle_learners(job, learners, statuses):

@@ -1,21 +1,23 @@
 """REST endpoints for jobs (SPEC §4). Views parse input, resolve the tenant, and call one action."""
-import json
 import mimetypes
+
+import orjson
 
 from django.http import FileResponse, Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from rest_framework import generics, status
-from rest_framework.parsers import MultiPartParser
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import actions, ingest, storage
+from jobs import actions, ingest, listing, sharing, storage
 from jobs.backends import get_backend
-from jobs.models import Job, Status
 from jobs.serializers import (ArtifactSerializer, JobDetailSerializer, JobEventSerializer, JobSerializer,
                               log_line_json, metric_json)
-from jobs.states import FINAL
+from jobs.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
+from jobs.states import ACTIVE, FINAL
 from tenants import access
 
 MAX_LOG_LIMIT = 10000
@@ -32,16 +34,17 @@ class TenantScoped:
 
 
 class JobList(TenantScoped, generics.ListCreateAPIView):
+    """The tenant's jobs, filtered (?status= ?user= ?framework= ?q=) and sorted (?sort=): jobs.listing."""
+
     serializer_class = JobSerializer
     parser_classes = [MultiPartParser]
 
     def get_queryset(self):
-        jobs = access.jobs_of(self.membership()).select_related("owner", "tenant").order_by("-created_at")
-        if status_filter := self.request.query_params.get("status"):
-            jobs = jobs.filter(status__in=[s.strip().upper() for s in status_filter.split(",")])
-        if user := self.request.query_params.get("user"):
-            jobs = jobs.filter(owner__username=user)
-        return jobs
+        try:
+            query = listing.JobQuery.from_params(self.request.query_params)
+        except listing.ListingError as exc:
+            raise ValidationError({"detail": str(exc), "field": exc.field}) from None
+        return query.ordered(query.filter(access.jobs_of(self.membership()).select_related("owner", "tenant")))
 
     def create(self, request, *args, **kwargs):
         manifest = request.FILES.get("manifest")
@@ -49,7 +52,8 @@ class JobList(TenantScoped, generics.ListCreateAPIView):
             raise actions.SubmitError("a manifest file (YAML) is required", field="manifest")
         if manifest.size > 64 * 1024:
             raise actions.SubmitError("manifest is larger than 64 KiB", field="manifest")
-        job = actions.submit(self.membership(), manifest_bytes=manifest.read(), code_file=request.FILES.get("code"))
+        job = actions.submit(self.membership(), manifest_bytes=manifest.read(), code_file=request.FILES.get("code"),
+                             private=_flag(request.data.get("private")))
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
 
@@ -66,8 +70,11 @@ class JobAction(TenantScoped, APIView):
 
     def post(self, request, job_id):
         job = self.job()
-        if not self.membership().can_submit:
-            return Response({"detail": f"viewers cannot {self.action} jobs"}, status=403)
+        if not access.can_control(self.membership(), job):
+            detail = (f"viewers cannot {self.action} jobs" if self.membership().role == "viewer" else
+                      f"only the job's owner, tenant admins and people it is shared with for control can "
+                      f"{self.action} it")
+            return Response({"detail": detail}, status=403)
         job = self.ACTIONS[self.action](job, actor=request.user.username)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
@@ -114,32 +121,73 @@ class JobArtifactDownload(TenantScoped, APIView):
 
 
 class Cluster(APIView):
-    """Capacity in tenant-neutral figures: nothing here says whose jobs use it."""
+    """Capacity per node in tenant-neutral figures; `my_jobs` lists only the caller's own tenant's jobs."""
 
     def get(self, request):
         capacity = get_backend().capacity()
         used = actions.used_resources()
-        return Response({"backend": get_backend().name, "nodes": [
-            {"name": n.name, "gpus": n.gpus, "cpus": n.cpus, "memory_bytes": n.memory_bytes,
-             "gpus_used": used.get(n.name, {}).get("gpus", 0), "cpus_used": used.get(n.name, {}).get("cpus", 0),
-             "gpus_free": n.gpus - used.get(n.name, {}).get("gpus", 0)} for n in capacity.nodes],
-            "gpus_total": capacity.gpus, "gpus_used": sum(u["gpus"] for u in used.values())})
+        mine = _tenant_jobs_by_node(request)
+        nodes = []
+        for n in capacity.nodes:
+            held = used.get(n.name, {})
+            nodes.append({"name": n.name, "gpus": n.gpus, "cpus": n.cpus, "memory_bytes": n.memory_bytes,
+                          "gpus_used": held.get("gpus", 0), "gpus_free": n.gpus - held.get("gpus", 0),
+                          "cpus_used": held.get("cpus", 0), "cpus_free": n.cpus - held.get("cpus", 0),
+                          "memory_used": held.get("memory_bytes", 0), "my_jobs": mine.get(n.name, [])})
+        return Response({"backend": get_backend().name, "nodes": nodes, "gpus_total": capacity.gpus,
+                         "gpus_used": sum(u["gpus"] for u in used.values())})
 
 
-class CurrentTenant(TenantScoped, APIView):
-    def get(self, request):
-        membership = self.membership()
-        jobs = access.jobs_of(membership)
-        active = jobs.filter(status__in=[s for s in Status if s not in FINAL and s not in (Status.QUEUED,
-                                                                                          Status.HALTED)])
-        return Response({
-            "tenant": {"slug": membership.tenant.slug, "name": membership.tenant.name},
-            "role": membership.role,
-            "quota": {},  # quotas arrive with tenant quotas (their own issue); none are enforced yet
-            "usage": {"jobs_running": active.count(),
-                      "gpus_in_use": sum(j.gpus * j.learners for j in active.only("gpus", "learners"))},
-            "queued": jobs.filter(status=Status.QUEUED).count(),
-        })
+def _tenant_jobs_by_node(request):
+    """{node: [{id, name, owner, status, gpus, learners}]}: the caller's own tenant's active jobs only."""
+    try:
+        membership = access.request_membership(request)
+    except access.NoTenant:
+        return {}
+    by_node = {}
+    jobs = access.jobs_of(membership).filter(status__in=ACTIVE).select_related("owner").only(
+        "id", "name", "status", "placement", "owner__username")
+    for job in jobs:
+        for learner in job.placement or []:
+            rows = by_node.setdefault(learner["node"], [])
+            row = next((r for r in rows if r["id"] == job.id), None)
+            if row is None:
+                row = {"id": job.id, "name": job.name, "owner": job.owner.username, "status": job.status,
+                       "gpus": 0, "learners": 0}
+                rows.append(row)
+            row["gpus"] += len(learner.get("gpu_ids") or [])
+            row["learners"] += 1
+    return by_node
+
+
+class ManifestValidate(APIView):
+    """POST a manifest (JSON {"manifest": "<yaml>"} or a multipart `manifest` file): 200 with what it asks
+    for, or the same 400 {detail, field} that submitting it would give. Nothing is stored."""
+
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def post(self, request):
+        text = request.data.get("manifest")
+        if hasattr(text, "read"):
+            if text.size > MAX_MANIFEST_BYTES:
+                raise actions.SubmitError("manifest is larger than 64 KiB", field="manifest")
+            text = text.read()
+        if not isinstance(text, (str, bytes)):
+            raise actions.SubmitError("a manifest (YAML text) is required", field="manifest")
+        try:
+            manifest = parse_manifest(text.encode() if isinstance(text, str) else text)
+        except ManifestError as exc:
+            raise actions.SubmitError(str(exc), field=exc.field) from None
+        return Response({"valid": True, "manifest": manifest_summary(manifest)})
+
+
+def manifest_summary(manifest):
+    """What a valid manifest asks for, per learner and in total."""
+    return {"name": manifest.name, "framework": manifest.framework, "framework_version": manifest.framework_version,
+            "command": manifest.command, "learners": manifest.learners, "gpus": manifest.gpus, "cpus": manifest.cpus,
+            "memory_bytes": manifest.memory_bytes, "priority": manifest.priority,
+            "total_gpus": manifest.gpus * manifest.learners, "total_cpus": manifest.cpus * manifest.learners,
+            "total_memory_bytes": manifest.memory_bytes * manifest.learners, "max_retries": manifest.max_retries}
 
 
 @csrf_exempt
@@ -149,7 +197,7 @@ def ingest_view(request, job_id):
     header = request.headers.get("Authorization", "")
     token = header[len("Ingest "):] if header.startswith("Ingest ") else None
     try:
-        payload = json.loads(request.body)
+        payload = orjson.loads(request.body)  # a batch is up to 20,000 records: decoding speed counts
         acked = ingest.ingest(job_id, token, payload)
     except ValueError:
         return JsonResponse({"detail": "body is not JSON"}, status=400)
@@ -163,3 +211,34 @@ def _int_param(request, name, default):
         return max(0, int(request.query_params.get(name, default)))
     except ValueError:
         return default
+
+
+class JobSharing(TenantScoped, APIView):
+    """GET who a job is shared with; POST {username, access: view|control} shares it; DELETE
+    .../share/<username>/ stops sharing. Its owner and the tenant's admins decide."""
+
+    def get(self, request, job_id):
+        return Response({"private": self.job().private, "results": sharing.shared_with(self.job())})
+
+    def post(self, request, job_id):
+        job = self._owned()
+        try:
+            people = sharing.share(job, str(request.data.get("username", "")), str(request.data.get("access", "view")))
+        except sharing.ShareError as exc:
+            return Response({"detail": exc.detail, "field": exc.field}, status=400)
+        return Response({"private": job.private, "results": people})
+
+    def delete(self, request, job_id, username):
+        job = self._owned()
+        sharing.unshare(job, username)
+        return Response({"private": job.private, "results": sharing.shared_with(job)})
+
+    def _owned(self):
+        job = self.job()
+        if not (self.membership().is_admin or job.owner_id == self.request.user.pk):
+            raise PermissionDenied("only the job's owner and tenant admins share it")
+        return job
+
+
+def _flag(value):
+    return str(value).strip().lower() in ("1", "true", "yes", "on")

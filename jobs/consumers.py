@@ -103,6 +103,7 @@ class JobListConsumer(_ScopedConsumer):
         if membership is None:
             await self.refuse(CLOSE_UNAUTHORIZED)
             return
+        self.membership = membership
         self.group = live.tenant_group(membership.tenant_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -112,7 +113,14 @@ class JobListConsumer(_ScopedConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def job_status(self, event):
+        # The tenant's group carries every job's changes; a private job's only reach who may see it.
+        if event["job"].get("private") and not await self._may_see(event["job"]["id"]):
+            return
         await self.send_json({"type": "status", **event["status"], "job_detail": event["job"]})
+
+    @database_sync_to_async
+    def _may_see(self, job_id):
+        return access.jobs_of(self.membership).filter(pk=job_id).exists()
 
 
 def _int(value, default):

@@ -98,16 +98,20 @@ def _store(job, learner, records):
         rows.clear()
         points.clear()
 
+    job_pk, attempt, index = job.pk, learner.attempt, learner.index
     for record in records:
-        when = _time(record.get("time"))
         if record["kind"] == "log":
+            # The hot path (one learner may send tens of thousands a second): no datetime objects.
             job.log_seq += 1
             stream = "stderr" if record.get("stream") == "stderr" else "stdout"
-            line = str(record.get("line", ""))[:MAX_LINE]
-            rows.append((job.pk, job.log_seq, learner.attempt, learner.index, stream, when, line))
-            stored_lines.append({"seq": job.log_seq, "learner": learner.index, "stream": stream,
-                                 "time": when.isoformat(), "line": line})
-        elif record["kind"] == "metric":
+            line = record.get("line", "")
+            line = (line if type(line) is str else str(line))[:MAX_LINE]
+            iso = _iso_time(record.get("time"))
+            rows.append((job_pk, job.log_seq, attempt, index, stream, iso, line))
+            stored_lines.append({"seq": job.log_seq, "learner": index, "stream": stream, "time": iso, "line": line})
+            continue
+        when = _time(record.get("time"))
+        if record["kind"] == "metric":
             point = _metric(record, learner, when)
             if point is not None:
                 point.job = job
@@ -154,3 +158,29 @@ def _time(value):
         return datetime.fromtimestamp(float(value), tz=dt_timezone.utc)
     except (TypeError, ValueError, OverflowError, OSError):
         return datetime.now(tz=dt_timezone.utc)
+
+
+_SECONDS = {}  # whole second -> "YYYY-MM-DDTHH:MM:SS" (UTC): lines arrive in runs within one second
+
+
+def _iso_time(value):
+    """The agent's Unix time as ISO 8601 UTC with microseconds, as `_time(value).isoformat()` but
+    formatting each second once."""
+    try:
+        moment = float(value)
+        second = int(moment)
+        micro = round((moment - second) * 1_000_000)
+    except (TypeError, ValueError, OverflowError):
+        return _time(None).isoformat()
+    if micro >= 1_000_000 or micro < 0 or moment < 0:
+        return _time(value).isoformat()
+    prefix = _SECONDS.get(second)
+    if prefix is None:
+        try:
+            prefix = datetime.fromtimestamp(second, tz=dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        except (OverflowError, OSError, ValueError):
+            return _time(None).isoformat()
+        if len(_SECONDS) > 4096:
+            _SECONDS.clear()
+        _SECONDS[second] = prefix
+    return f"{prefix}.{micro:06d}+00:00"

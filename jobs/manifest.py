@@ -9,9 +9,14 @@ from typing import Any
 
 import yaml
 
-FRAMEWORKS = ("pytorch", "tensorflow", "keras", "jax", "sklearn", "custom")
-FFDL_FRAMEWORKS = ("caffe", "caffe2", "horovod", "h2o3", "mxnet")
+from jobs import frameworks
+
+FRAMEWORKS = tuple(frameworks.REGISTRY)  # what jobs can run as (filters, forms); FfDL names map onto these
 DATA_STORE_TYPES = ("s3_datastore", "mount_cos", "local")
+# What a data store's `connection` may hold. auth_url and region are addresses; the rest are
+# credentials (stored encrypted, never shown back: jobs.datastores).
+CONNECTION_FIELDS = ("auth_url", "region", "user_name", "password", "access_key_id", "secret_access_key",
+                     "session_token", "type")
 PRIORITIES = ("low", "normal", "high")
 SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 METRIC_EXTRACTORS = ("regex_extractor", "tensorboard")
@@ -51,6 +56,8 @@ class Manifest:
     data_stores: list = field(default_factory=list)
     evaluation_metrics: dict | None = None
     raw: dict = field(default_factory=dict)
+    framework_asked: str = ""  # the name the manifest used (an FfDL name maps onto `framework`)
+    notes: tuple = ()  # the mappings applied to an FfDL manifest, for `trainyard validate`
 
     @property
     def metric_regexes(self):
@@ -98,10 +105,11 @@ def validate(data: dict[str, Any]) -> Manifest:
     if unknown:
         raise ManifestError(unknown[0], f"unknown field; known fields are {', '.join(TOP_LEVEL_FIELDS)}")
     framework = _mapping(data, "framework", required=True)
-    framework_name = _string(framework, "name", "framework.name", required=True).lower()
-    if framework_name not in FRAMEWORKS + FFDL_FRAMEWORKS:
-        raise ManifestError("framework.name", f"{framework_name!r} is not supported; use one of "
-                                              f"{', '.join(FRAMEWORKS + FFDL_FRAMEWORKS)}")
+    try:
+        resolved = frameworks.resolve(_string(framework, "name", "framework.name", required=True),
+                                      _string(framework, "version", "framework.version"))
+    except frameworks.FrameworkError as exc:
+        raise ManifestError(exc.field, exc.rule) from None
     checkpoint = _mapping(data, "checkpoint")
     signal_name = _string(checkpoint, "signal", "checkpoint.signal") or "SIGTERM"
     if signal_name not in SIGNALS:
@@ -111,13 +119,15 @@ def validate(data: dict[str, Any]) -> Manifest:
     if priority not in PRIORITIES:
         raise ManifestError("priority", f"{priority!r} is not one of {', '.join(PRIORITIES)}")
     memory = data.get("memory")
+    data_stores = _data_stores(data.get("data_stores"))
     return Manifest(
         name=_name(data),
         description=_string(data, "description", "description"),
         version=_string(data, "version", "version"),
         command=_command(framework),
-        framework=framework_name,
-        framework_version=_string(framework, "version", "framework.version"),
+        framework=resolved.name,
+        framework_version=resolved.version,
+        framework_asked=resolved.asked_as,
         learners=_integer(data, "learners", 1, minimum=1, maximum=MAX_LEARNERS),
         gpus=_integer(data, "gpus", 0, minimum=0, maximum=64),
         cpus=_cpus(data),
@@ -128,9 +138,10 @@ def validate(data: dict[str, Any]) -> Manifest:
                                path="checkpoint.grace_seconds"),
         max_retries=_integer(restart, "max_retries", 0, minimum=0, maximum=100,
                              path="restart_policy.max_retries"),
-        data_stores=_data_stores(data.get("data_stores")),
+        data_stores=data_stores,
         evaluation_metrics=_evaluation_metrics(data.get("evaluation_metrics")),
         raw=data,
+        notes=resolved.notes + _data_store_notes(data_stores) + _metric_notes(data.get("evaluation_metrics")),
     )
 
 
@@ -160,18 +171,70 @@ def _data_stores(value):
         return []
     if not isinstance(value, list):
         raise ManifestError("data_stores", "must be a list of data stores")
+    seen = set()
     for index, store in enumerate(value):
         path = f"data_stores[{index}]"
         if not isinstance(store, dict):
             raise ManifestError(path, "must be a mapping with id and type")
-        _string(store, "id", f"{path}.id", required=True)
+        store_id = _string(store, "id", f"{path}.id", required=True)
+        if store_id in seen:
+            raise ManifestError(f"{path}.id", f"{store_id!r} is used by an earlier data store; ids must be unique")
+        seen.add(store_id)
         kind = _string(store, "type", f"{path}.type", required=True)
         if kind not in DATA_STORE_TYPES:
             raise ManifestError(f"{path}.type", f"{kind!r} is not one of {', '.join(DATA_STORE_TYPES)}")
         for key in ("training_data", "training_results", "connection"):
             if key in store and not isinstance(store[key], dict):
                 raise ManifestError(f"{path}.{key}", "must be a mapping")
+        for key in ("training_data", "training_results"):
+            if key in store:
+                _container(store[key], f"{path}.{key}.container", local=kind == "local")
+        _connection(store.get("connection") or {}, f"{path}.connection", kind)
     return value
+
+
+def _container(section, path, *, local):
+    """`container`: a bucket, optionally with a key prefix (bucket/prefix); for `local`, a folder name."""
+    container = _string(section, "container", path, required=True)
+    parts = container.split("/")
+    if container.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        raise ManifestError(path, f"{container!r} must be a {'folder' if local else 'bucket'} name, optionally "
+                                  "followed by /prefix, without '..' or empty parts")
+    if not local and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,62}", parts[0]):
+        raise ManifestError(path, f"{parts[0]!r} is not an S3 bucket name (3-63 letters, digits, '.', '_', '-')")
+    return container
+
+
+def _connection(connection, path, kind):
+    unknown = sorted(set(map(str, connection)) - set(CONNECTION_FIELDS))
+    if unknown:
+        raise ManifestError(f"{path}.{unknown[0]}", f"unknown field; a connection has {', '.join(CONNECTION_FIELDS)}")
+    for key, value in connection.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+            raise ManifestError(f"{path}.{key}", "must be text")
+    url = str(connection.get("auth_url") or "")
+    if url and not re.match(r"https?://[^/\s]+", url):
+        raise ManifestError(f"{path}.auth_url", f"{url!r} is not an http(s) URL of an S3-compatible endpoint")
+    if kind == "local" and any(connection.get(k) for k in ("user_name", "password", "access_key_id",
+                                                           "secret_access_key")):
+        raise ManifestError(path, "a local data store (a folder on the platform) takes no credentials")
+
+
+def _data_store_notes(stores):
+    notes = []
+    for store in stores:
+        if store["type"] == "mount_cos":
+            notes.append(f"data store {store['id']!r}: mount_cos is read as s3_datastore: its training_data is "
+                         "downloaded into DATA_DIR before the learners start (no mount), and RESULT_DIR and "
+                         "the checkpoints are uploaded to its training_results when the job stores results")
+    return tuple(notes)
+
+
+def _metric_notes(metrics):
+    if isinstance(metrics, dict) and metrics.get("type") == "tensorboard":
+        return ("evaluation_metrics: tensorboard event files are not read; print TRAINYARD_METRIC lines or use "
+                "a regex_extractor to chart metrics",)
+    return ()
 
 
 def _evaluation_metrics(value):

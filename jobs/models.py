@@ -42,6 +42,9 @@ class Job(models.Model):
     cpus = models.FloatField(default=1.0)  # per learner
     memory_bytes = models.BigIntegerField()  # per learner
     priority = models.CharField(max_length=10, default="normal")
+    # A private job is seen only by its owner, the tenant's admins and the users it is shared with
+    # (django-guardian object permissions: view_job to see it, change_job to halt/resume/terminate it).
+    private = models.BooleanField(default=False)
     code_sha256 = models.CharField(max_length=64)
     code_bytes = models.BigIntegerField(default=0)
 
@@ -55,6 +58,9 @@ class Job(models.Model):
     wait_reason = models.TextField(blank=True)
     # Where the current attempt's learners run: [{"node": ..., "gpu_ids": [...]}, ...]
     placement = models.JSONField(default=list, blank=True)
+    # Set when the scheduler halts the job to make room for other work: once its checkpoint is
+    # stored it goes back to QUEUED instead of staying HALTED.
+    preempted_reason = models.TextField(blank=True)
 
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -66,7 +72,10 @@ class Job(models.Model):
     log_seq = models.BigIntegerField(default=0)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "-created_at"])]
+        # (tenant, created_at) serves the jobs page's default order; with status in between, its status
+        # filter (jobs.listing keyset pages stay one index range at 100,000 jobs).
+        indexes = [models.Index(fields=["tenant", "-created_at"]),
+                   models.Index(fields=["tenant", "status", "-created_at"], name="job_tenant_status_created")]
 
     def __str__(self):
         return self.id

@@ -2,6 +2,7 @@
 from django.db.models import Q
 from rest_framework import serializers
 
+from jobs import datastores
 from jobs.models import Artifact, Job, JobEvent, MetricPoint, Status
 from jobs.states import FINAL
 
@@ -13,15 +14,15 @@ def log_line_json(line):
 
 def metric_json(point):
     return {"name": point.name, "step": point.step, "value": point.value,
-            "time": point.time.isoformat(), "learner": point.learner}
+            "time": point.time.isoformat(), "learner": point.learner, "attempt": point.attempt}
 
 
 def queue_position(job):
-    """1-based place among all queued jobs (priority, then submission order), or None."""
+    """1-based place in its tenant's queue (priority, then submission order), or None."""
     if job.status != Status.QUEUED:
         return None
     rank = {"high": 0, "normal": 1, "low": 2}
-    ahead = Job.objects.filter(status=Status.QUEUED).filter(
+    ahead = Job.objects.filter(status=Status.QUEUED, tenant_id=job.tenant_id).filter(
         Q(priority__in=[p for p, r in rank.items() if r < rank.get(job.priority, 1)])
         | Q(priority=job.priority, created_at__lt=job.created_at))
     return ahead.count() + 1
@@ -47,7 +48,7 @@ class JobSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "description", "framework", "status", "status_reason", "wait_reason", "attempt",
                   "retries", "exit_code", "priority", "learners", "gpus", "cpus", "memory_bytes", "owner", "tenant",
                   "created_at", "admitted_at", "started_at", "finished_at", "queue_position", "final",
-                  "page_url", "code_sha256", "code_bytes"]
+                  "page_url", "code_sha256", "code_bytes", "private"]
 
     def get_final(self, job) -> bool:
         return job.status in FINAL
@@ -61,12 +62,27 @@ class JobSerializer(serializers.ModelSerializer):
 
 class JobDetailSerializer(JobSerializer):
     latest_metrics = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
+    log_lines = serializers.IntegerField(source="log_seq", read_only=True)  # stored so far, all attempts
 
     class Meta(JobSerializer.Meta):
-        fields = JobSerializer.Meta.fields + ["manifest", "manifest_yaml", "placement", "latest_metrics"]
+        fields = JobSerializer.Meta.fields + ["manifest", "manifest_yaml", "placement", "latest_metrics", "usage",
+                                              "log_lines"]
 
     def get_latest_metrics(self, job) -> dict:
         return latest_metrics(job)
+
+    def get_usage(self, job) -> dict:
+        from tenants.quotas import job_usage
+        return job_usage(job)
+
+    def to_representation(self, job):
+        data = super().to_representation(job)
+        # Data-store credentials are never shown back: stored redacted already, and redacted again
+        # here so that no stored form (an older row, a manual edit) can leak them.
+        data["manifest"] = datastores.redact(data.get("manifest"))
+        data["manifest_yaml"] = datastores.redact_yaml(data.get("manifest_yaml") or "")
+        return data
 
 
 class JobEventSerializer(serializers.ModelSerializer):

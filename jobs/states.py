@@ -11,6 +11,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs.models import Job, JobEvent, Status
+from tenants import quotas
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=F
         job = Job.objects.get(pk=job_id)
         JobEvent.objects.create(job=job, time=now, from_status=current["status"], to_status=target,
                                 attempt=job.attempt, actor=actor, reason=reason)
+        quotas.on_transition(job, holding_before=current["status"] in ACTIVE, holding_after=target in ACTIVE,
+                             when=now)
         if target == Status.PROCESSING and job.started_at is None:
             Job.objects.filter(pk=job_id, started_at__isnull=True).update(started_at=now)
             job.started_at = now

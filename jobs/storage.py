@@ -3,6 +3,11 @@
 `file://` storage is a directory tree, one folder per tenant and job; the local backend's learners
 work directly inside it. Names handed in from outside (artifact downloads) are resolved here only,
 so no path can escape a job's folder.
+
+`s3://bucket/prefix` storage keeps the same tree as a working copy on local disk (learners need a
+file system; it lives in TRAINYARD_DATA_DIR/storage-s3) and mirrors every job's results,
+checkpoints and log into the bucket when the job stores its results (jobs.transfers, through the
+same Store interface as the manifests' data stores, jobs.datastores).
 """
 import hashlib
 import os
@@ -22,9 +27,16 @@ class StorageError(Exception):
 
 def root():
     parsed = urlparse(settings.STORAGE_URL)
-    if parsed.scheme != "file":
-        raise StorageError(f"storage {settings.STORAGE_URL!r} is not supported by this build; use file://")
-    return Path(parsed.path)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    if parsed.scheme == "s3":
+        return Path(settings.DATA_DIR) / "storage-s3"
+    raise StorageError(f"storage {settings.STORAGE_URL!r} is not supported; use file:///path or s3://bucket/prefix")
+
+
+def mirror_url():
+    """The object-store URL results are mirrored to (s3:// storage), or None for file:// storage."""
+    return settings.STORAGE_URL if urlparse(settings.STORAGE_URL).scheme == "s3" else None
 
 
 def job_dir(tenant_slug, job_id):

@@ -9,7 +9,7 @@ import redis
 from django.conf import settings
 from redis.exceptions import LockError
 
-from jobs import actions
+from jobs import actions, admission
 from jobs.backends.base import BackendError
 from portal.celery import app
 
@@ -65,7 +65,7 @@ def schedule():
         if not locked:
             schedule.apply_async(countdown=1)
             return
-        actions.schedule_queued()
+        admission.run_cycle()
 
 
 @app.task(ignore_result=True, autoretry_for=(BackendError,), retry_backoff=1, retry_backoff_max=30,

@@ -37,6 +37,8 @@ LAST_CALL_FLUSH_S = 5.0
 # Variables the agent itself may keep; everything else is dropped by re-executing (see main()).
 AGENT_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR")
 _CLEAN_ENV_MARK = "LEARNER_AGENT_CLEAN_ENV"
+HALT_FILE_POLL_S = 1.0
+HALT_ANNOTATION = "trainyard.io/halt="
 
 
 class PrepareError(Exception):
@@ -78,6 +80,8 @@ class Agent:
     def run(self):
         """Run the learner to the end; returns the agent's exit code (0 unless the agent itself broke)."""
         threading.Thread(target=self._control_loop, name="control", daemon=True).start()
+        if self.config.halt_file:
+            threading.Thread(target=self._watch_halt_file, name="halt-file", daemon=True).start()
         self._record_status("preparing")
         try:
             argv, env, sandboxed = self._prepare()
@@ -116,10 +120,13 @@ class Agent:
         except OSError as e:
             log.exception("preparing failed")
             raise PrepareError(f"preparing failed: {e}") from e
+        if config.network_namespace and not os.path.exists(config.network_namespace):
+            raise PrepareError(f"the job's network namespace {config.network_namespace} is gone "
+                               "(its holder ended); the learners cannot reach each other")
         env = sandbox.build_env(work_dir=config.work_dir, cpus=config.cpus, learner_env=config.env)
         argv = sandbox.build_argv(
             config.command, mode=mode, work_dir=config.work_dir, writable_dirs=config.writable_dirs,
-            readonly_dirs=config.readonly_dirs,
+            readonly_dirs=config.readonly_dirs, network_namespace=config.network_namespace,
             # The agent's own directory (config with the ingest token, pid, log) is never the learner's
             # business; its work/ directory inside is bound back as writable.
             hidden_dirs=(*config.hidden_dirs, config.agent_dir))
@@ -225,6 +232,19 @@ class Agent:
         return 0
 
     # --- stopping ---
+
+    def _watch_halt_file(self):
+        """Halt once the halt file names the halt annotation (Kubernetes updates the pod's
+        downward-API annotations file when the backend annotates the pod; no signal can reach us)."""
+        while not self._learner_ended.wait(HALT_FILE_POLL_S):
+            try:
+                with open(self.config.halt_file, encoding="utf-8") as f:
+                    requested = HALT_ANNOTATION in f.read()
+            except OSError:
+                continue
+            if requested:
+                self.request_stop("halt")
+                return
 
     def _control_loop(self):
         while True:

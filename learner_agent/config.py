@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from learner_agent.sandbox import MODES
 
-_REQUIRED_STRINGS = ("job_id", "command", "code_archive", "work_dir", "ingest_url", "ingest_token")
+_REQUIRED_STRINGS = ("job_id", "command", "code_archive", "work_dir", "ingest_url")
 
 
 class ConfigError(ValueError):
@@ -43,10 +43,15 @@ class AgentConfig:
     max_unpacked_bytes: int = 4 * 2**30
     max_members: int = 100_000
     flush_timeout_s: float = 86400.0
+    network_namespace: str = ""  # /proc/<pid>/ns/net shared by a distributed job's learners (netns.py)
+    # On Kubernetes the config is a read-only mount: the agent keeps its files in `state_dir`
+    # instead, and halts when `halt_file` (the pod's annotations, a downward-API file) asks it to.
+    state_dir: str = ""
+    halt_file: str = ""
 
     @property
     def agent_dir(self):
-        return os.path.dirname(self.path)
+        return self.state_dir or os.path.dirname(self.path)
 
     def agent_file(self, name):
         return os.path.join(self.agent_dir, name)
@@ -75,8 +80,14 @@ def parse_config(data, *, path):
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{key}: required, a non-empty string")
         values[key] = value
+    values["ingest_token"] = _ingest_token(data)
     for key in ("code_archive", "work_dir"):
         values[key] = os.path.join(base, values[key])
+    for key in ("state_dir", "halt_file"):
+        value = data.get(key) or ""
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: must be a path")
+        values[key] = os.path.join(base, value) if value else ""
     for key in ("attempt", "learner"):
         values[key] = _integer(data, key, minimum=0 if key == "learner" else 1, required=True)
     env = data.get("env") or {}
@@ -99,10 +110,32 @@ def parse_config(data, *, path):
     values["checkpoint_signal"] = _signal_name(data.get("checkpoint_signal", "SIGTERM"))
     values["grace_seconds"] = _number(data, "grace_seconds", 60.0, minimum=0)
     values["flush_timeout_s"] = _number(data, "flush_timeout_s", 86400.0, minimum=0)
+    network_namespace = data.get("network_namespace") or ""
+    if not isinstance(network_namespace, str) or (network_namespace and not os.path.isabs(network_namespace)):
+        raise ConfigError("network_namespace: must be an absolute path such as /proc/<pid>/ns/net")
+    values["network_namespace"] = network_namespace
     for key, default in (("max_unpacked_bytes", AgentConfig.max_unpacked_bytes),
                          ("max_members", AgentConfig.max_members)):
         values[key] = _integer(data, key, minimum=1) if data.get(key) is not None else default
     return AgentConfig(**values)
+
+
+def _ingest_token(data):
+    """The token itself (`ingest_token`), or read from `ingest_token_file` (a mounted Kubernetes Secret)."""
+    token, token_file = data.get("ingest_token"), data.get("ingest_token_file")
+    if (token is None) == (token_file is None):
+        raise ConfigError("ingest_token or ingest_token_file: exactly one is required")
+    if token_file is not None:
+        if not isinstance(token_file, str) or not token_file:
+            raise ConfigError("ingest_token_file: must be a path")
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise ConfigError(f"ingest_token_file: cannot read {token_file}: {e.strerror or e}") from e
+    if not isinstance(token, str) or not token:
+        raise ConfigError("ingest_token: required, a non-empty string")
+    return token
 
 
 def _integer(data, key, *, minimum, required=False):

@@ -8,6 +8,10 @@ command runs as a plain process: fine for development, not for untrusted users.
 
 Either way the environment is built from scratch, never inherited: the agent's environment may hold
 platform secrets and the learner must never see them (SPEC §6).
+
+The learners of a distributed job share one private network namespace (learner_agent.netns): given
+its path, the command is started inside it with nsenter, and bubblewrap keeps that network instead of
+unsharing an empty one of its own, so the learners reach each other on 127.0.0.1 and nothing else.
 """
 import functools
 import glob
@@ -16,6 +20,8 @@ import os
 import shutil
 import subprocess
 import sys
+
+from learner_agent import netns
 
 MODES = ("auto", "bwrap", "none")
 # The directory holding the learner_agent package: on the learner's PYTHONPATH for `report`.
@@ -68,12 +74,16 @@ def bwrap_problem():
     return None
 
 
-def build_argv(command, *, mode, work_dir, writable_dirs=(), readonly_dirs=(), hidden_dirs=()):
-    """argv running `/bin/sh -c command`, in bubblewrap when `mode` resolves to "bwrap"."""
+def build_argv(command, *, mode, work_dir, writable_dirs=(), readonly_dirs=(), hidden_dirs=(),
+               network_namespace=""):
+    """argv running `/bin/sh -c command`, in bubblewrap when `mode` resolves to "bwrap", and inside
+    the job's shared network namespace when `network_namespace` (a /proc/<pid>/ns/net path) is given."""
     shell = ["/bin/sh", "-c", command]
+    join = netns.join_argv(network_namespace) if network_namespace else []
     if resolve_mode(mode) == "none":
-        return shell
-    return [shutil.which("bwrap"), *_ISOLATION,
+        return [*join, *shell]
+    isolation = [a for a in _ISOLATION if not (network_namespace and a == "--unshare-net")]
+    return [*join, shutil.which("bwrap"), *isolation,
             *_mount_args(work_dir=work_dir, writable_dirs=writable_dirs, readonly_dirs=readonly_dirs,
                          hidden_dirs=hidden_dirs),
             *_gpu_args(), "--chdir", work_dir, "--", *shell]

@@ -537,6 +537,9 @@ def cmd_validate(args):
     learners = f"{manifest.learners} learner{'s' if manifest.learners != 1 else ''}"
     print(f"{args.manifest}: ok — {manifest.name}: {manifest.framework} {manifest.framework_version}".rstrip()
           + f", {learners} × {manifest.gpus} GPU, {manifest.cpus:g} CPU, {human_bytes(manifest.memory_bytes)}")
+    # What an FfDL manifest (or an FfDL name) was mapped to, so nothing is translated silently.
+    for note in manifest.notes:
+        print(f"  mapped: {note}")
     return OK
 
 
@@ -706,13 +709,25 @@ def cmd_quota(args):
     tenant = info.get("tenant") or {}
     print(f"tenant  {tenant.get('slug', '-')} ({tenant.get('name', '')})  role {info.get('role', '-')}")
     quota, usage = info.get("quota") or {}, info.get("usage") or {}
-    names = list(dict.fromkeys([*quota, *usage]))
-    if names:
-        print_table(("", "USED", "QUOTA"),
-                    [(name, _quota_value(name, usage.get(name), "-"), _quota_value(name, quota.get(name), "unlimited"))
-                     for name in names])
-    print(f"queued jobs  {info.get('queued', 0)}")
+    rows = [(label, _quota_value(name, usage.get(name), "-"), _quota_value(name, quota.get(name), "no limit"))
+            for label, name in QUOTA_ROWS if name in quota or name in usage]
+    if rows:
+        print_table(("", "USED", "QUOTA"), rows)
+    if usage.get("period_start"):
+        print(f"budget period  {usage['period_start'][:10]} to {usage['period_end'][:10]} "
+              f"({quota.get('budget_mode', 'hard')} limit)")
+    budget = info.get("budget") or {}
+    if budget.get("reason"):
+        print(f"budget  {budget['reason']}")
+    queued = info.get("queued") or {}
+    if isinstance(queued, dict):
+        print(f"queued  {queued.get('jobs', 0)} jobs asking for {queued.get('gpus', 0)} GPUs")
     return OK
+
+
+QUOTA_ROWS = (("GPUs in use", "gpus"), ("CPUs in use", "cpus"), ("memory in use", "memory_bytes"),
+              ("jobs running", "jobs"), ("GPU-hours this period", "gpu_hours"),
+              ("CPU-hours this period", "cpu_hours"))
 
 
 def _quota_value(name, value, missing):

@@ -5,6 +5,7 @@ Backing services come from the environment: PostgreSQL when DATABASE_URL names a
 database per session, dropped afterwards), else SQLite; the given REDIS_URL (a database of its own,
 emptied first), else the embedded Redis.
 """
+import itertools
 import os
 import subprocess
 import sys
@@ -58,11 +59,18 @@ class PlatformSession:
             raise AssertionError(f"submit {example}: {response.status_code} {response.text}")
         return response.json()
 
-    def job(self, job_id):
-        return self.api("GET", f"/api/v1/jobs/{job_id}/").json()
+    def job(self, job_id, *, token=None):
+        return self.api("GET", f"/api/v1/jobs/{job_id}/", token=token).json()
 
-    def wait_for(self, job_id, statuses=FINAL, timeout=120, poll=0.1):
-        return wait_for_status(self.job, job_id, statuses, timeout=timeout, poll=poll)
+    def add_member(self, tenant, username, *, role="researcher", password=None):
+        """Create (or update) a tenant member; return an API token of theirs."""
+        self.manage("tenant", "create", tenant)
+        self.manage("tenant", "adduser", tenant, username, "--role", role,
+                    *([f"--password={password}"] if password else []))
+        return self.manage("token", "create", username, "--name", f"session-{uuid.uuid4().hex[:6]}")
+
+    def wait_for(self, job_id, statuses=FINAL, timeout=120, poll=0.1, *, token=None):
+        return wait_for_status(lambda i: self.job(i, token=token), job_id, statuses, timeout=timeout, poll=poll)
 
     def all_logs(self, job_id):
         lines, since = [], 0
@@ -78,8 +86,8 @@ class PlatformSession:
         return subprocess.run([str(Path(sys.executable).with_name("trainyard")), *args], cwd=PROJECT_ROOT,
                               env=env, capture_output=True, text=True, timeout=timeout)
 
-    def manage(self, *args):
-        result = subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT_ROOT, env=self.env,
+    def manage(self, *args, env=None):
+        result = subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT_ROOT, env=dict(self.env, **(env or {})),
                                 capture_output=True, text=True)
         if result.returncode:
             raise RuntimeError(f"manage.py {' '.join(args)} failed: {result.stderr.strip()}")
@@ -154,11 +162,16 @@ def _database(data_dir, cleanups):
     return f"{url.rsplit('/', 1)[0]}/{name}"
 
 
+# Sessions alive at the same time (the e2e suite's shared platform and a test's own) must not share a
+# Redis database: one platform's worker would take the other's tasks. Each gets the next of these.
+_SESSION_REDIS_DBS = itertools.cycle(range(6, 16))
+
+
 def _redis_env():
     url = os.environ.get("REDIS_URL")
     if not url:
         return {"REDIS_URL": "", "TRAINYARD_EMBEDDED_REDIS_PORT": str(free_port())}
     import redis
-    dedicated = url.rsplit("/", 1)[0] + "/7"
+    dedicated = f"{url.rsplit('/', 1)[0]}/{next(_SESSION_REDIS_DBS)}"
     redis.Redis.from_url(dedicated).flushdb()
     return {"REDIS_URL": dedicated}

@@ -46,6 +46,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "tenants.audit.AuditActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -125,6 +126,24 @@ LOCAL_MEMORY_MB = env.integer("TRAINYARD_LOCAL_MEMORY_MB", 0)  # 0: the machine'
 # How many complete checkpoints each attempt keeps once it ends (0 keeps them all).
 CHECKPOINTS_KEPT_PER_ATTEMPT = env.integer("TRAINYARD_CHECKPOINTS_KEPT", 5, minimum=0)
 SANDBOX = env.choice("TRAINYARD_SANDBOX", "auto", ("auto", "bwrap", "none"))
+
+# The `kubernetes` backend (README, "Run on Kubernetes"); read only when TRAINYARD_BACKEND=kubernetes, where
+# jobs.backends.k8s checks the values that need more than a type (the volume JSON, the URL).
+K8S_CONTEXT = env.text("TRAINYARD_K8S_CONTEXT", "")  # kubeconfig context; empty: current / in-cluster
+K8S_NAMESPACE_PREFIX = env.text("TRAINYARD_K8S_NAMESPACE_PREFIX", "trainyard-")  # + tenant slug
+K8S_PLATFORM_NAMESPACE = env.text("TRAINYARD_K8S_PLATFORM_NAMESPACE", "trainyard")
+K8S_IMAGE_PREFIX = env.text("TRAINYARD_K8S_IMAGE_PREFIX", "ghcr.io/trainyard/learner-")  # + framework
+K8S_IMAGE_TAG = env.text("TRAINYARD_K8S_IMAGE_TAG", "latest")
+K8S_AGENT_IMAGE = env.text("TRAINYARD_K8S_AGENT_IMAGE", "ghcr.io/trainyard/learner-agent:latest")
+K8S_STORAGE_VOLUME = env.text("TRAINYARD_K8S_STORAGE_VOLUME", "")  # JSON volume source of the storage root
+K8S_INGEST_URL = env.text("TRAINYARD_K8S_INGEST_URL", "")  # in-cluster base URL of the web service
+K8S_INGEST_PORT = env.integer("TRAINYARD_K8S_INGEST_PORT", 8000, minimum=1)
+K8S_RUN_AS_USER = env.integer("TRAINYARD_K8S_RUN_AS_USER", 1000, minimum=1)
+K8S_POD_SECURITY = env.choice("TRAINYARD_K8S_POD_SECURITY", "restricted", ("restricted", "baseline"))
+K8S_UNSCHEDULABLE_TIMEOUT_S = env.number("TRAINYARD_K8S_UNSCHEDULABLE_TIMEOUT", 300.0, minimum=0)
+K8S_API_RETRIES = env.integer("TRAINYARD_K8S_API_RETRIES", 4, minimum=0)
+K8S_WATCH = env.boolean("TRAINYARD_K8S_WATCH", True)  # keep a pod cache fed by a watch in each worker
+K8S_RESYNC_S = env.number("TRAINYARD_K8S_RESYNC", 300.0, minimum=1)
 
 # --- auth and API -------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [

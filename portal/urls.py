@@ -4,6 +4,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from jobs import api
+from tenants import api as tenants_api
+from tenants import views as tenants_views
 from portal import views
 
 api_v1 = [
@@ -12,18 +14,33 @@ api_v1 = [
     *[path(f"jobs/<str:job_id>/{action}/", api.JobAction.as_view(action=action), name=f"job-{action}")
       for action in ("halt", "resume", "terminate")],
     path("jobs/<str:job_id>/events/", api.JobEvents.as_view(), name="job-events"),
+    path("jobs/<str:job_id>/share/", api.JobSharing.as_view(), name="job-share"),
+    path("jobs/<str:job_id>/share/<str:username>/", api.JobSharing.as_view(), name="job-unshare"),
     path("jobs/<str:job_id>/logs/", api.JobLogs.as_view(), name="job-logs"),
     path("jobs/<str:job_id>/metrics/", api.JobMetrics.as_view(), name="job-metrics"),
     path("jobs/<str:job_id>/artifacts/", api.JobArtifacts.as_view(), name="job-artifacts"),
     path("jobs/<str:job_id>/artifacts/<path:name>", api.JobArtifactDownload.as_view(), name="job-artifact"),
-    path("tenants/current/", api.CurrentTenant.as_view(), name="tenant-current"),
+    path("tenants/current/", tenants_api.CurrentTenant.as_view(), name="tenant-current"),
+    path("tenants/current/members/", tenants_api.Members.as_view(), name="tenant-members"),
+    path("tenants/current/members/<str:username>/", tenants_api.Member.as_view(), name="tenant-member"),
+    path("tenants/<slug:slug>/quota/", tenants_api.TenantQuota.as_view(), name="tenant-quota"),
+    path("tokens/", tenants_api.Tokens.as_view(), name="token-list"),
+    path("tokens/<int:token_id>/", tenants_api.Token.as_view(), name="token-detail"),
     path("cluster/", api.Cluster.as_view(), name="cluster"),
+    path("manifests/validate/", api.ManifestValidate.as_view(), name="manifest-validate"),
     path("ingest/<str:job_id>/", api.ingest_view, name="ingest"),
 ]
 
 urlpatterns = [
     path("", views.job_list, name="home"),
+    path("submit/", views.submit_page, name="submit"),
+    path("submit/examples/<str:name>/manifest.yml", views.example_manifest, name="example-manifest"),
     path("jobs/<str:job_id>/", views.job_page, name="job-page"),
+    path("jobs/<str:job_id>/log.txt", views.job_log_download, name="job-log-download"),
+    path("tenant/", views.tenant_usage, name="tenant-usage"),
+    path("tenant/members/", tenants_views.members_page, name="tenant-members-page"),
+    path("account/tokens/", tenants_views.tokens_page, name="tokens-page"),
+    path("cluster/", views.cluster_page, name="cluster-page"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

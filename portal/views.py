@@ -1,25 +1,172 @@
-"""Browser pages: the job list and the live job page (the full dashboard is its own issue)."""
+"""Browser pages: jobs, submit, one job, the tenant's usage, the cluster.
+
+Pages render what the server knows at once (so a page is useful before any script runs); the
+scripts in static/js/ then keep it live over the websockets and the REST API.
+"""
+import functools
+import time
+from pathlib import Path
+
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
 
+from jobs import actions, listing
+from jobs.manifest import FRAMEWORKS
+from jobs.models import Status
 from tenants import access
+from tenants.models import Membership
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+LOG_DOWNLOAD_BATCH = 5000
 
 
-@login_required
-def job_list(request):
+def tenant_page(view):
+    """Log in, resolve the tenant the request acts in, and pass its membership to the view."""
+    @login_required
+    @functools.wraps(view)
+    def wrapper(request, *args, **kwargs):
+        try:
+            membership = access.request_membership(request)
+        except access.NoTenant as exc:
+            return render(request, "no_tenant.html", {"reason": str(exc)}, status=403)
+        return view(request, membership, *args, **kwargs)
+    return wrapper
+
+
+def server_timing(view):
+    """Say how long the view took in a Server-Timing header: browsers show it (devtools, the
+    Navigation Timing API), which is how `python -m bench ui` reads the server's share of a page load."""
+    @functools.wraps(view)
+    def wrapper(request, *args, **kwargs):
+        started = time.perf_counter()
+        response = view(request, *args, **kwargs)
+        if hasattr(response, "render") and not response.is_rendered:
+            response.render()
+        response["Server-Timing"] = f"view;dur={(time.perf_counter() - started) * 1000:.1f}"
+        return response
+    return wrapper
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+@server_timing
+@tenant_page
+def job_list(request, membership):
     try:
-        membership = access.request_membership(request)
-    except access.NoTenant as exc:
-        return render(request, "no_tenant.html", {"reason": str(exc)}, status=403)
-    jobs = access.jobs_of(membership).select_related("owner").order_by("-created_at")[:200]
-    return render(request, "jobs/list.html", {"jobs": jobs, "membership": membership})
+        query = listing.JobQuery.from_params(request.GET)
+        error = None
+    except listing.ListingError as exc:
+        query, error = listing.JobQuery(), str(exc)
+    jobs = access.jobs_of(membership).select_related("owner").only(*listing.LIST_COLUMNS)
+    page = query.page(jobs)
+    params = request.GET.copy()
+    for cursor in ("after", "before"):
+        params.pop(cursor, None)
+    context = {"membership": membership, "page": page, "query": query, "error": error,
+               "statuses": Status.values, "frameworks": FRAMEWORKS, "sorts": SORT_LABELS,
+               "members": Membership.objects.filter(tenant=membership.tenant).select_related("user")
+               .order_by("user__username").values_list("user__username", flat=True),
+               "base_query": params.urlencode(), "count": query.filter(jobs).count(),
+               "has_any": bool(page.rows) or query.is_filtered or access.jobs_of(membership).exists()}
+    # htmx asks for the results only when a filter, sort or page link changes.
+    template = "jobs/_results.html" if request.headers.get("HX-Request") else "jobs/list.html"
+    return render(request, template, context, status=400 if error else 200)
 
 
-@login_required
-def job_page(request, job_id):
-    try:
-        membership = access.request_membership(request)
-    except access.NoTenant as exc:
-        return render(request, "no_tenant.html", {"reason": str(exc)}, status=403)
+SORT_LABELS = {"-created": "Newest first", "created": "Oldest first", "name": "Name A–Z", "-name": "Name Z–A",
+               "status": "Status A–Z", "-status": "Status Z–A"}
+
+
+@tenant_page
+def job_page(request, membership, job_id):
     job = access.job_or_404(membership, job_id)
     return render(request, "jobs/detail.html", {"job": job, "membership": membership})
+
+
+@tenant_page
+def job_log_download(request, membership, job_id):
+    """The whole log as text, streamed in batches so a million lines never sit in memory at once."""
+    job = access.job_or_404(membership, job_id)
+    learners = job.learners > 1
+
+    def lines():
+        since = 0
+        while True:
+            batch = list(job.log_lines.filter(seq__gt=since).order_by("seq")
+                         .values_list("seq", "learner", "stream", "time", "line")[:LOG_DOWNLOAD_BATCH])
+            if not batch:
+                return
+            for _, learner, stream, stamp, line in batch:
+                prefix = f"[learner {learner}] " if learners else ""
+                marker = "E " if stream == "stderr" else ""
+                yield f"{stamp.isoformat(timespec='milliseconds')} {marker}{prefix}{line}\n"
+            since = batch[-1][0]
+
+    response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{job.id}.log"'
+    return response
+
+
+# --- submit --------------------------------------------------------------------------------------
+def example_names():
+    return sorted(p.parent.name for p in EXAMPLES.glob("*/manifest.yml"))
+
+
+def _example_folder(name):
+    if name not in example_names():
+        raise Http404(f"No example {name!r}.")
+    return EXAMPLES / name
+
+
+@tenant_page
+@require_http_methods(["GET", "POST"])
+def submit_page(request, membership):
+    context = {"membership": membership, "examples": example_names(), "error": None, "field": None,
+               "manifest_text": "", "example": request.GET.get("example", "")}
+    if request.method == "POST":
+        context.update(manifest_text=request.POST.get("manifest", ""), example=request.POST.get("example", ""))
+        try:
+            job = actions.submit(membership, manifest_bytes=context["manifest_text"].encode(),
+                                 code_file=_code_file(request, context["example"]))
+        except actions.SubmitError as exc:
+            context.update(error=exc.detail, field=exc.field)
+            return render(request, "jobs/submit.html", context, status=exc.status)
+        return redirect("job-page", job_id=job.id)
+    if context["example"] in context["examples"]:
+        context["manifest_text"] = (_example_folder(context["example"]) / "manifest.yml").read_text()
+    return render(request, "jobs/submit.html", context)
+
+
+def _code_file(request, example):
+    """The uploaded archive, or the chosen example's folder packed the way the CLI packs it."""
+    if upload := request.FILES.get("code"):
+        return upload
+    if not example:
+        return None
+    from portal.cli import code_upload
+    packed = code_upload(str(_example_folder(example)))
+    with packed.fileobj:
+        return SimpleUploadedFile(packed.filename, packed.fileobj.read(), content_type=packed.content_type)
+
+
+@login_required
+def example_manifest(request, name):
+    """An example's manifest text, for the submit page's example picker."""
+    if name not in example_names():
+        return HttpResponseBadRequest(f"No example {name!r}; choose one of {', '.join(example_names())}.",
+                                      content_type="text/plain")
+    return StreamingHttpResponse([(_example_folder(name) / "manifest.yml").read_text()],
+                                 content_type="text/plain; charset=utf-8")
+
+
+# --- tenant and cluster ------------------------------------------------------------------------------
+@tenant_page
+def tenant_usage(request, membership):
+    return render(request, "tenant.html", {"membership": membership})
+
+
+@tenant_page
+def cluster_page(request, membership):
+    return render(request, "cluster.html", {"membership": membership})

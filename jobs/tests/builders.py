@@ -24,8 +24,24 @@ def member(tenant_slug="team-a", username="alice", role="researcher"):
     return membership
 
 
-def token_for(membership):
-    return ApiToken.issue(membership.user)[1]
+def token_for(membership_or_user):
+    return ApiToken.issue(getattr(membership_or_user, "user", membership_or_user))[1]
+
+
+def client_for(membership_or_user):
+    """A REST client authenticated with a fresh API token of the member (or user)."""
+    from rest_framework.test import APIClient
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(membership_or_user)}")
+    return client
+
+
+def logged_in(membership):
+    """A browser-like client with the member's session (the portal pages)."""
+    from django.test import Client
+    client = Client()
+    client.force_login(membership.user)
+    return client
 
 
 def tar_gz(files):

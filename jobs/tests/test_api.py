@@ -5,7 +5,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from jobs.models import Job, LogLine
-from jobs.tests.builders import MANIFEST, job, member, tar_gz, token_for, upload, zip_bytes
+from jobs.tests.builders import MANIFEST, client_for, job, member, tar_gz, upload, zip_bytes
 
 pytestmark = pytest.mark.django_db
 
@@ -13,12 +13,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def alice():
     return member("team-a", "alice")
-
-
-def client_for(membership):
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(membership)}")
-    return client
 
 
 def submit(client, manifest=MANIFEST, code=None):
@@ -88,12 +82,14 @@ def test_viewers_cannot_submit_or_terminate():
 
 
 @pytest.mark.parametrize("suffix", ["", "events/", "logs/", "metrics/", "artifacts/", "artifacts/results/x",
-                                    "terminate/"])
+                                    "share/", "POST halt/", "POST resume/", "POST terminate/", "POST share/",
+                                    "DELETE share/alice/"])
 def test_outsiders_get_404_for_another_tenants_job(alice, suffix):
     secret = job(alice)
     LogLine.objects.create(job=secret, seq=1, stream="stdout", time=secret.created_at, line="secret")
-    outsider = client_for(member("team-b", "bob"))
-    method = outsider.post if suffix == "terminate/" else outsider.get
+    outsider = client_for(member("team-b", "bob", role="admin"))
+    verb, _, suffix = suffix.rpartition(" ")
+    method = {"POST": outsider.post, "DELETE": outsider.delete}.get(verb, outsider.get)
     response = method(f"/api/v1/jobs/{secret.id}/{suffix}")
     assert response.status_code == 404
     assert b"secret" not in response.content

@@ -73,3 +73,17 @@ def test_it_tells_the_agent_of_a_terminated_job_to_stop(running_job):
     response = post(running_job, logs(1, 2))
     assert response.status_code == 410
     assert LogLine.objects.count() == 2  # its last words are still kept
+
+
+@pytest.mark.parametrize("value", [1763726400.123456, 1763726400, 1763726400.9999996, "1763726400.5", 0.25,
+                                   None, "soon", float("nan"), float("inf"), -5.5, 1e20])
+def test_log_times_format_like_datetime_isoformat(value):
+    from datetime import datetime, timezone
+
+    from jobs.ingest import _iso_time, _time
+    got = datetime.fromisoformat(_iso_time(value))
+    expected = _time(value)
+    if value is None or value == "soon" or value != value or value in (float("inf"), 1e20):
+        assert abs((got - datetime.now(timezone.utc)).total_seconds()) < 5  # unreadable: arrival time
+    else:
+        assert abs((got - expected).total_seconds()) <= 1e-6

@@ -17,10 +17,35 @@ framework: {name: pytorch, version: "2.13", command: python train.py}
 """
 
 
+# Every FfDL example gets a verdict: accepted (with the mappings `trainyard validate` prints), or
+# refused naming the field and the rule.
+FFDL_VERDICTS = {
+    "pytorch-model-manifest.yml": ("pytorch", ["version \"latest\"", "mount_cos is read as s3_datastore"]),
+    "pytorch-launch-dist-manifest.yml": ("custom", ["'tomcli/pytorch:latest' is FfDL's custom image",
+                                                    "tensorboard event files are not read"]),
+    "tf-model-manifest.yml": ("tensorflow", ["version '1.5.0-py3' is older than Trainyard runs",
+                                             "mount_cos is read as s3_datastore"]),
+    "keras-test-manifest-py3.yml": ("tensorflow", ["version '1.5.0-py3' is older than Trainyard runs"]),
+}
+
+
+def test_every_ffdl_example_has_a_verdict():
+    assert sorted(FFDL_VERDICTS) == sorted(p.name for p in FFDL_EXAMPLES)
+
+
 @pytest.mark.parametrize("path", FFDL_EXAMPLES, ids=lambda p: p.name)
-def test_it_accepts_every_ffdl_manifest(path):
+def test_it_accepts_or_refuses_each_ffdl_manifest_clearly(path):
+    verdict = FFDL_VERDICTS[path.name]
+    if isinstance(verdict, ManifestError):
+        with pytest.raises(ManifestError) as error:
+            parse_manifest(path.read_bytes())
+        assert error.value.field == verdict.field and verdict.rule in error.value.rule
+        return
     manifest = parse_manifest(path.read_bytes())
-    assert manifest.name and manifest.command
+    framework, notes = verdict
+    assert manifest.name and manifest.command and manifest.framework == framework
+    for note in notes:
+        assert any(note in n for n in manifest.notes), (note, manifest.notes)
 
 
 @pytest.mark.parametrize("path", PROJECT_EXAMPLES, ids=lambda p: p.parent.name)
@@ -54,6 +79,17 @@ def test_it_reads_memory_units(text, size):
     ("checkpoint: {signal: SIGSTOP}", "checkpoint.signal"),
     ("restart_policy: {max_retries: -2}", "restart_policy.max_retries"),
     ("data_stores: [{id: s, type: ftp}]", "data_stores[0].type"),
+    ("data_stores: [{id: s, type: s3_datastore, training_data: {}}]", "data_stores[0].training_data.container"),
+    ("data_stores: [{id: s, type: s3_datastore, training_data: {container: a/../b}}]",
+     "data_stores[0].training_data.container"),
+    ("data_stores: [{id: s, type: local, training_data: {container: /etc}}]", "data_stores[0].training_data.container"),
+    ("data_stores: [{id: s, type: s3_datastore, connection: {auth_url: ftp://x}}]", "data_stores[0].connection.auth_url"),
+    ("data_stores: [{id: s, type: s3_datastore, connection: {passwd: x}}]", "data_stores[0].connection.passwd"),
+    ("data_stores: [{id: s, type: local, connection: {password: x}}]", "data_stores[0].connection"),
+    ("data_stores: [{id: s, type: local}, {id: s, type: local}]", "data_stores[1].id"),
+    ("framework: {name: caffe, command: x}", "framework.name"),
+    ("framework: {name: pytorch, version: 'zero.four', command: x}", "framework.version"),
+    ("framework: {name: jax, version: banana, command: x}", "framework.version"),
     ("evaluation_metrics: {type: regex_extractor, groups: {train: {regex: '(unclosed'}}}",
      "evaluation_metrics.groups.train.regex"),
     ("gpu: 1", "gpu"),

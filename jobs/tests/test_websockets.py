@@ -4,6 +4,7 @@ import json
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
@@ -63,7 +64,8 @@ def test_it_sends_the_job_then_the_backlog_after_since():
     assert messages[0]["type"] == "job" and messages[0]["job"]["id"] == target.id
     assert [x["seq"] for x in messages[1]["lines"]] == [4, 5]
     assert messages[2] == {"type": "metrics", "points": [
-        {"name": "loss", "step": 1, "value": 0.5, "time": messages[2]["points"][0]["time"], "learner": 0}]}
+        {"name": "loss", "step": 1, "value": 0.5, "time": messages[2]["points"][0]["time"], "learner": 0,
+         "attempt": 1}]}
 
 
 def test_it_forwards_live_records_published_after_connect():
@@ -91,3 +93,31 @@ def test_an_outsider_is_refused_with_not_found_and_gets_no_data():
     lines(target, 3)
     outsider = member("team-b", "bob")
     assert session(f"/ws/jobs/{target.id}/?token={token_for(outsider)}") == (4404, [])
+
+
+def status_change(target):
+    """A status change of `target` published as the state machine does (its tenant's list group)."""
+    async def publish():
+        from channels.layers import get_channel_layer
+
+        from jobs.serializers import JobSerializer
+        await get_channel_layer().group_send(live.tenant_group(target.tenant_id), {
+            "type": "job.status", "status": {"job": target.id, "status": "PROCESSING"},
+            "job": await database_sync_to_async(lambda: JobSerializer(target).data)()})
+    return publish
+
+
+def test_the_job_list_stream_carries_only_the_callers_tenant():
+    target = job(member("team-a", "alice"))
+    outsider = member("team-b", "bob")
+    code, messages = session(f"/ws/jobs/?token={token_for(outsider)}", then=status_change(target))
+    assert code is None and messages == []
+
+
+def test_a_private_job_reaches_only_who_may_see_it_on_the_list_stream():
+    alice, bob, ada = member("team-a", "alice"), member("team-a", "bob"), member("team-a", "ada", role="admin")
+    secret = job(alice, private=True)
+    assert session(f"/ws/jobs/?token={token_for(bob)}", then=status_change(secret)) == (None, [])
+    for allowed in (alice, ada):
+        _, messages = session(f"/ws/jobs/?token={token_for(allowed)}", then=status_change(secret))
+        assert [m["job"] for m in messages] == [secret.id]

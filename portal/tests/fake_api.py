@@ -118,8 +118,12 @@ class FakeTrainyard:
 
     def tenant(self, **_):
         return 200, {"tenant": {"slug": "team-a", "name": "Team A"}, "role": "researcher",
-                     "quota": {"gpus": 4, "memory_bytes": 64 * 2**30, "jobs": None},
-                     "usage": {"gpus": 1, "memory_bytes": 2**30, "jobs": 2}, "queued": 3}
+                     "quota": {"gpus": 4, "cpus": None, "memory_bytes": 64 * 2**30, "jobs": None, "gpu_hours": 100,
+                               "cpu_hours": None, "period": "month", "budget_mode": "hard"},
+                     "usage": {"gpus": 1, "cpus": 2.0, "memory_bytes": 2**30, "jobs": 2, "gpu_hours": 12.5,
+                               "cpu_hours": 30.25, "period_start": "2026-11-01T00:00:00+00:00",
+                               "period_end": "2026-12-01T00:00:00+00:00"},
+                     "budget": {"state": "ok", "reason": ""}, "queued": {"jobs": 3, "gpus": 5}}
 
     def detail(self, *, job, **_):
         return 200, job.json()

@@ -85,7 +85,17 @@ def closed_port():
 @pytest.mark.parametrize("manifest", FFDL_EXAMPLES + OUR_EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_it_validates_ffdl_and_bundled_manifests(manifest, capsys):
     assert run("validate", manifest) == 0
-    assert "ok" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok" in out
+    if manifest in FFDL_EXAMPLES:
+        assert "  mapped: " in out  # every FfDL example needs some translation, and validate says which
+
+
+def test_it_explains_how_an_old_ffdl_framework_version_runs(capsys):
+    assert run("validate", next(p for p in FFDL_EXAMPLES if p.name == "tf-model-manifest.yml")) == 0
+    out = capsys.readouterr().out
+    assert "  mapped: version '1.5.0-py3' is older than Trainyard runs: TensorFlow 2.12 or newer" in out
+    assert "  mapped: data store 'sl-internal-os': mount_cos is read as s3_datastore" in out
 
 
 def test_it_finds_all_four_ffdl_examples():
@@ -354,9 +364,12 @@ def test_metrics_prints_points(api, capsys):
 def test_quota_prints_usage_against_quota(api, capsys):
     assert run("quota") == 0
     out = capsys.readouterr().out
-    assert "team-a" in out and "researcher" in out and "queued jobs  3" in out
-    assert any(line.split() == ["memory_bytes", "1.0", "GiB", "64.0", "GiB"] for line in out.splitlines())
-    assert any(line.split() == ["jobs", "2", "unlimited"] for line in out.splitlines())
+    assert "team-a" in out and "researcher" in out and "queued  3 jobs asking for 5 GPUs" in out
+    lines = [line.split() for line in out.splitlines()]
+    assert ["memory", "in", "use", "1.0", "GiB", "64.0", "GiB"] in lines
+    assert ["jobs", "running", "2", "no", "limit"] in lines
+    assert ["GPU-hours", "this", "period", "12.5", "100"] in lines
+    assert "budget period  2026-11-01 to 2026-12-01 (hard limit)" in out
 
 
 # --- download --------------------------------------------------------------------------------------

@@ -153,14 +153,16 @@ def processes_under(job_dir):
 
 
 def check_usage_released(chaos, context, timeout=10):
-    """No quota model yet: usage is the running jobs and GPUs the tenant and the cluster count."""
+    """Usage is consistent with the jobs: every attempt's usage record is closed (nothing held, so
+    GPU-hours stop growing), nothing is queued, and the cluster counts no GPU or CPU as used."""
     deadline = time.monotonic() + timeout
     while True:
-        usage = chaos.api("GET", "/api/v1/tenants/current/").json()
+        tenant = chaos.api("GET", "/api/v1/tenants/current/").json()
         cluster = chaos.api("GET", "/api/v1/cluster/").json()
-        held = (usage["usage"], usage["queued"], cluster["gpus_used"],
+        usage = tenant["usage"]
+        held = ((usage["gpus"], usage["cpus"], usage["jobs"]), tenant["queued"]["jobs"], cluster["gpus_used"],
                 [(n["gpus_used"], n["cpus_used"]) for n in cluster["nodes"]])
-        if held == ({"jobs_running": 0, "gpus_in_use": 0}, 0, 0, [(0, 0)] * len(cluster["nodes"])):
+        if held == ((0, 0, 0), 0, 0, [(0, 0)] * len(cluster["nodes"])):
             return
         assert time.monotonic() < deadline, f"{context}: resources still held after the job ended: {held}"
         time.sleep(0.2)

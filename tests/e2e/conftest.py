@@ -4,6 +4,8 @@ import shutil
 
 import pytest
 
+from conftest import skip_or_fail
+from portal import browser as chromium
 from portal.harness import start_session
 
 
@@ -17,3 +19,18 @@ def live_platform(tmp_path_factory):
         session.stop()
         if keep := os.environ.get("TRAINYARD_KEEP_E2E_LOGS"):
             shutil.copytree(session.platform.log_dir, keep, dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium for the browser tests (skipped without one, a failure in CI)."""
+    if not chromium.chromium_found():
+        skip_or_fail(f"Chromium not found at {chromium.CHROMIUM}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        skip_or_fail("playwright is not installed")
+    with sync_playwright() as playwright:
+        instance = chromium.launch(playwright)
+        yield instance
+        instance.close()

@@ -1,19 +1,23 @@
 """`make demo`: the whole platform on embedded defaults, a demo tenant, user and token, the bundled
 examples submitted, and the facts printed and written to var/demo.json. Ctrl-C stops everything."""
 import json
+import os
 import secrets
 import signal
 import sys
 import time
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from portal import env
 from portal.harness import start_session
 from portal.runner import StartupError
+from tenants.audit import acting_as
 
 DEMO_EXAMPLES = ("pytorch-digits", "custom-shell")
+DEMO_VIRTUAL_GPUS = 4
 
 
 class Command(BaseCommand):
@@ -24,16 +28,20 @@ class Command(BaseCommand):
         password = secrets.token_urlsafe(9)
         self.stdout.write("Starting Trainyard (Redis, web server, Celery worker, beat)...")
         try:
+            # No GPU here? The demo advertises four virtual ones so scheduling, quotas and preemption show.
+            gpus = os.environ.get("TRAINYARD_LOCAL_GPUS", str(DEMO_VIRTUAL_GPUS))
             session = start_session(settings.DATA_DIR, port=port, tenant="demo", username="demo", password=password,
-                                    fresh_database=False, supervise=True)
+                                    fresh_database=False, supervise=True, TRAINYARD_LOCAL_GPUS=gpus)
         except StartupError as exc:
             raise CommandError(str(exc)) from None
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         # Ctrl-C must stop the demo even when it was started from a shell that ignores SIGINT.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
+            self.platform_admin(session, password)
             jobs = [session.submit(example) for example in DEMO_EXAMPLES]
-            facts = {"url": session.url, "username": "demo", "password": password, "token": session.token}
+            facts = {"url": session.url, "username": "demo", "password": password, "token": session.token,
+                     "admin_username": "admin"}
             path = settings.DATA_DIR / "demo.json"
             path.write_text(json.dumps(facts, indent=2) + "\n")
             path.chmod(0o600)
@@ -51,11 +59,24 @@ class Command(BaseCommand):
             session.stop()
             self.stdout.write("Stopped.")
 
+    @staticmethod
+    def platform_admin(session, password):
+        """An `admin` platform admin (same password as `demo`) and a quota on the demo tenant, so the
+        admin console has usage bars to show. The quota goes through the platform's own command, whose
+        change reaches the running scheduler."""
+        with acting_as("command:demo"):
+            admin, _ = get_user_model().objects.get_or_create(username="admin")
+            admin.is_staff = admin.is_superuser = True
+            admin.set_password(password)
+            admin.save()
+        session.manage("tenant", "create", "demo", "--gpus", str(DEMO_VIRTUAL_GPUS), "--gpu-hours", "100")
+
     def banner(self, facts, jobs, path):
         lines = [
             "",
             "Trainyard is running.",
             f"  Dashboard:  {facts['url']}/   (login: {facts['username']} / {facts['password']})",
+            f"  Admin:      {facts['url']}/admin/   (login: admin / {facts['password']})",
             f"  API token:  {facts['token']}",
             f"  API docs:   {facts['url']}/api/docs/",
             f"  Saved to:   {path}",
