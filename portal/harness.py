@@ -163,8 +163,11 @@ def _database(data_dir, cleanups):
 
 
 # Sessions alive at the same time (the e2e suite's shared platform and a test's own) must not share a
-# Redis database: one platform's worker would take the other's tasks. Each gets the next of these.
-_SESSION_REDIS_DBS = itertools.cycle(range(6, 16))
+# Redis database: one platform's worker would take the other's tasks, and flushing it would drop them.
+# Each session takes the next of these that no client is connected to (a long-lived session, or a
+# process a killed one left behind, keeps its database busy); 0-5 stay for the tests themselves.
+_SESSION_REDIS_DBS = range(6, 16)
+_next_redis_db = itertools.cycle(_SESSION_REDIS_DBS)
 
 
 def _redis_env():
@@ -172,6 +175,15 @@ def _redis_env():
     if not url:
         return {"REDIS_URL": "", "TRAINYARD_EMBEDDED_REDIS_PORT": str(free_port())}
     import redis
-    dedicated = f"{url.rsplit('/', 1)[0]}/{next(_SESSION_REDIS_DBS)}"
+    base = url.rsplit("/", 1)[0]
+    busy = {int(client["db"]) for client in redis.Redis.from_url(url).client_list()}
+    for _ in _SESSION_REDIS_DBS:
+        db = next(_next_redis_db)
+        if db not in busy:
+            break
+    else:
+        raise RuntimeError(f"every Redis database {_SESSION_REDIS_DBS.start}-{_SESSION_REDIS_DBS.stop - 1} of "
+                           f"{base} has clients: stop the platforms that use them")
+    dedicated = f"{base}/{db}"
     redis.Redis.from_url(dedicated).flushdb()
     return {"REDIS_URL": dedicated}
