@@ -25,6 +25,7 @@ Cross-tenant rules (also in gpu_scheduler/README.md):
 
 Pure: no Django, no I/O. The caller applies the decisions (admits, halts) and calls again.
 """
+import bisect
 import heapq
 import itertools
 from collections.abc import Sequence
@@ -139,7 +140,7 @@ class _Cycle:
                 raise SchedulingInputError(f"job {workload.job_id} is both queued and running")
             queues.setdefault(workload.tenant, []).append(workload)
         for name, queue in queues.items():
-            queue.sort(key=lambda w: (PRIORITY_RANK[w.priority], w.order, w.job_id))
+            queue.sort(key=lambda w: (*self._rank(w), w.order, w.job_id))
             self._tenant(name)
         return queues
 
@@ -148,7 +149,23 @@ class _Cycle:
         within = state.within_quota(workload.per_learner, workload.learners)
         soft = state.policy.budget == "soft_exceeded"
         share = state.share() if self.policy.fair_share and not within else 0.0
-        return (soft, not within, share, PRIORITY_RANK[workload.priority], workload.order, workload.job_id)
+        return (soft, not within, share, *self._rank(workload), workload.order, workload.job_id)
+
+    def _rank(self, workload):
+        """(priority rank, service level): smaller is served first and may halt larger."""
+        return PRIORITY_RANK[workload.priority], self._level(workload)
+
+    def _level(self, workload):
+        """0 until the job has had `service_levels[0]` GPU-seconds, 1 until the next threshold, ...
+        A queued job that has waited `promote_after_s` is back at 0, so demoted jobs cannot starve."""
+        thresholds = self.policy.service_levels
+        if not thresholds:
+            return 0
+        now = self.snapshot.now
+        if not workload.placement and workload.queued_at is not None \
+                and now - workload.queued_at >= self.policy.promote_after_s:
+            return 0
+        return bisect.bisect_right(thresholds, workload.service_gpu_s(now))
 
     def run(self):
         heads = []
@@ -382,7 +399,9 @@ class _Cycle:
             for running in self.snapshot.running:
                 if running.preemptible and not running.stopping and len(running.placement) == running.learners:
                     by_tenant.setdefault(running.tenant, []).append(running)
-            self._victims_by_tenant = {name: sorted(victims, key=_victim_key) for name, victims in by_tenant.items()}
+            self._victims_by_tenant = {
+                name: [(self._rank(v), v) for v in sorted(victims, key=lambda v: _victim_key(v, self._rank(v)))]
+                for name, victims in by_tenant.items()}
         return self._victims_by_tenant
 
     def _candidates(self, workload, state, usage):
@@ -390,11 +409,13 @@ class _Cycle:
         lowest priority, then most recently started):
         (a) any job of a soft-over-budget tenant (unless this job's tenant is over its soft budget too);
         (b) reclaim: any job of another tenant borrowing beyond its quota, if this job fits in its own;
-        (c) lower-priority jobs of the same tenant, or of the shared pool when this job is in it."""
+        (c) lower-priority jobs of the same tenant, or of the shared pool when this job is in it; with
+            service levels, also jobs of the same priority at a lower level that have run
+            `service_min_run_s` in their current attempt."""
         soft_job = state.policy.budget == "soft_exceeded"
         reclaiming = state.nominal is not None and state.within_quota(workload.per_learner, workload.learners)
         in_pool = state.nominal is None
-        rank = PRIORITY_RANK[workload.priority]
+        rank = self._rank(workload)
         streams = []
         for name, by_preference in self._victim_lists().items():
             other = self.tenants[name]
@@ -407,7 +428,7 @@ class _Cycle:
                 continue
             pool = in_pool and other.nominal is None
             if mine or pool:
-                streams.append(_ranked(1, by_preference, "priority", name, below=rank))
+                streams.append(self._outranked(by_preference, name, rank))
         seen = set()
         for _, victim, kind, name in heapq.merge(*streams, key=lambda item: item[0]):
             if victim.job_id in self.claimed or victim.job_id == workload.job_id or victim.job_id in seen:
@@ -424,27 +445,39 @@ class _Cycle:
         needs = (per.gpus, per.cpus, per.memory_bytes)
         return any(need and u > q + CPU_EPSILON for need, u, q in zip(needs, used, nominal))
 
-    @staticmethod
-    def _preempt_reason(kind, workload, victim):
+    def _preempt_reason(self, kind, workload, victim):
         if kind == "soft":
             return (f"preempted: tenant {victim.tenant} is over its soft budget and job {workload.job_id} "
                     f"needs the capacity")
         if kind == "reclaim":
             return f"reclaimed: tenant {workload.tenant} needs its quota (for job {workload.job_id})"
+        if kind == "service":
+            return (f"preempted: it has had {victim.service_gpu_s(self.snapshot.now) / 3600:.1f} GPU-hours and job "
+                    f"{workload.job_id} of the same priority has had less (service levels)")
         return f"preempted for higher-priority job {workload.job_id}"
 
+    def _outranked(self, victims, name, rank):
+        """A tenant's victims (in preference order) that rank below a job of `rank` as merge items:
+        lower priority, or the same priority at a lower service level after `service_min_run_s`."""
+        now, min_run = self.snapshot.now, self.policy.service_min_run_s
+        for victim_rank, victim in victims:
+            if victim_rank <= rank:
+                return
+            if victim_rank[0] > rank[0]:
+                yield _victim_key(victim, victim_rank, 1), victim, "priority", name
+            elif now - victim.started >= min_run:
+                yield _victim_key(victim, victim_rank, 1), victim, "service", name
 
-def _victim_key(victim, kind_rank=0):
-    return (kind_rank, -PRIORITY_RANK[victim.priority], -victim.started, -victim.order, victim.job_id)
+
+def _victim_key(victim, rank, kind_rank=0):
+    """Victims by preference: lowest priority, then most GPU time had, then most recently started."""
+    return (kind_rank, -rank[0], -rank[1], -victim.started, -victim.order, victim.job_id)
 
 
-def _ranked(kind_rank, victims, kind, name, below=None):
-    """A tenant's victims (already in preference order) as merge items; with `below`, only those of
-    lower priority than a job of that rank."""
-    for victim in victims:
-        if below is not None and PRIORITY_RANK[victim.priority] <= below:
-            return
-        yield _victim_key(victim, kind_rank), victim, kind, name
+def _ranked(kind_rank, victims, kind, name):
+    """A tenant's victims (already in preference order) as merge items."""
+    for victim_rank, victim in victims:
+        yield _victim_key(victim, victim_rank, kind_rank), victim, kind, name
 
 
 class _PodByPodCycle:

@@ -112,6 +112,7 @@ class Workload:
     preemptible: bool = True  # False for jobs that cannot be halted through a checkpoint
     started: float = 0.0  # when it started running (seconds, same clock as Snapshot.now); larger = more recent
     queued_at: float | None = None  # when it (re)entered the queue, same clock as Snapshot.now; None = unknown
+    attained_gpu_s: float = 0.0  # GPU-seconds it ran in earlier attempts (its service so far, without this run)
 
     def __post_init__(self):
         if not self.job_id:
@@ -122,6 +123,9 @@ class Workload:
         if not isinstance(self.learners, int) or self.learners < 1:
             raise SchedulingInputError(f"job {self.job_id}: learners must be an integer >= 1, got {self.learners!r}")
         self.per_learner.check_non_negative(f"job {self.job_id} per_learner")
+        if not isinstance(self.attained_gpu_s, (int, float)) or not self.attained_gpu_s >= 0:
+            raise SchedulingInputError(f"job {self.job_id}: attained_gpu_s must be a number >= 0, "
+                                       f"got {self.attained_gpu_s!r}")
         if self.per_learner.is_zero():
             raise SchedulingInputError(f"job {self.job_id}: per_learner asks for nothing (0 GPUs, CPUs and memory)")
         if len(self.placement) > self.learners:
@@ -135,6 +139,12 @@ class Workload:
     @property
     def rank(self):
         return PRIORITY_RANK[self.priority]
+
+    def service_gpu_s(self, now):
+        """GPU-seconds of service so far: earlier attempts plus, while placed, the current run."""
+        if not self.placement:
+            return self.attained_gpu_s
+        return self.attained_gpu_s + max(0.0, now - self.started) * self.per_learner.gpus * len(self.placement)
 
 
 @dataclass(frozen=True)

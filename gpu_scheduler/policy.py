@@ -14,7 +14,8 @@
   nodes likeliest to fit it soon are held for it (nothing new starts there) until it starts; and
   preemption that is placement-aware (a job blocked by fragmentation may preempt too), plus
   consolidation: small jobs are moved (halted, restarted elsewhere at once) to give a waiting
-  single-learner job a whole node.
+  single-learner job a whole node; and service levels: inside a priority, jobs that have had little
+  GPU time go before (and may halt) jobs that have had a lot.
 """
 from dataclasses import dataclass
 
@@ -36,6 +37,14 @@ class Policy:
     consolidate: bool = True  # move small jobs (halt + restart elsewhere) to give a waiting big job a whole node
     move_after_s: float = 600.0  # ...only jobs that have run this long (Snapshot.now - Workload.started)
     move_max_share: float = 0.5  # ...moving at most this share of the waiting job's GPUs
+    # Service levels (Tiresias' discretised least-attained-service): within one priority, a job that
+    # has had less GPU time goes first, and may halt a job of the same priority that has had more
+    # once that one has run `service_min_run_s` in its current attempt. Run times are heavy-tailed
+    # and unknown in advance; the GPU time a job has already had is the best predictor of how long
+    # it still needs, so this approximates shortest-job-first without asking users for estimates.
+    service_levels: tuple = (4 * 3600.0,)  # GPU-seconds of service at which a job moves down a level; () = off
+    service_min_run_s: float = 1800.0  # a demoted job runs at least this long per attempt before such a halt
+    promote_after_s: float = 8 * 3600.0  # a demoted job queued this long goes back to the top level (no starvation)
     preemption_checks: int = 32  # blocked jobs per cycle that may look for victims (bounds the cycle's cost)
     victim_scan: int = 256  # candidate victims tried per blocked job (bounds the cycle's cost)
     name: str = "full"
@@ -43,6 +52,8 @@ class Policy:
     def __post_init__(self):
         if self.placement not in PLACEMENTS:
             raise ValueError(f"policy: placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if list(self.service_levels) != sorted(self.service_levels) or any(t <= 0 for t in self.service_levels):
+            raise ValueError("policy: service_levels must be increasing positive GPU-second thresholds")
         if self.reservations < 0 or self.preemption_checks < 0:
             raise ValueError("policy: reservations and preemption_checks must be >= 0")
         if not self.gang and (self.quotas or self.preemption or self.reservations):
@@ -57,12 +68,12 @@ class Policy:
     @classmethod
     def fifo_spread(cls):
         return cls(placement="spread", gang=False, reservations=0, fair_share=False, quotas=False,
-                   borrowing=False, preemption=False, consolidate=False, name="fifo_spread")
+                   borrowing=False, preemption=False, consolidate=False, service_levels=(), name="fifo_spread")
 
     @classmethod
     def kueue_like(cls):
         return cls(placement="spread", reservations=0, fair_share=False, preempt_for_placement=False,
-                   consolidate=False, name="kueue_like")
+                   consolidate=False, service_levels=(), name="kueue_like")
 
     @classmethod
     def full(cls):

@@ -36,10 +36,11 @@ def run_cycle():
             return []
         running = list(Job.objects.filter(status__in=ACTIVE).select_related("owner"))
         tenants = _policies({job.tenant_id for job in queued + running})
+        attained = quotas.earlier_gpu_seconds([job.id for job in queued + running])
         snapshot = scheduler.Snapshot(nodes=nodes, tenants={p.name: p for p in tenants.values()},
-                                      running=tuple(_workload(job, tenants) for job in running),
+                                      running=tuple(_workload(job, tenants, attained) for job in running),
                                       now=timezone.now().timestamp())
-        decisions = scheduler.schedule(snapshot, [_workload(job, tenants) for job in queued])
+        decisions = scheduler.schedule(snapshot, [_workload(job, tenants, attained) for job in queued])
         by_id = {job.id: job for job in queued + running}
         for job_id, reason in decisions.preempt.items():
             _preempt(by_id[job_id], reason)
@@ -77,7 +78,7 @@ def _policies(tenant_ids):
     return policies
 
 
-def _workload(job, tenants):
+def _workload(job, tenants, attained):
     return scheduler.Workload(
         job_id=job.id, tenant=tenants[job.tenant_id].name, user=job.owner.username, learners=job.learners,
         per_learner=scheduler.Resources(job.gpus, job.cpus, job.memory_bytes), priority=job.priority,
@@ -86,7 +87,8 @@ def _workload(job, tenants):
         stopping=job.status == Status.HALTING or bool(job.preempted_reason),
         started=job.admitted_at.timestamp() if job.admitted_at else 0.0,
         # A queued job's last transition put it in the queue (wait-reason updates leave updated_at alone).
-        queued_at=job.updated_at.timestamp() if job.status == Status.QUEUED else None)
+        queued_at=job.updated_at.timestamp() if job.status == Status.QUEUED else None,
+        attained_gpu_s=attained.get(job.id, 0.0))
 
 
 def _admit(job, placement):

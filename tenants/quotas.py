@@ -43,6 +43,16 @@ def job_usage(job, now=None):
     return {"gpu_hours": round(gpu_s / HOURS, 4), "cpu_hours": round(cpu_s / HOURS, 4), "seconds": round(held_s, 1)}
 
 
+def earlier_gpu_seconds(job_ids):
+    """{job id: GPU-seconds its ended attempts held} (the scheduler's attained service; an attempt
+    still running is counted by the scheduler itself from its start)."""
+    attained = {}
+    for record in UsageRecord.objects.filter(job_id__in=job_ids, ended_at__isnull=False).only(
+            "job_id", "gpus", "started_at", "ended_at"):
+        seconds = max(0.0, (record.ended_at - record.started_at).total_seconds())
+        attained[record.job_id] = attained.get(record.job_id, 0.0) + record.gpus * seconds
+    return attained
+
 # --- periods -------------------------------------------------------------------------------------
 def period_bounds(period, now):
     """[start, end) of the budget period containing `now`, in the platform's time zone."""

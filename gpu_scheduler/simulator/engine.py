@@ -38,6 +38,7 @@ class JobRecord:
     attempt: int = 0
     preemptions: int = 0
     lost_gpu_s: float = 0.0  # progress thrown away by preemption (since the last checkpoint)
+    attained_gpu_s: float = 0.0  # GPU time of its earlier (halted) attempts, kept or lost
     partial: bool = False  # was ever partly placed
     workload: Workload | None = None  # cached; rebuilt when state or placement changes
 
@@ -159,7 +160,8 @@ class Simulation:
                         Resources(spec.gpus, spec.cpus, spec.memory_bytes), spec.priority, order=job.order,
                         placement=tuple(job.placement), stopping=job.state == "stopping",
                         preemptible=spec.preemptible, started=job.progress_since or 0.0,
-                        queued_at=job.queued_since if job.state == "queued" else None)
+                        queued_at=job.queued_since if job.state == "queued" else None,
+                        attained_gpu_s=job.attained_gpu_s)
 
     def _place(self, job, placements):
         job.placement.extend(placements)
@@ -180,6 +182,7 @@ class Simulation:
             kept = math.floor(progress / self.checkpoint_interval_s) * self.checkpoint_interval_s
             job.remaining_s -= kept
             job.lost_gpu_s += (progress - kept) * job.spec.gpus * job.spec.learners
+            job.attained_gpu_s += progress * job.spec.gpus * job.spec.learners
         job.state, job.progress_since, job.workload = "stopping", None, None
         job.preemptions += 1
         job.partial = False  # a new attempt may be counted again

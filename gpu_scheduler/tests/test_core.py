@@ -295,11 +295,62 @@ def test_it_rejects_an_inconsistent_snapshot_naming_the_job(busy, queue, message
         schedule(snapshot([node()], *busy), queue)
 
 
+# --- service levels (least attained service first, within a priority) -----------------------------------
+LEVELS = dataclasses.replace(FULL, service_levels=(4 * HOUR,), service_min_run_s=HOUR, promote_after_s=8 * HOUR)
+
+
+@pytest.mark.parametrize("policy, expected", [(LEVELS, ["fresh", "long"]), (Policy.kueue_like(), ["long", "fresh"])])
+def test_a_job_that_has_had_less_gpu_time_goes_first(policy, expected):
+    queue = [job("long", gpus=8, attained_gpu_s=5 * 8 * HOUR, queued_at=0.0, order=0),
+             job("fresh", gpus=8, queued_at=0.0, order=1)]
+    decisions = schedule(snapshot(nodes(1), now=HOUR), queue, policy)
+    assert admitted(decisions) == [expected[0]]
+    assert decisions.position == {expected[0]: 1, expected[1]: 2}
+
+
+def test_a_demoted_job_that_waited_long_is_back_at_the_top_level():
+    queue = [job("long", gpus=8, attained_gpu_s=5 * 8 * HOUR, queued_at=0.0, order=0),
+             job("fresh", gpus=8, queued_at=7 * HOUR, order=1)]
+    assert admitted(schedule(snapshot(nodes(1), now=8 * HOUR), queue, LEVELS)) == ["long"]
+
+
+@pytest.mark.parametrize("victim, expected", [
+    # 8 GPUs for 1 h = 8 GPU-hours, past the 4 GPU-hour level, and it has run the minimum hour
+    ({"started": 0.0}, {"x": "preempted: it has had 8.0 GPU-hours and job f of the same priority has had less "
+                              "(service levels)"}),
+    ({"started": 0.5 * HOUR}, {}),  # has run only half an hour in this attempt
+    ({"started": 0.0, "gpus": 2, "learners": 1}, {}),  # 2 GPU-hours: same level as the newcomer
+    ({"started": 0.0, "priority": "high"}, {}),
+    ({"started": 0.0, "tenant": "t2"}, {}),  # a tenant with a quota keeps its work (t1 is in the shared pool)
+    ({"started": 0.0, "preemptible": False}, {}),
+])
+def test_a_fresh_job_halts_one_of_the_same_priority_that_has_had_much_more(victim, expected):
+    gpus = victim.pop("gpus", 8)
+    ids = range(gpus)
+    snap = snapshot([node(gpus=gpus)], running("x", ("n1", ids), gpus=gpus, **victim),
+                    tenants=[tenant("t2", 8)], now=HOUR)
+    decisions = schedule(snap, [job("f", gpus=gpus, queued_at=HOUR)], LEVELS)
+    assert decisions.preempt == expected
+
+
+def test_service_levels_count_earlier_attempts_too():
+    # 3 GPU-hours earlier + 2 GPUs for 1 h now = 5 GPU-hours: past the level
+    snap = snapshot([node(gpus=2)], running("x", ("n1", (0, 1)), attained_gpu_s=3 * HOUR, started=0.0), now=HOUR)
+    assert list(schedule(snap, [job("f", gpus=2)], LEVELS).preempt) == ["x"]
+
+
+@pytest.mark.parametrize("levels", [(2 * HOUR, HOUR), (0.0,)])
+def test_it_rejects_service_levels_that_are_not_increasing_positive(levels):
+    with pytest.raises(ValueError, match="service_levels must be increasing positive"):
+        dataclasses.replace(FULL, service_levels=levels)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"priority": "urgent"}, "priority must be one of"),
     ({"learners": 0}, "learners must be an integer >= 1"),
     ({"gpus": 0, "cpus": 0, "memory_gib": 0}, "asks for nothing"),
     ({"gpus": -1}, "gpus must be a non-negative number"),
+    ({"attained_gpu_s": -1.0}, "attained_gpu_s must be a number >= 0"),
 ])
 def test_it_rejects_a_bad_workload_naming_the_field(kwargs, message):
     with pytest.raises(SchedulingInputError, match=message):

@@ -114,6 +114,19 @@ def test_a_higher_priority_job_preempts_through_a_halt(cluster, sent):
     assert Job.objects.filter(status=Status.HALTING).count() == 1  # no second victim for the same job
 
 
+def test_a_job_that_has_had_less_gpu_time_goes_first(cluster, sent):
+    # Service levels: the earlier attempts' GPU time (UsageRecords) reaches the scheduler.
+    cluster(gpus=1)
+    alice = member()
+    veteran, fresh = job(alice, gpus=1), job(alice, gpus=1)  # the veteran was submitted first
+    now = timezone.now()
+    UsageRecord.objects.create(tenant=alice.tenant, job=veteran, user=alice.user, attempt=1, gpus=1, cpus=1,
+                               memory_bytes=0, started_at=now - timedelta(hours=5), ended_at=now)
+    assert quotas.earlier_gpu_seconds([veteran.id, fresh.id]) == {veteran.id: 5 * 3600.0}
+    admission.run_cycle()
+    assert statuses(veteran, fresh) == [Status.QUEUED, Status.PENDING]
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_hundred_concurrent_submissions_admit_exactly_the_quota(cluster, sent, monkeypatch):
