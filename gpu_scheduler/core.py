@@ -229,6 +229,8 @@ class _Cycle:
         for dimension, need, used, quota in zip(DIMENSIONS, needs, state.used, state.nominal):
             if used + need > quota + CPU_EPSILON:
                 state.blocked = quota_in_use(dimension, used, quota)
+                if self._preempt_within_quota(workload, state, needs):
+                    return f"for its tenant's lower-ranked work being halted ({state.blocked})"
                 return state.blocked
         return None
 
@@ -354,6 +356,61 @@ class _Cycle:
         if workload.queued_at is None:
             return self.policy.reserve_after_s <= 0
         return self.snapshot.now - workload.queued_at >= self.policy.reserve_after_s
+
+    def _preempt_within_quota(self, workload, state, needs):
+        """A job held by its own tenant's quota may halt that tenant's work ranked below it (lower
+        priority, or the same priority at a lower service level), like Kueue's withinClusterQueue
+        preemption: the fewest such jobs that bring it inside the quota and give it room on the
+        nodes. True if victims are picked or already stopping; the job then waits for them, with the
+        nodes it will use held for it. Later jobs of the tenant stay behind it (the quota is full)."""
+        if not self.policy.preemption or self.checks_left <= 0:
+            return False
+        self.checks_left -= 1
+        per, learners = workload.per_learner, workload.learners
+        used = list(state.used)
+        tally = Tally(self.free, per, learners)
+
+        def free(victim, sign):
+            placed = len(victim.placement)
+            used[0] -= sign * victim.per_learner.gpus * placed
+            used[1] -= sign * victim.per_learner.cpus * placed
+            used[2] -= sign * victim.per_learner.memory_bytes * placed
+            tally.change(victim, sign)
+
+        def fits():
+            return tally.fits() and all(u + n <= q + CPU_EPSILON for u, n, q in zip(used, needs, state.nominal))
+
+        for stopping in self.stopping:
+            if stopping.tenant == workload.tenant:
+                free(stopping, +1)
+            else:
+                tally.change(stopping, +1)
+        chosen = []
+        if not fits():
+            own = self._victim_lists().get(workload.tenant, [])
+            for _, victim, kind, _ in itertools.islice(self._outranked(own, workload.tenant, self._rank(workload)),
+                                                       self.policy.victim_scan):
+                if victim.job_id in self.claimed:
+                    continue
+                free(victim, +1)
+                chosen.append((victim, kind))
+                if fits():
+                    break
+            if not fits():
+                return False
+            for victim, kind in reversed(chosen[:-1]):  # keep only the victims the job needs
+                free(victim, -1)
+                if fits():
+                    chosen.remove((victim, kind))
+                else:
+                    free(victim, +1)
+        for victim, kind in chosen:
+            self.decisions.preempt[victim.job_id] = self._preempt_reason(kind, workload, victim)
+            self.claimed.add(victim.job_id)
+            self.stopping.append(victim)
+        for node in tally.plan()[0]:
+            self.free.reserve(node)
+        return True
 
     def _wait_for_freed(self, workload, position, tally):
         nodes, freed_gpus = tally.plan()

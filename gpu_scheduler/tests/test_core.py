@@ -193,6 +193,24 @@ def test_priority_does_not_cross_a_tenant_with_a_quota():
     assert schedule(snap, [job("h", gpus=8, priority="high")]).preempt == {}
 
 
+@pytest.mark.parametrize("queued_priority, stopping, preempted, reason", [
+    ("high", False, ["l3"], "for its tenant's lower-ranked work being halted (tenant GPU quota 4/4 in use)"),
+    ("high", True, [], "for its tenant's lower-ranked work being halted (tenant GPU quota 4/4 in use)"),
+    ("low", False, [], "tenant GPU quota 4/4 in use"),
+])
+def test_a_job_held_by_its_tenants_quota_halts_that_tenants_lower_priority_work(queued_priority, stopping,
+                                                                                preempted, reason):
+    # Kueue's withinClusterQueue preemption: the node has room, the tenant's quota does not.
+    busy = [running(f"l{i}", ("n1", (i,)), priority="low", started=float(i), stopping=stopping and i == 3)
+            for i in range(4)]
+    snap = snapshot([node()], *busy, tenants=[tenant("t1", 4)])
+    decisions = schedule(snap, [job("h", gpus=1, priority=queued_priority),
+                                 job("later", gpus=1, priority="low", order=1)])
+    assert sorted(decisions.preempt) == preempted
+    assert decisions.waiting["h"] == f"waiting: 1st in tenant queue; {reason}"
+    assert decisions.waiting["later"].endswith("tenant GPU quota 4/4 in use")  # behind it, not around it
+
+
 def test_it_picks_the_fewest_most_recently_started_victims():
     busy = [running(f"l{i}", ("n1", (i,)), priority="low", started=float(i)) for i in range(8)]
     decisions = schedule(snapshot([node()], *busy), [job("h", gpus=2, priority="high")])

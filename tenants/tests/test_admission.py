@@ -114,6 +114,19 @@ def test_a_higher_priority_job_preempts_through_a_halt(cluster, sent):
     assert Job.objects.filter(status=Status.HALTING).count() == 1  # no second victim for the same job
 
 
+def test_a_high_priority_job_at_its_tenants_quota_halts_the_tenants_low_priority_work(cluster, sent):
+    cluster(gpus=8)  # the cluster has room; the quota does not
+    alice = member()
+    quotas.set_quota(alice.tenant, gpus=2)
+    low = [job(alice, gpus=1, priority="low") for _ in range(2)]
+    admission.run_cycle()
+    high = job(alice, gpus=1, priority="high")
+    admission.run_cycle()
+    assert sorted(statuses(*low)) == sorted([Status.HALTING, Status.PENDING])
+    assert statuses(high) == [Status.QUEUED]
+    assert "lower-ranked work being halted (tenant GPU quota 2/2 in use)" in reason(high)
+
+
 def test_a_job_that_has_had_less_gpu_time_goes_first(cluster, sent):
     # Service levels: the earlier attempts' GPU time (UsageRecords) reaches the scheduler.
     cluster(gpus=1)
