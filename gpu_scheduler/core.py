@@ -106,6 +106,7 @@ class _Cycle:
             capacity[2] += node.memory_bytes
         self.capacity = capacity
         self.tenants = {}
+        self.ranks = {}  # job_id -> (priority rank, service level), see _rank
         self.stopping = []
         running_ids = set()
         for workload in snapshot.running:
@@ -153,7 +154,10 @@ class _Cycle:
 
     def _rank(self, workload):
         """(priority rank, service level): smaller is served first and may halt larger."""
-        return PRIORITY_RANK[workload.priority], self._level(workload)
+        rank = self.ranks.get(workload.job_id)
+        if rank is None:  # fixed for the cycle (one `now`), asked for again at every reordering
+            rank = self.ranks[workload.job_id] = (PRIORITY_RANK[workload.priority], self._level(workload))
+        return rank
 
     def _level(self, workload):
         """0 until the job has had `service_levels[0]` GPU-seconds, 1 until the next threshold, ...
