@@ -7,8 +7,10 @@ so two cycles racing (two workers, a submit racing a finish) run one after the o
 sees the first's admissions: quotas hold whatever the interleaving. On PostgreSQL that lock is a
 transaction-scoped advisory lock; SQLite already lets only one writer in at a time.
 """
+import dataclasses
 import logging
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -40,7 +42,7 @@ def run_cycle():
         snapshot = scheduler.Snapshot(nodes=nodes, tenants={p.name: p for p in tenants.values()},
                                       running=tuple(_workload(job, tenants, attained) for job in running),
                                       now=timezone.now().timestamp())
-        decisions = scheduler.schedule(snapshot, [_workload(job, tenants, attained) for job in queued])
+        decisions = scheduler.schedule(snapshot, [_workload(job, tenants, attained) for job in queued], _policy())
         by_id = {job.id: job for job in queued + running}
         for job_id, reason in decisions.preempt.items():
             _preempt(by_id[job_id], reason)
@@ -49,6 +51,11 @@ def run_cycle():
             if by_id[job_id].wait_reason != reason:
                 Job.objects.filter(pk=job_id, status=Status.QUEUED).update(wait_reason=reason)
     return admitted
+
+
+def _policy():
+    hours = settings.SERVICE_LEVEL_GPU_HOURS
+    return dataclasses.replace(scheduler.Policy.full(), service_levels=(hours * 3600.0,) if hours else ())
 
 
 def _take_admission_lock():

@@ -98,6 +98,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
 RECONCILE_INTERVAL_S = env.number("TRAINYARD_RECONCILE_INTERVAL", 10.0, minimum=0.5)
+# GPU-hours of service after which a job yields to fresh jobs of its priority (gpu_scheduler: service
+# levels); 0 turns service levels off.
+SERVICE_LEVEL_GPU_HOURS = env.number("TRAINYARD_SERVICE_LEVEL_GPU_HOURS", 4.0, minimum=0.0)
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
 }

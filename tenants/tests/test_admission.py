@@ -127,8 +127,10 @@ def test_a_high_priority_job_at_its_tenants_quota_halts_the_tenants_low_priority
     assert "lower-ranked work being halted (tenant GPU quota 2/2 in use)" in reason(high)
 
 
-def test_a_job_that_has_had_less_gpu_time_goes_first(cluster, sent):
+@pytest.mark.parametrize("level_hours, first", [(4, "fresh"), (0, "veteran")])  # 0: service levels off
+def test_a_job_that_has_had_less_gpu_time_goes_first(cluster, sent, settings, level_hours, first):
     # Service levels: the earlier attempts' GPU time (UsageRecords) reaches the scheduler.
+    settings.SERVICE_LEVEL_GPU_HOURS = level_hours
     cluster(gpus=1)
     alice = member()
     veteran, fresh = job(alice, gpus=1), job(alice, gpus=1)  # the veteran was submitted first
@@ -137,7 +139,7 @@ def test_a_job_that_has_had_less_gpu_time_goes_first(cluster, sent):
                                memory_bytes=0, started_at=now - timedelta(hours=5), ended_at=now)
     assert quotas.earlier_gpu_seconds([veteran.id, fresh.id]) == {veteran.id: 5 * 3600.0}
     admission.run_cycle()
-    assert statuses(veteran, fresh) == [Status.QUEUED, Status.PENDING]
+    assert Job.objects.get(status=Status.PENDING).id == {"fresh": fresh, "veteran": veteran}[first].id
 
 
 @pytest.mark.postgres
