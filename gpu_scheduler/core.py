@@ -141,7 +141,10 @@ class _Cycle:
                 raise SchedulingInputError(f"job {workload.job_id} is both queued and running")
             queues.setdefault(workload.tenant, []).append(workload)
         for name, queue in queues.items():
-            queue.sort(key=lambda w: (*self._rank(w), w.order, w.job_id))
+            ranks = self.ranks
+            for workload in queue:
+                self._rank(workload)
+            queue.sort(key=lambda w: (ranks[w.job_id], w.order, w.job_id))
             self._tenant(name)
         return queues
 
@@ -150,7 +153,7 @@ class _Cycle:
         within = state.within_quota(workload.per_learner, workload.learners)
         soft = state.policy.budget == "soft_exceeded"
         share = state.share() if self.policy.fair_share and not within else 0.0
-        return (soft, not within, share, *self._rank(workload), workload.order, workload.job_id)
+        return (soft, not within, share, self.ranks[workload.job_id], workload.order, workload.job_id)
 
     def _rank(self, workload):
         """(priority rank, service level): smaller is served first and may halt larger."""
@@ -163,8 +166,8 @@ class _Cycle:
         """0 until the job has had `service_levels[0]` GPU-seconds, 1 until the next threshold, ...
         A queued job that has waited `promote_after_s` is back at 0, so demoted jobs cannot starve."""
         thresholds = self.policy.service_levels
-        if not thresholds:
-            return 0
+        if not thresholds or (not workload.placement and workload.attained_gpu_s < thresholds[0]):
+            return 0  # most queued jobs: new, or halted early
         now = self.snapshot.now
         if not workload.placement and workload.queued_at is not None \
                 and now - workload.queued_at >= self.policy.promote_after_s:
