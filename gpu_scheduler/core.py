@@ -247,6 +247,9 @@ class _Cycle:
     # --- 5. a job that does not fit ----------------------------------------------------------------
     def _blocked_by_capacity(self, workload, state, position):
         per, learners = workload.per_learner, workload.learners
+        if self.checks_left <= 0 and self.reservations_left <= 0 and self.policy.backfill:
+            # Nothing left to try this cycle but saying why: the common case in a long queue.
+            return self._wait(workload, position, self.free.why_not(per, learners))
         # The same search for the same kind of job (tenant, priority, shape) on an unchanged free map
         # finds nothing again: skip it, so the bounded checks go to different jobs.
         search = (workload.tenant, workload.priority, per.gpus, per.cpus, per.memory_bytes, learners)
