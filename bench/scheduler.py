@@ -116,12 +116,14 @@ def big_snapshot(*, seed=7, nodes=1000, tenants=20, queued_jobs=10_000):
 
 
 def time_cycles(snapshot, queued, policy):
+    """(median ms, fastest ms, decisions) over TIMED_CYCLES cycles. The fastest is what the code
+    costs when nothing else on the machine interferes (as timeit reports); the median is the headline."""
     timings = []
     for _ in range(TIMED_CYCLES):
         started = time.perf_counter()
         decisions = schedule(snapshot, queued, policy)
         timings.append((time.perf_counter() - started) * 1000)
-    return statistics.median(timings), decisions
+    return statistics.median(timings), min(timings), decisions
 
 
 def main():
@@ -130,9 +132,9 @@ def main():
     # walk, which a scheduling cycle inside the platform does not pay for.
     snapshot, queued = big_snapshot()
     busy = sum(len(p.gpu_ids) for w in snapshot.running for p in w.placement)
-    cycle_ms, decisions = time_cycles(snapshot, queued, Policy.full())
-    kueue_ms, _ = time_cycles(snapshot, queued, Policy.kueue_like())
-    fifo_ms, _ = time_cycles(snapshot, queued, Policy.fifo_spread())
+    cycle_ms, fastest_ms, decisions = time_cycles(snapshot, queued, Policy.full())
+    kueue_ms, _, _ = time_cycles(snapshot, queued, Policy.kueue_like())
+    fifo_ms, _, _ = time_cycles(snapshot, queued, Policy.fifo_spread())
     results = simulate_all()
     names = [p.name for p in POLICIES]
     overall = {n: pooled([results[scenario][n] for scenario in results]) for n in names}
@@ -169,6 +171,7 @@ def main():
              ("partial gangs (full)", full["partial_gangs"], "0"),
              ("utilisation while jobs wait (full)", round(full["utilization_while_waiting"], 3), ">= 0.9"),
              ("cycle ms, 10k queued, 1k nodes (full, median)", round(cycle_ms, 1), "<= 100"),
+             ("  fastest of the same cycles", round(fastest_ms, 1), ""),
              ("cycle ms, same: kueue_like / fifo_spread", f"{kueue_ms:.1f} / {fifo_ms:.1f}", "")]
     publish("scheduler", rows, {
         "jct_ratio_vs_fifo_spread": round(jct_ratio, 4),
@@ -189,6 +192,7 @@ def main():
         "jain_fairness_fifo_spread": round(fifo["jain_fairness"], 4),
         "jain_fairness_kueue_like": round(kueue["jain_fairness"], 4),
         "cycle_ms_10k_jobs_1k_nodes": round(cycle_ms, 2),
+        "cycle_ms_10k_jobs_1k_nodes_fastest": round(fastest_ms, 2),
         "cycle_ms_10k_jobs_1k_nodes_kueue_like": round(kueue_ms, 2),
         "cycle_ms_10k_jobs_1k_nodes_fifo_spread": round(fifo_ms, 2),
         "cycle_admitted": len(decisions.admitted), "cycle_preempted": len(decisions.preempt),
