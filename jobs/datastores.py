@@ -60,12 +60,8 @@ class LocalStore:
         top = self.root / prefix if prefix else self.root
         if not top.is_dir():
             raise DataStoreError(f"data store {self.name!r}: folder {top} does not exist")
-        for dirpath, dirnames, filenames in os.walk(top):
-            dirnames.sort()
-            for filename in sorted(filenames):
-                path = Path(dirpath) / filename
-                if path.is_file() and not path.is_symlink():
-                    yield StoredObject(path.relative_to(self.root).as_posix(), path.stat().st_size)
+        for path in regular_files(top):
+            yield StoredObject(path.relative_to(self.root).as_posix(), path.stat().st_size)
 
     def get(self, key, destination):
         _copy_file(self.root / key, destination)
@@ -221,12 +217,9 @@ def push(folders, target, *, report=lambda line: None):
         folder = Path(folder)
         if not folder.is_dir():
             continue
-        for dirpath, dirnames, filenames in os.walk(folder):
-            dirnames.sort()
-            for filename in sorted(filenames):
-                path = Path(dirpath) / filename
-                if path.is_file() and not path.is_symlink() and not filename.startswith(".tmp"):
-                    files.append((path, str(PurePosixPath(target.prefix, name, path.relative_to(folder).as_posix()))))
+        for path in regular_files(folder):
+            if not path.name.startswith(".tmp"):
+                files.append((path, str(PurePosixPath(target.prefix, name, path.relative_to(folder).as_posix()))))
     total = sum(path.stat().st_size for path, _ in files)
     progress = Progress(report, "uploading to", target.label)
     progress(0, len(files), 0, total)
@@ -237,6 +230,16 @@ def push(folders, target, *, report=lambda line: None):
         progress(count, len(files), done, total)
     progress(len(files), len(files), done, total, final=True)
     return len(files), total
+
+
+def regular_files(top):
+    """Every regular file under `top` (symlinks left out, so nothing outside is read), in a stable order."""
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        for filename in sorted(filenames):
+            path = Path(dirpath) / filename
+            if path.is_file() and not path.is_symlink():
+                yield path
 
 
 def _relative_key(key, prefix):

@@ -10,12 +10,13 @@ checkpoints and log into the bucket when the job stores its results (jobs.transf
 same Store interface as the manifests' data stores, jobs.datastores).
 """
 import hashlib
-import os
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
 from django.conf import settings
+
+from jobs.datastores import regular_files
 
 JOB_SUBDIRS = ("data", "results", "checkpoints")
 ARTIFACT_DIRS = {"results": "result", "checkpoints": "checkpoint", "logs": "log"}
@@ -79,12 +80,8 @@ def list_artifacts(tenant_slug, job_id):
         top = base / folder
         if not top.is_dir():
             continue
-        for dirpath, dirnames, filenames in os.walk(top):
-            dirnames.sort()
-            for filename in sorted(filenames):
-                path = Path(dirpath) / filename
-                if path.is_symlink() or not path.is_file() or filename.startswith(".tmp"):
-                    continue
+        for path in regular_files(top):
+            if not path.name.startswith(".tmp"):
                 yield path.relative_to(base).as_posix(), kind, path
 
 
