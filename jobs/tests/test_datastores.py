@@ -9,6 +9,7 @@ from jobs.datastores import DataStoreError, LocalStore, Location, S3Store
 from jobs.manifest import parse_manifest
 from jobs.models import Job, LogLine
 from jobs.tests.builders import member, tar_gz, token_for, upload
+from jobs.tests.s3_server import s3_server
 
 SECRET = "s3cr3t-Pa55"
 
@@ -109,34 +110,10 @@ def test_fetch_refuses_keys_that_would_escape_data_dir(tmp_path):
 # --- a real S3-compatible server -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def s3():
-    """moto in server mode, with signatures checked against IAM keys; yields (endpoint, id, secret)."""
-    import boto3
-    from moto import settings as moto_settings
-    from moto.server import ThreadedMotoServer
-
-    from portal.runner import free_port
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    admin = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-    iam = boto3.client("iam", **admin)
-    iam.create_user(UserName="u")
-    iam.put_user_policy(UserName="u", PolicyName="all", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-    key = iam.create_access_key(UserName="u")["AccessKey"]
-    client = boto3.client("s3", **admin)
-    client.create_bucket(Bucket="data-bucket")
-    client.create_bucket(Bucket="results-bucket")
-    client.put_object(Bucket="data-bucket", Key="inputs/train.csv", Body=b"x,y\n1,2\n")
-    client.put_object(Bucket="data-bucket", Key="inputs/nested/more.csv", Body=b"x,y\n3,4\n")
-    previous = moto_settings.INITIAL_NO_AUTH_ACTION_COUNT
-    moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
-    try:
-        yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
-    finally:
-        moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = previous
-        server.stop()
+    """yields (endpoint, id, secret) of a signature-checking S3 server with data-bucket and results-bucket."""
+    data = {"inputs/train.csv": b"x,y\n1,2\n", "inputs/nested/more.csv": b"x,y\n3,4\n"}
+    with s3_server({"data-bucket": data, "results-bucket": {}}) as server:
+        yield server
 
 
 def test_s3_round_trip(s3, tmp_path):

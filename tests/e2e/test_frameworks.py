@@ -190,33 +190,10 @@ def test_one_failed_learner_fails_the_attempt_and_stops_the_others(live_platform
 @pytest.fixture(scope="module")
 def s3_server():
     """An S3-compatible server with access-key checking; yields (endpoint, key id, secret)."""
-    boto3 = pytest.importorskip("boto3")
-    from moto import settings as moto_settings
-    from moto.server import ThreadedMotoServer
-
-    from portal.runner import free_port
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    admin = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bootstrap",
-                 aws_secret_access_key="bootstrap")
-    iam = boto3.client("iam", **admin)
-    iam.create_user(UserName="trainer")
-    iam.put_user_policy(UserName="trainer", PolicyName="all", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-    key = iam.create_access_key(UserName="trainer")["AccessKey"]
-    s3 = boto3.client("s3", **admin)
-    for bucket in ("train-data", "train-results"):
-        s3.create_bucket(Bucket=bucket)
-    s3.put_object(Bucket="train-data", Key="digits/digits.npz", Body=digits_npz())
-    previous = moto_settings.INITIAL_NO_AUTH_ACTION_COUNT
-    moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from now on every request must be signed by a real key
-    try:
-        yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
-    finally:
-        moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = previous
-        server.stop()
+    pytest.importorskip("boto3")
+    from jobs.tests.s3_server import s3_server
+    with s3_server({"train-data": {"digits/digits.npz": digits_npz()}, "train-results": {}}) as server:
+        yield server
 
 
 def digits_npz():
