@@ -381,15 +381,11 @@ class _Cycle:
         if not self.policy.preemption or self.checks_left <= 0:
             return False
         self.checks_left -= 1
-        per, learners = workload.per_learner, workload.learners
         used = list(state.used)
-        tally = Tally(self.free, per, learners)
+        tally = Tally(self.free, workload.per_learner, workload.learners)
 
-        def free(victim, sign):
-            placed = len(victim.placement)
-            used[0] -= sign * victim.per_learner.gpus * placed
-            used[1] -= sign * victim.per_learner.cpus * placed
-            used[2] -= sign * victim.per_learner.memory_bytes * placed
+        def take(victim, sign=+1):
+            _release(used, victim, sign)
             tally.change(victim, sign)
 
         def fits():
@@ -397,40 +393,34 @@ class _Cycle:
 
         for stopping in self.stopping:
             if stopping.tenant == workload.tenant:
-                free(stopping, +1)
+                take(stopping)
             else:
                 tally.change(stopping, +1)
         chosen = []
         if not fits():
             own = self._victim_lists().get(workload.tenant, [])
-            for _, victim, kind, _ in itertools.islice(self._outranked(own, workload.tenant, self._rank(workload)),
-                                                       self.policy.victim_scan):
-                if victim.job_id in self.claimed:
-                    continue
-                free(victim, +1)
-                chosen.append((victim, kind))
-                if fits():
-                    break
-            if not fits():
+            scanned = itertools.islice(self._outranked(own, workload.tenant, self._rank(workload)),
+                                       self.policy.victim_scan)
+            candidates = ((victim, kind) for _, victim, kind, _ in scanned if victim.job_id not in self.claimed)
+            chosen = _fewest(candidates, lambda item: take(item[0]), lambda item: take(item[0], -1), fits)
+            if not chosen:
                 return False
-            for victim, kind in reversed(chosen[:-1]):  # keep only the victims the job needs
-                free(victim, -1)
-                if fits():
-                    chosen.remove((victim, kind))
-                else:
-                    free(victim, +1)
         for victim, kind in chosen:
             self.decisions.preempt[victim.job_id] = self._preempt_reason(kind, workload, victim)
             self.claimed.add(victim.job_id)
             self.stopping.append(victim)
-        for node in tally.plan()[0]:
-            self.free.reserve(node)
+        self._hold_for(tally)
         return True
 
-    def _wait_for_freed(self, workload, position, tally):
+    def _hold_for(self, tally):
+        """Hold the nodes a job will use once the resources it waits for are freed; returns those GPUs."""
         nodes, freed_gpus = tally.plan()
         for node in nodes:
             self.free.reserve(node)
+        return freed_gpus
+
+    def _wait_for_freed(self, workload, position, tally):
+        freed_gpus = self._hold_for(tally)
         what = gpus_text(freed_gpus) if freed_gpus else "resources"
         self._wait(workload, position, f"for {what} being freed by preemption")
 
@@ -439,29 +429,15 @@ class _Cycle:
         """Greedy over candidates in preference order until the job fits, then drop any victim the
         job turns out not to need (fewest victims). At most `victim_scan` candidates are tried, which
         bounds a cycle's cost when no set of victims would do."""
-        chosen, usage = [], {}
-        candidates = self._candidates(workload, state, usage)
-        for victim, reason in itertools.islice(candidates, self.policy.victim_scan):
-            tally.change(victim, +1)
-            chosen.append((victim, reason))
-            victim_usage = usage.setdefault(victim.tenant, list(self.tenants[victim.tenant].used))
-            per, placed = victim.per_learner, len(victim.placement)
-            victim_usage[0] -= per.gpus * placed
-            victim_usage[1] -= per.cpus * placed
-            victim_usage[2] -= per.memory_bytes * placed
-            if tally.fits():
-                break
-        if not tally.fits():
-            for victim, _ in chosen:
-                tally.change(victim, -1)
-            return []
-        needed = [chosen[-1]]
-        for victim, reason in reversed(chosen[:-1]):
-            tally.change(victim, -1)
-            if not tally.fits():
-                tally.change(victim, +1)
-                needed.append((victim, reason))
-        return needed
+        usage = {}  # tenant -> its usage without the victims taken so far (reclaim stops once it is within quota)
+
+        def take(item, sign=+1):
+            victim = item[0]
+            tally.change(victim, sign)
+            _release(usage.setdefault(victim.tenant, list(self.tenants[victim.tenant].used)), victim, sign)
+
+        candidates = itertools.islice(self._candidates(workload, state, usage), self.policy.victim_scan)
+        return _fewest(candidates, take, lambda item: take(item, -1), tally.fits)
 
     def _victim_lists(self):
         """Per tenant, the running jobs that could be halted, by preference: lowest priority, then most
@@ -542,6 +518,36 @@ class _Cycle:
                 yield _victim_key(victim, victim_rank, 1), victim, "priority", name
             elif now - victim.started >= min_run:
                 yield _victim_key(victim, victim_rank, 1), victim, "service", name
+
+
+def _fewest(candidates, take, give_back, fits):
+    """Take candidates in order until `fits()`, then give back each one the job turns out not to need
+    (fewest victims). Returns the ones kept, or [] (all given back) if even all of them do not fit."""
+    chosen = []
+    for item in candidates:
+        take(item)
+        chosen.append(item)
+        if fits():
+            break
+    if not fits():
+        for item in chosen:
+            give_back(item)
+        return []
+    needed = [chosen[-1]]
+    for item in reversed(chosen[:-1]):
+        give_back(item)
+        if not fits():
+            take(item)
+            needed.append(item)
+    return needed
+
+
+def _release(used, workload, sign=+1):
+    """Take a placed workload's resources off a [gpus, cpus, memory] usage list (sign -1: add them back)."""
+    placed, per = len(workload.placement), workload.per_learner
+    used[0] -= sign * per.gpus * placed
+    used[1] -= sign * per.cpus * placed
+    used[2] -= sign * per.memory_bytes * placed
 
 
 def _victim_key(victim, rank, kind_rank=0):
