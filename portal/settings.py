@@ -13,10 +13,13 @@ DATA_DIR = Path(env.text("TRAINYARD_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DEBUG = env.boolean("TRAINYARD_DEBUG", False)
 SECRET_KEY = env.text("TRAINYARD_SECRET_KEY") or env.text("DJANGO_SECRET_KEY")
 if not SECRET_KEY:
-    if not DEBUG and env.boolean("TRAINYARD_REQUIRE_SECRET_KEY", False):
-        raise env.ConfigError("TRAINYARD_SECRET_KEY must be set")
-    # A per-checkout key keeps demo installs working without configuration; production sets one.
-    SECRET_KEY = "trainyard-insecure-dev-key-" + str(BASE_DIR)
+    # Where processes share no data directory (Kubernetes pods), each would generate its own key, so
+    # an operator there requires an explicit one; DEBUG does not relax that.
+    if env.boolean("TRAINYARD_REQUIRE_SECRET_KEY", False):
+        raise env.ConfigError("TRAINYARD_SECRET_KEY must be set (TRAINYARD_REQUIRE_SECRET_KEY is on)")
+    from portal import secret_key
+    # Generated once, mode 0600, shared by every process that uses this TRAINYARD_DATA_DIR.
+    SECRET_KEY = secret_key.load_or_create(DATA_DIR)
 ALLOWED_HOSTS = [h.strip() for h in env.text("TRAINYARD_ALLOWED_HOSTS", "*").split(",") if h.strip()]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env.text("TRAINYARD_CSRF_TRUSTED_ORIGINS", "").split(",")
                         if o.strip()]
@@ -114,6 +117,10 @@ CHANNEL_LAYERS = {
 
 # --- jobs, storage and the learner backend --------------------------------------------------
 STORAGE_URL = env.url("TRAINYARD_STORAGE_URL", f"file://{DATA_DIR / 'storage'}", schemes=("file", "s3"))
+# Data-store endpoints a manifest names must be public addresses (jobs.egress), unless allowed here:
+# every address, or listed host names, IP addresses and CIDR networks (comma-separated).
+DATASTORE_ALLOW_PRIVATE = env.boolean("TRAINYARD_DATASTORE_ALLOW_PRIVATE", False)
+DATASTORE_ALLOWED_HOSTS = env.host_list("TRAINYARD_DATASTORE_ALLOWED_HOSTS")
 BACKEND = env.choice("TRAINYARD_BACKEND", "local", ("local", "kubernetes"))
 # The address learners' agents use to reach the platform's ingest endpoint.
 PUBLIC_URL = env.url("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:8000", schemes=("http", "https"))
