@@ -6,7 +6,9 @@ class JobsConfig(AppConfig):
     name = "jobs"
 
     def ready(self):
-        from jobs import transfers
+        from jobs import live, transfers
         from jobs.models import JobEvent
         # Every final transition writes a JobEvent: that is when a job's data-store credentials go.
         post_save.connect(transfers.on_job_event, sender=JobEvent, dispatch_uid="jobs.forget_credentials")
+        # Open websockets check their access again whenever something that grants it changes.
+        live.connect_access_signals()

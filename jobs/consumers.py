@@ -2,11 +2,21 @@
 
 A connection is authenticated (browser session, or `?token=` for scripts) and scoped to a tenant
 exactly like the REST API; another tenant's job id is refused without a word about it.
+
+Access is checked again whenever something that grants it changes (jobs.live sends the user's
+group an `access.recheck`): a socket whose credential, membership or job access has gone closes
+with the code an outsider gets at connect (4401 or 4404), and the list socket stops forwarding
+private jobs its user may no longer see.
 """
+from importlib import import_module
+from types import SimpleNamespace
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib import auth
+from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
 from jobs import live
@@ -19,6 +29,8 @@ CLOSE_UNAUTHORIZED = 4401
 
 
 class _ScopedConsumer(AsyncJsonWebsocketConsumer):
+    groups_joined = ()
+
     async def refuse(self, code):
         # Accept-then-close, so the browser sees why (4401/4404) instead of an anonymous 1006;
         # nothing is sent in between.
@@ -29,10 +41,30 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         values = parse_qs(self.scope.get("query_string", b"").decode()).get(name)
         return values[0] if values else None
 
+    async def join(self, *groups):
+        self.groups_joined = groups
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+
+    async def disconnect(self, code):
+        await self.leave()
+
+    async def leave(self):
+        groups, self.groups_joined = self.groups_joined, ()
+        for group in groups:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def end(self, code):
+        """Access ended while open: stop forwarding at once, then close as an outsider is refused."""
+        await self.leave()
+        await self.close(code=code)
+
     @database_sync_to_async
     def _membership(self):
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
+        """The membership this socket acts through now, or None. Authenticates afresh on every call, so a
+        revoked token, a logout, a password change or a deactivation is seen at the next check."""
+        user = self._session_user()
+        if not user.is_authenticated:
             user = user_for_key(self.query("token"))
         headers = dict(self.scope.get("headers", []))
         requested = headers.get(b"x-trainyard-tenant", b"").decode() or self.query("tenant")
@@ -41,6 +73,15 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         except access.NoTenant:
             return None
 
+    def _session_user(self):
+        # A fresh read of the session row: the scope's session object caches what it loaded at connect.
+        session = self.scope.get("session")
+        key = getattr(session, "session_key", None)
+        if not key:
+            return AnonymousUser()
+        store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=key)
+        return auth.get_user(SimpleNamespace(session=store))
+
 
 class JobConsumer(_ScopedConsumer):
     async def connect(self):
@@ -48,23 +89,25 @@ class JobConsumer(_ScopedConsumer):
         if membership is None:
             await self.refuse(CLOSE_UNAUTHORIZED)
             return
-        job_id = self.scope["url_route"]["kwargs"]["job_id"]
-        job = await self._job(membership, job_id)
+        self.job_id = self.scope["url_route"]["kwargs"]["job_id"]
+        job = await self._job(membership, self.job_id)
         if job is None:
             await self.refuse(CLOSE_NOT_FOUND)
             return
-        self.group = live.job_group(job_id)
         # Join before reading the backlog, so nothing published in between is missed; the
         # client drops the duplicates by seq.
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.join(live.job_group(self.job_id), live.user_group(membership.user_id))
         await self.accept()
         since = _int(self.query("since"), 0)
         for message in await self._backlog(job, since):
             await self.send_json(message)
 
-    async def disconnect(self, code):
-        if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+    async def access_recheck(self, event):
+        membership = await self._membership()
+        if membership is None:
+            await self.end(CLOSE_UNAUTHORIZED)
+        elif await self._job(membership, self.job_id) is None:
+            await self.end(CLOSE_NOT_FOUND)
 
     @database_sync_to_async
     def _job(self, membership, job_id):
@@ -104,13 +147,16 @@ class JobListConsumer(_ScopedConsumer):
             await self.refuse(CLOSE_UNAUTHORIZED)
             return
         self.membership = membership
-        self.group = live.tenant_group(membership.tenant_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.join(live.tenant_group(membership.tenant_id), live.user_group(membership.user_id))
         await self.accept()
 
-    async def disconnect(self, code):
-        if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+    async def access_recheck(self, event):
+        # A changed role is picked up here, so private jobs are forwarded by the role held now.
+        membership = await self._membership()
+        if membership is None or membership.tenant_id != self.membership.tenant_id:
+            await self.end(CLOSE_UNAUTHORIZED)
+        else:
+            self.membership = membership
 
     async def job_status(self, event):
         # The tenant's group carries every job's changes; a private job's only reach who may see it.

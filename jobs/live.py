@@ -2,6 +2,11 @@
 
 Publishing happens after the transaction commits, so a client never sees a status or a log line
 that a rollback later takes back. A broken channel layer never fails the write that triggered it.
+
+Access can end while a socket is open (a token revoked, a user deactivated or logged out, a job
+unshared, a membership removed or its role changed). Each socket joins its user's group; the model
+signals below send that group an `access.recheck` once the change commits, whichever path made it
+(API, page, admin console, manage.py), and the consumers re-run their access check (jobs.consumers).
 """
 import logging
 
@@ -19,6 +24,10 @@ def job_group(job_id):
 
 def tenant_group(tenant_id):
     return f"tenant.{tenant_id}.jobs"
+
+
+def user_group(user_id):
+    return f"user.{user_id}"
 
 
 def publish_status_on_commit(job):
@@ -40,6 +49,12 @@ def publish_records_on_commit(job_id, lines, points):
     transaction.on_commit(lambda: [_send([job_group(job_id)], m) for m in messages])
 
 
+def recheck_user_on_commit(user_id):
+    """Make every open socket of this user check again whether it may still see what it streams."""
+    if user_id is not None:
+        transaction.on_commit(lambda: _send([user_group(user_id)], {"type": "access.recheck"}))
+
+
 def _send(groups, message):
     layer = get_channel_layer()
     if layer is None:
@@ -49,3 +64,37 @@ def _send(groups, message):
             async_to_sync(layer.group_send)(group, message)
     except Exception:  # noqa: BLE001 - live updates are best effort; REST and the backlog are the record
         log.warning("could not publish to %s", groups, exc_info=True)
+
+
+# --- what ends access: each receiver names the user whose sockets must check again --------------
+def _recheck_holder(sender, instance, **kwargs):
+    """A token, membership or object permission of a user changed or went."""
+    recheck_user_on_commit(instance.user_id)
+
+
+def _recheck_user(sender, instance, **kwargs):
+    # Deactivation and a password change (which voids the user's other sessions) are saves of the user.
+    recheck_user_on_commit(instance.pk)
+
+
+def _recheck_session_user(sender, instance, **kwargs):
+    # Logging out deletes the session row; the browser's socket rode on it.
+    try:
+        user_id = instance.get_decoded().get("_auth_user_id")
+    except Exception:  # noqa: BLE001 - an undecodable session authenticated nobody
+        return
+    recheck_user_on_commit(user_id)
+
+
+def connect_access_signals():
+    from django.contrib.auth import get_user_model
+    from django.contrib.sessions.models import Session
+    from django.db.models.signals import post_delete, post_save
+    from guardian.models import UserObjectPermission
+
+    from tenants.models import ApiToken, Membership
+    for model, receiver in ((ApiToken, _recheck_holder), (Membership, _recheck_holder),
+                            (UserObjectPermission, _recheck_holder), (get_user_model(), _recheck_user)):
+        post_save.connect(receiver, sender=model, dispatch_uid=f"live-recheck-save-{model.__name__}")
+        post_delete.connect(receiver, sender=model, dispatch_uid=f"live-recheck-delete-{model.__name__}")
+    post_delete.connect(_recheck_session_user, sender=Session, dispatch_uid="live-recheck-logout")

@@ -1,0 +1,144 @@
+"""Open websockets lose what their user loses: a revoked token, a logout or password change, a
+deactivation, an unshared job, a removed membership or a lowered role closes the socket with the
+code an outsider gets at connect (4401/4404), or, on the list stream, stops private jobs reaching it.
+
+Each change is made the way the platform makes it (model saves, guardian, the logout view), in a
+thread like any request, while the socket is open (channels' communicator, in-memory layer)."""
+import pytest
+from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from jobs import sharing
+from jobs.tests.builders import job, logged_in, member, token_for
+from jobs.tests.test_websockets import session, status_change
+from tenants.models import ApiToken, Membership
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def in_memory_layer(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+def change(fn):
+    """`fn` run like a request (in a thread, committing on its own), as the socket's `then`."""
+    async def then():
+        await database_sync_to_async(fn)()
+    return then
+
+
+def revoke_all_tokens(user):
+    for token in ApiToken.objects.filter(user=user):
+        token.revoked_at = timezone.now()
+        token.save()
+
+
+def test_it_closes_a_job_socket_when_its_token_is_revoked():
+    alice = member()
+    target = job(alice)
+    code, messages = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}",
+                             then=change(lambda: revoke_all_tokens(alice.user)))
+    assert code == 4401 and messages[0]["type"] == "job"
+
+
+def test_it_keeps_the_socket_when_another_token_of_the_user_is_revoked():
+    alice = member()
+    target = job(alice)
+    other, _ = ApiToken.issue(alice.user, "other")
+
+    def revoke_other():
+        other.revoked_at = timezone.now()
+        other.save()
+    code, _ = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}", then=change(revoke_other))
+    assert code is None
+
+
+def deactivate(user_id):
+    user = get_user_model().objects.get(pk=user_id)
+    user.is_active = False
+    user.save()
+
+
+def test_it_closes_when_the_user_is_deactivated():
+    alice = member()
+    target = job(alice)
+    code, _ = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}", then=change(lambda: deactivate(alice.user_id)))
+    assert code == 4401
+
+
+def test_it_closes_a_shared_private_job_when_it_is_unshared():
+    alice, bob = member("team-a", "alice"), member("team-a", "bob")
+    secret = job(alice, private=True)
+    sharing.share(secret, "bob", "view")
+    code, messages = session(f"/ws/jobs/{secret.id}/?token={token_for(bob)}",
+                             then=change(lambda: sharing.unshare(secret, "bob")))
+    assert code == 4404 and messages[0]["job"]["id"] == secret.id
+
+
+def test_it_closes_when_the_membership_is_removed():
+    alice = member()
+    target = job(alice)
+    code, _ = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}",
+                      then=change(lambda: Membership.objects.get(pk=alice.pk).delete()))
+    assert code == 4401
+
+
+def test_it_closes_a_private_job_when_an_admin_becomes_a_researcher():
+    alice, ada = member("team-a", "alice"), member("team-a", "ada", role="admin")
+    secret = job(alice, private=True)
+
+    def demote():
+        ada.role = Membership.Role.RESEARCHER
+        ada.save()
+    code, _ = session(f"/ws/jobs/{secret.id}/?token={token_for(ada)}", then=change(demote))
+    assert code == 4404
+
+
+def test_the_list_stream_stops_forwarding_private_jobs_after_a_demotion():
+    alice, ada = member("team-a", "alice"), member("team-a", "ada", role="admin")
+    secret = job(alice, private=True)
+
+    def demote():
+        ada.role = Membership.Role.RESEARCHER
+        ada.save()
+
+    async def demote_then_publish():
+        await change(demote)()
+        await status_change(secret)()
+    assert session(f"/ws/jobs/?token={token_for(ada)}", then=demote_then_publish) == (None, [])
+
+
+def test_the_list_stream_closes_when_the_membership_is_removed():
+    alice = member()
+    code, _ = session(f"/ws/jobs/?token={token_for(alice)}",
+                      then=change(lambda: Membership.objects.get(pk=alice.pk).delete()))
+    assert code == 4401
+
+
+def browser_cookie(membership):
+    client = logged_in(membership)
+    return client, [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+
+
+def test_a_browser_socket_closes_when_its_session_logs_out():
+    alice = member()
+    target = job(alice)
+    client, headers = browser_cookie(alice)
+    code, messages = session(f"/ws/jobs/{target.id}/", headers=headers,
+                             then=change(lambda: client.post("/logout/")))
+    assert code == 4401 and messages[0]["type"] == "job"
+
+
+def test_a_browser_socket_closes_when_the_password_changes():
+    alice = member()
+    target = job(alice)
+    _, headers = browser_cookie(alice)
+
+    def new_password():
+        user = get_user_model().objects.get(pk=alice.user_id)
+        user.set_password("a-new-password-123")
+        user.save()
+    code, messages = session(f"/ws/jobs/{target.id}/", headers=headers, then=change(new_password))
+    assert code == 4401 and messages[0]["type"] == "job"
