@@ -34,7 +34,7 @@ PUBLIC_CONNECTION_FIELDS = ("auth_url", "region", "type")
 REDACTED = "<redacted>"
 SEALED_FILE = ".credentials.sealed"
 FETCHED_MARK = ".trainyard-fetched"  # in DATA_DIR: this job's data is complete (attempts share it)
-LOCAL_STORES_DIR = "datastores"  # under TRAINYARD_DATA_DIR: the folders `type: local` stores name
+LOCAL_STORES_DIR = "datastores"  # under TRAINYARD_DATA_DIR: <tenant>/<container> of `type: local` stores
 S3_TYPES = ("s3_datastore", "mount_cos")
 
 
@@ -50,42 +50,72 @@ class StoredObject:
 
 
 class LocalStore:
-    """A directory tree."""
+    """A directory tree. With `confined`, nothing outside the root is read or written: every path is
+    resolved (following symlinks) and must stay inside the resolved root, so a link placed in a
+    tenant's folder cannot lead into another tenant's."""
 
-    def __init__(self, root, *, name="local"):
+    def __init__(self, root, *, name="local", confined=False):
         self.root = Path(root)
         self.name = name
+        self.confined = confined
 
     def list(self, prefix=""):
-        top = self.root / prefix if prefix else self.root
+        top = self.path_of(prefix)
         if not top.is_dir():
-            raise DataStoreError(f"data store {self.name!r}: folder {top} does not exist")
+            raise DataStoreError(f"data store {self.name!r}: folder {prefix or '.'!r} does not exist")
         for path in regular_files(top):
-            yield StoredObject(path.relative_to(self.root).as_posix(), path.stat().st_size)
+            yield StoredObject(_relative_posix(path, top, prefix), path.stat().st_size)
 
     def get(self, key, destination):
-        _copy_file(self.root / key, destination)
+        _copy_file(self.path_of(key), destination)
 
     def put(self, source, key):
-        _copy_file(source, self.root / key)
+        _copy_file(source, self.path_of(key))
+
+    def path_of(self, key, *, what=None):
+        """The path of `key` ('' is the root); when confined, refused unless it stays inside the root.
+        `what` names the key in the message (e.g. the manifest field it came from)."""
+        path = self.root / key if key else self.root
+        if not self.confined:
+            return path
+        root, resolved = self.root.resolve(), path.resolve()
+        if resolved != root and root not in resolved.parents:
+            raise DataStoreError(f"data store {self.name!r}: {what or repr(key)} leads outside the tenant's local "
+                                 "data-store folder (through '..', an absolute path or a symbolic link); refused")
+        return resolved
 
 
 class S3Store:
     """One bucket of an S3-compatible server. Timeouts and retries are short on purpose: a wrong
-    endpoint or a dead server must fail the job at DOWNLOADING within seconds, not hang it."""
+    endpoint or a dead server must fail the job at DOWNLOADING within seconds, not hang it.
+
+    With an `egress` policy (a manifest's store: its endpoint is the researcher's choice), every
+    connection goes through jobs.egress (public addresses only, unless the operator allows more),
+    every way of not reaching the endpoint reads the same, and nothing of the platform's own AWS
+    configuration is used: no AWS_* endpoint or credentials from the environment, no instance
+    metadata; a store without credentials is read anonymously."""
 
     def __init__(self, bucket, *, endpoint=None, access_key=None, secret_key=None, session_token=None,
-                 region=None, name="s3"):
+                 region=None, name="s3", egress=None):
         import boto3
+        from botocore import UNSIGNED
         from botocore.config import Config
         self.bucket = bucket
         self.name = name
-        config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"},
-                        s3={"addressing_style": "path"})
+        self.egress = egress
+        self._endpoint_checked = False
+        options = dict(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"},
+                       s3={"addressing_style": "path"})
+        if egress is not None:
+            options["ignore_configured_endpoint_urls"] = True
+            if not access_key:
+                options["signature_version"] = UNSIGNED
         self.client = boto3.session.Session().client(
             "s3", endpoint_url=endpoint or None, aws_access_key_id=access_key or None,
             aws_secret_access_key=secret_key or None, aws_session_token=session_token or None,
-            region_name=region or "us-east-1", config=config)
+            region_name=region or "us-east-1", config=Config(**options))
+        if egress is not None:
+            _guard_connections(self.client, egress)
 
     def list(self, prefix=""):
         with self._errors("listing"):
@@ -107,17 +137,82 @@ class S3Store:
         with self._errors(f"uploading {key}"):
             self.client.upload_file(str(source), self.bucket, key)
 
+    def check_endpoint(self):
+        """Refuse a disallowed endpoint before anything connects (also when a proxy would be used,
+        where the connection-level check sees the proxy's address, not the endpoint's)."""
+        from jobs import egress
+        if self.egress is not None and not self._endpoint_checked:
+            url = urlparse(self.client.meta.endpoint_url)
+            try:
+                egress.checked_addresses(url.hostname or "", url.port or (443 if url.scheme == "https" else 80),
+                                         self.egress)
+            except egress.EndpointRefused:
+                raise DataStoreError(f"data store {self.name!r}: {egress.UNREACHABLE}") from None
+            self._endpoint_checked = True
+
     @contextmanager
     def _errors(self, doing):
         from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+        self.check_endpoint()
         try:
             yield
         except ClientError as exc:
             raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: "
                                  f"{_explain_client_error(exc)}") from None
+        except (ConnectionError, HTTPClientError) as exc:
+            if self.egress is None:
+                raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: {exc}") from None
+            from jobs.egress import UNREACHABLE
+            raise DataStoreError(f"data store {self.name!r}: {UNREACHABLE}") from None
         except (BotoCoreError, S3UploadFailedError) as exc:
+            if self.egress is not None and _unreachable(exc):
+                from jobs.egress import UNREACHABLE
+                raise DataStoreError(f"data store {self.name!r}: {UNREACHABLE}") from None
             raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: {exc}") from None
+
+
+def _unreachable(exc):
+    """An upload failure wraps the connection error that caused it (boto3's S3UploadFailedError)."""
+    from botocore.exceptions import ConnectionError, HTTPClientError
+    cause = exc
+    while cause is not None:
+        if isinstance(cause, (ConnectionError, HTTPClientError)):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _guard_connections(client, policy):
+    """Make every connection the client opens go through jobs.egress.connect (checked addresses only).
+
+    botocore keeps its urllib3 pool classes in one dict shared by its pool and proxy managers, and
+    creates pools lazily, so replacing the classes before the first request covers every connection.
+    Fails loudly if botocore changes that layout, rather than running unguarded."""
+    from botocore.awsrequest import (AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection,
+                                     AWSHTTPSConnectionPool)
+    classes = getattr(getattr(client._endpoint, "http_session", None), "_pool_classes_by_scheme", None)
+    if not isinstance(classes, dict) or set(classes) != {"http", "https"}:
+        raise RuntimeError("botocore's connection pools are not where jobs.datastores expects them; "
+                           "data-store endpoints cannot be checked")
+    classes["http"] = _guarded_pool(AWSHTTPConnectionPool, AWSHTTPConnection, policy)
+    classes["https"] = _guarded_pool(AWSHTTPSConnectionPool, AWSHTTPSConnection, policy)
+
+
+def _guarded_pool(pool_class, connection_class, policy):
+    from urllib3.exceptions import NewConnectionError
+
+    from jobs import egress
+
+    class GuardedConnection(connection_class):
+        def _new_conn(self):
+            try:
+                return egress.connect(self._dns_host, self.port, policy, timeout=self.timeout,
+                                      source_address=self.source_address, socket_options=self.socket_options)
+            except OSError as exc:
+                raise NewConnectionError(self, egress.UNREACHABLE) from exc
+
+    return type(f"Guarded{pool_class.__name__}", (pool_class,), {"ConnectionCls": GuardedConnection})
 
 
 def _explain_client_error(exc):
@@ -129,6 +224,11 @@ def _explain_client_error(exc):
     if code in ("NoSuchBucket", "404"):
         return f"the bucket does not exist ({code})"
     return f"{code}: {error.get('Message', '')}".strip(": ")
+
+
+def _relative_posix(path, top, prefix):
+    """The key of a file found under `top` (the folder of `prefix`), even when `top` was resolved."""
+    return (PurePosixPath(prefix) / path.relative_to(top).as_posix()).as_posix()
 
 
 def _copy_file(source, destination):
@@ -155,20 +255,28 @@ def split_container(container):
     return bucket, prefix.strip("/")
 
 
-def location(spec, section, credentials, *, data_root):
-    """The Location of `spec[section]` (training_data or training_results) of one manifest data store."""
+def local_root(data_root, tenant):
+    """The folder a tenant's `type: local` stores name their containers in: one per tenant, so one
+    tenant's jobs never read or write another's."""
+    return Path(data_root) / LOCAL_STORES_DIR / tenant
+
+
+def location(spec, section, credentials, *, data_root, tenant, egress):
+    """The Location of `spec[section]` (training_data or training_results) of one manifest data store
+    of a job of `tenant`; S3 endpoints are held to the `egress` policy (jobs.egress.EgressPolicy)."""
     container = spec[section]["container"]
     store_id = spec["id"]
     if spec["type"] == "local":
-        root = Path(data_root) / LOCAL_STORES_DIR
-        return Location(LocalStore(root, name=store_id), container, f"data store {store_id!r} (folder {container})")
+        store = LocalStore(local_root(data_root, tenant), name=store_id, confined=True)
+        store.path_of(container, what=f"{section}.container {container!r}")  # refused before any transfer
+        return Location(store, container, f"data store {store_id!r} (folder {container})")
     bucket, prefix = split_container(container)
     connection = spec.get("connection") or {}
     secret = credentials.get(store_id, {})
     store = S3Store(bucket, endpoint=connection.get("auth_url"), region=connection.get("region"),
                     access_key=secret.get("user_name") or secret.get("access_key_id"),
                     secret_key=secret.get("password") or secret.get("secret_access_key"),
-                    session_token=secret.get("session_token"), name=store_id)
+                    session_token=secret.get("session_token"), name=store_id, egress=egress)
     return Location(store, prefix, f"data store {store_id!r} (bucket {bucket})")
 
 

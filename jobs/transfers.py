@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import datastores, live, storage
+from jobs import datastores, egress, live, storage
 from jobs.manifest import parse_manifest
 from jobs.models import Job, LogLine, Status
 from jobs.serializers import log_line_json
@@ -63,7 +63,7 @@ def fetch_training_data(job):
         try:
             secrets = datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY)
             for spec in stores:
-                source = datastores.location(spec, "training_data", secrets, data_root=settings.DATA_DIR)
+                source = datastores.location(spec, "training_data", secrets, **_store_context(job))
                 datastores.fetch(source, data_dir, report=lambda line: system_log(job.id, line))
         except datastores.DataStoreError as exc:
             system_log(job.id, f"[trainyard] {exc}")
@@ -98,7 +98,7 @@ def _result_targets(job, folder):
     if specs:
         secrets = datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY)
         for spec in specs:
-            target = datastores.location(spec, "training_results", secrets, data_root=settings.DATA_DIR)
+            target = datastores.location(spec, "training_results", secrets, **_store_context(job))
             # FfDL's layout: each job's results under its own id in the results container.
             targets.append(datastores.Location(target.store, _join(target.prefix, job.id), target.label))
     mirror = storage.mirror_url()
@@ -107,6 +107,17 @@ def _result_targets(job, folder):
         targets.append(datastores.Location(platform.store, _join(platform.prefix, job.tenant.slug, job.id),
                                            platform.label))
     return targets
+
+
+def _store_context(job):
+    """What decides where a job's data stores may lead: its tenant (local folders) and the
+    operator's egress policy (S3 endpoints)."""
+    return {"data_root": settings.DATA_DIR, "tenant": job.tenant.slug, "egress": egress_policy()}
+
+
+def egress_policy():
+    return egress.EgressPolicy(allow_private=settings.DATASTORE_ALLOW_PRIVATE,
+                               allowed=tuple(settings.DATASTORE_ALLOWED_HOSTS))
 
 
 def _join(*parts):

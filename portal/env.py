@@ -70,3 +70,20 @@ def url(name, default, *, schemes):
         raise ConfigError(f"{name}={value!r} must be a URL starting with one of: "
                           + ", ".join(f"{s}://" for s in schemes))
     return value
+
+
+def host_list(name):
+    """A comma-separated list of host names, IP addresses and CIDR networks, each one checked."""
+    import ipaddress
+    import re
+    entries = tuple(entry.strip() for entry in (text(name) or "").split(",") if entry.strip())
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry.strip("[]"), strict=False)
+        except ValueError:
+            labels = entry.rstrip(".").split(".")
+            if len(entry) > 253 or not all(re.fullmatch(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?", label)
+                                           for label in labels):
+                raise ConfigError(f"{name}: {entry!r} is not a host name, an IP address or a CIDR network "
+                                  "(e.g. minio.internal, 10.0.5.7, 10.0.5.0/24)") from None
+    return entries

@@ -216,7 +216,7 @@ def test_a_local_store_is_downloaded_with_progress_in_the_log_and_results_are_st
     from jobs.models import Status
     from jobs.states import transition
     alice = member()
-    shelf = settings.DATA_DIR / datastores.LOCAL_STORES_DIR / "digits"
+    shelf = datastores.local_root(settings.DATA_DIR, alice.tenant.slug) / "digits"
     shelf.mkdir(parents=True)
     (shelf / "train.csv").write_text("1,2\n")
     job = Job.objects.get(pk=submit(alice, LOCAL_JOB).json()["id"])
@@ -236,7 +236,8 @@ def test_a_local_store_is_downloaded_with_progress_in_the_log_and_results_are_st
 
     (folder / "results" / "model.txt").write_text("m")
     assert transfers.push_results(job) is True
-    assert (settings.DATA_DIR / datastores.LOCAL_STORES_DIR / "trained" / job.id / "results" / "model.txt").exists()
+    assert (datastores.local_root(settings.DATA_DIR, alice.tenant.slug) / "trained" / job.id / "results" /
+            "model.txt").exists()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -265,3 +266,48 @@ def test_credentials_are_deleted_when_the_job_ends():
     assert sealed.exists()  # not final: a restart or resume needs them
     transition(job.id, Status.TERMINATED, actor="test")
     assert not sealed.exists()
+
+
+# --- local stores are per tenant -------------------------------------------------------------------
+LOCAL_SPEC = {"id": "shelf", "type": "local", "training_data": {"container": "digits"},
+              "training_results": {"container": "trained"}}
+
+
+def local_location(tmp_path, tenant, container="digits", section="training_data"):
+    spec = dict(LOCAL_SPEC, **{section: {"container": container}})
+    return datastores.location(spec, section, {}, data_root=tmp_path, tenant=tenant, egress=None)
+
+
+def test_the_same_local_container_names_each_tenants_own_folder(tmp_path):
+    for tenant in ("team-a", "team-b"):
+        (datastores.local_root(tmp_path, tenant) / "digits").mkdir(parents=True)
+        (datastores.local_root(tmp_path, tenant) / "digits" / "owner.txt").write_text(tenant)
+    datastores.fetch(local_location(tmp_path, "team-b"), tmp_path / "data")
+    assert (tmp_path / "data" / "owner.txt").read_text() == "team-b"
+
+
+@pytest.mark.parametrize("container", ["../team-a/digits", "/etc", "digits/../../team-a/digits"])
+def test_a_local_container_outside_the_tenants_folder_is_refused_naming_the_field(tmp_path, container):
+    (datastores.local_root(tmp_path, "team-a") / "digits").mkdir(parents=True)
+    datastores.local_root(tmp_path, "team-b").mkdir(parents=True)
+    with pytest.raises(DataStoreError, match=r"training_results\.container .* leads outside the tenant's local"):
+        local_location(tmp_path, "team-b", container, section="training_results")
+
+
+def test_a_symlink_out_of_the_tenants_folder_is_refused_for_reading_and_writing(tmp_path):
+    theirs = datastores.local_root(tmp_path, "team-a") / "digits"
+    theirs.mkdir(parents=True)
+    (theirs / "secret.txt").write_text("team-a only")
+    mine = datastores.local_root(tmp_path, "team-b")
+    mine.mkdir(parents=True)
+    (mine / "digits").symlink_to(theirs)
+    with pytest.raises(DataStoreError, match=r"training_data\.container 'digits' leads outside"):
+        local_location(tmp_path, "team-b")
+    (mine / "trained").mkdir()
+    (mine / "trained" / "job-1").symlink_to(theirs)  # a link deeper down, met only while writing
+    store = local_location(tmp_path, "team-b", "trained", section="training_results")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "x.txt").write_text("planted")
+    with pytest.raises(DataStoreError, match="leads outside"):
+        datastores.push({"results": tmp_path / "results"}, Location(store.store, "trained/job-1", store.label))
+    assert not (theirs / "results").exists()

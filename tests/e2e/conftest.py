@@ -11,8 +11,9 @@ from portal.harness import start_session
 
 @pytest.fixture(scope="session")
 def live_platform(tmp_path_factory):
+    # The S3 tests' server listens on the loopback, which data stores may not reach unless allowed.
     session = start_session(tmp_path_factory.mktemp("platform"), TRAINYARD_RECONCILE_INTERVAL="2",
-                            TRAINYARD_LOCAL_CPUS="8")
+                            TRAINYARD_LOCAL_CPUS="8", TRAINYARD_DATASTORE_ALLOWED_HOSTS="127.0.0.1")
     try:
         yield session
     finally:
