@@ -3,8 +3,10 @@
 Django-free on purpose: the CLI's offline `trainyard validate` and the REST API run this same code,
 so a manifest that validates on a laptop is accepted by the server. It accepts every FfDL manifest.
 """
+import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import yaml
@@ -25,7 +27,31 @@ TOP_LEVEL_FIELDS = ("name", "description", "version", "learners", "gpus", "cpus"
                     "framework", "data_stores", "evaluation_metrics", "priority", "checkpoint",
                     "restart_policy")
 MAX_LEARNERS = 64
+MAX_GPUS = 64  # per learner
+MAX_CPUS = 1024  # per learner
+MIN_MEMORY_BYTES = 10**6  # 1MB
+MAX_MEMORY_BYTES = 16 * 2**40  # 16384GiB per learner: more than any node has
 MAX_MANIFEST_BYTES = 64 * 1024
+# The deepest real manifest (evaluation_metrics.groups.<g>.meta.<k>) nests 5 levels; the bound is checked
+# while the YAML is composed, so a 20,000-deep `[[[[...]]]]` stops at level 21 instead of recursing.
+MAX_DEPTH = 20
+# Any number anywhere in a manifest: no field needs more, and the whole manifest is stored as JSON.
+MAX_NUMBER = 10**15
+
+# Unknown keys. At the top level and in Trainyard's own sections an unknown key is an error naming it: a
+# typo (`gpu: 1`) must not silently run the job with the default. Inside FfDL's sections, keys that FfDL
+# defined but Trainyard has no use for are accepted and reported as notes (SPEC §2: every FfDL manifest
+# parses, and `trainyard validate` says what was ignored); anything else there is an error too.
+SECTION_FIELDS = {
+    "framework": (("name", "version", "command"), ("image_tag", "image_location")),
+    "checkpoint": (("signal", "grace_seconds"), ()),
+    "restart_policy": (("max_retries",), ()),
+    "data_store": (("id", "type", "training_data", "training_results", "connection"), ()),
+    "container": (("container",), ()),
+    "evaluation_metrics": (("type", "groups"), ("in", "line_lookahead", "event_types", "eventTypes",
+                                                "image_tag")),
+    "metric_group": (("regex",), ("meta", "scalars", "etimes")),
+}
 
 
 class ManifestError(ValueError):
@@ -69,35 +95,112 @@ class Manifest:
 
 
 def parse_memory(value, field_name="memory"):
-    """'4GiB' -> bytes. Only MB, MiB, GB, GiB and Gb are accepted (SPEC §2)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", str(value))
+    """'4GiB' -> bytes. Only MB, MiB, GB, GiB and Gb are accepted (SPEC §2), from 1MB to 16384GiB."""
+    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", text)
     if not match or match.group(2) not in MEMORY_UNITS:
-        raise ManifestError(field_name, f"{value!r} is not a memory size; write a number and one of "
+        raise ManifestError(field_name, f"{_shown(value)} is not a memory size; write a number and one of "
                                         f"{', '.join(MEMORY_UNITS)} (e.g. 4GiB)")
-    size = int(float(match.group(1)) * MEMORY_UNITS[match.group(2)])
-    if size <= 0:
-        raise ManifestError(field_name, "must be more than zero")
+    # Decimal, not float: 400 digits must be "too large", not an OverflowError or a rounded infinity.
+    size = int(Decimal(match.group(1)) * MEMORY_UNITS[match.group(2)])
+    if not MIN_MEMORY_BYTES <= size <= MAX_MEMORY_BYTES:
+        raise ManifestError(field_name, f"{_shown(value)} is outside 1MB..{MAX_MEMORY_BYTES // 2**30}GiB "
+                                        "per learner")
     return size
+
+
+class _ManifestLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors and aliases and bounds nesting as it composes, before anything is
+    expanded or recursed into: a 413-byte "billion laughs" document never grows into gigabytes, and a
+    20,000-deep document never reaches Python's recursion limit."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise ManifestError("manifest", f"uses a YAML anchor or alias (&name / *name){_line(event)}; "
+                                            "write the values out instead")
+        if self._depth >= MAX_DEPTH:
+            raise ManifestError("manifest", f"nests deeper than {MAX_DEPTH} levels{_line(event)}")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node):
+        # Python refuses to read an int of more than 4,300 digits with a message about sys; say it plainly.
+        if len(node.value) > 1000:
+            raise ManifestError("manifest", f"has a number longer than 1000 characters{_line(node)}")
+        return super().construct_yaml_int(node)
+
+
+_ManifestLoader.add_constructor("tag:yaml.org,2002:int", _ManifestLoader.construct_yaml_int)
+
+
+def _line(event):
+    mark = getattr(event, "start_mark", None)
+    return f" at line {mark.line + 1}" if mark else ""
 
 
 def parse_manifest(text):
     """Parse and validate a manifest given as YAML text; return a Manifest or raise ManifestError."""
-    if isinstance(text, bytes):
-        if len(text) > MAX_MANIFEST_BYTES:
-            raise ManifestError("manifest", f"is larger than {MAX_MANIFEST_BYTES // 1024} KiB")
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ManifestError("manifest", "is not UTF-8 text") from None
+    if isinstance(text, str):
+        text = text.encode("utf-8", "surrogatepass")
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise ManifestError("manifest", f"is larger than {MAX_MANIFEST_BYTES // 1024} KiB")
     try:
-        data = yaml.safe_load(text)
+        text = text.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ManifestError("manifest", "is not UTF-8 text") from None
+    try:
+        data = yaml.load(text, Loader=_ManifestLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}" if where else ""
         raise ManifestError("manifest", f"is not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
+    except ManifestError:
+        raise
+    except (ValueError, OverflowError) as exc:  # a scalar YAML recognises but cannot build: 2001-02-30
+        raise ManifestError("manifest", f"has a value that cannot be read: {exc}") from None
     if not isinstance(data, dict):
         raise ManifestError("manifest", "must be a YAML mapping of fields (name, framework, ...)")
-    return validate(data)
+    manifest = validate(data)  # first, for its messages that give each field's own range
+    _check_plain(data, "")  # then every other value, as `raw` is stored
+    return manifest
+
+
+def _check_plain(value, path):
+    """Every value is JSON-safe text, a bounded finite number, true/false/null, a list or a mapping with text
+    keys: the manifest is stored and shown back as JSON (depth is already bounded by the loader)."""
+    where = path or "manifest"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ManifestError(where, f"has the key {_shown(key)}; keys must be text")
+            _check_plain(item, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_plain(item, f"{where}[{index}]")
+    elif isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    elif isinstance(value, (int, float)):
+        if not (isinstance(value, int) or math.isfinite(value)):
+            raise ManifestError(where, f"{_shown(value)} is not a finite number")
+        if abs(value) > MAX_NUMBER:
+            raise ManifestError(where, f"{_shown(value)} is larger than any field allows (at most {MAX_NUMBER:.0e})")
+    else:
+        raise ManifestError(where, f"is a {type(value).__name__}; write text (quote dates and binary values), "
+                                   "a number, true/false, a list or a mapping")
+
+
+def _shown(value, limit=40):
+    """A value as shown in an error message: its repr, cut short (a 400-digit number is not echoed back)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def validate(data: dict[str, Any]) -> Manifest:
@@ -105,21 +208,25 @@ def validate(data: dict[str, Any]) -> Manifest:
     if unknown:
         raise ManifestError(unknown[0], f"unknown field; known fields are {', '.join(TOP_LEVEL_FIELDS)}")
     framework = _mapping(data, "framework", required=True)
+    ignored = _known_keys(framework, "framework", "framework")
     try:
         resolved = frameworks.resolve(_string(framework, "name", "framework.name", required=True),
                                       _string(framework, "version", "framework.version"))
     except frameworks.FrameworkError as exc:
         raise ManifestError(exc.field, exc.rule) from None
     checkpoint = _mapping(data, "checkpoint")
+    _known_keys(checkpoint, "checkpoint", "checkpoint")
     signal_name = _string(checkpoint, "signal", "checkpoint.signal") or "SIGTERM"
     if signal_name not in SIGNALS:
         raise ManifestError("checkpoint.signal", f"{signal_name!r} is not one of {', '.join(SIGNALS)}")
     restart = _mapping(data, "restart_policy")
+    _known_keys(restart, "restart_policy", "restart_policy")
     priority = _string(data, "priority", "priority") or "normal"
     if priority not in PRIORITIES:
         raise ManifestError("priority", f"{priority!r} is not one of {', '.join(PRIORITIES)}")
     memory = data.get("memory")
     data_stores = _data_stores(data.get("data_stores"))
+    ignored += _data_store_ignored(data_stores) + _metric_ignored(data.get("evaluation_metrics"))
     return Manifest(
         name=_name(data),
         description=_string(data, "description", "description"),
@@ -129,7 +236,7 @@ def validate(data: dict[str, Any]) -> Manifest:
         framework_version=resolved.version,
         framework_asked=resolved.asked_as,
         learners=_integer(data, "learners", 1, minimum=1, maximum=MAX_LEARNERS),
-        gpus=_integer(data, "gpus", 0, minimum=0, maximum=64),
+        gpus=_integer(data, "gpus", 0, minimum=0, maximum=MAX_GPUS),
         cpus=_cpus(data),
         memory_bytes=parse_memory(memory) if memory is not None else Manifest.memory_bytes,
         priority=priority,
@@ -141,8 +248,39 @@ def validate(data: dict[str, Any]) -> Manifest:
         data_stores=data_stores,
         evaluation_metrics=_evaluation_metrics(data.get("evaluation_metrics")),
         raw=data,
-        notes=resolved.notes + _data_store_notes(data_stores) + _metric_notes(data.get("evaluation_metrics")),
+        notes=(resolved.notes + _data_store_notes(data_stores) + _metric_notes(data.get("evaluation_metrics"))
+               + ignored),
     )
+
+
+def _known_keys(section, path, kind):
+    """Refuse a key neither Trainyard nor FfDL knows in a section (naming it); return a note for each FfDL key
+    Trainyard accepts and ignores."""
+    known, ffdl_only = SECTION_FIELDS[kind]
+    for key in section:
+        if key not in known and key not in ffdl_only:
+            raise ManifestError(f"{path}.{key}", f"unknown field; {path} has {', '.join(known)}")
+    return tuple(f"{path}.{key} is an FfDL field Trainyard ignores" for key in section if key in ffdl_only)
+
+
+def _data_store_ignored(stores):
+    notes = ()
+    for index, store in enumerate(stores):
+        notes += _known_keys(store, f"data_stores[{index}]", "data_store")
+        for key in ("training_data", "training_results"):
+            notes += _known_keys(store.get(key) or {}, f"data_stores[{index}].{key}", "container")
+    return notes
+
+
+def _metric_ignored(metrics):
+    if not isinstance(metrics, dict):
+        return ()
+    notes = _known_keys(metrics, "evaluation_metrics", "evaluation_metrics")
+    groups = metrics.get("groups")
+    for group, spec in (groups.items() if isinstance(groups, dict) else ()):
+        if isinstance(spec, dict):
+            notes += _known_keys(spec, f"evaluation_metrics.groups.{group}", "metric_group")
+    return notes
 
 
 def _name(data):
@@ -161,8 +299,10 @@ def _command(framework):
 
 def _cpus(data):
     value = data.get("cpus", 1)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or value > 1024:
-        raise ManifestError("cpus", f"{value!r} is not a number of CPUs between 0 and 1024 (e.g. 2 or 0.5)")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or not 0 < value <= MAX_CPUS:  # `not 0 < nan` holds too; isfinite says it first
+        raise ManifestError("cpus", f"{_shown(value)} is not a number of CPUs above 0 and at most {MAX_CPUS} "
+                                    "(e.g. 2 or 0.5)")
     return float(value)
 
 
@@ -289,7 +429,7 @@ def _integer(data, key, default, *, minimum, maximum, path=None):
     path = path or key
     value = data.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ManifestError(path, f"{value!r} is not a whole number")
+        raise ManifestError(path, f"{_shown(value)} is not a whole number in {minimum}..{maximum}")
     if not minimum <= value <= maximum:
-        raise ManifestError(path, f"{value} is outside {minimum}..{maximum}")
+        raise ManifestError(path, f"{_shown(value)} is outside {minimum}..{maximum}")
     return value

@@ -115,3 +115,135 @@ def test_it_requires_a_name():
     with pytest.raises(ManifestError) as error:
         parse_manifest("framework: {name: custom, command: echo hi}")
     assert error.value.field == "name"
+
+
+# Hostile manifests (issue 12, finding 9): each is refused with a ManifestError naming where, never an
+# exception of another kind (a 500 on the API), and never stored blown up.
+BASE = "name: x\nframework: {name: custom, command: sh run.sh}\n"
+
+
+def _refusal(text):
+    with pytest.raises(ManifestError) as error:
+        parse_manifest(text)
+    return error.value
+
+
+@pytest.mark.parametrize("line, field, says", [
+    ("memory: " + "9" * 400 + "GiB", "memory", "outside 1MB..16384GiB"),
+    ("memory: 10000000000000000000000000GiB", "memory", "outside 1MB..16384GiB"),
+    ("memory: 1e25GiB", "memory", "not a memory size"),
+    ("memory: 0.0000001MB", "memory", "outside 1MB..16384GiB"),
+    ("memory: -4GiB", "memory", "not a memory size"),
+    ("memory: [4, GiB]", "memory", "not a memory size"),
+    ("cpus: .nan", "cpus", "above 0 and at most 1024"),
+    ("cpus: .inf", "cpus", "above 0 and at most 1024"),
+    ("cpus: -.inf", "cpus", "above 0 and at most 1024"),
+    ("cpus: -1", "cpus", "above 0 and at most 1024"),
+    ("cpus: 1.0e+400", "cpus", "above 0 and at most 1024"),
+    ("gpus: " + "9" * 400, "gpus", "outside 0..64"),
+    ("gpus: .nan", "gpus", "not a whole number in 0..64"),
+    ("learners: -3", "learners", "outside 1..64"),
+    ("learners: 1_000_000_000_000_000_000", "learners", "outside 1..64"),
+    ("checkpoint: {grace_seconds: .inf}", "checkpoint.grace_seconds", "0..3600"),
+    ("checkpoint: {grace_seconds: -1}", "checkpoint.grace_seconds", "outside 0..3600"),
+    ("restart_policy: {max_retries: 100000000000000000000}", "restart_policy.max_retries", "outside 0..100"),
+    ("gpus: " + "9" * 5000, "manifest", "number longer than 1000 characters"),
+])
+def test_it_bounds_every_number_naming_the_field_and_range(line, field, says):
+    error = _refusal(BASE + line + "\n")
+    assert error.field == field and says in error.rule, str(error)
+    assert len(str(error)) < 300  # a 400-digit value is not echoed back whole
+
+
+@pytest.mark.parametrize("line, field", [
+    ("framework: {name: custom, command: x, image_location: {size: .nan}}", "framework.image_location.size"),
+    ("framework: {name: custom, command: x, image_location: {size: " + "9" * 30 + "}}",
+     "framework.image_location.size"),
+    ("framework: {name: custom, command: x, image_tag: 2018-01-01}", "framework.image_tag"),
+    ("framework: {name: custom, command: x, image_tag: !!binary aGVsbG8=}", "framework.image_tag"),
+    ("framework: {name: custom, command: x, image_tag: !!set {a, b}}", "framework.image_tag"),
+    ("framework: {name: custom, command: x, image_location: {[1, 2]: x}}", "manifest"),
+    ("version: 2001-02-30", "manifest"),
+])
+def test_it_keeps_only_json_safe_values_anywhere(line, field):
+    text = BASE.replace("framework: {name: custom, command: sh run.sh}\n", "") if line.startswith("framework") else BASE
+    assert _refusal(text + line + "\n").field == field
+
+
+def billion_laughs(levels=9):
+    lines = ['lol0: &lol0 "lol"']
+    for level in range(1, levels + 1):
+        lines.append(f"lol{level}: &lol{level} [" + ", ".join([f"*lol{level - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_it_refuses_an_alias_bomb_before_expanding_it():
+    bomb = billion_laughs()
+    assert len(bomb) < 1000
+    hidden = BASE.replace("sh run.sh}", "sh run.sh, image_location: {payload: *lol9}}")
+    for text in (bomb + BASE, "evaluation_metrics:\n  in: x\n" + "".join("  " + line + "\n" for line in
+                                                                        bomb.splitlines()) + hidden):
+        error = _refusal(text)
+        assert error.field == "manifest" and "anchor or alias" in error.rule
+
+
+def test_it_refuses_anchors_and_merge_keys():
+    assert "anchor" in _refusal(BASE + "checkpoint: &c {signal: SIGTERM}\n").rule
+    assert "alias" in _refusal("name: &n x\ndescription: *n\nframework: {name: custom, command: x}\n").rule
+
+
+@pytest.mark.parametrize("nested", [
+    "[" * 20000 + "]" * 20000,
+    "{a: " * 10000 + "1" + "}" * 10000,  # as deep as fits in 64 KiB
+    "\n" + "- " * 20000 + "x",
+    "\n" + "".join(" " * i + f"k{i}:\n" for i in range(60)) + " " * 60 + "v",
+], ids=["flow-sequences", "flow-mappings", "block-sequences", "block-mappings"])
+def test_it_bounds_nesting_before_recursing(nested):
+    error = _refusal(BASE + "description: " + nested + "\n")
+    assert error.field == "manifest" and "nests deeper than 20 levels" in error.rule
+
+
+def test_it_accepts_nesting_as_deep_as_a_real_manifest_needs():
+    groups = ("evaluation_metrics:\n  type: regex_extractor\n  groups:\n    train:\n"
+              "      regex: 'loss (?P<loss>[\\d.]+)'\n      meta: {time: {unit: [s]}}\n")
+    assert parse_manifest(BASE + groups).metric_regexes == {"train": "loss (?P<loss>[\\d.]+)"}
+
+
+@pytest.mark.parametrize("text", [BASE + "description: " + "a" * 70_000 + "\n",
+                                  (BASE + "description: " + "a" * 70_000 + "\n").encode()],
+                         ids=["text", "bytes"])
+def test_it_bounds_the_manifest_size(text):
+    error = _refusal(text)
+    assert error.field == "manifest" and "larger than 64 KiB" in error.rule
+
+
+@pytest.mark.parametrize("line, field", [
+    ("framework: {name: custom, command: x, comand: y}", "framework.comand"),
+    ("checkpoint: {signal: SIGTERM, grace: 5}", "checkpoint.grace"),
+    ("restart_policy: {retries: 2}", "restart_policy.retries"),
+    ("data_stores: [{id: s, type: local, traning_data: {container: a}}]", "data_stores[0].traning_data"),
+    ("data_stores: [{id: s, type: local, training_data: {container: a, bucket: b}}]",
+     "data_stores[0].training_data.bucket"),
+    ("evaluation_metrics: {type: tensorboard, directory: x}", "evaluation_metrics.directory"),
+])
+def test_it_names_unknown_keys_in_every_section(line, field):
+    text = BASE.replace("framework: {name: custom, command: sh run.sh}\n", "") if line.startswith("framework") else BASE
+    error = _refusal(text + line + "\n")
+    assert error.field == field and "unknown field" in error.rule
+
+
+def test_it_notes_the_ffdl_keys_it_ignores():
+    manifest = parse_manifest(BASE.replace("sh run.sh}", "sh run.sh, image_tag: abc}")
+                              + "evaluation_metrics: {type: tensorboard, in: logs/tb, line_lookahead: 4}\n")
+    assert "framework.image_tag is an FfDL field Trainyard ignores" in manifest.notes
+    assert "evaluation_metrics.line_lookahead is an FfDL field Trainyard ignores" in manifest.notes
+
+
+def test_it_never_lets_a_recursion_error_escape_at_a_low_recursion_limit():
+    import sys
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)  # a deep stack already in use (e.g. a web server's) must not matter
+    try:
+        assert _refusal(BASE + "description: " + "[" * 5000 + "]" * 5000 + "\n").field == "manifest"
+    finally:
+        sys.setrecursionlimit(limit)
