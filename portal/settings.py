@@ -4,7 +4,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from portal import env
+from portal import env, hosts
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything Trainyard writes on this machine (SQLite file, stored jobs, runtime files) lives here.
@@ -20,9 +20,6 @@ if not SECRET_KEY:
     from portal import secret_key
     # Generated once, mode 0600, shared by every process that uses this TRAINYARD_DATA_DIR.
     SECRET_KEY = secret_key.load_or_create(DATA_DIR)
-ALLOWED_HOSTS = [h.strip() for h in env.text("TRAINYARD_ALLOWED_HOSTS", "*").split(",") if h.strip()]
-CSRF_TRUSTED_ORIGINS = [o.strip() for o in env.text("TRAINYARD_CSRF_TRUSTED_ORIGINS", "").split(",")
-                        if o.strip()]
 
 INSTALLED_APPS = [
     "daphne",
@@ -155,6 +152,11 @@ K8S_API_RETRIES = env.integer("TRAINYARD_K8S_API_RETRIES", 4, minimum=0)
 K8S_WATCH = env.boolean("TRAINYARD_K8S_WATCH", True)  # keep a pod cache fed by a watch in each worker
 K8S_RESYNC_S = env.number("TRAINYARD_K8S_RESYNC", 300.0, minimum=1)
 
+# --- hosts and origins: derived from the public URL (portal.hosts) --------------------------------
+ALLOWED_HOSTS = hosts.allowed_hosts(PUBLIC_URL, extra=env.text("TRAINYARD_ALLOWED_HOSTS", ""),
+                                    service_urls=[K8S_INGEST_URL])
+CSRF_TRUSTED_ORIGINS = hosts.trusted_origins(PUBLIC_URL, extra=env.text("TRAINYARD_CSRF_TRUSTED_ORIGINS", ""))
+
 # --- auth and API -------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
@@ -168,7 +170,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "portal.api.BoundedLimitOffsetPagination",
+    "DEFAULT_PARSER_CLASSES": ["portal.api.BoundedJSONParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api.exception_handler",

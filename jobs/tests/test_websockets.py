@@ -41,7 +41,7 @@ async def receive_all(communicator):
 @async_to_sync
 async def session(path, then=None, headers=()):
     """Connect, read everything, optionally do `then()` and read again; return (close code, messages)."""
-    communicator = WebsocketCommunicator(application, path, headers=[(b"origin", b"http://testserver"), *headers])
+    communicator = WebsocketCommunicator(application, path, headers=[(b"host", b"testserver"), (b"origin", b"http://testserver"), *headers])
     connected, code = await communicator.connect()
     if not connected:
         return code, []
