@@ -34,7 +34,8 @@ from gpu_scheduler.model import (CPU_EPSILON, PRIORITY_RANK, Decisions, Node, Pl
                                  SchedulingInputError, Snapshot, TenantPolicy, Workload)
 from gpu_scheduler.placement import FreeMap, Tally
 from gpu_scheduler.policy import Policy
-from gpu_scheduler.reasons import exceeds_quota, gpus_text, learners_of, position_prefix, quota_in_use
+from gpu_scheduler.reasons import (exceeds_quota, gpus_text, job_seen_by, learners_of,
+                                   position_prefix, quota_in_use)
 
 
 __all__ = ["Decisions", "Node", "Placement", "Policy", "Resources", "SchedulingInputError",
@@ -195,7 +196,8 @@ class _Cycle:
     # --- 4. admit --------------------------------------------------------------------------------
     def _consider(self, workload, state, position):
         if self.head_of_line is not None:
-            return self._wait(workload, position, f"behind {self.head_of_line} (strict FIFO)")
+            return self._wait(workload, position,
+                              f"behind {job_seen_by(workload.tenant, self.head_of_line)} (strict FIFO)")
         if state.blocked is not None:
             return self._wait(workload, position, state.blocked)
         if workload.user in state.blocked_users:
@@ -278,7 +280,7 @@ class _Cycle:
             if self.policy.consolidate and self._consolidate(workload, position):
                 return None
         if not self.policy.backfill:
-            self.head_of_line = workload.job_id
+            self.head_of_line = workload
         reason = self.free.why_not(per, learners)
         soft = state.policy.budget == "soft_exceeded"
         if self.reservations_left > 0 and not soft and self._waited_long(workload) \
@@ -312,7 +314,7 @@ class _Cycle:
             return False
         for victim in victims:
             self.decisions.preempt[victim.job_id] = (
-                f"moved: halted through its checkpoint to make room for job {workload.job_id}; "
+                f"moved: halted through its checkpoint to make room for {job_seen_by(victim.tenant, workload)}; "
                 f"restarts at once on free GPUs elsewhere")
             self.claimed.add(victim.job_id)
             self.stopping.append(victim)
@@ -497,15 +499,16 @@ class _Cycle:
         return any(need and u > q + CPU_EPSILON for need, u, q in zip(needs, used, nominal))
 
     def _preempt_reason(self, kind, workload, victim):
+        """Shown to the victim's tenant: names the job that needs the room only if it is theirs too."""
+        needing = job_seen_by(victim.tenant, workload)
         if kind == "soft":
-            return (f"preempted: tenant {victim.tenant} is over its soft budget and job {workload.job_id} "
-                    f"needs the capacity")
+            return f"preempted: tenant {victim.tenant} is over its soft budget and {needing} needs the capacity"
         if kind == "reclaim":
-            return f"reclaimed: tenant {workload.tenant} needs its quota (for job {workload.job_id})"
+            return "reclaimed: another tenant needs its guaranteed quota back"
         if kind == "service":
-            return (f"preempted: it has had {victim.service_gpu_s(self.snapshot.now) / 3600:.1f} GPU-hours and job "
-                    f"{workload.job_id} of the same priority has had less (service levels)")
-        return f"preempted for higher-priority job {workload.job_id}"
+            return (f"preempted: it has had {victim.service_gpu_s(self.snapshot.now) / 3600:.1f} GPU-hours and "
+                    f"{needing} of the same priority has had less (service levels)")
+        return f"preempted for {job_seen_by(victim.tenant, workload, 'higher-priority ')}"
 
     def _outranked(self, victims, name, rank):
         """A tenant's victims (in preference order) that rank below a job of `rank` as merge items:

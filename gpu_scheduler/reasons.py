@@ -1,4 +1,8 @@
-"""How the scheduler words things for people: positions, resource amounts, why a job waits."""
+"""How the scheduler words things for people: positions, resource amounts, why a job waits.
+
+A reason is shown to the tenant of the job it is about, so it never names another tenant, its
+people or its jobs: a job of the same tenant is named (useful: "job X needs the GPUs"), any other
+is only "a job of another tenant"."""
 
 GIB = 2**30
 
@@ -18,6 +22,14 @@ def position_prefix(position):
         if len(_PREFIXES) < 100_000:
             _PREFIXES[position] = prefix
     return prefix
+
+
+def job_seen_by(viewer_tenant, workload, kind=""):
+    """`workload` as the tenant `viewer_tenant` may see it named, e.g. with kind="higher-priority ":
+    'higher-priority job X' for its own job, 'a higher-priority job of another tenant' otherwise."""
+    if workload.tenant == viewer_tenant:
+        return f"{kind}job {workload.job_id}"
+    return f"a {kind}job of another tenant"
 
 
 def gib(memory_bytes):

@@ -79,7 +79,7 @@ def test_strict_fifo_without_backfill_holds_everyone_behind_the_head():
     snap = snapshot([node()], running("r", ("n1", range(4))))
     decisions = schedule(snap, [job("big", gpus=8), job("small", gpus=2)], dataclasses.replace(FULL, backfill=False))
     assert admitted(decisions) == []
-    assert decisions.waiting["small"] == "waiting: 2nd in tenant queue; behind big (strict FIFO)"
+    assert decisions.waiting["small"] == "waiting: 2nd in tenant queue; behind job big (strict FIFO)"
 
 
 @pytest.mark.parametrize("waited, small_goes_to", [(5 * HOUR, "n2"), (60.0, "n1")])
@@ -168,7 +168,9 @@ def test_a_soft_over_budget_tenants_jobs_are_preempted_by_anyone():
     snap = snapshot([node()], running("s", ("n1", range(8)), tenant="t1", priority="high"),
                     tenants=[tenant("t1", budget="soft_exceeded")])
     decisions = schedule(snap, [job("a", gpus=8, tenant="t2", priority="low")])
-    assert decisions.preempt == {"s": "preempted: tenant t1 is over its soft budget and job a needs the capacity"}
+    # the victim's tenant reads why, but not which job of which other tenant took the room
+    assert decisions.preempt == {"s": "preempted: tenant t1 is over its soft budget and a job of another tenant "
+                                      "needs the capacity"}
 
 
 # --- preemption ---------------------------------------------------------------------------------------------
@@ -176,7 +178,8 @@ def test_a_soft_over_budget_tenants_jobs_are_preempted_by_anyone():
     ({"priority": "low"}, {"x": "preempted for higher-priority job h"}),
     ({"priority": "high"}, {}),
     ({"priority": "low", "preemptible": False}, {}),
-    ({"priority": "low", "tenant": "t2"}, {"x": "preempted for higher-priority job h"}),  # shared pool
+    ({"priority": "low", "tenant": "t2"},  # shared pool: the job of another tenant is not named
+     {"x": "preempted for a higher-priority job of another tenant"}),
 ])
 def test_a_higher_priority_job_halts_lower_priority_work(victim, expected):
     snap = snapshot([node()], running("x", ("n1", range(8)), **victim))
@@ -237,7 +240,7 @@ def test_a_tenant_within_its_quota_reclaims_borrowed_capacity():
     snap = snapshot(nodes(2), running("old", ("n1", range(8)), tenant="t2", started=1.0),
                     running("new", ("n2", range(8)), tenant="t2", started=2.0), tenants=quotas)
     decisions = schedule(snap, [job("a", gpus=8, tenant="t1")])
-    assert decisions.preempt == {"new": "reclaimed: tenant t1 needs its quota (for job a)"}
+    assert decisions.preempt == {"new": "reclaimed: another tenant needs its guaranteed quota back"}
 
 
 def test_a_borrowing_job_reclaims_nothing():

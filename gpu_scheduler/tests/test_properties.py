@@ -2,9 +2,11 @@
 - capacity is never exceeded (GPUs, CPUs, memory per node; no GPU given twice);
 - quotas are never exceeded except by tenants allowed to borrow;
 - a gang job is never partly placed (under gang policies);
-- no job starves: every job of a finite random trace completes, under fair share too.
+- no job starves: every job of a finite random trace completes, under fair share too;
+- a reason (why a job waits, why it was halted) never names another tenant or another tenant's job.
 """
 import dataclasses
+import re
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -118,6 +120,18 @@ def test_quotas_are_exceeded_only_by_tenants_allowed_to_borrow(case):
             assert used.fits_in(tenant.quota), f"{name} uses {used}, quota {tenant.quota}"
     for job_id in decisions.admitted:
         assert snapshot.tenant(by_id[job_id].tenant).budget != "hard_exceeded"
+
+
+@SETTINGS
+@given(cycles())
+def test_reasons_never_name_another_tenant_or_its_jobs(case):
+    snapshot, queued, policy = case
+    decisions = schedule(snapshot, queued, policy)
+    tenant_of = {w.job_id: w.tenant for w in (*snapshot.running, *queued)}
+    for job_id, reason in [*decisions.preempt.items(), *decisions.waiting.items()]:
+        named = set(re.findall(r"\b[rq]\d+\b", reason)) | set(re.findall(r"\bt\d\b", reason))
+        foreign = {name for name in named if tenant_of.get(name, name) != tenant_of[job_id]}
+        assert not foreign, f"{job_id} of {tenant_of[job_id]} is told {reason!r}"
 
 
 @st.composite
