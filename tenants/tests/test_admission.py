@@ -114,6 +114,21 @@ def test_a_higher_priority_job_preempts_through_a_halt(cluster, sent):
     assert Job.objects.filter(status=Status.HALTING).count() == 1  # no second victim for the same job
 
 
+def test_a_job_preempted_for_another_tenants_job_is_not_told_which_job_or_tenant(cluster, sent):
+    """Shared pool (no quotas): team-b's high-priority job halts one of team-a's. What team-a reads
+    (status reason, events, preempted_reason) says why, but names neither team-b, bob nor the job."""
+    cluster(gpus=4)
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    low = [job(alice, gpus=1, priority="low") for _ in range(4)]
+    admission.run_cycle()
+    high = job(bob, gpus=1, priority="high")
+    admission.run_cycle()
+    victim = Job.objects.get(status=Status.HALTING)
+    told = [victim.status_reason, victim.preempted_reason, *victim.events.values_list("reason", flat=True)]
+    assert victim.preempted_reason == "preempted for a higher-priority job of another tenant"
+    assert not [text for text in told if high.id in text or "team-b" in text or "bob" in text], told
+
+
 def test_a_high_priority_job_at_its_tenants_quota_halts_the_tenants_low_priority_work(cluster, sent):
     cluster(gpus=8)  # the cluster has room; the quota does not
     alice = member()
