@@ -10,12 +10,11 @@ import tempfile
 from pathlib import Path
 
 from django.conf import settings
-from django.core import signing
 from django.db import transaction
 from django.utils import timezone
 
 from jobs import admission, checkpoints, storage
-from jobs import datastores, frameworks, transfers
+from jobs import credentials, datastores, frameworks, transfers
 from jobs.backends import get_backend
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
 from jobs.manifest import ManifestError, parse_manifest
@@ -24,7 +23,6 @@ from jobs.states import ACTIVE, transition
 from learner_agent.archive import ArchiveError, inspect_archive
 
 log = logging.getLogger(__name__)
-INGEST_SALT = "trainyard.ingest"
 SYSTEM = "lifecycle-manager"
 
 
@@ -132,19 +130,6 @@ def used_resources():
 
 
 # --- deploy --------------------------------------------------------------------------------------
-def ingest_token(job_id, attempt):
-    return signing.dumps({"job": job_id, "attempt": attempt}, salt=INGEST_SALT)
-
-
-def read_ingest_token(token, job_id):
-    """The attempt an ingest token was issued for, or None if it is not valid for this job."""
-    try:
-        claims = signing.loads(token, salt=INGEST_SALT)
-    except signing.BadSignature:
-        return None
-    return claims.get("attempt") if claims.get("job") == job_id else None
-
-
 def deploy(job_id, attempt):
     """Start the learners of an admitted attempt. Repeating it is harmless (deterministic names)."""
     job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
@@ -186,6 +171,8 @@ def deploy_spec(job):
     # Learners of one job share a private network namespace on `local`, so any port is free there;
     # it still differs per job and attempt for a machine that cannot create namespaces.
     port = 20000 + int(hashlib.sha256(f"{job.id}:{job.attempt}".encode()).hexdigest()[:6], 16) % 20000
+    # Each learner's agent gets its own ingest credential, good only for this attempt and learner.
+    tokens = credentials.issue_for_attempt(job)
     learners = []
     for index in range(job.learners):
         placement = job.placement[index] if index < len(job.placement) else {"gpu_ids": []}
@@ -196,14 +183,13 @@ def deploy_spec(job):
             learner_env.update(framework.distributed_env(index=index, learners=job.learners,
                                                          hosts=["127.0.0.1"] * job.learners, port=port))
         learners.append(LearnerSpec(index=index, env=learner_env, gpu_ids=tuple(placement["gpu_ids"]),
-                                    node=placement.get("node", "")))
+                                    node=placement.get("node", ""), ingest_token=tokens[index]))
     return DeploySpec(
         job_id=job.id, attempt=job.attempt, tenant=job.tenant.slug, command=manifest.command,
         code_archive=str(code_archive(job)), job_dir=str(folder), learners=tuple(learners), cpus=job.cpus,
         memory_bytes=job.memory_bytes, gpus=job.gpus, env=env, metric_regexes=manifest.metric_regexes,
         checkpoint_signal=manifest.checkpoint_signal, grace_seconds=manifest.grace_seconds,
-        ingest_url=f"{settings.PUBLIC_URL.rstrip('/')}/api/v1/ingest/{job.id}/",
-        ingest_token=ingest_token(job.id, job.attempt), framework=manifest.framework,
+        ingest_url=f"{settings.PUBLIC_URL.rstrip('/')}/api/v1/ingest/{job.id}/", framework=manifest.framework,
         framework_version=manifest.framework_version, image=framework.image_for(manifest.framework_version))
 
 

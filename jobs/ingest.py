@@ -3,14 +3,17 @@
 Exactly-once and in order: each learner's records carry a gap-free sequence number, the learner's
 row remembers the highest one stored, and a batch is applied under the job's row lock. A resend is
 dropped, a gap is refused with 409 so the agent rewinds, and log lines get a dense job-wide `seq`.
+
+Who may post is settled first (`authenticate`, one indexed query on the learner's credential), before
+the body is read or parsed: a caller without a valid credential costs the platform no JSON decoding.
 """
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
 from django.db import transaction
 
-from jobs import actions, bulk, live
-from jobs.models import Job, Learner, MetricPoint, Status
+from jobs import actions, bulk, credentials, live
+from jobs.models import Job, Learner, MetricPoint
 from jobs.serializers import metric_json
 
 MAX_RECORDS = 20000
@@ -46,30 +49,39 @@ def parse_batch(payload):
     return Batch(attempt, learner, sorted(records, key=lambda r: r["seq"]))
 
 
-def ingest(job_id, token, payload):
-    """Apply one batch; return the highest sequence number stored for this learner."""
-    attempt = actions.read_ingest_token(token, job_id) if token else None
-    if attempt is None:
-        raise IngestError(401, "ingest token is not valid for this job")
+def authenticate(job_id, token):
+    """The Grant of a learner's credential for posting to `job_id`; refused with 401 if it is not one,
+    410 if its attempt is over (the agent then stops its learner and exits)."""
+    grant = credentials.check(token, job_id)
+    if grant is None:
+        raise IngestError(401, "ingest credential is not valid for this job")
+    if grant.ended:
+        raise IngestError(410, "this attempt is over; stop the learner")
+    return grant
+
+
+def ingest(grant, payload):
+    """Apply one batch posted with `grant` (from authenticate); return the highest sequence number
+    stored for this learner."""
     batch = parse_batch(payload)
-    if batch.attempt != attempt:
-        raise IngestError(401, "ingest token was issued for another attempt")
+    if batch.attempt != grant.attempt or batch.learner != grant.learner:
+        raise IngestError(401, f"ingest credential was issued for attempt {grant.attempt} learner "
+                               f"{grant.learner}, not attempt {batch.attempt} learner {batch.learner}")
     with transaction.atomic():
-        job = Job.objects.select_for_update().select_related("tenant").filter(pk=job_id).first()
+        job = Job.objects.select_for_update().select_related("tenant").filter(pk=grant.job_id).first()
         if job is None:
             raise IngestError(404, "no such job")
+        # Checked again under the job's lock: the attempt may have ended since authenticate(), and
+        # nothing is stored once it has (a halted, finished or superseded attempt has no say).
+        if credentials.attempt_over(status=job.status, current_attempt=job.attempt, attempt=grant.attempt):
+            raise IngestError(410, f"job is {job.status} (attempt {job.attempt}); stop the learner")
         if batch.learner >= job.learners:
             raise IngestError(400, f"learner {batch.learner} does not exist (job has {job.learners})")
-        learner, _ = Learner.objects.get_or_create(job=job, attempt=attempt, index=batch.learner)
+        learner, _ = Learner.objects.get_or_create(job=job, attempt=grant.attempt, index=batch.learner)
         learner = Learner.objects.select_for_update().get(pk=learner.pk)
         fresh = _fresh_records(batch.records, learner.acked_seq)
         lines, points = _store(job, learner, fresh)
-        # What a stopped or superseded attempt sent is still kept (its last words matter), but its
-        # agent is told to stop the learner.
-        stopped = job.status == Status.TERMINATED or job.attempt != attempt
     live.publish_records_on_commit(job.id, lines, points)
-    if stopped:
-        raise IngestError(410, f"job is {job.status} (attempt {job.attempt}); stop the learner", learner.acked_seq)
     return learner.acked_seq
 
 

@@ -114,6 +114,20 @@ class Learner(models.Model):
         constraints = [models.UniqueConstraint(fields=["job", "attempt", "index"], name="one_learner_per_slot")]
 
 
+class LearnerCredential(models.Model):
+    """What one learner's agent posts to ingest with (jobs.credentials): good for one job, one attempt
+    and one learner. Only its SHA-256 is kept; the token itself exists only in the agent's config.
+
+    Whether its attempt is over is not stored here but read from the job row in the same query, so it
+    can never disagree with the job's state."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="credentials")
+    attempt = models.PositiveIntegerField()
+    learner = models.PositiveIntegerField()
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+
 class JobEvent(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     time = models.DateTimeField(default=timezone.now)

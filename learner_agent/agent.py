@@ -356,6 +356,7 @@ def run_agent(config):
     """Run the agent in this process (signal handlers, pid file, agent.log) and return its exit code."""
     if not _claim_learner(config):
         return 0
+    _guard_credential(config)
     _log_to_file(config.agent_file("agent.log"))
     _write_text_atomically(config.agent_file("agent.pid"), f"{os.getpid()}\n")
     agent = Agent(config)
@@ -397,6 +398,30 @@ def _claim_learner(config):
 
 
 _CLAIMS = []  # the agent.lock descriptor, kept open (and locked) until the process exits
+
+
+def _guard_credential(config):
+    """Keep the ingest credential from the learner's own code, which may run as the agent's uid
+    (always on Kubernetes, where they share a container).
+
+    The token file (Kubernetes) is deleted now that it has been read, before the command starts; and
+    the agent becomes non-dumpable, so a process of the same uid can neither ptrace it nor read its
+    /proc/<pid>/mem or environ, where the token lives from now on. The command itself is unaffected:
+    exec() makes it dumpable again."""
+    if config.ingest_token_file:
+        try:
+            os.unlink(config.ingest_token_file)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # a read-only mount: say so, the learner may be able to read it
+            print(f"learner_agent: could not delete the ingest credential {config.ingest_token_file}: "
+                  f"{e.strerror or e}", file=sys.stderr, flush=True)
+    try:
+        import ctypes
+        PR_SET_DUMPABLE = 4
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: nothing to guard this way
 
 
 def _detach(config):

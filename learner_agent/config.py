@@ -30,6 +30,8 @@ class AgentConfig:
     work_dir: str
     ingest_url: str
     ingest_token: str = field(repr=False)
+    # Where the token was read from on Kubernetes; the agent deletes it there before the learner starts.
+    ingest_token_file: str = ""
     env: dict = field(default_factory=dict, repr=False)
     writable_dirs: tuple = ()
     readonly_dirs: tuple = ()
@@ -81,6 +83,7 @@ def parse_config(data, *, path):
             raise ConfigError(f"{key}: required, a non-empty string")
         values[key] = value
     values["ingest_token"] = _ingest_token(data)
+    values["ingest_token_file"] = data.get("ingest_token_file") or ""
     for key in ("code_archive", "work_dir"):
         values[key] = os.path.join(base, values[key])
     for key in ("state_dir", "halt_file"):

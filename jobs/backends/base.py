@@ -27,6 +27,8 @@ class LearnerSpec:
     env: dict  # the learner's own variables (SPEC §6), on top of the job's
     gpu_ids: tuple = ()
     node: str = ""  # the node the scheduler placed it on; container backends pin the learner there
+    # This learner's own ingest credential (jobs.credentials): only its agent may hold it.
+    ingest_token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,6 @@ class DeploySpec:
     checkpoint_signal: str
     grace_seconds: int
     ingest_url: str
-    ingest_token: str
     framework: str = "custom"
     framework_version: str = ""
     image: str = ""  # the learner image on container backends (from the framework registry)

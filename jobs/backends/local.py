@@ -86,10 +86,10 @@ class LocalBackend:
             "writable_dirs": [str(work_dir), str(job_dir / "results"), env["CHECKPOINT_DIR"]],
             "readonly_dirs": [str(job_dir / "data"), str(job_dir / "checkpoints")],
             # The learner sees the machine read-only, minus everything Trainyard keeps: other
-            # jobs, the database, the agent's own config with its ingest token.
+            # jobs, the database, the agent's own config with its ingest credential.
             "hidden_dirs": sorted({str(settings.DATA_DIR), str(storage.root())}),
             "ingest_url": spec.ingest_url,
-            "ingest_token": spec.ingest_token,
+            "ingest_token": learner.ingest_token,  # this learner's own; never in its env or argv
             "metric_regexes": spec.metric_regexes,
             "sandbox": settings.SANDBOX,
             "cpus": spec.cpus,

@@ -2,7 +2,7 @@
 import pytest
 from django.test import Client
 
-from jobs import actions
+from jobs import credentials
 from jobs.models import Job, Learner, LogLine, MetricPoint
 from jobs.tests.builders import job, member
 
@@ -11,11 +11,13 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def running_job():
-    return job(member(), status="PENDING")
+    target = job(member(), status="PENDING")
+    target.tokens = credentials.issue_for_attempt(target)
+    return target
 
 
 def post(target, records, *, attempt=1, learner=0, token=None):
-    token = token or actions.ingest_token(target.id, attempt)
+    token = token or target.tokens[learner]
     return Client().post(f"/api/v1/ingest/{target.id}/", {"attempt": attempt, "learner": learner, "records": records},
                          content_type="application/json", HTTP_AUTHORIZATION=f"Ingest {token}")
 
@@ -46,10 +48,10 @@ def test_it_refuses_a_gap_with_409_and_what_it_has(running_job):
 
 
 def test_it_refuses_a_forged_or_foreign_token(running_job):
-    other = job(member("team-b", "bob"))
+    other = job(member("team-b", "bob"), status="PENDING")
     assert post(running_job, logs(1, 1), token="forged").status_code == 401
-    assert post(running_job, logs(1, 1), token=actions.ingest_token(other.id, 1)).status_code == 401
-    assert post(running_job, logs(1, 1), token=actions.ingest_token(running_job.id, 2)).status_code == 401
+    assert post(running_job, logs(1, 1), token=credentials.issue_for_attempt(other)[0]).status_code == 401
+    assert post(running_job, logs(1, 1), attempt=2).status_code == 401  # the credential is for attempt 1
     assert not LogLine.objects.exists()
 
 
@@ -68,11 +70,14 @@ def test_status_records_drive_the_job(running_job, django_capture_on_commit_call
     assert any("finish_attempt" in repr(c) or callable(c) for c in callbacks)
 
 
-def test_it_tells_the_agent_of_a_terminated_job_to_stop(running_job):
-    Job.objects.filter(pk=running_job.pk).update(status="TERMINATED")
+@pytest.mark.parametrize("change", [{"status": "TERMINATED"}, {"status": "COMPLETED"}, {"status": "FAILED"},
+                                    {"status": "HALTED"}, {"status": "QUEUED", "attempt": 2},
+                                    {"status": "PROCESSING", "attempt": 2}])
+def test_it_tells_the_agent_of_an_ended_attempt_to_stop_and_keeps_nothing(running_job, change):
+    Job.objects.filter(pk=running_job.pk).update(**change)
     response = post(running_job, logs(1, 2))
     assert response.status_code == 410
-    assert LogLine.objects.count() == 2  # its last words are still kept
+    assert not LogLine.objects.exists()
 
 
 @pytest.mark.parametrize("value", [1763726400.123456, 1763726400, 1763726400.9999996, "1763726400.5", 0.25,

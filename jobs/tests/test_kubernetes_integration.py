@@ -21,7 +21,7 @@ from jobs.backends.k8s import objects
 from jobs.backends.k8s.api import Gone, KubeApi, api_client_for
 from jobs.backends.k8s.backend import K8sConfig, KubernetesBackend
 from jobs.backends.k8s.watcher import PodWatcher
-from jobs.ingest import ingest
+from jobs.ingest import authenticate, ingest
 from jobs.models import Job, Learner, Status
 from jobs.tests.builders import job as make_job, member, tar_gz
 from jobs.tests.k8s_fake import FakeCluster, Kubelet
@@ -108,12 +108,13 @@ class Agent:
     def __init__(self, cluster, target, index, attempt=1):
         self.job, self.index, self.attempt, self.seq = target, index, attempt, 0
         secret = cluster.get(f"/api/v1/namespaces/{NS}/secrets/{objects.secret_name(target.id, attempt)}")
-        self.token = secret.get("stringData", {}).get("token") or base64.b64decode(secret["data"]["token"]).decode()
+        key = objects.credential_key(index)
+        self.token = secret.get("stringData", {}).get(key) or base64.b64decode(secret["data"][key]).decode()
 
     def send(self, **record):
         self.seq += 1
-        ingest(self.job.id, self.token, {"attempt": self.attempt, "learner": self.index,
-                                         "records": [{"seq": self.seq, "time": time.time(), **record}]})
+        ingest(authenticate(self.job.id, self.token), {"attempt": self.attempt, "learner": self.index,
+                                                       "records": [{"seq": self.seq, "time": time.time(), **record}]})
 
     def exit(self, exit_code, reason=""):
         self.write_exit_record(exit_code, reason)

@@ -37,9 +37,9 @@ def spec(learners=2, gpus=1, job_id="training-abc12345", attempt=1):
     return DeploySpec(
         job_id=job_id, attempt=attempt, tenant="team-a", command="python train.py",
         code_archive=f"{job_dir}/code.tar.gz", job_dir=job_dir,
-        learners=tuple(LearnerSpec(i, {"LEARNER_ID": str(i)}) for i in range(learners)),
+        learners=tuple(LearnerSpec(i, {"LEARNER_ID": str(i)}, ingest_token=f"credential-{i}") for i in range(learners)),
         cpus=2.5, memory_bytes=4 * 2**30, gpus=gpus, env=env, metric_regexes={}, checkpoint_signal="SIGTERM",
-        grace_seconds=60, ingest_url=f"http://web/api/v1/ingest/{job_id}/", ingest_token="signed-token")
+        grace_seconds=60, ingest_url=f"http://web/api/v1/ingest/{job_id}/")
 
 
 def every_object(job=None):
@@ -113,10 +113,24 @@ def test_a_learner_writes_only_its_own_folders_of_its_own_job():
     assert writable == [f"{job}/attempt-1/learner-1", f"{job}/checkpoints/attempt-1", f"{job}/results"]
 
 
-def test_the_secret_holds_only_the_ingest_token():
+def test_the_secret_holds_only_the_learners_credentials():
     secret = objects.ingest_secret(spec(), "ns", [])
-    assert secret["stringData"] == {"token": "signed-token"}
-    assert "signed-token" not in str(objects.attempt_root(spec(), "ns", {0: {"a": 1}}))
+    assert secret["stringData"] == {"learner-0": "credential-0", "learner-1": "credential-1"}
+    assert "credential-" not in str(objects.attempt_root(spec(), "ns", {0: {"a": 1}}))
+
+
+def test_each_pod_gets_only_its_own_credential_and_only_its_init_container_the_secret():
+    pod = objects.learner_pod(spec(), spec().learners[1], "ns", [], PODS)["spec"]
+    secret_volume = next(v for v in pod["volumes"] if "secret" in v)
+    assert secret_volume["secret"]["items"] == [{"key": "learner-1", "path": "token"}]
+    mounting = [c["name"] for c in pod["initContainers"] + pod["containers"]
+                if any(m["name"] == secret_volume["name"] for m in c["volumeMounts"])]
+    assert mounting == ["credential"]
+    # The learner container gets the copy in a memory-backed folder the agent can delete it from.
+    token_volume = next(v for v in pod["volumes"] if v["name"] == "ingest-token")
+    assert token_volume["emptyDir"]["medium"] == "Memory"
+    learner_mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "ingest-token")
+    assert learner_mount["mountPath"] == objects.TOKEN_DIR and not learner_mount.get("readOnly")
 
 
 def test_only_the_attempts_own_learners_are_peers():

@@ -58,6 +58,19 @@ def test_it_halts_when_the_pods_annotations_ask_for_it(outside_tmp, ingest):
     assert {"agent.log", "agent.pid", "exit.json"} <= set(os.listdir(state_dir))
 
 
+def test_the_learner_finds_no_credential_where_the_agent_read_it(outside_tmp, ingest):
+    token_file = os.path.join(outside_tmp, "ingest", "token")
+    command = (f"cat {token_file} 2>/dev/null || echo 'no credential file'; "
+               "grep -c test-token /proc/$PPID/cmdline /proc/self/environ || true")
+    config, state_dir, _ = kubernetes_layout(outside_tmp, ingest, command=command)
+    agent = subprocess.run(agent_command(config), env=agent_env(), capture_output=True, timeout=60)
+    assert agent.returncode == 0, agent.stderr
+    lines = [r.get("line") for r in ingest.stored() if r.get("kind") == "log"]
+    assert "no credential file" in lines
+    assert not any(TOKEN in (line or "") for line in lines), lines
+    assert not os.path.exists(token_file)
+
+
 def test_it_reads_the_ingest_token_from_a_file(outside_tmp, ingest):
     config, _, _ = kubernetes_layout(outside_tmp, ingest, command="true")
     assert load_config(config).ingest_token == TOKEN

@@ -7,8 +7,9 @@ schemas in tests (kubernetes-validate) and read as YAML by an operator. Names ar
 Per tenant: a namespace with a ResourceQuota mirroring the tenant's quota, a LimitRange, and a
 NetworkPolicy that cuts learner pods off from everything except DNS and the ingest endpoint.
 Per attempt: a ConfigMap that is the attempt's root object (it also holds the agents' configs);
-owned by it, a Secret with only the attempt's ingest token, a headless Service for the learners'
-stable DNS names, a NetworkPolicy letting the attempt's learners reach each other, and the pods.
+owned by it, a Secret with only the learners' ingest credentials (one key each), a headless Service for
+the learners' stable DNS names, a NetworkPolicy letting the attempt's learners reach each other, and the
+pods.
 """
 import hashlib
 import json
@@ -27,8 +28,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 AGENT_CONFIG_DIR = "/etc/trainyard/agent"
 AGENT_CODE_DIR = "/opt/trainyard"  # the learner_agent package, copied in by the init container
+# The learner's credential, copied by an init container from the Secret (mounted only there, at
+# CREDENTIAL_SECRET_DIR) into a memory-backed folder that the agent empties once it has read it.
 TOKEN_DIR = "/var/run/trainyard/ingest"
 TOKEN_KEY = "token"
+CREDENTIAL_SECRET_DIR = "/var/run/trainyard/ingest-secret"
 PODINFO_DIR = "/etc/trainyard/podinfo"
 MASTER_PORT = 29500
 TMP_SIZE = "8Gi"
@@ -225,12 +229,17 @@ def attempt_root(spec, namespace_, agent_configs):
             "data": data}
 
 
+def credential_key(index):
+    return f"learner-{index}"
+
+
 def ingest_secret(spec, namespace_, owners):
-    """Only this attempt's own short-lived ingest token; no platform secret ever goes here."""
+    """Only this attempt's learners' own ingest credentials, one key each (each pod mounts its own);
+    no platform secret ever goes here."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": _meta(secret_name(spec.job_id, spec.attempt), namespace_,
                               attempt_labels(spec.tenant, spec.job_id, spec.attempt), owners),
-            "stringData": {TOKEN_KEY: spec.ingest_token}}
+            "stringData": {credential_key(learner.index): learner.ingest_token for learner in spec.learners}}
 
 
 def headless_service(spec, namespace_, owners):
@@ -295,7 +304,7 @@ def learner_pod(spec, learner, namespace_, owners, pods):
         "volumeMounts": _storage_mounts(spec, learner, pods) + [
             {"name": "agent", "mountPath": AGENT_CODE_DIR, "readOnly": True},
             {"name": "agent-config", "mountPath": AGENT_CONFIG_DIR, "readOnly": True},
-            {"name": "ingest-token", "mountPath": TOKEN_DIR, "readOnly": True},
+            {"name": "ingest-token", "mountPath": TOKEN_DIR},  # writable: the agent deletes what it read
             {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -310,6 +319,19 @@ def learner_pod(spec, learner, namespace_, owners, pods):
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
         "securityContext": locked_down(),
         "volumeMounts": [{"name": "agent", "mountPath": "/agent"}],
+    }
+    # The agent and the user's command share this container and its uid, so the credential must be gone
+    # before the command starts: the Secret is mounted only in this init container, which copies this
+    # learner's key into a memory-backed folder; the agent reads it from there and deletes it.
+    copy_credential = {
+        "name": "credential",
+        "image": pods.agent_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["cp", f"{CREDENTIAL_SECRET_DIR}/{TOKEN_KEY}", f"{TOKEN_DIR}/{TOKEN_KEY}"],
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
+        "securityContext": locked_down(),
+        "volumeMounts": [{"name": "ingest-secret", "mountPath": CREDENTIAL_SECRET_DIR, "readOnly": True},
+                         {"name": "ingest-token", "mountPath": TOKEN_DIR}],
     }
     pin = {"affinity": node_pin(learner.node)} if learner.node else {}
     return {"apiVersion": "v1", "kind": "Pod",
@@ -326,7 +348,7 @@ def learner_pod(spec, learner, namespace_, owners, pods):
                                     "runAsGroup": pods.run_as_user, "fsGroup": pods.run_as_user,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
-                "initContainers": [copy_agent],
+                "initContainers": [copy_agent, copy_credential],
                 "containers": [container],
                 "volumes": [
                     {"name": "agent", "emptyDir": {"sizeLimit": "64Mi"}},
@@ -334,8 +356,10 @@ def learner_pod(spec, learner, namespace_, owners, pods):
                     {"name": "agent-config", "configMap": {
                         "name": attempt_name(spec.job_id, spec.attempt),
                         "items": [{"key": f"learner-{learner.index}.json", "path": "agent.json"}]}},
-                    {"name": "ingest-token", "secret": {"secretName": secret_name(spec.job_id, spec.attempt),
-                                                        "defaultMode": 0o440}},
+                    {"name": "ingest-secret", "secret": {
+                        "secretName": secret_name(spec.job_id, spec.attempt), "defaultMode": 0o440,
+                        "items": [{"key": credential_key(learner.index), "path": TOKEN_KEY}]}},
+                    {"name": "ingest-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
                     {"name": "podinfo", "downwardAPI": {"items": [
                         {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
