@@ -8,7 +8,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from rest_framework import generics, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -18,9 +18,11 @@ from jobs.serializers import (ArtifactSerializer, JobDetailSerializer, JobEventS
                               log_line_json, metric_json)
 from jobs.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
 from jobs.states import ACTIVE, FINAL
+from portal.api import BoundedJSONParser, whole_number
 from tenants import access
 
 MAX_LOG_LIMIT = 10000
+MAX_SEQ = 2**53  # log sequence numbers: far beyond any log, within what every JSON client reads exactly
 
 
 class TenantScoped:
@@ -87,8 +89,8 @@ class JobEvents(TenantScoped, APIView):
 class JobLogs(TenantScoped, APIView):
     def get(self, request, job_id):
         job = self.job()
-        since = _int_param(request, "since", 0)
-        limit = min(_int_param(request, "limit", 1000), MAX_LOG_LIMIT)
+        since = whole_number(request.query_params, "since", default=0, minimum=0, maximum=MAX_SEQ)
+        limit = whole_number(request.query_params, "limit", default=1000, minimum=0, maximum=MAX_LOG_LIMIT)
         lines = [log_line_json(x) for x in job.log_lines.filter(seq__gt=since).order_by("seq")[:limit]]
         job.refresh_from_db(fields=["status"])
         return Response({"results": lines, "next_since": lines[-1]["seq"] if lines else since,
@@ -164,7 +166,7 @@ class ManifestValidate(APIView):
     """POST a manifest (JSON {"manifest": "<yaml>"} or a multipart `manifest` file): 200 with what it asks
     for, or the same 400 {detail, field} that submitting it would give. Nothing is stored."""
 
-    parser_classes = [JSONParser, MultiPartParser, FormParser]
+    parser_classes = [BoundedJSONParser, MultiPartParser, FormParser]
 
     def post(self, request):
         text = request.data.get("manifest")
@@ -207,38 +209,38 @@ def ingest_view(request, job_id):
     return JsonResponse({"acked": acked})
 
 
-def _int_param(request, name, default):
-    try:
-        return max(0, int(request.query_params.get(name, default)))
-    except ValueError:
-        return default
+class SharingScoped(TenantScoped):
+    def owned_job(self):
+        job = self.job()
+        if not (self.membership().is_admin or job.owner_id == self.request.user.pk):
+            raise PermissionDenied("only the job's owner and tenant admins share it")
+        return job
 
 
-class JobSharing(TenantScoped, APIView):
-    """GET who a job is shared with; POST {username, access: view|control} shares it; DELETE
-    .../share/<username>/ stops sharing. Its owner and the tenant's admins decide."""
+class JobSharing(SharingScoped, APIView):
+    """GET who a job is shared with; POST {username, access: view|control} shares it. Its owner and the
+    tenant's admins decide."""
 
     def get(self, request, job_id):
         return Response({"private": self.job().private, "results": sharing.shared_with(self.job())})
 
     def post(self, request, job_id):
-        job = self._owned()
+        job = self.owned_job()
         try:
             people = sharing.share(job, str(request.data.get("username", "")), str(request.data.get("access", "view")))
         except sharing.ShareError as exc:
             return Response({"detail": exc.detail, "field": exc.field}, status=400)
         return Response({"private": job.private, "results": people})
 
+
+class JobUnshare(SharingScoped, APIView):
+    """DELETE .../share/<username>/ stops sharing with them (its own view: the collection takes no DELETE
+    and one person's share takes no GET or POST, so those are 405s, not a view called without its argument)."""
+
     def delete(self, request, job_id, username):
-        job = self._owned()
+        job = self.owned_job()
         sharing.unshare(job, username)
         return Response({"private": job.private, "results": sharing.shared_with(job)})
-
-    def _owned(self):
-        job = self.job()
-        if not (self.membership().is_admin or job.owner_id == self.request.user.pk):
-            raise PermissionDenied("only the job's owner and tenant admins share it")
-        return job
 
 
 def _flag(value):

@@ -8,6 +8,7 @@ page 1 costs, because every page is one index range scan (see the (tenant, statu
 import base64
 import json
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from django.db.models import Q
 
@@ -62,8 +63,8 @@ class JobQuery:
             raise ListingError("size", f"must be between 1 and {MAX_PAGE_SIZE}")
         return cls(statuses=statuses, user=params.get("user", "").strip(),
                    framework=params.get("framework", "").strip(), text=params.get("q", "").strip(), sort=sort,
-                   size=size, after=_decode_cursor(params.get("after"), "after"),
-                   before=_decode_cursor(params.get("before"), "before"))
+                   size=size, after=_decode_cursor(params.get("after"), "after", sort),
+                   before=_decode_cursor(params.get("before"), "before", sort))
 
     @property
     def is_filtered(self):
@@ -132,11 +133,31 @@ def _beyond(column, descending, cursor):
     return Q(**{f"{column}__{op}": value}) | Q(**{column: value, f"id__{op}": job_id})
 
 
-def _decode_cursor(text, name):
+MAX_CURSOR_CHARS = 400  # a cursor holds one sort value (a name is at most 200 characters) and a job id
+
+
+def _decode_cursor(text, name, sort):
+    """(sort value, job id) from a cursor made by Page.cursor for the same sort, or ListingError. Anything
+    else (not base64, not JSON, another shape, a value of the wrong type) would reach the database as a
+    comparison it cannot make, so each part is checked here."""
     if not text:
         return None
+    refused = ListingError(name, "is not a cursor from a previous page; start again from the first page")
+    if len(text) > MAX_CURSOR_CHARS:  # also keeps json.loads far from its recursion limit
+        raise refused
     try:
-        value, job_id = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        decoded = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
     except (ValueError, TypeError):
-        raise ListingError(name, "is not a cursor from a previous page; start again from the first page") from None
-    return value, str(job_id)
+        raise refused from None
+    if not (isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(part, str) for part in decoded)):
+        raise refused
+    value, job_id = decoded
+    if SORTS[sort][0] == "created_at":
+        try:  # in UTC, as stored: 0001-01-01T00:00+14:00 has no UTC time and must fail here, not in SQL
+            value = datetime.fromisoformat(value)
+            value = value.astimezone(timezone.utc) if value.tzinfo else None
+        except (ValueError, OverflowError):
+            raise refused from None
+        if value is None:
+            raise refused
+    return value, job_id

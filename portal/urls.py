@@ -15,7 +15,7 @@ api_v1 = [
       for action in ("halt", "resume", "terminate")],
     path("jobs/<str:job_id>/events/", api.JobEvents.as_view(), name="job-events"),
     path("jobs/<str:job_id>/share/", api.JobSharing.as_view(), name="job-share"),
-    path("jobs/<str:job_id>/share/<str:username>/", api.JobSharing.as_view(), name="job-unshare"),
+    path("jobs/<str:job_id>/share/<str:username>/", api.JobUnshare.as_view(), name="job-unshare"),
     path("jobs/<str:job_id>/logs/", api.JobLogs.as_view(), name="job-logs"),
     path("jobs/<str:job_id>/metrics/", api.JobMetrics.as_view(), name="job-metrics"),
     path("jobs/<str:job_id>/artifacts/", api.JobArtifacts.as_view(), name="job-artifacts"),
