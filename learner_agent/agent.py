@@ -21,7 +21,7 @@ import threading
 import time
 from queue import SimpleQueue
 
-from learner_agent import archive, sandbox
+from learner_agent import archive, cgroups, sandbox
 from learner_agent.config import ConfigError, load_config
 from learner_agent.learner import LearnerProcess, iter_lines
 from learner_agent.metrics import MetricExtractor
@@ -58,6 +58,7 @@ class Agent:
         self._stop_kind = None  # "halt" | "terminate" | "gone", the strongest requested so far
         self._killed_after_grace = False
         self._oom_reason = None
+        self._cgroup = None  # the learner's control group, when the machine gives us one
         self._streams_open = True
         self._learner_ended = threading.Event()
         self._finished = False
@@ -84,12 +85,20 @@ class Agent:
             threading.Thread(target=self._watch_halt_file, name="halt-file", daemon=True).start()
         self._record_status("preparing")
         try:
-            argv, env, sandboxed = self._prepare()
+            argv, env, plan_fd = self._prepare()
+            sandboxed = plan_fd is not None
             with self._lock:
-                if self._stop_kind is not None:  # stopped while unpacking: never start it
-                    raise PrepareError(self._stop_reason(killed=False))
-                self._learner = LearnerProcess.start(argv, env=env, cwd=self.config.work_dir,
-                                                     sandboxed=sandboxed)
+                try:
+                    if self._stop_kind is not None:  # stopped while unpacking: never start it
+                        raise PrepareError(self._stop_reason(killed=False))
+                    # The launcher runs from the package's parent (see sandbox.launcher_argv) and
+                    # moves the learner into its work_dir itself.
+                    self._learner = LearnerProcess.start(
+                        argv, env=env, cwd=sandbox.PACKAGE_PARENT if sandboxed else self.config.work_dir,
+                        sandboxed=sandboxed, pass_fds=(plan_fd,) if sandboxed else ())
+                finally:
+                    if sandboxed:
+                        os.close(plan_fd)
         except PrepareError as e:
             log.warning("not starting the command: %s", e)
             return self._finish(exit_code=None, reason=str(e))
@@ -124,13 +133,49 @@ class Agent:
             raise PrepareError(f"the job's network namespace {config.network_namespace} is gone "
                                "(its holder ended); the learners cannot reach each other")
         env = sandbox.build_env(work_dir=config.work_dir, cpus=config.cpus, learner_env=config.env)
-        argv = sandbox.build_argv(
-            config.command, mode=mode, work_dir=config.work_dir, writable_dirs=config.writable_dirs,
+        if mode == "none":
+            return sandbox.build_argv(config.command, network_namespace=config.network_namespace), env, None
+        identity = sandbox.learner_identity(config.job_id)
+        if identity is not None:
+            try:
+                sandbox.hand_over(identity, tree=config.work_dir, dirs=self._dirs_to_create())
+            except OSError as e:
+                raise PrepareError(f"preparing failed: cannot hand the learner its folders: {e}") from e
+        self._cgroup = self._make_cgroup()
+        plan = sandbox.bwrap_plan(
+            config.command, work_dir=config.work_dir, env=env, writable_dirs=config.writable_dirs,
             readonly_dirs=config.readonly_dirs, network_namespace=config.network_namespace,
             # The agent's own directory (config with the ingest token, pid, log) is never the learner's
             # business; its work/ directory inside is bound back as writable.
-            hidden_dirs=(*config.hidden_dirs, config.agent_dir))
-        return argv, env, mode == "bwrap"
+            hidden_dirs=(*config.hidden_dirs, config.agent_dir), identity=identity,
+            tmp_bytes=config.memory_bytes, devices=sandbox.gpu_devices(env.get("CUDA_VISIBLE_DEVICES")),
+            cgroup_procs=self._cgroup.procs_files if self._cgroup else (),
+            # Without a pids cgroup, the job's own uid still bounds its processes.
+            rlimit_nproc=config.max_processes if identity is not None and self._cgroup is None else None)
+        log.info("learner uid %s; cgroup %s", identity.uid if identity else os.getuid(),
+                 self._cgroup.procs_files if self._cgroup else "none")
+        # The launcher's environment is fixed: it may be root, and the job's variables (LD_PRELOAD,
+        # PYTHONPATH) must not reach it; the learner's own travel in the plan.
+        plan_fd = sandbox.write_plan(plan)
+        return sandbox.launcher_argv(plan_fd), {"PATH": os.defpath, "LANG": "C.UTF-8"}, plan_fd
+
+    def _make_cgroup(self):
+        config = self.config
+        try:
+            return cgroups.create(f"{config.job_id}-a{config.attempt}-l{config.learner}",
+                                  memory_bytes=config.memory_bytes, cpus=config.cpus,
+                                  max_processes=config.max_processes)
+        except (cgroups.CgroupError, OSError) as e:
+            log.warning("no control group for the learner (%s): memory is enforced by polling its "
+                        "processes' RSS (files in its tmpfs are not counted; /tmp and /dev/shm are "
+                        "capped at the memory limit instead), and there is no CPU quota", e)
+            return None
+
+    def _release_cgroup(self):
+        if self._cgroup is not None:
+            for problem in self._cgroup.remove():
+                log.warning("control group not removed: %s", problem)
+            self._cgroup = None
 
     def _dirs_to_create(self):
         env = self.config.env
@@ -162,6 +207,7 @@ class Agent:
                              daemon=True).start()
         returncode = learner.wait()
         self._learner_ended.set()
+        self._note_kernel_oom_kill()
         # Anything the command left running in the background dies with it, as in a container; it
         # would otherwise keep the pipes open and the readers waiting forever.
         learner.kill()
@@ -195,19 +241,39 @@ class Agent:
             log.exception("reading the command's %s failed", stream)
 
     def _watch_memory(self, learner):
+        """Kill the whole learner once it exceeds its memory limit: as soon as the kernel OOM-killed
+        any of its processes (with a cgroup), or when its processes' RSS sum is over (without)."""
         limit = self.config.memory_bytes
         while not self._learner_ended.wait(MEMORY_CHECK_INTERVAL_S):
-            used = learner.rss_bytes()
-            if used > limit:
-                reason = f"memory limit {format_bytes(limit)} exceeded (OOM killed)"
-                log.warning("%s: the learner used %s", reason, format_bytes(used))
+            if self._cgroup is not None:
+                if not self._note_kernel_oom_kill():
+                    continue
+            else:
+                used = learner.rss_bytes()
+                if used <= limit:
+                    continue
+                log.warning("the learner used %s", format_bytes(used))
                 with self._lock:
-                    self._oom_reason = reason
-                learner.kill()
-                return
+                    self._oom_reason = self._memory_reason()
+            learner.kill()
+            return
+
+    def _note_kernel_oom_kill(self):
+        """True (and the exit reason set) when the kernel killed a process for the memory limit."""
+        if self._cgroup is None or not self.config.memory_bytes or self._cgroup.oom_kills() == 0:
+            return False
+        with self._lock:
+            if self._oom_reason is None:
+                self._oom_reason = self._memory_reason()
+                log.warning("%s (the kernel killed a process of the learner)", self._oom_reason)
+        return True
+
+    def _memory_reason(self):
+        return f"memory limit {format_bytes(self.config.memory_bytes)} exceeded (OOM killed)"
 
     def _finish(self, *, exit_code, reason):
         """Write exit.json, record `exited`, deliver everything (patiently), then return 0."""
+        self._release_cgroup()
         _write_json_atomically(self.config.agent_file("exit.json"),
                                {"exit_code": exit_code, "reason": reason, "finished_at": time.time()})
         self._record_status("exited", exit_code=exit_code, reason=reason)
@@ -313,7 +379,7 @@ def format_bytes(n):
 def _write_json_atomically(path, data):
     """Readers (the backend) see the old file or the whole new one, never half of it."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with _open_private(tmp) as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())
@@ -322,9 +388,14 @@ def _write_json_atomically(path, data):
 
 def _write_text_atomically(path, text):
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with _open_private(tmp) as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def _open_private(path):
+    """The agent's files are the platform's business only (mode 0600), like agent.json."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8")
 
 
 # --- process plumbing: the CLI entry point ---

@@ -44,6 +44,9 @@ class AgentConfig:
     grace_seconds: float = 60.0
     max_unpacked_bytes: int = 4 * 2**30
     max_members: int = 100_000
+    # The learner's processes and threads (a pids cgroup, or RLIMIT_NPROC of the job's own uid):
+    # enough for data-loader workers and their threads, few enough to stop a fork bomb.
+    max_processes: int = 4096
     flush_timeout_s: float = 86400.0
     network_namespace: str = ""  # /proc/<pid>/ns/net shared by a distributed job's learners (netns.py)
     # On Kubernetes the config is a read-only mount: the agent keeps its files in `state_dir`
@@ -118,7 +121,8 @@ def parse_config(data, *, path):
         raise ConfigError("network_namespace: must be an absolute path such as /proc/<pid>/ns/net")
     values["network_namespace"] = network_namespace
     for key, default in (("max_unpacked_bytes", AgentConfig.max_unpacked_bytes),
-                         ("max_members", AgentConfig.max_members)):
+                         ("max_members", AgentConfig.max_members),
+                         ("max_processes", AgentConfig.max_processes)):
         values[key] = _integer(data, key, minimum=1) if data.get(key) is not None else default
     return AgentConfig(**values)
 

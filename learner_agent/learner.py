@@ -25,10 +25,10 @@ class LearnerProcess:
         self.stderr = popen.stderr
 
     @classmethod
-    def start(cls, argv, *, env, cwd, sandboxed):
+    def start(cls, argv, *, env, cwd, sandboxed, pass_fds=()):
         popen = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True, close_fds=True)
+                                 start_new_session=True, close_fds=True, pass_fds=pass_fds)
         return cls(popen, sandboxed=sandboxed)
 
     def wait(self):

@@ -1,47 +1,104 @@
 """How the user's command is started: its argv (optionally inside bubblewrap) and its environment.
 
-User code is untrusted. With bubblewrap it runs without network, in its own pid namespace, on a
-read-only view of the machine in which the platform's data (other jobs, the database, the agent's own
-config) is hidden under empty tmpfs mounts and only the learner's own directories are visible and
-writable. Without bubblewrap ("none", or "auto" where it is missing or cannot create namespaces) the
+User code is untrusted. With bubblewrap it runs without network, in its own pid, IPC and user
+namespaces, with no capabilities, no_new_privs and no way to make further user namespaces, on a
+read-only view of the machine in which the platform's data (other jobs, the database, the agent's
+own config) is hidden under empty tmpfs mounts and only the learner's own directories are visible
+and writable. /tmp and /dev/shm are tmpfs mounts of a fixed size. The only devices besides the usual
+/dev ones are the job's own GPUs (gpu_devices).
+
+When the agent is root, each job's learners run as an unprivileged uid of their own (learner_identity:
+derived from the job id, in [LEARNER_ID_BASE, LEARNER_ID_BASE + LEARNER_ID_COUNT), gid the same),
+which owns the learner's writable folders (hand_over); a control group (learner_agent.cgroups) limits
+memory, CPU and processes. learner_agent.launch does the privileged part (cgroups, the job's network
+namespace, staging the folders, dropping the uid) and then execs bubblewrap. When the agent is not
+root, bubblewrap still makes a user namespace and drops every capability; the uid is the agent's own.
+
+Without bubblewrap ("none", or "auto" where it is missing or cannot create namespaces) the
 command runs as a plain process: fine for development, not for untrusted users.
 
 Either way the environment is built from scratch, never inherited: the agent's environment may hold
 platform secrets and the learner must never see them (SPEC §6).
 
 The learners of a distributed job share one private network namespace (learner_agent.netns): given
-its path, the command is started inside it with nsenter, and bubblewrap keeps that network instead of
+its path, the command is started inside it, and bubblewrap keeps that network instead of
 unsharing an empty one of its own, so the learners reach each other on 127.0.0.1 and nothing else.
 """
 import functools
-import glob
+import hashlib
+import json
+import logging
 import math
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from learner_agent import netns
+
+log = logging.getLogger(__name__)
 
 MODES = ("auto", "bwrap", "none")
 # The directory holding the learner_agent package: on the learner's PYTHONPATH for `report`.
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_DIR = os.path.join(PACKAGE_PARENT, "learner_agent")
 
-_ISOLATION = ["--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session",
-              "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-# The learner gets a private, empty /tmp (a tmpfs, like every hidden dir).
+# Namespaces and privileges. --disable-userns (bwrap >= 0.8) stops the learner from making a user
+# namespace of its own, in which it would hold capabilities again.
+_ISOLATION = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+              "--die-with-parent", "--new-session", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+# The learner gets a private, empty /tmp (a tmpfs, like every hidden dir), of a fixed size.
 _PRIVATE_DIRS = ("/tmp",)
 # What the learner runs with: the platform's Python environment (its `python` comes first on PATH)
 # and the learner_agent package. They stay visible, read-only, even when they live under a hidden
 # dir such as /tmp (a checkout in /tmp, a CI runner's work dir).
 _RUNTIME_DIRS = tuple(dict.fromkeys([sys.prefix, sys.base_prefix, sys.exec_prefix, PACKAGE_DIR]))
-# GPUs are device files; bwrap's fresh /dev doesn't have them, so they are passed through when present.
-_GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri")
+# A hidden dir's tmpfs only holds mount points; a small size keeps the learner from filling memory there.
+HIDDEN_TMPFS_BYTES = 1 << 20
+DEFAULT_TMP_BYTES = 1 << 30  # /tmp and /dev/shm when the learner has no memory limit
+# The GPU devices every CUDA program needs besides /dev/nvidia<N> of its own GPUs.
+GPU_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# Learner uids (and gids): above every range distributions hand out to users and to subordinate ids
+# (/etc/subuid starts at 100000 and grows by 65536 per user), below 2**31.
+LEARNER_ID_BASE = 2_000_000_000
+LEARNER_ID_COUNT = 1 << 24
+# Where learner_agent.launch stages the learner's folders (in its own mount namespace only).
+STAGE_DIR = "/run/trainyard-learner"
 
 
 class SandboxError(RuntimeError):
     """The requested sandbox cannot be used on this machine."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The unprivileged uid and gid a job's learners run as."""
+    uid: int
+    gid: int
+
+
+def learner_identity(job_id):
+    """The job's own uid/gid when the agent can switch to it (it is root), else None."""
+    if os.geteuid() != 0:
+        return None
+    number = LEARNER_ID_BASE + int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big") % LEARNER_ID_COUNT
+    return Identity(number, number)
+
+
+def hand_over(identity, *, tree, dirs):
+    """Give the learner its folders: `tree` (its freshly unpacked work dir) with everything in it,
+    and each of `dirs` itself (not their contents, which earlier learners of the job already own).
+
+    Only folders whose parent stays root's are handed over whole: a learner owning a parent could
+    swap a folder for a symlink before the next attempt's agent uses it."""
+    for dirpath, dirnames, filenames in os.walk(tree):
+        os.lchown(dirpath, identity.uid, identity.gid)
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), identity.uid, identity.gid)
+    for d in dirs:
+        if os.path.isdir(d) and not os.path.islink(d):
+            os.lchown(d, identity.uid, identity.gid)
 
 
 def resolve_mode(mode):
@@ -60,33 +117,121 @@ def resolve_mode(mode):
 
 @functools.lru_cache(maxsize=1)
 def bwrap_problem():
-    """None when bubblewrap can create our sandbox here, else why not (probed once per process)."""
+    """None when bubblewrap can create our sandbox here, else why not (probed once per process).
+
+    As root the probe runs as nobody: learners run as an unprivileged uid, which needs the kernel
+    to allow unprivileged user namespaces."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "bwrap is not on PATH"
+    as_nobody = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
     try:
-        probe = subprocess.run([bwrap, *_ISOLATION, "/bin/true"], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=10)
+        probe = subprocess.run([bwrap, *_ISOLATION, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                                "/bin/true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, timeout=10, cwd="/", **as_nobody)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"probe failed: {e}"
     if probe.returncode != 0:
-        return f"probe failed: {probe.stderr.decode('utf-8', 'replace').strip()}"
+        who = " as an unprivileged user (are unprivileged user namespaces allowed?)" if as_nobody else ""
+        return f"probe failed{who}: {probe.stderr.decode('utf-8', 'replace').strip()}"
     return None
 
 
-def build_argv(command, *, mode, work_dir, writable_dirs=(), readonly_dirs=(), hidden_dirs=(),
-               network_namespace=""):
-    """argv running `/bin/sh -c command`, in bubblewrap when `mode` resolves to "bwrap", and inside
-    the job's shared network namespace when `network_namespace` (a /proc/<pid>/ns/net path) is given."""
-    shell = ["/bin/sh", "-c", command]
+def build_argv(command, *, network_namespace=""):
+    """argv running `/bin/sh -c command` without a sandbox, inside the job's shared network
+    namespace when `network_namespace` (a /proc/<pid>/ns/net path) is given."""
     join = netns.join_argv(network_namespace) if network_namespace else []
-    if resolve_mode(mode) == "none":
-        return [*join, *shell]
+    return [*join, "/bin/sh", "-c", command]
+
+
+def bwrap_plan(command, *, work_dir, env, writable_dirs=(), readonly_dirs=(), hidden_dirs=(),
+               network_namespace="", identity=None, tmp_bytes=None, devices=(), cgroup_procs=(),
+               rlimit_nproc=None):
+    """The plan learner_agent.launch follows to start `/bin/sh -c command` in bubblewrap.
+
+    With an `identity` (the agent is root) the learner runs as that uid and its folders are staged
+    (see learner_agent.launch); else it keeps the agent's uid, in a user namespace all the same."""
+    uid, gid = (identity.uid, identity.gid) if identity else (os.getuid(), os.getgid())
+    staged = identity is not None
+    tmp_size = str(tmp_bytes or DEFAULT_TMP_BYTES)
     isolation = [a for a in _ISOLATION if not (network_namespace and a == "--unshare-net")]
-    return [*join, shutil.which("bwrap"), *isolation,
-            *_mount_args(work_dir=work_dir, writable_dirs=writable_dirs, readonly_dirs=readonly_dirs,
-                         hidden_dirs=hidden_dirs),
-            *_gpu_args(), "--chdir", work_dir, "--", *shell]
+    if staged:
+        os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)  # so the learner's view can hide it
+        visible = [work_dir, *writable_dirs, *readonly_dirs, *_RUNTIME_DIRS]
+        hidden_dirs = (*hidden_dirs, STAGE_DIR, *unsearchable_ancestors(visible, identity))
+    mounts = _mount_args(work_dir=work_dir, writable_dirs=writable_dirs, readonly_dirs=readonly_dirs,
+                         hidden_dirs=hidden_dirs, tmp_size=tmp_size)
+    stage = []
+    if staged:
+        mounts = _staged(mounts, stage)
+    args = [*isolation, "--uid", str(uid), "--gid", str(gid),
+            "--ro-bind", "/", "/", "--proc", "/proc", *_dev_args(devices, tmp_size), *mounts,
+            "--chdir", work_dir, "--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return {"bwrap": shutil.which("bwrap"), "bwrap_args": args, "command": ["/bin/sh", "-c", command],
+            "uid": identity.uid if identity else None, "gid": identity.gid if identity else None,
+            "stage_dir": STAGE_DIR, "stage": stage, "cgroup_procs": list(cgroup_procs),
+            "network_namespace": network_namespace, "rlimit_nproc": rlimit_nproc}
+
+
+def unsearchable_ancestors(paths, identity):
+    """For each path, its outermost ancestor the learner's uid may not enter (a 0700 data or temp
+    directory). bubblewrap, running as that uid, could not create the learner's mount points below
+    it; hidden under an empty tmpfs, it loses nothing the learner could have seen, and its folders
+    are mounted inside."""
+    found = set()
+    for path in paths:
+        current = "/"
+        for part in [p for p in os.path.realpath(path).split(os.sep) if p][:-1]:
+            current = os.path.join(current, part)
+            try:
+                info = os.stat(current)
+            except OSError:
+                break
+            if not _searchable(info, identity):
+                found.add(current)
+                break
+    return sorted(found)
+
+
+def _searchable(info, identity):
+    if info.st_uid == identity.uid:
+        return bool(info.st_mode & 0o100)
+    if info.st_gid == identity.gid:
+        return bool(info.st_mode & 0o010)
+    return bool(info.st_mode & 0o001)
+
+
+def launcher_argv(plan_fd):
+    """How the agent starts learner_agent.launch: isolated from any PYTHON* variable, run from the
+    package's parent so `-m learner_agent.launch` finds this very package."""
+    return [sys.executable, "-E", "-s", "-m", "learner_agent.launch", str(plan_fd)]
+
+
+def write_plan(plan):
+    """The plan in an inheritable memfd for the launcher (it closes it after reading)."""
+    fd = os.memfd_create("trainyard-launch-plan", 0)
+    os.write(fd, json.dumps(plan).encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def gpu_devices(cuda_visible_devices, *, dev="/dev"):
+    """The device files of the learner's own GPUs (CUDA_VISIBLE_DEVICES, as the local backend sets
+    it from the job's placement: indexes, which name /dev/nvidia<index>), plus the control devices;
+    nothing for a job without GPUs. Only files that exist are returned."""
+    indexes = [part.strip() for part in (cuda_visible_devices or "").split(",") if part.strip()]
+    if not indexes:
+        return []
+    wanted = []
+    for index in indexes:
+        if not index.isdigit():
+            log.warning("CUDA_VISIBLE_DEVICES entry %r is not an index; no device file passed for it", index)
+            continue
+        wanted.append(os.path.join(dev, f"nvidia{int(index)}"))
+    wanted += [os.path.join(dev, name) for name in GPU_CONTROL_DEVICES]
+    return [d for d in dict.fromkeys(wanted) if os.path.exists(d)]
 
 
 def build_env(*, work_dir, cpus, learner_env=None, path=None):
@@ -112,7 +257,7 @@ def build_env(*, work_dir, cpus, learner_env=None, path=None):
     return env
 
 
-def _mount_args(*, work_dir, writable_dirs, readonly_dirs, hidden_dirs):
+def _mount_args(*, work_dir, writable_dirs, readonly_dirs, hidden_dirs, tmp_size):
     """tmpfs over hidden dirs, then binds of the visible ones at the same path.
 
     Mounts are applied outermost first (tmpfs before binds at equal depth), so a learner directory
@@ -123,23 +268,49 @@ def _mount_args(*, work_dir, writable_dirs, readonly_dirs, hidden_dirs):
                                (1, "--bind", [work_dir, *writable_dirs]),
                                (2, "--ro-bind", readonly_dirs)):
         for d in dirs:
-            if not os.path.isdir(d):
+            if not os.path.isdir(d) and d not in _PRIVATE_DIRS:
                 continue  # nothing to hide, nothing to show (bwrap would refuse a missing source)
             mounts[os.path.realpath(d)] = (rank, option)
     for runtime in _RUNTIME_DIRS:
         if os.path.isdir(runtime) and _is_hidden(runtime, mounts):
             mounts.setdefault(os.path.realpath(runtime), (2, "--ro-bind"))
-    args = []
+    args, read_only = [], []
     for path, (_, option) in sorted(mounts.items(), key=lambda m: (_depth(m[0]), m[1][0])):
-        args += [option, path] if option == "--tmpfs" else [option, path, path]
-    return args
+        if option == "--tmpfs" and path in _PRIVATE_DIRS:
+            args += ["--size", tmp_size, "--tmpfs", path]
+        elif option == "--tmpfs":
+            args += ["--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", path]
+            read_only += ["--remount-ro", path]
+        else:
+            args += [option, path, path]
+    # Once the mount points inside exist, hidden dirs become read-only (the binds in them stay as they are).
+    return args + read_only
 
 
-def _gpu_args():
-    args = []
-    for pattern in _GPU_DEVICE_GLOBS:
-        for device in sorted(glob.glob(pattern)):
-            args += ["--dev-bind", device, device]
+def _dev_args(devices, tmp_size):
+    """A fresh /dev with the given devices, a sized /dev/shm, and the rest of /dev read-only (an
+    unsized writable tmpfs would let the learner fill the machine's memory)."""
+    args = ["--dev", "/dev"]
+    for device in devices:
+        args += ["--dev-bind", device, device]
+    return [*args, "--size", tmp_size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+
+
+def _staged(mounts, stage):
+    """The bind arguments with each source replaced by its staged path (appending sources to `stage`)."""
+    args, i = [], 0
+    while i < len(mounts):
+        option = mounts[i]
+        if option in ("--bind", "--ro-bind"):
+            stage.append(mounts[i + 1])
+            args += [option, os.path.join(STAGE_DIR, str(len(stage) - 1)), mounts[i + 2]]
+            i += 3
+        elif option == "--size":
+            args += mounts[i:i + 4]
+            i += 4
+        else:
+            args += mounts[i:i + 2]
+            i += 2
     return args
 
 

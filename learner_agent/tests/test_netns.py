@@ -81,15 +81,14 @@ def test_stop_ends_the_holder(attempt_dir):
 
 
 def test_the_command_joins_the_namespace_with_or_without_bubblewrap(monkeypatch):
-    argv = sandbox.build_argv("python t.py", mode="none", work_dir="/w", network_namespace="/proc/42/ns/net")
+    argv = sandbox.build_argv("python t.py", network_namespace="/proc/42/ns/net")
     assert argv[1:] == ["--net=/proc/42/ns/net", "--", "/bin/sh", "-c", "python t.py"]
-    assert sandbox.build_argv("python t.py", mode="none", work_dir="/w") == ["/bin/sh", "-c", "python t.py"]
-    monkeypatch.setattr(sandbox, "resolve_mode", lambda mode: "bwrap")
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: f"/usr/bin/{name}")
-    shared = sandbox.build_argv("x", mode="bwrap", work_dir="/w", network_namespace="/proc/42/ns/net")
-    assert shared[:4] == ["/usr/bin/nsenter", "--net=/proc/42/ns/net", "--", "/usr/bin/bwrap"]
-    assert "--unshare-net" not in shared  # bwrap keeps the job's namespace instead of an empty one
-    assert "--unshare-net" in sandbox.build_argv("x", mode="bwrap", work_dir="/w")
+    assert sandbox.build_argv("python t.py") == ["/bin/sh", "-c", "python t.py"]
+    # In bubblewrap, the launcher joins it (setns) before it becomes bwrap.
+    shared = sandbox.bwrap_plan("x", work_dir="/w", env={}, network_namespace="/proc/42/ns/net")
+    assert shared["network_namespace"] == "/proc/42/ns/net"
+    assert "--unshare-net" not in shared["bwrap_args"]  # bwrap keeps the job's namespace instead of an empty one
+    assert "--unshare-net" in sandbox.bwrap_plan("x", work_dir="/w", env={})["bwrap_args"]
 
 
 def test_the_config_takes_an_absolute_namespace_path(tmp_path):

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from learner_agent import sandbox
-from learner_agent.sandbox import SandboxError, build_argv, build_env
+from learner_agent.sandbox import SandboxError, build_argv, build_env, bwrap_plan
 from learner_agent.tests.conftest import PACKAGE_PARENT, run_agent, write_agent_config
 
 needs_bwrap = pytest.mark.skipif(sandbox.bwrap_problem() is not None,
@@ -108,7 +108,7 @@ def test_the_learner_may_extend_pythonpath_but_keeps_the_helper(monkeypatch):
 
 
 def test_none_runs_a_plain_shell():
-    assert build_argv("python train.py", mode="none", work_dir="/w") == ["/bin/sh", "-c", "python train.py"]
+    assert build_argv("python train.py") == ["/bin/sh", "-c", "python train.py"]
 
 
 def test_explicit_bwrap_that_cannot_work_is_an_error(monkeypatch):
@@ -121,7 +121,6 @@ def test_explicit_bwrap_that_cannot_work_is_an_error(monkeypatch):
 
 
 def test_bwrap_hides_first_and_shows_the_learners_dirs_through(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: None)
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(sandbox, "_RUNTIME_DIRS", ())  # wherever this checkout lives, e.g. under /tmp
     storage = tmp_path / "storage"
@@ -129,18 +128,99 @@ def test_bwrap_hides_first_and_shows_the_learners_dirs_through(tmp_path, monkeyp
                                   storage / "job" / "data", tmp_path / "missing")
     for d in (work, results, data):
         d.mkdir(parents=True)
-    argv = build_argv("python train.py", mode="auto", work_dir=str(work), writable_dirs=[str(results)],
-                      readonly_dirs=[str(data), str(other)], hidden_dirs=[str(storage)])
-    assert argv[:14] == ["/usr/bin/bwrap", "--unshare-net", "--unshare-pid", "--die-with-parent",
-                         "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                         "--tmpfs", "/tmp"]
-    mounts = argv[14:argv.index("--chdir")]
-    assert mounts[:2] == ["--tmpfs", str(storage)]
-    assert {tuple(mounts[i:i + 3]) for i in range(2, len(mounts), 3)} >= {
-        ("--bind", str(work), str(work)), ("--bind", str(results), str(results)),
-        ("--ro-bind", str(data), str(data))}
-    assert str(other) not in argv  # a missing directory is skipped, not an error inside bwrap
-    assert argv[argv.index("--chdir"):] == ["--chdir", str(work), "--", "/bin/sh", "-c", "python train.py"]
+    plan = bwrap_plan("python train.py", work_dir=str(work), env={"A": "1"}, writable_dirs=[str(results)],
+                      readonly_dirs=[str(data), str(other)], hidden_dirs=[str(storage)], tmp_bytes=2**20)
+    args = plan["bwrap_args"]
+    assert plan["bwrap"] == "/usr/bin/bwrap" and plan["command"] == ["/bin/sh", "-c", "python train.py"]
+    assert plan["uid"] is None and plan["stage"] == []  # no identity: the agent's own uid, nothing staged
+    isolation = args[:args.index("--ro-bind")]
+    assert {"--unshare-net", "--unshare-pid", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session"} <= set(isolation)
+    assert isolation[isolation.index("--cap-drop") + 1] == "ALL"
+    assert isolation[isolation.index("--uid") + 1] == str(os.getuid())
+    assert args[args.index("--ro-bind"):args.index("--dev")] == ["--ro-bind", "/", "/", "--proc", "/proc"]
+    assert args[args.index("--dev"):args.index("--dev") + 7] == [
+        "--dev", "/dev", "--size", str(2**20), "--tmpfs", "/dev/shm", "--remount-ro"]
+    mounts = args[args.index("--remount-ro") + 2:args.index("--chdir")]
+    assert mounts[:8] == ["--size", str(2**20), "--tmpfs", "/tmp",
+                          "--size", str(sandbox.HIDDEN_TMPFS_BYTES), "--tmpfs", str(storage)]
+    binds = {tuple(mounts[i:i + 3]) for i in range(8, len(mounts) - 2)}
+    assert {("--bind", str(work), str(work)), ("--bind", str(results), str(results)),
+            ("--ro-bind", str(data), str(data))} <= binds
+    assert mounts[-2:] == ["--remount-ro", str(storage)]  # the hidden dir is an empty, read-only view
+    assert str(other) not in args  # a missing directory is skipped, not an error inside bwrap
+    assert args[args.index("--chdir"):] == ["--chdir", str(work), "--clearenv", "--setenv", "A", "1"]
+
+
+def test_as_root_the_learner_gets_its_own_uid_and_its_folders_are_staged(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "_RUNTIME_DIRS", ())
+    monkeypatch.setattr(sandbox, "STAGE_DIR", str(tmp_path / "stage"))
+    private = tmp_path / "private"  # e.g. a 0700 data directory the learner's uid cannot enter
+    work, data = private / "job" / "work", private / "job" / "data"
+    work.mkdir(parents=True)
+    data.mkdir()
+    private.chmod(0o700)
+    identity = sandbox.Identity(2_000_000_123, 2_000_000_123)
+    plan = bwrap_plan("true", work_dir=str(work), env={}, readonly_dirs=[str(data)], identity=identity,
+                      cgroup_procs=["/cg/cgroup.procs"], network_namespace="/proc/42/ns/net")
+    args = plan["bwrap_args"]
+    assert (plan["uid"], plan["gid"]) == (identity.uid, identity.gid)
+    assert args[args.index("--uid") + 1] == str(identity.uid)
+    assert plan["stage"] == [str(work), str(data)]
+    stage = str(tmp_path / "stage")
+    assert ["--bind", f"{stage}/0", str(work)] == args[args.index("--bind"):args.index("--bind") + 3]
+    assert ["--ro-bind", f"{stage}/1", str(data)] == args[args.index(f"{stage}/1") - 1:args.index(f"{stage}/1") + 2]
+    # What the uid could not enter anyway is hidden, so bwrap can make the mount points inside it.
+    (outermost,) = sandbox.unsearchable_ancestors([str(work)], identity)  # private, or above it (pytest's 0700)
+    assert str(private).startswith(outermost) and args[args.index(outermost) - 1] == "--tmpfs"
+    assert args[args.index(stage) - 1] == "--tmpfs"  # the stage itself is not the learner's business
+    assert plan["cgroup_procs"] == ["/cg/cgroup.procs"]
+    assert "--unshare-net" not in args and plan["network_namespace"] == "/proc/42/ns/net"
+
+
+def test_learner_identities_are_per_job_in_the_documented_range(monkeypatch):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    a, b = sandbox.learner_identity("training-aaaaaaaaaa"), sandbox.learner_identity("training-bbbbbbbbbb")
+    assert a == sandbox.learner_identity("training-aaaaaaaaaa") and a != b
+    for identity in (a, b):
+        assert sandbox.LEARNER_ID_BASE <= identity.uid < sandbox.LEARNER_ID_BASE + sandbox.LEARNER_ID_COUNT
+        assert identity.gid == identity.uid
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    assert sandbox.learner_identity("training-aaaaaaaaaa") is None  # not root: nothing to switch to
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_hand_over_gives_the_work_tree_and_only_the_tops_of_the_other_dirs(tmp_path):
+    identity = sandbox.Identity(2_000_000_321, 2_000_000_321)
+    work, results = tmp_path / "work", tmp_path / "results"
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "train.py").write_text("")
+    (results / "old").mkdir(parents=True)
+    sandbox.hand_over(identity, tree=str(work), dirs=[str(results)])
+    for path in (work, work / "src", work / "src" / "train.py", results):
+        assert (path.stat().st_uid, path.stat().st_gid) == (identity.uid, identity.gid)
+    assert (results / "old").stat().st_uid == 0
+
+
+@pytest.mark.parametrize(("visible", "expected"), [
+    ("1,3", ["nvidia1", "nvidia3", "nvidiactl", "nvidia-uvm"]),
+    ("0", ["nvidia0", "nvidiactl", "nvidia-uvm"]),
+    (" 2 , 0 ", ["nvidia2", "nvidia0", "nvidiactl", "nvidia-uvm"]),
+    ("", []),  # a CPU job gets no GPU device at all, not even the control ones
+    (None, []),
+    ("7", ["nvidiactl", "nvidia-uvm"]),  # a GPU this machine does not have
+])
+def test_only_the_jobs_own_gpus_are_passed(tmp_path, visible, expected):
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-caps"):
+        (tmp_path / name).touch()
+    assert sandbox.gpu_devices(visible, dev=str(tmp_path)) == [str(tmp_path / n) for n in expected]
+
+
+def test_the_gpu_devices_reach_bwrap_before_dev_turns_read_only(monkeypatch):
+    monkeypatch.setattr(sandbox, "_RUNTIME_DIRS", ())
+    args = bwrap_plan("true", work_dir="/nonexistent", env={}, devices=["/dev/nvidia1"])["bwrap_args"]
+    assert args.index("--dev") < args.index("/dev/nvidia1") < args.index("--remount-ro")
+    assert args[args.index("/dev/nvidia1") - 1] == "--dev-bind"
 
 
 def test_the_python_runtime_stays_visible_under_a_hidden_dir(tmp_path, monkeypatch):
@@ -150,7 +230,8 @@ def test_the_python_runtime_stays_visible_under_a_hidden_dir(tmp_path, monkeypat
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.setattr(sandbox, "_RUNTIME_DIRS", (str(runtime),))
-    args = sandbox._mount_args(work_dir=str(work), writable_dirs=(), readonly_dirs=(), hidden_dirs=(str(tmp_path),))
+    args = sandbox._mount_args(work_dir=str(work), writable_dirs=(), readonly_dirs=(), hidden_dirs=(str(tmp_path),),
+                               tmp_size="1024")
     hidden_at = args.index(str(tmp_path)) - 1
     exposed_at = args.index("--ro-bind")
     assert args[hidden_at] == "--tmpfs" and hidden_at < exposed_at

@@ -1,0 +1,221 @@
+"""One control group per learner: its memory (tmpfs and shared memory included), CPU quota and pids.
+
+Polling the learner's RSS misses what matters most to the machine: files in the sandbox's tmpfs
+mounts and shared memory are not in any process's RSS, and RSS says nothing about CPU time or a
+fork bomb. A control group counts all of it in the kernel. The agent creates the group, the launcher
+(learner_agent.launch) moves itself in before it starts bubblewrap, so everything the learner ever
+starts is inside, and the agent removes the group once the learner has ended.
+
+cgroup v2 is used where its controllers are available, else v1 (one hierarchy per controller), else
+nothing: `create` returns None with the reason, and the agent falls back to polling RSS.
+
+Writing the limits needs write access to the hierarchy, in practice root; the groups live in a
+`trainyard` group below the agent's own (v1) or at the top of the v2 hierarchy (v2's rule of no
+processes in inner groups forbids the agent's own).
+"""
+import os
+import re
+import signal
+import time
+
+PARENT = "trainyard"
+CPU_PERIOD_US = 100_000
+REMOVE_TIMEOUT_S = 5.0
+_V1_CONTROLLERS = ("memory", "cpu", "pids")
+
+
+class CgroupError(RuntimeError):
+    """No control group can be made here; the message says why."""
+
+
+class Cgroup:
+    """A learner's control group: one directory (v2) or one per controller (v1)."""
+
+    def __init__(self, version, dirs):
+        self.version = version
+        self.dirs = dirs  # {"memory": path, "cpu": path, "pids": path}; v2: the same path thrice
+
+    @property
+    def procs_files(self):
+        """Where a process writes its pid to join (each hierarchy once)."""
+        return sorted({os.path.join(d, "cgroup.procs") for d in self.dirs.values()})
+
+    def oom_kills(self):
+        """How many times the kernel killed a process here for exceeding the memory limit."""
+        memory = self.dirs["memory"]
+        if self.version == 2:
+            return _read_key(os.path.join(memory, "memory.events"), "oom_kill") or 0
+        kills = _read_key(os.path.join(memory, "memory.oom_control"), "oom_kill")
+        if kills is None:  # kernels before 4.13 only count hitting the limit
+            return _read_number(os.path.join(memory, "memory.failcnt"))
+        return kills
+
+    def pids(self):
+        found = set()
+        for procs in self.procs_files:
+            try:
+                with open(procs) as f:
+                    found.update(int(line) for line in f if line.strip())
+            except OSError:
+                pass
+        return found
+
+    def remove(self, *, timeout=REMOVE_TIMEOUT_S):
+        """Kill whatever is left inside and remove the group (a group with processes can't go)."""
+        deadline = time.monotonic() + timeout
+        while (pids := self.pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.05)
+        problems = []
+        for path in sorted(set(self.dirs.values())):
+            while True:
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:  # EBUSY while the last processes are being reaped
+                    if time.monotonic() >= deadline:
+                        problems.append(f"{path}: {e.strerror}")
+                        break
+                    time.sleep(0.05)
+        return problems
+
+
+def create(name, *, memory_bytes, cpus, max_processes, mounts="/proc/self/mounts",
+           own="/proc/self/cgroup"):
+    """A new group `name` with the limits written, or raise CgroupError saying why there is none."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    v2_root, v1_roots = _hierarchies(mounts)
+    if v2_root and {"memory", "cpu", "pids"} <= _v2_controllers(v2_root):
+        return _create_v2(v2_root, name, memory_bytes=memory_bytes, cpus=cpus, max_processes=max_processes)
+    missing = [c for c in _V1_CONTROLLERS if c not in v1_roots]
+    if missing:
+        raise CgroupError(f"no cgroup v2 with memory, cpu and pids, and no cgroup v1 {', '.join(missing)} "
+                          "hierarchy mounted")
+    return _create_v1(v1_roots, _own_v1_paths(own), name, memory_bytes=memory_bytes, cpus=cpus,
+                      max_processes=max_processes)
+
+
+def _create_v2(root, name, *, memory_bytes, cpus, max_processes):
+    parent = os.path.join(root, PARENT)
+    path = os.path.join(parent, name)
+    try:
+        for enabling in (root, parent):
+            os.makedirs(parent, exist_ok=True)
+            _write(os.path.join(enabling, "cgroup.subtree_control"), "+memory +cpu +pids")
+        os.makedirs(path, exist_ok=True)
+        group = Cgroup(2, {"memory": path, "cpu": path, "pids": path})
+        if memory_bytes:
+            _write(os.path.join(path, "memory.max"), str(memory_bytes))
+            _write_if_present(os.path.join(path, "memory.swap.max"), "0")
+        _write(os.path.join(path, "cpu.max"), f"{_quota_us(cpus)} {CPU_PERIOD_US}")
+        _write(os.path.join(path, "pids.max"), str(max_processes))
+    except OSError as e:
+        _remove_quietly(path)
+        raise CgroupError(f"cgroup v2 at {root}: {e.strerror or e} ({e.filename})") from e
+    return group
+
+
+def _create_v1(roots, own_paths, name, *, memory_bytes, cpus, max_processes):
+    dirs = {c: os.path.join(roots[c], own_paths.get(c, "/").lstrip("/"), PARENT, name) for c in _V1_CONTROLLERS}
+    group = Cgroup(1, dirs)
+    try:
+        for path in dirs.values():
+            os.makedirs(path, exist_ok=True)
+        if memory_bytes:
+            _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory_bytes))
+            # With swap accounting, memory+swap gets the same limit: swap must not stretch it.
+            _write_if_present(os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"), str(memory_bytes))
+        _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+        _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(_quota_us(cpus)))
+        _write(os.path.join(dirs["pids"], "pids.max"), str(max_processes))
+    except OSError as e:
+        for path in dirs.values():
+            _remove_quietly(path)
+        raise CgroupError(f"cgroup v1: {e.strerror or e} ({e.filename})") from e
+    return group
+
+
+def _quota_us(cpus):
+    """`cpus` worth of CPU time per period (the kernel's minimum quota is 1ms)."""
+    return max(1000, int(round(cpus * CPU_PERIOD_US)))
+
+
+def _hierarchies(mounts):
+    """(v2 mount point or None, {v1 controller: mount point}) from a mounts table."""
+    v2, v1 = None, {}
+    with open(mounts) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 4:
+                continue
+            point, kind, options = fields[1], fields[2], fields[3].split(",")
+            if kind == "cgroup2" and v2 is None:
+                v2 = point
+            elif kind == "cgroup":
+                for controller in _V1_CONTROLLERS:
+                    if controller in options:
+                        v1.setdefault(controller, point)
+    return v2, v1
+
+
+def _v2_controllers(root):
+    try:
+        with open(os.path.join(root, "cgroup.controllers")) as f:
+            return set(f.read().split())
+    except OSError:
+        return set()
+
+
+def _own_v1_paths(own):
+    """{controller: path of this process's group} from /proc/self/cgroup."""
+    paths = {}
+    with open(own) as f:
+        for line in f:
+            parts = line.rstrip("\n").split(":", 2)
+            if len(parts) == 3:
+                for controller in parts[1].split(","):
+                    paths[controller] = parts[2]
+    return paths
+
+
+def _read_key(path, key):
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[0] == key:
+                    return int(parts[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _read_number(path):
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _write(path, value):
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _write_if_present(path, value):
+    if os.path.exists(path):
+        _write(path, value)
+
+
+def _remove_quietly(path):
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass

@@ -1,0 +1,113 @@
+"""The learner's control group: limits written where each hierarchy wants them, and real limits biting."""
+import os
+
+import pytest
+
+from learner_agent import cgroups
+from learner_agent.tests.conftest import read_exit, run_agent, write_agent_config
+from learner_agent import sandbox
+
+
+def fake_v1(tmp_path):
+    roots = {c: tmp_path / c for c in ("memory", "cpu", "pids")}
+    for root in roots.values():
+        root.mkdir()
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"cgroup {roots['memory']} cgroup rw,memory 0 0\n"
+                      f"cgroup {roots['cpu']} cgroup rw,cpu,cpuacct 0 0\n"
+                      f"cgroup {roots['pids']} cgroup rw,pids 0 0\n")
+    own = tmp_path / "own"
+    own.write_text("4:memory:/agents/a1\n2:cpu,cpuacct:/\n1:pids:/\n0::/\n")
+    return roots, mounts, own
+
+
+def test_v1_groups_sit_below_the_agents_own_with_every_limit(tmp_path):
+    roots, mounts, own = fake_v1(tmp_path)
+    (roots["memory"] / "agents" / "a1").mkdir(parents=True)
+    group = cgroups.create("training-x/a1 l0", memory_bytes=2**30, cpus=0.5, max_processes=64,
+                           mounts=mounts, own=own)
+    memory = roots["memory"] / "agents" / "a1" / "trainyard" / "training-x_a1_l0"
+    cpu, pids = roots["cpu"] / "trainyard" / "training-x_a1_l0", roots["pids"] / "trainyard" / "training-x_a1_l0"
+    assert (memory / "memory.limit_in_bytes").read_text() == str(2**30)
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "50000"
+    assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
+    assert (pids / "pids.max").read_text() == "64"
+    assert group.procs_files == sorted(str(d / "cgroup.procs") for d in (memory, cpu, pids))
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    assert group.oom_kills() == 0
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert group.oom_kills() == 2
+    for d in (memory, cpu, pids):
+        for f in d.iterdir():
+            f.unlink()
+    assert group.remove() == [] and not memory.exists() and not cpu.exists()
+
+
+def test_v2_is_used_when_it_has_the_controllers(tmp_path):
+    root = tmp_path / "unified"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"cgroup2 {root} cgroup2 rw 0 0\n")
+    group = cgroups.create("j-a1-l0", memory_bytes=300 * 2**20, cpus=2, max_processes=100, mounts=mounts,
+                           own=tmp_path / "unused")
+    path = root / "trainyard" / "j-a1-l0"
+    assert group.version == 2 and group.procs_files == [str(path / "cgroup.procs")]
+    assert (root / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    assert (root / "trainyard" / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    assert (path / "memory.max").read_text() == str(300 * 2**20)
+    assert (path / "cpu.max").read_text() == "200000 100000"
+    assert (path / "pids.max").read_text() == "100"
+    (path / "memory.events").write_text("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n")
+    assert group.oom_kills() == 1
+
+
+def test_without_any_hierarchy_it_says_why(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("proc /proc proc rw 0 0\n")
+    with pytest.raises(cgroups.CgroupError, match="no cgroup v1 memory, cpu, pids"):
+        cgroups.create("j", memory_bytes=None, cpus=1, max_processes=10, mounts=mounts, own=tmp_path / "own")
+
+
+def _real_cgroups_problem():
+    if os.geteuid() != 0:
+        return "cgroups need root"
+    if sandbox.bwrap_problem() is not None:
+        return sandbox.bwrap_problem()
+    try:
+        cgroups.create("probe", memory_bytes=2**30, cpus=1, max_processes=10).remove()
+    except cgroups.CgroupError as e:
+        return str(e)
+    return None
+
+
+needs_cgroups = pytest.mark.skipif(_real_cgroups_problem() is not None,
+                                   reason=f"no writable cgroups here: {_real_cgroups_problem()}")
+
+CPU_BURNER = ("python3 -c \"import time\n"
+              "wall, cpu = time.monotonic(), time.process_time()\n"
+              "while time.monotonic() - wall < 2: pass\n"
+              "print('cpu share', round((time.process_time() - cpu) / (time.monotonic() - wall), 2))\"")
+
+
+@needs_cgroups
+def test_a_sandboxed_learner_gets_its_share_of_cpu_and_no_more(outside_tmp, ingest):
+    config = write_agent_config(outside_tmp, ingest, command=CPU_BURNER, sandbox="bwrap", cpus=0.3)
+    assert run_agent(config).returncode == 0
+    lines = [r["line"] for r in ingest.stored() if r["kind"] == "log"]
+    share = float(next(line for line in lines if line.startswith("cpu share")).split()[-1])
+    assert share < 0.45, lines
+    assert read_exit(config)["exit_code"] == 0
+
+
+@needs_cgroups
+def test_files_in_tmp_count_against_the_memory_limit(outside_tmp, ingest):
+    # The process's RSS stays small: only the cgroup sees the file in the tmpfs.
+    command = ("python3 -c \"import time\nwith open('/tmp/fill', 'wb') as f:\n"
+               "    for _ in range(300): f.write(b'x' * 2**20); f.flush()\nprint('written', flush=True)\n"
+               "time.sleep(30)\"")
+    config = write_agent_config(outside_tmp, ingest, command=command, sandbox="bwrap", memory_bytes=150 * 2**20)
+    assert run_agent(config, timeout=60).returncode == 0
+    assert read_exit(config) == {**read_exit(config), "exit_code": 137,
+                                 "reason": "memory limit 150.0MiB exceeded (OOM killed)"}
+    assert "written" not in [r.get("line") for r in ingest.stored()]
