@@ -31,7 +31,7 @@ class AgentConfig:
     ingest_url: str
     ingest_token: str = field(repr=False)
     # Where the token was read from on Kubernetes; the agent deletes it there before the learner starts.
-    ingest_token_file: str = ""
+    ingest_token_file: str = field(default="", repr=False)
     env: dict = field(default_factory=dict, repr=False)
     writable_dirs: tuple = ()
     readonly_dirs: tuple = ()
