@@ -40,3 +40,14 @@ def shared_with(job):
     people = get_users_with_perms(job, attach_perms=True, with_group_users=False)
     return sorted(({"username": user.username, "access": "control" if "change_job" in perms else "view"}
                    for user, perms in people.items()), key=lambda s: s["username"])
+
+
+def unshare_all(tenant_id, user):
+    """Take back every share of the tenant's jobs from `user` (they are leaving the tenant)."""
+    from django.contrib.contenttypes.models import ContentType
+    from guardian.models import UserObjectPermission
+
+    from jobs.models import Job
+    UserObjectPermission.objects.filter(user=user, content_type=ContentType.objects.get_for_model(Job),
+                                        object_pk__in=Job.objects.filter(tenant_id=tenant_id).values("pk")).delete()
+

@@ -20,13 +20,15 @@ def is_platform_admin(user):
 
 
 def membership_for(user, requested_slug=None):
-    """The membership a user acts through; the named tenant, or their only/first one.
+    """The membership a user acts through: the named tenant, else the one they chose as their
+    default, else the one they joined first. Never simply the first by name: a tenant someone
+    added them to must not catch their requests.
 
     A platform admin may name any tenant and acts in it as its admin, without being a member.
     """
     if not user or not user.is_authenticated:
         raise NoTenant("not logged in")
-    memberships = Membership.objects.select_related("tenant").filter(user=user).order_by("tenant__slug")
+    memberships = Membership.objects.select_related("tenant").filter(user=user).order_by("-is_default", "pk")
     if requested_slug:
         membership = memberships.filter(tenant__slug=requested_slug).first()
         if membership is None and is_platform_admin(user):
@@ -38,7 +40,8 @@ def membership_for(user, requested_slug=None):
         return membership
     membership = memberships.first()
     if membership is None:
-        raise NoTenant("you are not a member of any tenant; ask a platform admin to add you")
+        raise NoTenant("you are not a member of any tenant; accept an invitation on your account page, or ask a "
+                       "tenant admin to invite you")
     return membership
 
 

@@ -7,7 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import access, people, quotas
-from tenants.models import ApiToken, Membership, Quota, Tenant
+from tenants.models import ApiToken, Invitation, Membership, Quota, Tenant
 
 
 def _forbidden(detail):
@@ -61,7 +61,9 @@ class TenantQuota(APIView):
 
 
 class Members(APIView):
-    """GET the members of the caller's tenant; POST adds an existing user (tenant admins)."""
+    """GET the members of the caller's tenant. POST: a tenant admin invites a user (202, the same
+    answer whether or not the username exists; they join once they accept); a platform admin adds
+    an existing user at once (201)."""
 
     def get(self, request):
         membership = access.request_membership(request)
@@ -72,12 +74,93 @@ class Members(APIView):
         membership = access.request_membership(request)
         if not membership.is_admin:
             return _forbidden("only tenant admins manage members")
+        username = str(request.data.get("username", ""))
+        role = request.data.get("role", Membership.Role.RESEARCHER)
         try:
-            member = people.add_member(membership.tenant, str(request.data.get("username", "")),
-                                       request.data.get("role", Membership.Role.RESEARCHER))
+            if access.is_platform_admin(request.user):
+                return Response(_member_json(people.add_member(membership.tenant, username, role)), status=201)
+            invitation = people.invite(membership.tenant, username, role, invited_by=request.user.username)
         except people.PeopleError as exc:
             return _refused(exc)
-        return Response(_member_json(member), status=201)
+        # No id, no time: the answer must read the same for every username, existing or not.
+        return Response({"detail": people.invited_answer(invitation), "username": invitation.username,
+                         "role": invitation.role, "tenant": invitation.tenant.slug}, status=202)
+
+
+class TenantInvitations(APIView):
+    """GET the invitations of the caller's tenant that wait for an answer (tenant admins)."""
+
+    def get(self, request):
+        membership = access.request_membership(request)
+        if not membership.is_admin:
+            return _forbidden("only tenant admins manage members")
+        waiting = Invitation.objects.filter(tenant=membership.tenant).select_related("tenant").order_by("username")
+        return Response({"results": [_invitation_json(i) for i in waiting]})
+
+
+class TenantInvitation(APIView):
+    """DELETE withdraws an invitation of the caller's tenant (tenant admins)."""
+
+    def delete(self, request, invitation_id):
+        membership = access.request_membership(request)
+        invitation = Invitation.objects.filter(pk=invitation_id, tenant=membership.tenant).first()
+        if invitation is None:
+            raise Http404(f"No invitation {invitation_id} in tenant {membership.tenant.slug!r}.")
+        if not membership.is_admin:
+            return _forbidden("only tenant admins manage members")
+        people.decline(invitation)
+        return Response(status=204)
+
+
+class MyInvitations(APIView):
+    """GET the invitations waiting for the caller (any logged-in user, member of a tenant or not)."""
+
+    def get(self, request):
+        return Response({"results": [_invitation_json(i) for i in people.invitations_for(request.user)]})
+
+
+class MyInvitationAnswer(APIView):
+    """POST accept/ (200, the new membership) or decline/ (204) one of the caller's invitations;
+    anyone else's invitation is 404."""
+
+    answer = None
+
+    def post(self, request, invitation_id):
+        invitation = people.invitations_for(request.user).filter(pk=invitation_id).first()
+        if invitation is None:
+            raise Http404(f"No invitation {invitation_id} for you.")
+        if self.answer == "decline":
+            people.decline(invitation)
+            return Response(status=204)
+        member = people.accept(invitation, request.user)
+        return Response({"tenant": {"slug": member.tenant.slug, "name": member.tenant.name}, "role": member.role})
+
+
+class DefaultTenant(APIView):
+    """GET the tenant the caller's requests act in when they name none; PUT {"tenant": slug} chooses it."""
+
+    def get(self, request):
+        membership = access.membership_for(request.user)
+        return Response(_default_json(request.user, membership))
+
+    def put(self, request):
+        try:
+            chosen = people.set_default_tenant(request.user, str(request.data.get("tenant") or ""))
+        except people.PeopleError as exc:
+            return _refused(exc)
+        return Response(_default_json(request.user, access.membership_for(request.user, chosen.tenant.slug)))
+
+
+def _default_json(user, membership):
+    mine = Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
+    return {"tenant": membership.tenant.slug, "chosen": bool(membership.is_default),
+            "tenants": [m.tenant.slug for m in mine]}
+
+
+def _invitation_json(invitation, **extra):
+    return {"id": invitation.pk, "tenant": {"slug": invitation.tenant.slug, "name": invitation.tenant.name},
+            "username": invitation.username, "role": invitation.role, "invited_by": invitation.invited_by,
+            "created_at": invitation.created_at, **extra}
 
 
 class Member(APIView):

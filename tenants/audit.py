@@ -1,4 +1,4 @@
-"""The audit log: every change to quotas, memberships and tokens, with who made it.
+"""The audit log: every change to quotas, memberships, invitations and tokens, with who made it.
 
 Changes are caught at the model layer (signals), so the admin console, the REST API, the portal
 pages and manage.py commands are all recorded the same way; the one thing signals cannot know is
@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from django.db.models.signals import post_delete, post_save, pre_save
 
-from tenants.models import ApiToken, AuditEntry, Membership, Quota
+from tenants.models import ApiToken, AuditEntry, Invitation, Membership, Quota
 
 _actor = contextvars.ContextVar("trainyard_audit_actor", default="system")
 
@@ -66,13 +66,18 @@ def _membership(m):
     return "membership", f"{m.user.username}@{m.tenant.slug}", m.tenant, {"user": m.user.username, "role": m.role}
 
 
+def _invitation(i):
+    return "invitation", f"{i.username}@{i.tenant.slug}", i.tenant, {"user": i.username, "role": i.role,
+                                                                     "invited_by": i.invited_by}
+
+
 def _token(t):
     state = {"user": t.user.username, "name": t.name, "prefix": t.prefix,
              "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None}
     return "token", f"{t.user.username}/{t.name} ({t.prefix}…)", None, state
 
 
-DESCRIBE = {Quota: _quota, Membership: _membership, ApiToken: _token}
+DESCRIBE = {Quota: _quota, Membership: _membership, Invitation: _invitation, ApiToken: _token}
 
 
 def _before(sender, instance, **kwargs):

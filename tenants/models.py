@@ -25,9 +25,14 @@ class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=20, choices=Role.choices, default=Role.RESEARCHER)
+    # The tenant a request without X-Trainyard-Tenant acts in: only the user sets it (tenants.people.
+    # set_default_tenant); without one it is the tenant they joined first (the lowest id).
+    is_default = models.BooleanField(default=False)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="one_membership_per_tenant")]
+        constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="one_membership_per_tenant"),
+                       models.UniqueConstraint(fields=["user"], condition=models.Q(is_default=True),
+                                               name="one_default_tenant_per_user")]
 
     @property
     def can_submit(self):
@@ -36,6 +41,24 @@ class Membership(models.Model):
     @property
     def is_admin(self):
         return self.role == self.Role.ADMIN
+
+
+class Invitation(models.Model):
+    """A tenant admin's offer of membership, addressed to a username; it becomes a Membership only
+    when that user accepts it (tenants.people). It is kept whether or not such a user exists, so
+    inviting tells the admin nothing about which accounts exist."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    username = models.CharField(max_length=150)
+    role = models.CharField(max_length=20, choices=Membership.Role.choices, default=Membership.Role.RESEARCHER)
+    invited_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "username"], name="one_invitation_per_tenant")]
+
+    def __str__(self):
+        return f"{self.username} to {self.tenant} as {self.role}"
 
 
 def hash_key(key):

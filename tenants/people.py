@@ -1,13 +1,17 @@
 """Who belongs to a tenant, and a user's API tokens: the rules the REST API and the portal pages
-share — only existing, active users join; roles are the three of Membership; a tenant always keeps
-an admin; a token has a name. Every change here is audited (tenants.audit) by the models' signals."""
+share — nobody joins a tenant without consent (a tenant admin invites, the invited user accepts;
+only platform admins and `manage.py tenant adduser` add people directly); inviting never tells
+whether a username exists; roles are the three of Membership; a tenant always keeps an admin;
+leaving a tenant takes away what was shared in it; a token has a name. Every change here is
+audited (tenants.audit) by the models' signals."""
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from tenants.models import ApiToken, Membership
+from tenants.models import ApiToken, Invitation, Membership
 
 TOKEN_NAME_MAX = 100
+USERNAME_MAX = 150
 
 
 class PeopleError(Exception):
@@ -18,7 +22,51 @@ class PeopleError(Exception):
         self.detail, self.field, self.status = detail, field, status
 
 
+# --- joining -------------------------------------------------------------------------------------
+def invite(tenant, username, role=Membership.Role.RESEARCHER, *, invited_by):
+    """Invite `username` to `tenant` (again: the role is updated). The invitation is stored whether
+    or not such a user exists, and the caller answers the same either way: an admin of any tenant
+    must not learn which accounts exist. It becomes a membership only when the user accepts it."""
+    _check_role(role)
+    username = _username(username)
+    if Membership.objects.filter(tenant=tenant, user__username=username).exists():
+        # Already visible in the tenant's member list, so saying so reveals nothing new.
+        raise PeopleError(f"{username} is already a member of {tenant.slug}", field="username", status=409)
+    invitation, _ = Invitation.objects.update_or_create(
+        tenant=tenant, username=username, defaults={"role": role, "invited_by": str(invited_by)})
+    return invitation
+
+
+def invited_answer(invitation):
+    """What the inviting admin is told: the same words for every username."""
+    return (f"invited {invitation.username} to {invitation.tenant.slug} as {invitation.role}; they become a member "
+            "once they accept the invitation")
+
+
+def invitations_for(user):
+    """The invitations waiting for `user`, oldest first."""
+    return Invitation.objects.filter(username=user.get_username()).select_related("tenant").order_by("created_at", "pk")
+
+
+def accept(invitation, user):
+    """`user` accepts an invitation addressed to them: they join with its role."""
+    if invitation.username != user.get_username() or not user.is_active:
+        raise PeopleError("this invitation is not yours", status=404)
+    with transaction.atomic():
+        member, _ = Membership.objects.get_or_create(tenant=invitation.tenant, user=user,
+                                                     defaults={"role": invitation.role})
+        invitation.delete()
+    return member
+
+
+def decline(invitation):
+    """The invited user says no (or the tenant admin withdraws it)."""
+    invitation.delete()
+
+
 def add_member(tenant, username, role=Membership.Role.RESEARCHER):
+    """Add an existing user directly, without their consent: platform admins only (the API, the
+    pages and the admin console check who asks; `manage.py tenant adduser` is the operator's)."""
     _check_role(role)
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None:
@@ -27,6 +75,19 @@ def add_member(tenant, username, role=Membership.Role.RESEARCHER):
     if not created:
         raise PeopleError(f"{user.username} is already a member ({member.role})", field="username", status=409)
     return member
+
+
+def set_default_tenant(user, slug):
+    """The tenant `user`'s requests act in when they name none (their own choice, nobody else's)."""
+    with transaction.atomic():
+        mine = Membership.objects.select_for_update().filter(user=user)
+        chosen = mine.filter(tenant__slug=slug).first()
+        if chosen is None:
+            raise PeopleError(f"you are not a member of tenant {slug!r}", field="tenant")
+        # update(): a preference, not a change of membership (no audit entry, no access re-check).
+        mine.filter(is_default=True).exclude(pk=chosen.pk).update(is_default=False)
+        mine.filter(pk=chosen.pk).update(is_default=True)
+    return chosen
 
 
 def change_role(member, role):
@@ -40,9 +101,26 @@ def change_role(member, role):
 
 
 def remove_member(member):
+    """Take a member out of the tenant; what they were given in it goes too (on_membership_deleted)."""
     with transaction.atomic():
         _keep_an_admin(member)
         member.delete()
+
+
+def on_membership_deleted(sender, instance, **kwargs):
+    """post_delete of Membership, however it is deleted (API, page, admin console, tenant deleted):
+    the jobs of the tenant shared with the user are no longer shared, and invitations to it that
+    still wait for them are gone (they would let them back in without a new decision)."""
+    from jobs.sharing import unshare_all
+    unshare_all(instance.tenant_id, instance.user)
+    Invitation.objects.filter(tenant_id=instance.tenant_id, username=instance.user.get_username()).delete()
+
+
+def _username(username):
+    username = str(username or "").strip()
+    if not username or len(username) > USERNAME_MAX:
+        raise PeopleError(f"give a username (1-{USERNAME_MAX} characters)", field="username")
+    return username
 
 
 def _check_role(role):

@@ -16,7 +16,7 @@ STRICT = EgressPolicy()
 
 @pytest.fixture(scope="module")
 def s3():
-    with s3_server({"data-bucket": {"inputs/a.csv": b"1,2\n"}}) as server:
+    with s3_server({"egress-bucket": {"inputs/a.csv": b"1,2\n"}}) as server:
         yield server
 
 
@@ -71,7 +71,7 @@ def test_every_unreachable_endpoint_fails_with_one_message_before_connecting(s3,
                                                                               endpoint):
     open_port = s3[0].rsplit(":", 1)[1]
     _, key, secret = s3
-    store = S3Store("data-bucket", endpoint=endpoint.format(open=open_port), access_key=key, secret_key=secret,
+    store = S3Store("egress-bucket", endpoint=endpoint.format(open=open_port), access_key=key, secret_key=secret,
                     name="lake", egress=STRICT)
     with pytest.raises(DataStoreError) as error:
         datastores.fetch(Location(store, "inputs", "lake"), tmp_path / "data")
@@ -90,7 +90,7 @@ def test_a_closed_port_of_an_allowed_host_reads_the_same_as_a_refused_host(tmp_p
 
 def test_an_allowed_host_works_through_the_guarded_connections(s3, tmp_path):
     endpoint, key, secret = s3
-    store = S3Store("data-bucket", endpoint=endpoint, access_key=key, secret_key=secret, name="lake",
+    store = S3Store("egress-bucket", endpoint=endpoint, access_key=key, secret_key=secret, name="lake",
                     egress=EgressPolicy(allowed=("127.0.0.1",)))
     assert datastores.fetch(Location(store, "inputs", "lake"), tmp_path / "data") == (1, 4)
     (tmp_path / "results").mkdir()
@@ -113,7 +113,7 @@ def test_a_name_that_rebinds_to_the_loopback_after_the_check_is_refused(s3, tmp_
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", rebinding)
-    store = S3Store("data-bucket", endpoint=f"http://rebind.example:{port}", access_key=key, secret_key=secret,
+    store = S3Store("egress-bucket", endpoint=f"http://rebind.example:{port}", access_key=key, secret_key=secret,
                     name="lake", egress=STRICT)
     with pytest.raises(DataStoreError, match="cannot be reached"):
         datastores.fetch(Location(store, "inputs", "lake"), tmp_path / "data")
@@ -126,10 +126,10 @@ def test_a_manifest_store_never_uses_the_platforms_aws_configuration(s3, monkeyp
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    store = S3Store("data-bucket", name="lake", egress=STRICT)
+    store = S3Store("egress-bucket", name="lake", egress=STRICT)
     assert store.client.meta.endpoint_url.startswith("https://s3.")
     assert store.client._request_signer._credentials is None  # unsigned: no credentials looked up
-    platform = S3Store("data-bucket", name="platform")  # the platform's own storage still uses them
+    platform = S3Store("egress-bucket", name="platform")  # the platform's own storage still uses them
     assert platform.client.meta.endpoint_url == endpoint
 
 

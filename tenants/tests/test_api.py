@@ -60,9 +60,14 @@ def test_tenant_admins_manage_their_members_and_researchers_cannot():
     get_user_model().objects.create_user("newbie")
     refused = client_for(researcher).post("/api/v1/tenants/current/members/", {"username": "newbie"}, format="json")
     assert refused.status_code == 403
-    added = client_for(admin).post("/api/v1/tenants/current/members/", {"username": "newbie", "role": "viewer"},
-                                   format="json")
-    assert added.status_code == 201 and added.json()["role"] == "viewer"
+    invited = client_for(admin).post("/api/v1/tenants/current/members/", {"username": "newbie", "role": "viewer"},
+                                     format="json")
+    assert invited.status_code == 202 and invited.json()["role"] == "viewer"
+    assert not Membership.objects.filter(user__username="newbie").exists()  # not before they accept
+    newbie = client_for(get_user_model().objects.get(username="newbie"))
+    waiting = newbie.get("/api/v1/invitations/").json()["results"]
+    accepted = newbie.post(f"/api/v1/invitations/{waiting[0]['id']}/accept/")
+    assert accepted.status_code == 200 and accepted.json() == {"tenant": {"slug": "team-a", "name": ""}, "role": "viewer"}
     changed = client_for(admin).patch("/api/v1/tenants/current/members/newbie/", {"role": "researcher"},
                                       format="json")
     assert changed.json()["role"] == "researcher"
@@ -71,8 +76,11 @@ def test_tenant_admins_manage_their_members_and_researchers_cannot():
     assert names == ["ada", "alice"]
     log = list(AuditEntry.objects.filter(target_type="membership", target="newbie@team-a").order_by("time", "id")
                .values_list("actor", "action", "after"))
-    assert log == [("ada", "created", {"user": "newbie", "role": "viewer"}),
+    assert log == [("newbie", "created", {"user": "newbie", "role": "viewer"}),
                    ("ada", "changed", {"user": "newbie", "role": "researcher"}), ("ada", "deleted", None)]
+    invitation_log = list(AuditEntry.objects.filter(target_type="invitation", target="newbie@team-a")
+                          .order_by("time", "id").values_list("actor", "action"))
+    assert invitation_log == [("ada", "created"), ("newbie", "deleted")]
 
 
 def test_the_last_admin_cannot_leave():

@@ -1,26 +1,34 @@
 """The members and tokens pages of the portal."""
+from types import SimpleNamespace
+
 import pytest
 from django.contrib.auth import get_user_model
 
 from jobs.tests.builders import logged_in, member
-from tenants.models import ApiToken, AuditEntry, Membership
+from tenants.models import ApiToken, AuditEntry, Invitation, Membership
 
 pytestmark = pytest.mark.django_db
 
 
-def test_a_tenant_admin_adds_changes_and_removes_members():
+def test_a_tenant_admin_invites_changes_and_removes_members():
     ada = member("team-a", "ada", role="admin")
-    get_user_model().objects.create_user("newbie")
+    newbie = get_user_model().objects.create_user("newbie")
     page = logged_in(ada)
     page.post("/tenant/members/", {"action": "add", "username": "newbie", "role": "viewer"})
+    assert not Membership.objects.filter(user__username="newbie").exists()  # invited, not added
+    assert 'data-testid="invitation-newbie"' in page.get("/tenant/members/").content.decode()
+    account = logged_in(SimpleNamespace(user=newbie))
+    invitation = Invitation.objects.get(username="newbie")
+    assert 'data-testid="invitation-team-a"' in account.get("/account/tokens/").content.decode()
+    account.post("/account/tokens/", {"action": "accept", "invitation": invitation.pk})
     assert Membership.objects.get(user__username="newbie").role == "viewer"
     page.post("/tenant/members/", {"action": "role", "username": "newbie", "role": "researcher"})
     assert Membership.objects.get(user__username="newbie").role == "researcher"
     html = page.get("/tenant/members/").content.decode()
-    assert "newbie" in html and "Add a member" in html
+    assert "newbie" in html and "Invite a member" in html
     page.post("/tenant/members/", {"action": "remove", "username": "newbie"})
     assert not Membership.objects.filter(user__username="newbie").exists()
-    assert AuditEntry.objects.filter(target="newbie@team-a", actor="ada").count() == 3
+    assert AuditEntry.objects.filter(target="newbie@team-a", actor="ada").count() == 3  # invited, role, removed
 
 
 def test_researchers_see_members_but_cannot_change_them():
@@ -28,10 +36,11 @@ def test_researchers_see_members_but_cannot_change_them():
     alice = member("team-a", "alice")
     get_user_model().objects.create_user("newbie")
     page = logged_in(alice)
-    assert "Add a member" not in page.get("/tenant/members/").content.decode()
+    assert "Invite a member" not in page.get("/tenant/members/").content.decode()
     page.post("/tenant/members/", {"action": "add", "username": "newbie"})
     page.post("/tenant/members/", {"action": "role", "username": "ada", "role": "viewer"})
     assert not Membership.objects.filter(user__username="newbie").exists()
+    assert not Invitation.objects.exists()
     assert Membership.objects.get(user__username="ada").role == "admin"
 
 
