@@ -84,3 +84,10 @@ def test_requiring_a_key_refuses_to_generate_one(tmp_path):
     error = settings_key(tmp_path, TRAINYARD_REQUIRE_SECRET_KEY="true", TRAINYARD_DEBUG="true")
     assert "TRAINYARD_SECRET_KEY must be set" in error
     assert not (tmp_path / "secret_key").exists()
+
+
+def test_credentials_sealed_before_a_restart_unseal_after_it(tmp_path):
+    from jobs import datastores
+    before, after = settings_key(tmp_path), settings_key(tmp_path)  # two starts on one data directory
+    datastores.seal_credentials(tmp_path, {"lake": {"password": "s3cret"}}, secret_key=before)
+    assert datastores.unseal_credentials(tmp_path, secret_key=after) == {"lake": {"password": "s3cret"}}
