@@ -1,10 +1,14 @@
 """`make demo`: the whole platform on embedded defaults, a demo tenant, user and token, the bundled
-examples submitted, and the facts printed and written to var/demo.json. Ctrl-C stops everything."""
+examples submitted, and the facts printed and written to var/demo.json.
+
+Ctrl-C, SIGTERM (`kill`, `make` being stopped, a service manager) and SIGHUP (the terminal closing)
+all stop everything it started, at any moment, start-up included: the parts run in sessions of their
+own, so nothing else would stop them. TRAINYARD_DEMO_EXAMPLES names the examples to submit
+(comma-separated; `none` for none)."""
 import json
 import os
 import secrets
 import signal
-import sys
 import time
 
 from django.conf import settings
@@ -16,16 +20,35 @@ from portal.harness import start_session
 from portal.runner import StartupError
 from tenants.audit import acting_as
 
-DEMO_EXAMPLES = ("pytorch-digits", "custom-shell")
+DEMO_EXAMPLES = "pytorch-digits,custom-shell"
 DEMO_VIRTUAL_GPUS = 4
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_on_signals():
+    """Make each stop signal end the command the way Ctrl-C does (KeyboardInterrupt, so every
+    `finally` and the start-up's own clean-up run); a repeated signal must not cut the clean-up short."""
+    def interrupt(signum, frame):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, interrupt)
+
+
+def demo_examples():
+    names = env.text("TRAINYARD_DEMO_EXAMPLES", DEMO_EXAMPLES)
+    return [] if names.strip() == "none" else [name.strip() for name in names.split(",") if name.strip()]
 
 
 class Command(BaseCommand):
-    help = "Run the whole platform locally with demo data (foreground; Ctrl-C stops it)."
+    help = "Run the whole platform locally with demo data (foreground; Ctrl-C, SIGTERM or SIGHUP stops it)."
 
     def handle(self, *args, **options):
         port = env.integer("TRAINYARD_PORT", 8000, minimum=1)
         password = secrets.token_urlsafe(9)
+        examples = demo_examples()
+        stop_on_signals()
         self.stdout.write("Starting Trainyard (Redis, web server, Celery worker, beat)...")
         try:
             # No GPU here? The demo advertises four virtual ones so scheduling, quotas and preemption show.
@@ -34,12 +57,12 @@ class Command(BaseCommand):
                                     fresh_database=False, supervise=True, TRAINYARD_LOCAL_GPUS=gpus)
         except StartupError as exc:
             raise CommandError(str(exc)) from None
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        # Ctrl-C must stop the demo even when it was started from a shell that ignores SIGINT.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        except KeyboardInterrupt:  # start_session stopped what it had started
+            self.stdout.write("\nStopped during start-up.")
+            return
         try:
             self.platform_admin(session, password)
-            jobs = [session.submit(example) for example in DEMO_EXAMPLES]
+            jobs = [session.submit(example) for example in examples]
             facts = {"url": session.url, "username": "demo", "password": password, "token": session.token,
                      "admin_username": "admin"}
             path = settings.DATA_DIR / "demo.json"
