@@ -163,3 +163,35 @@ def test_the_secret_key_is_generated_private_and_unpredictable(platform):
              f"print(settings.SECRET_KEY == {key!r}, signing.dumps('x', key={PREDICTABLE_KEY!r}) "
              "== signing.dumps('x'))")
     assert platform.manage("shell", "-c", probe).splitlines()[-1].split() == ["True", "False"]
+
+
+# Everything a learner could look through for its agent's credential: its environment, every process's
+# command line and environment, its working folder, its agent's folder and config.
+SNOOPER = """\
+name: snooper
+version: "1.0"
+learners: 1
+gpus: 0
+cpus: 0.25
+memory: 128MiB
+framework:
+  name: custom
+  command: |
+    env
+    for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < "$f" 2>/dev/null; echo; done
+    cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'
+    learner="$(dirname "$RESULT_DIR")/attempt-1/learner-0"
+    ls -la . "$learner" 2>&1
+    cat "$learner/agent.json" ./agent.json ../agent.json 2>&1
+    grep -rI . . 2>/dev/null | head -1000
+    echo snooped
+"""
+
+
+def test_the_learner_cannot_find_its_own_credential(platform):
+    job = platform.submit("custom-shell", manifest_text=SNOOPER)
+    finished = platform.wait_for(job["id"], timeout=120)
+    lines = [line["line"] for line in platform.all_logs(job["id"])]
+    assert "snooped" in lines, (finished["status_reason"], lines[-20:])
+    token = credential(platform, job["id"])
+    assert not any(token in line for line in lines)
