@@ -2,6 +2,7 @@
 open websockets that outlive their access, foreign Origins and Hosts, floods of logins, tokens and
 ingest posts, script injection the Content-Security-Policy must stop; and `make demo`, which must
 leave nothing running whichever signal stops it."""
+import json
 import os
 import signal
 import subprocess
@@ -10,10 +11,91 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from portal.runner import PROJECT_ROOT, free_port, migrate, port_is_free
 
 pytestmark = pytest.mark.e2e
+
+
+def ws_url(platform, path):
+    return platform.url.replace("http://", "ws://") + path
+
+
+def close_code_within(socket, seconds):
+    """The code the server closes `socket` with, reading (and dropping) messages meanwhile; None if
+    it is still open after `seconds`."""
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            try:
+                socket.recv(timeout=max(0.05, deadline - time.monotonic()))
+            except TimeoutError:
+                return None
+    except ConnectionClosed as closed:
+        return closed.rcvd.code if closed.rcvd else None
+    return None
+
+
+def submit_private(platform):
+    from portal.cli import code_upload
+    folder = PROJECT_ROOT / "examples" / "custom-shell"
+    code = code_upload(str(folder))
+    with code.fileobj:
+        response = platform.api("POST", "/api/v1/jobs/", data={"private": "true"}, files={
+            "manifest": ("manifest.yml", (folder / "manifest.yml").read_text()),
+            "code": (code.filename, code.fileobj.read())})
+    assert response.status_code == 201, response.text
+    assert response.json()["private"] is True
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def quiet_job(platform):
+    """A job of alice's (team-a) to watch; what it does does not matter."""
+    return platform.submit("custom-shell")
+
+
+# --- websockets outlive nothing they were granted ---------------------------------------------------
+def test_a_revoked_token_closes_its_open_job_socket(platform, quiet_job):
+    created = platform.api("POST", "/api/v1/tokens/", json={"name": "websocket"})
+    assert created.status_code == 201, created.text
+    with connect(ws_url(platform, f"/ws/jobs/{quiet_job['id']}/?token={created.json()['key']}")) as socket:
+        assert json.loads(socket.recv(timeout=10))["type"] == "job"
+        revoked = platform.api("DELETE", f"/api/v1/tokens/{created.json()['id']}/")
+        assert revoked.status_code == 200, revoked.text
+        assert close_code_within(socket, 5) == 4401
+
+
+def test_an_unshared_private_job_closes_its_open_socket(platform, intruder):
+    bob_token = platform.add_member(platform.tenant, "bob-ws")
+    secret = submit_private(platform)
+    shared = platform.api("POST", f"/api/v1/jobs/{secret['id']}/share/", json={"username": "bob-ws", "access": "view"})
+    assert shared.status_code == 200, shared.text
+    with connect(ws_url(platform, f"/ws/jobs/{secret['id']}/?token={bob_token}")) as socket:
+        socket.recv(timeout=10)
+        unshared = platform.api("DELETE", f"/api/v1/jobs/{secret['id']}/share/bob-ws/")
+        assert unshared.status_code in (200, 204), unshared.text
+        assert close_code_within(socket, 5) == 4404
+
+
+def test_a_websocket_from_a_foreign_origin_is_refused(platform, quiet_job):
+    path = f"/ws/jobs/{quiet_job['id']}/?token={platform.token}"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url(platform, path), origin="http://evil.example")
+    assert refused.value.response.status_code == 403
+    with connect(ws_url(platform, path), origin=platform.url) as own_page:  # the portal's own pages
+        assert json.loads(own_page.recv(timeout=10))["type"] == "job"
+    with connect(ws_url(platform, path)) as script:  # the CLI and scripts send no Origin
+        assert json.loads(script.recv(timeout=10))["type"] == "job"
+
+
+def test_a_host_the_platform_was_not_given_is_refused(platform):
+    response = requests.get(platform.url + "/login/", headers={"Host": "evil.example"}, timeout=10)
+    assert response.status_code == 400
+    assert requests.get(platform.url + "/login/", timeout=10).status_code == 200
 
 
 # --- `make demo` stops everything it started ---------------------------------------------------------
