@@ -1,0 +1,107 @@
+"""A hostile learner on the local backend (bubblewrap) tries to get out, and to take the machine down.
+
+The learner's code is in tests/security/jobs/hostile/; each attempt prints one
+`ESCAPE <attempt> blocked|ESCAPED <detail>` line, and every one must say blocked. The resource tests
+(fork bomb, filling /tmp, CPU share) check that the job ends cleanly with the right reason and the
+platform keeps answering.
+"""
+import os
+import time
+
+import pytest
+
+from portal.harness import EXAMPLES
+from portal.runner import PROJECT_ROOT
+
+pytestmark = pytest.mark.e2e
+
+HOSTILE = PROJECT_ROOT / "tests" / "security" / "jobs" / "hostile"
+ATTEMPTS = ("capeff", "remount_root_rw", "umount_tmp", "mount_proc", "unhide_mounts", "ptrace_agent",
+            "host_proc_environ", "read_platform_files", "read_other_tenants_result", "write_host_file",
+            "raw_socket", "nested_userns", "setuid_root")
+
+
+def submit_hostile(platform, command, *, token=None, cpus=0.5, memory="256MiB"):
+    manifest = (HOSTILE / "manifest.yml").read_text()
+    manifest = manifest.replace("command: python3 escape.py", f"command: {command}")
+    manifest = manifest.replace("cpus: 0.5", f"cpus: {cpus}").replace("memory: 256MiB", f"memory: {memory}")
+    return platform.submit(os.path.relpath(HOSTILE, EXAMPLES), manifest_text=manifest, token=token)
+
+
+def log_lines(platform, job_id, prefix):
+    return [line["line"] for line in platform.all_logs(job_id) if line["line"].startswith(prefix)]
+
+
+@pytest.fixture(scope="module")
+def victim_dir(platform, intruder):
+    """Another tenant's finished job with a private result (team-b, mallory)."""
+    _, _, token = intruder
+    job = submit_hostile(platform, "python3 victim.py", token=token)
+    assert platform.wait_for(job["id"], token=token)["status"] == "COMPLETED"
+    folder = platform.data_dir / "storage" / "team-b" / job["id"]
+    assert (folder / "results" / "secret.txt").exists()
+    return folder
+
+
+def test_every_escape_attempt_fails(platform, victim_dir):
+    job = submit_hostile(platform, f"python3 escape.py {victim_dir}")
+    final = platform.wait_for(job["id"], timeout=120)
+    lines = log_lines(platform, job["id"], "ESCAPE ")
+    assert final["status"] == "COMPLETED", (final, lines)
+    assert "ESCAPE done" in lines, lines
+    outcomes = {line.split()[1]: line for line in lines if line != "ESCAPE done"}
+    assert sorted(outcomes) == sorted(ATTEMPTS), lines
+    escaped = [line for line in outcomes.values() if line.split()[2] != "blocked"]
+    assert escaped == [], "\n".join(lines)
+    assert not list(PROJECT_ROOT.glob("escaped-*.txt"))
+    assert "CapEff=0 " in outcomes["capeff"]
+
+
+def test_a_fork_bomb_is_bounded_and_the_platform_keeps_working(platform):
+    job = submit_hostile(platform, "python3 forkbomb.py", memory="2GiB")
+    final = platform.wait_for(job["id"], timeout=180)
+    lines = log_lines(platform, job["id"], "FORKBOMB")
+    assert final["status"] == "COMPLETED", (final, lines)
+    assert len(lines) == 1 and lines[0].startswith("FORKBOMB stopped after"), lines
+    assert int(lines[0].split()[3]) <= 4096  # the learner's pids limit (agent config max_processes)
+    started = time.monotonic()
+    assert platform.api("GET", "/api/v1/jobs/").status_code == 200
+    assert time.monotonic() - started < 5
+    # Nothing of it is left running on the machine: the sleepers died with the sandbox.
+    assert _processes_running("sleep 300") == []
+
+
+def test_filling_tmp_past_the_memory_limit_kills_the_learner_with_a_memory_reason(platform):
+    job = submit_hostile(platform, "python3 fill_tmp.py", memory="256MiB")
+    final = platform.wait_for(job["id"], timeout=120)
+    lines = log_lines(platform, job["id"], "TMPFILL")
+    assert final["status"] == "FAILED", (final, lines)
+    assert "memory limit 256.0MiB exceeded" in final["status_reason"], final
+    assert not any("wrote all" in line for line in lines), lines
+
+
+def test_cpus_is_a_real_quota(platform):
+    job = submit_hostile(platform, "python3 cpu_share.py", cpus=0.25)
+    final = platform.wait_for(job["id"], timeout=120)
+    lines = log_lines(platform, job["id"], "CPUSHARE")
+    assert final["status"] == "COMPLETED" and len(lines) == 1, (final, lines)
+    assert float(lines[0].split()[1]) < 0.4, lines  # 0.25 and some slack for accounting
+
+
+def test_a_normal_example_still_completes_in_the_sandbox(platform):
+    job = platform.submit("custom-shell")
+    final = platform.wait_for(job["id"], timeout=120)
+    assert final["status"] == "COMPLETED", final
+    artifacts = platform.api("GET", f"/api/v1/jobs/{job['id']}/artifacts/").json()["results"]
+    assert any(a["kind"] == "result" for a in artifacts), artifacts
+
+
+def _processes_running(needle):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if needle.encode() in open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" "):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
