@@ -12,5 +12,11 @@ COPY learner_agent learner_agent
 RUN pip install --no-cache-dir -e ".[ml]"
 COPY . .
 ENV DJANGO_SETTINGS_MODULE=portal.settings PYTHONUNBUFFERED=1 TRAINYARD_DATA_DIR=/data
+# Never root: the same uid as the Kubernetes manifests' runAsUser. Its data directory is its own; the
+# code stays root's, read-only to it. (Run as non-root, the local backend's learners keep the
+# platform's uid inside bubblewrap's user namespace, with every capability dropped.)
+RUN useradd --uid 1000 --user-group --no-create-home --shell /usr/sbin/nologin trainyard \
+    && mkdir -p /data && chown trainyard:trainyard /data && chmod 0700 /data
+USER 1000:1000
 EXPOSE 8000
 CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]
