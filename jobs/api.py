@@ -6,6 +6,7 @@ import orjson
 from django.http import FileResponse, Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -18,7 +19,9 @@ from jobs.serializers import (ArtifactSerializer, JobDetailSerializer, JobEventS
                               log_line_json, metric_json)
 from jobs.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
 from jobs.states import ACTIVE, FINAL
-from portal.api import BoundedJSONParser, whole_number
+from portal.bounds import BoundedJSONParser, whole_number
+from portal.schema import ERROR_BODY
+from portal.throttling import throttle_ingest
 from tenants import access
 
 MAX_LOG_LIMIT = 10000
@@ -70,6 +73,8 @@ class JobAction(TenantScoped, APIView):
     action = None  # set by as_view(action=...)
     ACTIONS = {"halt": actions.halt, "resume": actions.resume, "terminate": actions.terminate}
 
+    @extend_schema(request=None, responses={202: JobDetailSerializer, 409: OpenApiResponse(
+        ERROR_BODY, description="Not in this state (e.g. resuming a running job); `detail` says why")})
     def post(self, request, job_id):
         job = self.job()
         if not access.can_control(self.membership(), job):
@@ -194,6 +199,7 @@ def manifest_summary(manifest):
 
 @csrf_exempt
 @require_POST
+@throttle_ingest
 def ingest_view(request, job_id):
     """Where learner agents post their records; authenticated by the learner's own credential."""
     header = request.headers.get("Authorization", "")
@@ -237,6 +243,7 @@ class JobUnshare(SharingScoped, APIView):
     """DELETE .../share/<username>/ stops sharing with them (its own view: the collection takes no DELETE
     and one person's share takes no GET or POST, so those are 405s, not a view called without its argument)."""
 
+    @extend_schema(responses={200: OpenApiResponse(description="Who the job is still shared with")})
     def delete(self, request, job_id, username):
         job = self.owned_job()
         sharing.unshare(job, username)

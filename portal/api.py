@@ -1,71 +1,14 @@
 """API-wide plumbing: errors always come back as JSON with a `detail` (and a `field` when one is
-to blame), never as an HTML page or a traceback; query parameters and request bodies are read with
-bounds, so no input reaches the database or the stack unchecked."""
-import re
-
-from rest_framework.exceptions import ParseError
-from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.parsers import JSONParser
+to blame), never as an HTML page or a traceback. Bounded reading of parameters and bodies: portal.bounds."""
+from django.http import JsonResponse
+from django.views import defaults
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from jobs.actions import SubmitError
 from jobs.states import InvalidTransition
+from portal.bounds import BadParameter
 from tenants.access import NoTenant
-
-
-class BadParameter(ValueError):
-    """A query parameter that is not what the endpoint reads: 400 {detail, field}."""
-
-    def __init__(self, field_name, rule):
-        self.field = field_name
-        super().__init__(f"{field_name}: {rule}")
-
-
-def whole_number(params, name, *, default, minimum, maximum):
-    """The query parameter `name` as an int in minimum..maximum (`default` when absent), or BadParameter.
-    Bounded because a database refuses (with a 500) numbers beyond 64 bits in LIMIT or a comparison."""
-    text = params.get(name)
-    if text is None or text == "":
-        return default
-    digits = re.fullmatch(r"\s*\+?([0-9]{1,19})\s*", text)  # ASCII only: str.isdigit() takes "²", int() refuses it
-    if digits is None or not minimum <= int(digits.group(1)) <= maximum:
-        raise BadParameter(name, f"must be a whole number in {minimum}..{maximum}")
-    return int(digits.group(1))
-
-
-class BoundedLimitOffsetPagination(LimitOffsetPagination):
-    """limit/offset pages whose parameters are checked (400 naming the parameter) instead of silently
-    replaced by defaults, or passed to the database however large (a 500)."""
-
-    max_limit = 200
-    max_offset = 10**9
-
-    def get_limit(self, request):
-        return whole_number(request.query_params, self.limit_query_param, default=self.default_limit, minimum=1,
-                            maximum=self.max_limit)
-
-    def get_offset(self, request):
-        return whole_number(request.query_params, self.offset_query_param, default=0, minimum=0,
-                            maximum=self.max_offset)
-
-    def get_schema_operation_parameters(self, view):
-        parameters = super().get_schema_operation_parameters(view)
-        bounds = {self.limit_query_param: (1, self.max_limit), self.offset_query_param: (0, self.max_offset)}
-        for parameter in parameters:
-            low, high = bounds[parameter["name"]]
-            parameter["schema"].update(minimum=low, maximum=high)
-        return parameters
-
-
-class BoundedJSONParser(JSONParser):
-    """JSON bodies whose nesting is too deep for Python's decoder are a 400, not a RecursionError (500)."""
-
-    def parse(self, stream, media_type=None, parser_context=None):
-        try:
-            return super().parse(stream, media_type, parser_context)
-        except RecursionError:
-            raise ParseError("JSON parse error - the body nests too deeply") from None
 
 
 def exception_handler(exc, context):
@@ -81,3 +24,11 @@ def exception_handler(exc, context):
     if isinstance(exc, NoTenant):
         return Response({"detail": str(exc)}, status=403)
     return drf_exception_handler(exc, context)
+
+
+def not_found(request, exception=None):
+    """Django's 404 (a URL that matches no route, e.g. /api/v1/tokens/abc/): JSON under /api/, like every
+    other API answer; the usual page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "No such endpoint or object."}, status=404)
+    return defaults.page_not_found(request, exception)

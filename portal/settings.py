@@ -105,6 +105,10 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
 }
 
+# Shared by every process, so counters (portal.throttling) add up across web servers.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                      "KEY_PREFIX": "trainyard"}}
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -159,6 +163,7 @@ CSRF_TRUSTED_ORIGINS = hosts.trusted_origins(PUBLIC_URL, extra=env.text("TRAINYA
 
 # --- auth and API -------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [
+    "portal.throttling.LoginThrottleBackend",  # first: a locked-out username+address goes no further
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -170,11 +175,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "portal.api.BoundedLimitOffsetPagination",
-    "DEFAULT_PARSER_CLASSES": ["portal.api.BoundedJSONParser", "rest_framework.parsers.FormParser",
+    "DEFAULT_PAGINATION_CLASS": "portal.bounds.BoundedLimitOffsetPagination",
+    "DEFAULT_PARSER_CLASSES": ["portal.bounds.BoundedJSONParser", "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "portal.schema.ApiSchema",
     "EXCEPTION_HANDLER": "portal.api.exception_handler",
 }
 SPECTACULAR_SETTINGS = {

@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from jobs import api
 from tenants import api as tenants_api
 from tenants import views as tenants_views
-from portal import views
+from portal import throttling, views
 
 api_v1 = [
     path("jobs/", api.JobList.as_view(), name="job-list"),
@@ -38,6 +38,8 @@ api_v1 = [
     path("ingest/<str:job_id>/", api.ingest_view, name="ingest"),
 ]
 
+handler404 = "portal.api.not_found"
+
 urlpatterns = [
     path("", views.job_list, name="home"),
     path("submit/", views.submit_page, name="submit"),
@@ -48,10 +50,13 @@ urlpatterns = [
     path("tenant/members/", tenants_views.members_page, name="tenant-members-page"),
     path("account/tokens/", tenants_views.tokens_page, name="tokens-page"),
     path("cluster/", views.cluster_page, name="cluster-page"),
-    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("login/", throttling.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include(api_v1)),
 ]
+
+# The admin console's sign-in is throttled like the portal's and says so when it refuses.
+admin.site.login_form = throttling.ThrottledAdminAuthenticationForm

@@ -2,6 +2,7 @@
 admins, and the caller's own API tokens."""
 from django.core.exceptions import ValidationError
 from django.http import Http404
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -228,6 +229,7 @@ class Tokens(APIView):
 class Token(APIView):
     """DELETE revokes one of the caller's tokens (another user's token id is 404)."""
 
+    @extend_schema(responses={200: TokenSerializer})
     def delete(self, request, token_id):
         token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
         if token is None:

@@ -182,3 +182,9 @@ def test_sharing_and_unsharing_still_work(alice):
 
 def test_the_manifest_example_still_submits(alice):
     assert submit(client_for(alice), MANIFEST).status_code == 201
+
+
+@pytest.mark.parametrize("path", ["/api/v1/tokens/abc/", "/api/v1/tokens/" + "9" * 40 + "/", "/api/v1/nothing/"])
+def test_api_paths_that_match_nothing_answer_json_404(alice, path):
+    response = client_for(alice).delete(path)
+    assert response.status_code == 404 and response["Content-Type"] == "application/json"
