@@ -6,7 +6,7 @@ from django.db.models import Count
 from django.utils.html import format_html, format_html_join
 
 from tenants import quotas
-from tenants.models import ApiToken, AuditEntry, Membership, Quota, Tenant, UsageRecord
+from tenants.models import ApiToken, AuditEntry, Invitation, Membership, Quota, Tenant, UsageRecord
 
 
 def usage_bar(used, limit, unit=""):
@@ -152,3 +152,18 @@ class ApiTokenAdmin(admin.ModelAdmin):
     # The key itself is never stored; its hash is not worth showing either.
     exclude = ["key_hash"]
     readonly_fields = ["prefix", "created_at", "last_used_at"]
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    """Invitations waiting for an answer; an operator may withdraw one (delete). Nobody joins through
+    here: platform admins add members directly on the tenant's page."""
+    list_display = ["username", "tenant", "role", "invited_by", "created_at"]
+    list_filter = ["tenant", "role"]
+    search_fields = ["username", "tenant__slug", "invited_by"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
