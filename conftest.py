@@ -22,3 +22,6 @@ def _isolated_storage(request, tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
     settings.DATA_DIR = data
     settings.STORAGE_URL = f"file://{data / 'storage'}"
+    # A cache of each test's own (throttling counters), not the platform's Redis, which unit tests do not start.
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                   "LOCATION": f"test-{data.name}"}}

@@ -163,8 +163,7 @@ CSRF_TRUSTED_ORIGINS = hosts.trusted_origins(PUBLIC_URL, extra=env.text("TRAINYA
 
 # --- auth and API -------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [
-    "portal.throttling.LoginThrottleBackend",  # first: a locked-out username+address goes no further
-    "django.contrib.auth.backends.ModelBackend",
+    "portal.throttling.ThrottledModelBackend",  # Django's ModelBackend behind the login throttle
     "guardian.backends.ObjectPermissionBackend",
 ]
 LOGIN_URL = "/login/"

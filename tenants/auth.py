@@ -2,11 +2,26 @@
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from portal import throttling
 from tenants.models import ApiToken
 
 
 class ApiTokenAuthentication(authentication.TokenAuthentication):
     keyword = "Token"
+
+    def authenticate(self, request):
+        # Guessing keys is throttled per address (portal.throttling): refused before any is looked up.
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        retry_s = throttling.token_retry_after(request)
+        if retry_s:
+            raise exceptions.Throttled(wait=retry_s, detail="Too many failed token authentications from your address.")
+        try:
+            return super().authenticate(request)
+        except exceptions.AuthenticationFailed:
+            throttling.token_failed(request)
+            raise
 
     def authenticate_credentials(self, key):
         token = ApiToken.authenticate(key)

@@ -1,0 +1,98 @@
+"""Throttling of logins, API-token failures and ingest posts (portal.throttling), through the real
+views and authentication, with each test's own cache."""
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from rest_framework.test import APIClient
+
+from jobs.tests.builders import member, token_for
+from portal import throttling
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice():
+    membership = member("team-a", "alice")
+    membership.user.set_password("right-password")
+    membership.user.save()
+    return membership.user
+
+
+def sign_in(password, *, username="alice", address="10.0.0.1", path="/login/"):
+    return Client(REMOTE_ADDR=address).post(path, {"username": username, "password": password})
+
+
+def test_it_locks_a_username_from_one_address_after_five_failures(alice):
+    for _ in range(throttling.LOGIN_FAILURES.limit):
+        assert sign_in("wrong").status_code == 200
+    locked = sign_in("right-password")
+    assert locked.status_code == 429 and int(locked["Retry-After"]) > 14 * 60
+    assert "Too many failed sign-ins" in locked.content.decode() and "15 minutes" in locked.content.decode()
+    # The real user elsewhere, and other usernames from this address, are not locked out.
+    assert sign_in("right-password", address="10.0.0.2").status_code == 302
+    get_user_model().objects.create_user("bob", password="bobs-password")
+    assert sign_in("bobs-password", username="bob").status_code == 302
+
+
+def test_the_admin_console_sign_in_is_locked_too(alice):
+    alice.is_staff = True
+    alice.save()
+    for _ in range(throttling.LOGIN_FAILURES.limit):
+        sign_in("wrong", path="/admin/login/")
+    refused = sign_in("right-password", path="/admin/login/")
+    assert refused.status_code == 200 and "Too many failed sign-ins" in refused.content.decode()
+    assert "_auth_user_id" not in refused.wsgi_request.session
+
+
+def test_a_successful_sign_in_forgets_earlier_failures(alice):
+    for _ in range(throttling.LOGIN_FAILURES.limit - 1):
+        sign_in("wrong")
+    assert sign_in("right-password").status_code == 302
+    for _ in range(throttling.LOGIN_FAILURES.limit - 1):
+        sign_in("wrong")
+    assert sign_in("right-password").status_code == 302
+
+
+def api(token, address):
+    client = APIClient(REMOTE_ADDR=address)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return client.get("/api/v1/jobs/")
+
+
+def test_a_flood_of_bad_tokens_from_one_address_gets_429():
+    good = token_for(member())
+    for _ in range(throttling.TOKEN_FAILURES.limit):
+        assert api("ty_guess", "10.0.0.1").status_code == 401
+    refused = api(good, "10.0.0.1")  # refused before any key is looked up
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+    assert "Too many failed token authentications" in refused.json()["detail"]
+    assert api(good, "10.0.0.2").status_code == 200
+
+
+def ingest(credential, address="10.0.0.1"):
+    return Client(REMOTE_ADDR=address).post("/api/v1/ingest/j-none/", b"{}", content_type="application/json",
+                                            HTTP_AUTHORIZATION=f"Ingest {credential}")
+
+
+def test_bad_ingest_credentials_from_one_address_get_429():
+    for _ in range(throttling.INGEST_FAILURES.limit):
+        assert ingest("forged").status_code in throttling.INGEST_REFUSED
+    refused = ingest("forged")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) == throttling.INGEST_FAILURES.lockout_s
+    assert ingest("forged", address="10.0.0.2").status_code in throttling.INGEST_REFUSED
+
+
+def test_one_credential_posting_too_fast_gets_429(monkeypatch):
+    monkeypatch.setattr(throttling, "INGEST_POSTS", throttling.Rule("ingest", limit=3, window_s=10, lockout_s=10))
+    monkeypatch.setattr(throttling, "INGEST_FAILURES", throttling.Rule("ingest-bad", limit=100, window_s=60,
+                                                                       lockout_s=60))
+    assert [ingest("one").status_code for _ in range(3)][:2] == [401, 401]
+    assert ingest("one").status_code == 429
+    assert ingest("another").status_code == 401
+
+
+def test_an_unreachable_cache_lets_requests_through(settings, alice):
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": "redis://127.0.0.1:1/0"}}
+    assert sign_in("right-password").status_code == 302

@@ -1,0 +1,200 @@
+"""Limits on what a stranger can repeat: password logins, API-token failures and ingest posts.
+
+Counters live in the shared cache (Redis, `CACHES`), so every web process counts the same attempts,
+in fixed windows; a key over its rule's limit is refused for the rule's lockout, with 429 and
+Retry-After. The client address is REMOTE_ADDR: behind a reverse proxy every client shares the
+proxy's address, so an operator who puts one in front should have it limit too.
+
+- Logins (the portal's and the admin console's): 5 failures for one username from one address within
+  15 minutes lock that pair for 15 minutes, with a message saying so. Wrong passwords elsewhere cannot lock the
+  real user out from their own address.
+- API tokens: 30 failed token authentications from one address in a minute refuse that address's
+  token attempts for a minute.
+- Ingest: one learner credential may post 600 batches per 10 s (then waits out the 10 s) (agents keep one batch in flight,
+  so only a runaway one comes near); 20 posts with a bad credential from one address in a minute
+  refuse that address's posts for a minute.
+
+If the cache cannot be reached, requests are let through (and a warning logged): an outage of Redis
+must not lock every user out of a platform that is otherwise up.
+"""
+import functools
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from django import forms
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.core.cache import cache
+from django.core.exceptions import PermissionDenied
+from django.http import JsonResponse
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    limit: int  # events in one window that lock the key
+    window_s: int
+    lockout_s: int  # how long a key stays refused once it went over the limit
+
+
+LOGIN_FAILURES = Rule("login", limit=5, window_s=15 * 60, lockout_s=15 * 60)
+TOKEN_FAILURES = Rule("token", limit=30, window_s=60, lockout_s=60)
+INGEST_POSTS = Rule("ingest", limit=600, window_s=10, lockout_s=10)
+INGEST_FAILURES = Rule("ingest-bad", limit=20, window_s=60, lockout_s=60)
+
+
+def _key(rule, parts, kind):
+    digest = hashlib.sha256("\0".join(str(p) for p in parts).encode()).hexdigest()[:32]
+    return f"throttle:{rule.name}:{kind}:{digest}"
+
+
+def retry_after(rule, *parts):
+    """Seconds until `parts` may try again under `rule`; 0 when it may now."""
+    try:
+        until = cache.get(_key(rule, parts, "lock"))
+    except Exception:  # noqa: BLE001 - see the module docstring: fail open
+        log.warning("throttling: cache unreachable; %s not checked", rule.name, exc_info=True)
+        return 0
+    return max(0, math.ceil(until - time.time())) if until else 0
+
+
+def record(rule, *parts):
+    """Count one event; once over the limit, lock the key. Returns retry_after() afterwards."""
+    counter = _key(rule, parts, "count")
+    try:
+        cache.add(counter, 0, timeout=rule.window_s)
+        try:
+            count = cache.incr(counter)
+        except ValueError:  # the window ended between add and incr
+            cache.set(counter, count := 1, timeout=rule.window_s)
+        if count >= rule.limit:
+            cache.set(_key(rule, parts, "lock"), time.time() + rule.lockout_s, timeout=rule.lockout_s)
+            return rule.lockout_s
+    except Exception:  # noqa: BLE001 - fail open
+        log.warning("throttling: cache unreachable; %s not counted", rule.name, exc_info=True)
+    return 0
+
+
+def reset(rule, *parts):
+    try:
+        cache.delete_many([_key(rule, parts, "count"), _key(rule, parts, "lock")])
+    except Exception:  # noqa: BLE001 - fail open
+        log.warning("throttling: cache unreachable; %s not reset", rule.name, exc_info=True)
+
+
+def client_address(request):
+    return request.META.get("REMOTE_ADDR", "") if request is not None else ""
+
+
+def too_many(retry_s, detail):
+    response = JsonResponse({"detail": detail}, status=429)
+    response["Retry-After"] = str(retry_s)
+    return response
+
+
+# --- logins ------------------------------------------------------------------------------------------
+def _login_parts(request, username):
+    return (str(username or "").strip().lower(), client_address(request))
+
+
+def login_retry_after(request, username):
+    return retry_after(LOGIN_FAILURES, *_login_parts(request, username))
+
+
+class ThrottledModelBackend(ModelBackend):
+    """Django's username/password backend, refusing a locked username+address before any password is
+    checked, whichever login (portal, admin console) asked. Without a request (manage.py, tests'
+    client.login) there is no address to count, and nothing is refused."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is not None and login_retry_after(request, username):
+            raise PermissionDenied("too many failed logins")  # ends authenticate() for every backend
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def _count_failure(sender, credentials, request=None, **kwargs):
+    username = credentials.get("username")
+    if request is not None and not login_retry_after(request, username):
+        record(LOGIN_FAILURES, *_login_parts(request, username))
+
+
+def _forget_failures(sender, request, user, **kwargs):
+    reset(LOGIN_FAILURES, *_login_parts(request, user.get_username()))
+
+
+user_login_failed.connect(_count_failure, dispatch_uid="throttling-login-failed")
+user_logged_in.connect(_forget_failures, dispatch_uid="throttling-logged-in")
+
+
+def lockout_message(retry_s):
+    minutes = max(1, math.ceil(retry_s / 60))
+    return (f"Too many failed sign-ins for this username from your address. Try again in {minutes} "
+            f"minute{'s' if minutes != 1 else ''}.")
+
+
+class _ThrottledLogin:
+    """Says why a locked-out sign-in is refused, instead of "wrong password"."""
+
+    def clean(self):
+        retry_s = login_retry_after(self.request, self.data.get("username"))
+        if retry_s:
+            self.retry_after = retry_s
+            raise forms.ValidationError(lockout_message(retry_s), code="throttled")
+        return super().clean()
+
+
+class ThrottledAuthenticationForm(_ThrottledLogin, AuthenticationForm):
+    pass
+
+
+class ThrottledAdminAuthenticationForm(_ThrottledLogin, AdminAuthenticationForm):
+    pass
+
+
+class LoginView(auth_views.LoginView):
+    authentication_form = ThrottledAuthenticationForm
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        if getattr(form, "retry_after", 0):
+            response.status_code = 429
+            response["Retry-After"] = str(form.retry_after)
+        return response
+
+
+# --- API tokens ----------------------------------------------------------------------------------------
+def token_retry_after(request):
+    return retry_after(TOKEN_FAILURES, client_address(request))
+
+
+def token_failed(request):
+    record(TOKEN_FAILURES, client_address(request))
+
+
+# --- ingest --------------------------------------------------------------------------------------------
+INGEST_REFUSED = {401, 403, 404}  # a credential not valid for this job
+
+
+def throttle_ingest(view):
+    """Around the ingest view: refuse an address that keeps posting bad credentials, and a credential
+    posting far faster than an agent does, before anything else is looked at."""
+    @functools.wraps(view)
+    def wrapper(request, *args, **kwargs):
+        address = client_address(request)
+        credential = request.headers.get("Authorization", "")
+        retry_s = retry_after(INGEST_FAILURES, address) or record(INGEST_POSTS, credential)
+        if retry_s:
+            return too_many(retry_s, f"too many ingest requests; retry in {retry_s}s")
+        response = view(request, *args, **kwargs)
+        if response.status_code in INGEST_REFUSED:
+            record(INGEST_FAILURES, address)
+        return response
+    return wrapper
