@@ -20,6 +20,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
 from jobs import live
+from portal import throttling
 from tenants import access
 from tenants.auth import user_for_key
 
@@ -65,13 +66,23 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         revoked token, a logout, a password change or a deactivation is seen at the next check."""
         user = self._session_user()
         if not user.is_authenticated:
-            user = user_for_key(self.query("token"))
+            user = self._token_user()
         headers = dict(self.scope.get("headers", []))
         requested = headers.get(b"x-trainyard-tenant", b"").decode() or self.query("tenant")
         try:
             return access.membership_for(user, requested)
         except access.NoTenant:
             return None
+
+    def _token_user(self):
+        # Guessing keys here is throttled per address like on the REST API (portal.throttling).
+        key, address = self.query("token"), (self.scope.get("client") or ("",))[0]
+        if not key or throttling.retry_after(throttling.TOKEN_FAILURES, address):
+            return None
+        user = user_for_key(key)
+        if user is None:
+            throttling.record(throttling.TOKEN_FAILURES, address)
+        return user
 
     def _session_user(self):
         # A fresh read of the session row: the scope's session object caches what it loaded at connect.

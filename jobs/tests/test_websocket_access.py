@@ -142,3 +142,12 @@ def test_a_browser_socket_closes_when_the_password_changes():
         user.save()
     code, messages = session(f"/ws/jobs/{target.id}/", headers=headers, then=change(new_password))
     assert code == 4401 and messages[0]["type"] == "job"
+
+
+def test_guessing_tokens_on_the_websocket_is_throttled_like_the_api(settings):
+    from portal import throttling
+    alice = member()
+    target = job(alice)
+    for _ in range(throttling.TOKEN_FAILURES.limit):
+        assert session(f"/ws/jobs/{target.id}/?token=ty_guess") == (4401, [])
+    assert session(f"/ws/jobs/{target.id}/?token={token_for(alice)}") == (4401, [])
