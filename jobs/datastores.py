@@ -29,6 +29,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from jobs import egress
+
 # A connection's fields that are addresses, not secrets; every other field is redacted.
 PUBLIC_CONNECTION_FIELDS = ("auth_url", "region", "type")
 REDACTED = "<redacted>"
@@ -140,40 +142,36 @@ class S3Store:
     def check_endpoint(self):
         """Refuse a disallowed endpoint before anything connects (also when a proxy would be used,
         where the connection-level check sees the proxy's address, not the endpoint's)."""
-        from jobs import egress
         if self.egress is not None and not self._endpoint_checked:
             url = urlparse(self.client.meta.endpoint_url)
             try:
                 egress.checked_addresses(url.hostname or "", url.port or (443 if url.scheme == "https" else 80),
                                          self.egress)
             except egress.EndpointRefused:
-                raise DataStoreError(f"data store {self.name!r}: {egress.UNREACHABLE}") from None
+                raise self._unreachable() from None
             self._endpoint_checked = True
+
+    def _unreachable(self):
+        return DataStoreError(f"data store {self.name!r}: {egress.UNREACHABLE}")
 
     @contextmanager
     def _errors(self, doing):
         from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+        from botocore.exceptions import BotoCoreError, ClientError
         self.check_endpoint()
         try:
             yield
         except ClientError as exc:
             raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: "
                                  f"{_explain_client_error(exc)}") from None
-        except (ConnectionError, HTTPClientError) as exc:
-            if self.egress is None:
-                raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: {exc}") from None
-            from jobs.egress import UNREACHABLE
-            raise DataStoreError(f"data store {self.name!r}: {UNREACHABLE}") from None
         except (BotoCoreError, S3UploadFailedError) as exc:
-            if self.egress is not None and _unreachable(exc):
-                from jobs.egress import UNREACHABLE
-                raise DataStoreError(f"data store {self.name!r}: {UNREACHABLE}") from None
+            if self.egress is not None and _no_connection(exc):
+                raise self._unreachable() from None  # refused, timed out, not resolved: all read the same
             raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: {exc}") from None
 
 
-def _unreachable(exc):
-    """An upload failure wraps the connection error that caused it (boto3's S3UploadFailedError)."""
+def _no_connection(exc):
+    """The failure (or what caused it: uploads wrap it) is a connection that could not be made or kept."""
     from botocore.exceptions import ConnectionError, HTTPClientError
     cause = exc
     while cause is not None:
@@ -201,8 +199,6 @@ def _guard_connections(client, policy):
 
 def _guarded_pool(pool_class, connection_class, policy):
     from urllib3.exceptions import NewConnectionError
-
-    from jobs import egress
 
     class GuardedConnection(connection_class):
         def _new_conn(self):

@@ -86,6 +86,11 @@ def test_a_closed_port_of_an_allowed_host_reads_the_same_as_a_refused_host(tmp_p
     with pytest.raises(DataStoreError) as error:
         datastores.fetch(Location(store, "", "lake"), tmp_path / "data")
     assert str(error.value) == f"data store 'lake': {egress.UNREACHABLE}"
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "m.bin").write_bytes(b"m")
+    with pytest.raises(DataStoreError) as error:  # uploading reads the same
+        datastores.push({"results": tmp_path / "results"}, Location(store, "job-1", "lake"))
+    assert str(error.value) == f"data store 'lake': {egress.UNREACHABLE}"
 
 
 def test_an_allowed_host_works_through_the_guarded_connections(s3, tmp_path):
