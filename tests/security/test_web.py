@@ -2,12 +2,15 @@
 open websockets that outlive their access, foreign Origins and Hosts, floods of logins, tokens and
 ingest posts, script injection the Content-Security-Policy must stop; and `make demo`, which must
 leave nothing running whichever signal stops it."""
+import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -96,6 +99,56 @@ def test_a_host_the_platform_was_not_given_is_refused(platform):
     response = requests.get(platform.url + "/login/", headers={"Host": "evil.example"}, timeout=10)
     assert response.status_code == 400
     assert requests.get(platform.url + "/login/", timeout=10).status_code == 200
+
+
+# --- floods from one address: each test speaks from its own loopback address ------------------------
+def from_address(platform, address, method, path, *, body=b"", headers=None):
+    """One HTTP request to the platform from `address` (any 127.x.y.z reaches it), so a lockout
+    here never touches the other tests, which speak from 127.0.0.1."""
+    port = int(platform.url.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(address, 0))
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def sign_in(platform, address, username, password):
+    status, headers, page = from_address(platform, address, "GET", "/login/")
+    csrf = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1).decode()
+    cookie = re.search(r"csrftoken=([^;]+)", headers["Set-Cookie"]).group(1)
+    body = urllib.parse.urlencode({"username": username, "password": password, "csrfmiddlewaretoken": csrf})
+    return from_address(platform, address, "POST", "/login/", body=body.encode(), headers={
+        "Content-Type": "application/x-www-form-urlencoded", "Cookie": f"csrftoken={cookie}"})
+
+
+def test_guessing_a_password_locks_that_username_from_that_address(platform):
+    platform.add_member(platform.tenant, "carol-login", password="carols-password")
+    for _ in range(5):
+        assert sign_in(platform, "127.0.0.2", "carol-login", "guess")[0] == 200
+    status, headers, page = sign_in(platform, "127.0.0.2", "carol-login", "carols-password")
+    assert status == 429 and int(headers["Retry-After"]) > 60 and b"Too many failed sign-ins" in page
+    assert sign_in(platform, "127.0.0.3", "carol-login", "carols-password")[0] == 302  # carol, elsewhere
+
+
+def test_a_flood_of_bad_tokens_gets_429(platform):
+    for _ in range(30):
+        assert from_address(platform, "127.0.0.4", "GET", "/api/v1/jobs/",
+                            headers={"Authorization": "Token ty_guess"})[0] == 401
+    status, headers, _ = from_address(platform, "127.0.0.4", "GET", "/api/v1/jobs/",
+                                      headers={"Authorization": f"Token {platform.token}"})
+    assert status == 429 and int(headers["Retry-After"]) > 0
+
+
+def test_a_flood_of_forged_ingest_credentials_gets_429(platform, quiet_job):
+    path = f"/api/v1/ingest/{quiet_job['id']}/"
+    forged = {"Authorization": "Ingest forged", "Content-Type": "application/json"}
+    for _ in range(20):
+        assert from_address(platform, "127.0.0.5", "POST", path, body=b"{}", headers=forged)[0] in (401, 404)
+    status, headers, _ = from_address(platform, "127.0.0.5", "POST", path, body=b"{}", headers=forged)
+    assert status == 429 and int(headers["Retry-After"]) > 0
 
 
 # --- `make demo` stops everything it started ---------------------------------------------------------
