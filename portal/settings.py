@@ -49,6 +49,7 @@ MIDDLEWARE = [
     "tenants.audit.AuditActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "portal.csp.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"

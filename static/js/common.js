@@ -203,4 +203,14 @@
   };
 
   document.addEventListener("DOMContentLoaded", () => localizeTimes());
+
+  // Forms that ask first (`data-confirm="question"`) and selects that submit their form when changed
+  // (`data-autosubmit`): wired here, because the Content-Security-Policy refuses inline handlers.
+  document.addEventListener("submit", (event) => {
+    const question = event.target.dataset && event.target.dataset.confirm;
+    if (question && !window.confirm(question)) event.preventDefault();
+  }, true);
+  document.addEventListener("change", (event) => {
+    if (event.target.matches("select[data-autosubmit]") && event.target.form) event.target.form.requestSubmit();
+  });
 })();

@@ -18,6 +18,8 @@ import requests
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from conftest import skip_or_fail
+from portal import browser as chromium
 from portal.runner import PROJECT_ROOT, free_port, migrate, port_is_free
 
 pytestmark = pytest.mark.e2e
@@ -99,6 +101,75 @@ def test_a_host_the_platform_was_not_given_is_refused(platform):
     response = requests.get(platform.url + "/login/", headers={"Host": "evil.example"}, timeout=10)
     assert response.status_code == 400
     assert requests.get(platform.url + "/login/", timeout=10).status_code == 200
+
+
+# --- the Content-Security-Policy -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser():
+    if not chromium.chromium_found():
+        skip_or_fail(f"Chromium not found at {chromium.CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as playwright:
+        instance = chromium.launch(playwright)
+        yield instance
+        instance.close()
+
+
+PAGES = ["/", "/submit/", "/tenant/", "/cluster/", "/tenant/members/", "/account/tokens/", "/api/docs/"]
+
+
+def test_every_page_carries_a_csp_and_breaks_none_of_it(platform, browser, quiet_job):
+    page = chromium.log_in(browser, platform.url, platform.username, platform.password, timeout_ms=60_000)
+    violations = []
+    page.on("console", lambda message: "Content Security Policy" in message.text and violations.append(
+        f"{page.url}: {message.text}"))
+    page.on("pageerror", lambda error: violations.append(f"{page.url}: {error}"))
+    for path in [*PAGES, f"/jobs/{quiet_job['id']}/"]:
+        response = page.goto(platform.url + path)
+        policy = response.headers.get("content-security-policy", "")
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy, (path, policy)
+        page.wait_for_load_state("networkidle")
+    assert page.locator("[data-testid=log]").count() == 1  # the job page's scripts ran and built it
+    assert violations == []
+
+
+def test_the_admin_console_breaks_none_of_the_csp(platform, browser):
+    platform.manage("createsuperuser", "--noinput", "--username", "root-csp", "--email", "root@example.org",
+                    env={"DJANGO_SUPERUSER_PASSWORD": "root-csp-password"})
+    page = browser.new_page()
+    violations = []
+    page.on("console", lambda message: "Content Security Policy" in message.text and violations.append(
+        f"{page.url}: {message.text}"))
+    page.goto(platform.url + "/admin/login/")
+    page.fill("#id_username", "root-csp")
+    page.fill("#id_password", "root-csp-password")
+    page.click("input[type=submit]")
+    page.wait_for_url(platform.url + "/admin/")
+    for path in ["/admin/", "/admin/tenants/tenant/", "/admin/tenants/tenant/1/change/", "/admin/jobs/job/",
+                 "/admin/auth/user/add/"]:
+        assert page.goto(platform.url + path).status == 200, path
+        page.wait_for_load_state("networkidle")
+    assert violations == []
+
+
+def test_an_injected_inline_script_does_not_run(platform, browser):
+    page = chromium.log_in(browser, platform.url, platform.username, platform.password, timeout_ms=60_000)
+    refused = []
+    page.on("console", lambda message: "Content Security Policy" in message.text and refused.append(message.text))
+    page.goto(platform.url + "/")
+    # What a name or log line that slipped through escaping would do: add a script or a handler.
+    page.evaluate("""() => {
+        const script = document.createElement("script");
+        script.textContent = "window.injected = 1";
+        document.body.append(script);
+        const img = document.createElement("img");
+        img.setAttribute("onerror", "window.injected = 2");
+        img.src = "/nowhere.png";
+        document.body.append(img);
+    }""")
+    page.wait_for_timeout(500)
+    assert page.evaluate("window.injected") is None
+    assert refused
 
 
 # --- floods from one address: each test speaks from its own loopback address ------------------------
