@@ -107,8 +107,9 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # Shared by every process, so counters (portal.throttling) add up across web servers.
+# Short timeouts: a Redis that hangs must not hang every login and ingest post with it.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
-                      "KEY_PREFIX": "trainyard"}}
+                      "KEY_PREFIX": "trainyard", "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2}}}
 
 CHANNEL_LAYERS = {
     "default": {

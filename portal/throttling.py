@@ -60,8 +60,8 @@ def retry_after(rule, *parts):
     """Seconds until `parts` may try again under `rule`; 0 when it may now."""
     try:
         until = cache.get(_key(rule, parts, "lock"))
-    except Exception:  # noqa: BLE001 - see the module docstring: fail open
-        log.warning("throttling: cache unreachable; %s not checked", rule.name, exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - see the module docstring: fail open
+        log.warning("throttling: cache unreachable (%s); %s not checked", exc, rule.name)
         return 0
     return max(0, math.ceil(until - time.time())) if until else 0
 
@@ -78,16 +78,16 @@ def record(rule, *parts):
         if count >= rule.limit:
             cache.set(_key(rule, parts, "lock"), time.time() + rule.lockout_s, timeout=rule.lockout_s)
             return rule.lockout_s
-    except Exception:  # noqa: BLE001 - fail open
-        log.warning("throttling: cache unreachable; %s not counted", rule.name, exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log.warning("throttling: cache unreachable (%s); %s not counted", exc, rule.name)
     return 0
 
 
 def reset(rule, *parts):
     try:
         cache.delete_many([_key(rule, parts, "count"), _key(rule, parts, "lock")])
-    except Exception:  # noqa: BLE001 - fail open
-        log.warning("throttling: cache unreachable; %s not reset", rule.name, exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log.warning("throttling: cache unreachable (%s); %s not reset", exc, rule.name)
 
 
 def client_address(request):
