@@ -100,7 +100,7 @@ def log_latency(session, browser):
     poller = threading.Thread(target=poll_rest, args=(session, job["id"], rest_seen, stop), daemon=True)
     poller.start()
     done = session.wait_for(job["id"], timeout=300)
-    page.wait_for_function(f"Object.keys(window.__shown).length >= {PROBE_LINES}", timeout=30_000)
+    page.wait_for_function(f"() => Object.keys(window.__shown).length >= {PROBE_LINES}", timeout=30_000)
     stop.set()
     poller.join(timeout=10)
     if done["status"] != "COMPLETED":

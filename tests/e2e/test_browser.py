@@ -44,15 +44,15 @@ def submit_the_pytorch_example(page, url):
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Submit").click()
     page.get_by_label("Start from an example").select_option("pytorch-digits")
     status = page.locator("[data-testid=manifest-status]")
-    page.wait_for_function("document.querySelector('[data-testid=manifest-status]').dataset.state === 'valid'")
+    page.wait_for_function("() => document.querySelector('[data-testid=manifest-status]').dataset.state === 'valid'")
     manifest = page.locator("[data-testid=manifest]").input_value()
     # A typo is caught as it is typed, with the API's own message...
     page.locator("[data-testid=manifest]").fill(manifest.replace("memory: 2GiB", "memory: 2XB"))
-    page.wait_for_function("document.querySelector('[data-testid=manifest-status]').dataset.state === 'invalid'")
+    page.wait_for_function("() => document.querySelector('[data-testid=manifest-status]').dataset.state === 'invalid'")
     assert "memory — memory: '2XB' is not a memory size" in status.inner_text()
     # ...and a longer run leaves time to halt it mid-training.
     page.locator("[data-testid=manifest]").fill(manifest.replace("--epochs 8", "--epochs 40"))
-    page.wait_for_function("document.querySelector('[data-testid=manifest-status]').dataset.state === 'valid'")
+    page.wait_for_function("() => document.querySelector('[data-testid=manifest-status]').dataset.state === 'valid'")
     assert page.locator("[data-fact=framework]").inner_text().startswith("pytorch")
     assert page.locator("[data-left=gpus]").inner_text() != "…"  # the tenant's quota is shown beside it
     page.get_by_role("button", name="Submit job").click()
@@ -81,16 +81,17 @@ def test_a_researcher_submits_watches_halts_and_resumes_the_pytorch_example(brow
     wait_status(page, "HALTED")
     assert page.get_by_role("button", name="Halt").is_hidden()
     assert page.get_by_role("button", name="Resume").is_visible()
-    page.wait_for_function("document.querySelector('[data-testid=artifacts]').innerText.includes('partial')")
+    page.wait_for_function("() => document.querySelector('[data-testid=artifacts]').innerText.includes('partial')")
     halted_points = number(page, LOSS_CHART, "data-point-count")
 
     page.get_by_role("button", name="Resume").click()
-    page.wait_for_function("document.querySelector('[data-field=attempt]').textContent.trim() === '2'")
+    page.wait_for_function("() => document.querySelector('[data-field=attempt]').textContent.trim() === '2'")
     assert wait_more(page, LOSS_CHART, "data-point-count", halted_points) > halted_points  # the chart continues
     assert number(page, LOSS_CHART, "data-series-count") == 2  # attempt 2 drawn beside attempt 1
-    page.wait_for_function("document.querySelector('[data-testid=timeline]').innerText.includes('HALTED')")
+    page.wait_for_function("() => document.querySelector('[data-testid=timeline]').innerText.includes('HALTED')")
     page.locator("[data-testid=log-search]").fill("resuming from")
-    page.wait_for_function("document.querySelector('[data-testid=log-search-count]').textContent.startsWith('1/')")
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=log-search-count]').textContent.startsWith('1/')")
     page.locator("[data-testid=log-search]").fill("")
     page.get_by_label("Follow").check()  # searching paused following; the reader turns it back on
     wait_more(page, LOSS_CHART, "data-point-count", halted_points + 3)

@@ -45,7 +45,7 @@ def job_page(browser, live_platform):
     page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
     page.goto(f"{live_platform.url}/jobs/{job['id']}/")
     page.wait_for_selector("[data-testid=connection][data-state=live]")
-    page.wait_for_function("document.querySelector('[data-testid=log]').dataset.lineCount > 0")
+    page.wait_for_function("() => document.querySelector('[data-testid=log]').dataset.lineCount > 0")
     page.evaluate("() => { const p = window.Trainyard.page; p.logView.lines = []; p.logView.view = []; "
                   "p.logIntake.lastSeq = 0; p.logView.firstSeq = null; p.logView.refilter(); }")
     yield page
@@ -62,21 +62,21 @@ def test_the_log_stays_smooth_at_150000_lines(job_page):
     assert scroll["worst"] < 250, f"a jump through the log took {scroll['worst']:.0f} ms to draw"
 
     page.locator("[data-testid=log-search]").fill("needle")
-    page.wait_for_function("document.querySelector('[data-testid=log-search-count]').textContent === '1/150'")
+    page.wait_for_function("() => document.querySelector('[data-testid=log-search-count]').textContent === '1/150'")
     page.locator("[data-testid=log-search]").press("Enter")
-    page.wait_for_function("document.querySelector('.log-row.current')?.innerText.startsWith('2000')")
+    page.wait_for_function("() => document.querySelector('.log-row.current')?.innerText.startsWith('2000')")
     assert page.locator("[data-testid=log-search-count]").inner_text() == "2/150"
     page.locator("[data-testid=log-search]").fill("")
 
     page.get_by_role("button", name="First error").click()
-    page.wait_for_function("document.querySelector('.log-row.current')?.innerText.includes('Traceback')")
+    page.wait_for_function("() => document.querySelector('.log-row.current')?.innerText.includes('Traceback')")
     assert not page.get_by_label("Follow").is_checked()  # looking back pauses following
 
     page.get_by_label("Learner").select_option("1")
-    page.wait_for_function(f"document.querySelector('[data-testid=log]').dataset.viewCount === '{LINES // 2}'")
+    page.wait_for_function(f"() => document.querySelector('[data-testid=log]').dataset.viewCount === '{LINES // 2}'")
     page.get_by_label("Stream").select_option("stderr")
     page.get_by_label("Learner").select_option("")
-    page.wait_for_function("document.querySelector('[data-testid=log]').dataset.viewCount === '1'")
+    page.wait_for_function("() => document.querySelector('[data-testid=log]').dataset.viewCount === '1'")
 
 
 def test_a_long_run_chart_is_downsampled_but_keeps_every_point(job_page):
@@ -89,6 +89,6 @@ def test_a_long_run_chart_is_downsampled_but_keeps_every_point(job_page):
       window.Trainyard.page.charts.add(points);
     }""")
     chart = "[data-testid=chart][data-metric=loss]"
-    page.wait_for_function(f"document.querySelector('{chart}')?.dataset.pointCount === '200000'")
+    page.wait_for_function(f"() => document.querySelector('{chart}')?.dataset.pointCount === '200000'")
     assert page.get_attribute(chart, "data-series-count") == "2"
     assert "averaged to 1500 steps" in page.locator(chart).inner_text()
