@@ -764,6 +764,17 @@ def _job_id(value):
 
 
 # --- entry point ---------------------------------------------------------------------------------
+def _page_size(text):
+    """The API pages job lists at 1..200; say so here rather than relay its 400."""
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= size <= 200:
+        raise argparse.ArgumentTypeError(f"{size} is outside 1..200")
+    return size
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="trainyard", description="Submit and follow training jobs on Trainyard.",
@@ -785,7 +796,7 @@ def build_parser():
     listing = command("list", cmd_list, "list the tenant's jobs, newest first")
     listing.add_argument("--status", help="only jobs in this status (comma-separated for several)")
     listing.add_argument("--user", help="only jobs of this user")
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--limit", type=_page_size, default=50, help="at most 200 (one page of the API)")
     listing.add_argument("--json", action="store_true")
 
     show = command("show", cmd_show, "show one job")

@@ -215,6 +215,12 @@ def test_it_says_how_to_configure_when_nothing_is_set(capsys):
     assert "TRAINYARD_URL" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("limit", ["0", "201", "many"])
+def test_list_refuses_a_page_size_the_api_would_refuse(limit, capsys):
+    assert run("list", "--limit", limit) == 2
+    assert "--limit" in capsys.readouterr().err
+
+
 def test_it_refuses_a_url_without_scheme(monkeypatch, capsys):
     monkeypatch.setenv("TRAINYARD_URL", "localhost:8000")
     monkeypatch.setenv("TRAINYARD_TOKEN", "t")
