@@ -31,6 +31,7 @@ CLOSE_UNAUTHORIZED = 4401
 
 class _ScopedConsumer(AsyncJsonWebsocketConsumer):
     groups_joined = ()
+    tenant_slug = None  # the tenant the socket was opened in: every later check is about that one
 
     async def refuse(self, code):
         # Accept-then-close, so the browser sees why (4401/4404) instead of an anonymous 1006;
@@ -68,11 +69,13 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         if not user.is_authenticated:
             user = self._token_user()
         headers = dict(self.scope.get("headers", []))
-        requested = headers.get(b"x-trainyard-tenant", b"").decode() or self.query("tenant")
+        requested = self.tenant_slug or headers.get(b"x-trainyard-tenant", b"").decode() or self.query("tenant")
         try:
-            return access.membership_for(user, requested)
+            membership = access.membership_for(user, requested)
         except access.NoTenant:
             return None
+        self.tenant_slug = membership.tenant.slug
+        return membership
 
     def _token_user(self):
         # Guessing keys here is throttled per address like on the REST API (portal.throttling).
@@ -164,7 +167,7 @@ class JobListConsumer(_ScopedConsumer):
     async def access_recheck(self, event):
         # A changed role is picked up here, so private jobs are forwarded by the role held now.
         membership = await self._membership()
-        if membership is None or membership.tenant_id != self.membership.tenant_id:
+        if membership is None:
             await self.end(CLOSE_UNAUTHORIZED)
         else:
             self.membership = membership

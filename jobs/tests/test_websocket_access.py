@@ -151,3 +151,13 @@ def test_guessing_tokens_on_the_websocket_is_throttled_like_the_api(settings):
     for _ in range(throttling.TOKEN_FAILURES.limit):
         assert session(f"/ws/jobs/{target.id}/?token=ty_guess") == (4401, [])
     assert session(f"/ws/jobs/{target.id}/?token={token_for(alice)}") == (4401, [])
+
+
+def test_a_socket_stays_with_the_tenant_it_was_opened_in():
+    in_a, in_b = member("team-a", "alice"), member("team-b", "alice")
+    target = job(in_b)
+    path = f"/ws/jobs/{target.id}/?tenant=team-b&token={token_for(in_b)}"
+    # Leaving team-a (the first by slug, the default) does not move the socket to another tenant...
+    assert session(path, then=change(lambda: Membership.objects.get(pk=in_a.pk).delete()))[0] is None
+    # ...leaving team-b, the one it streams from, closes it.
+    assert session(path, then=change(lambda: Membership.objects.get(pk=in_b.pk).delete()))[0] == 4401
