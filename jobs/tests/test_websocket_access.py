@@ -154,10 +154,13 @@ def test_guessing_tokens_on_the_websocket_is_throttled_like_the_api(settings):
 
 
 def test_a_socket_stays_with_the_tenant_it_was_opened_in():
-    in_a, in_b = member("team-a", "alice"), member("team-b", "alice")
+    in_b = member("team-b", "alice")
     target = job(in_b)
-    path = f"/ws/jobs/{target.id}/?tenant=team-b&token={token_for(in_b)}"
-    # Leaving team-a (the first by slug, the default) does not move the socket to another tenant...
-    assert session(path, then=change(lambda: Membership.objects.get(pk=in_a.pk).delete()))[0] is None
-    # ...leaving team-b, the one it streams from, closes it.
+    path = f"/ws/jobs/{target.id}/?token={token_for(in_b)}"  # no tenant named: alice's only one, team-b
+
+    def join_a_then_change_role_in_b():
+        member("team-a", "alice")  # now the first by slug
+        in_b.role = Membership.Role.ADMIN
+        in_b.save()
+    assert session(path, then=change(join_a_then_change_role_in_b))[0] is None
     assert session(path, then=change(lambda: Membership.objects.get(pk=in_b.pk).delete()))[0] == 4401
