@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.report import median, publish
-from portal.harness import EXAMPLES, start_session
+from tests.support.harness import EXAMPLES, start_session
 
 RUNS = int(os.environ.get("BENCH_FRAMEWORKS_RUNS", 3))
 # framework: (example, command, module it needs)

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.report import median, percentile, publish
-from portal.harness import EXAMPLES, start_session
+from tests.support.harness import EXAMPLES, start_session
 
 EXAMPLE = "pytorch-digits"
 RUNS = int(os.environ.get("BENCH_OVERHEAD_RUNS", 3))

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.report import publish
-from portal.harness import start_session
+from tests.support.harness import start_session
 
 LINES = int(os.environ.get("BENCH_INGEST_LINES", 200_000))
 PRINTER = "import sys\nw = sys.stdout.write\nfor i in range(1, {n} + 1):\n    w(f'line {{i}} ' + 'x' * 60 + '\\n')\n"

@@ -22,8 +22,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from bench.report import median, percentile, publish
-from portal import browser as chromium
-from portal.harness import start_session
+from tests.support import browser as chromium
+from tests.support.harness import start_session
 
 PROBE_LINES = int(os.environ.get("BENCH_UI_PROBE_LINES", 80))
 PROBE_INTERVAL_S = 0.2

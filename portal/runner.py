@@ -5,6 +5,7 @@ given), the ASGI server (daphne: HTTP + websockets), a Celery worker and celery 
 end-to-end tests and benchmarks start it the same way, so what they measure is what a user runs.
 """
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -274,4 +275,34 @@ def migrate(env):
                    check=True)
 
 
-__all__ = ["Platform", "StartupError", "free_port", "migrate", "stop_learner_agents"]
+def manage(env, *args):
+    """Run a manage.py command with the platform's environment; what it printed (stripped)."""
+    result = subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT_ROOT, env=env,
+                            capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def create_account(env, *, tenant, username, password=None, role="researcher"):
+    """The tenant (created if new), `username` in it with `role`, and a new API token of theirs,
+    through the platform's own commands (so the audit log and quotas see them); the token."""
+    manage(env, "tenant", "create", tenant)
+    manage(env, "tenant", "adduser", tenant, username, "--role", role, *([f"--password={password}"] if password else []))
+    return manage(env, "token", "create", username, "--name", f"session-{secrets.token_hex(3)}")
+
+
+def start_platform(data_dir, *, port, tenant, username, password, env=None, quiet=True, public_url=None,
+                   supervise=False):
+    """Migrate, create the tenant, its researcher and an API token, start every process: what
+    `make demo` runs. Returns (platform, token); on failure nothing it started is left running."""
+    platform = Platform(data_dir=data_dir, port=port, env=env, quiet=quiet, public_url=public_url,
+                        supervise=supervise)
+    migrate(platform.env)
+    token = create_account(platform.env, tenant=tenant, username=username, password=password)
+    platform.start()
+    return platform, token
+
+
+__all__ = ["Platform", "StartupError", "create_account", "free_port", "manage", "migrate", "start_platform",
+           "stop_learner_agents"]

@@ -18,6 +18,7 @@ from jobs.manifest import FRAMEWORKS
 from jobs.models import Status
 from tenants import access
 from tenants.models import Membership
+from trainyard.packing import code_upload
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LOG_DOWNLOAD_BATCH = 5000
@@ -145,8 +146,7 @@ def _code_file(request, example):
         return upload
     if not example:
         return None
-    from portal.cli import code_upload
-    packed = code_upload(str(_example_folder(example)))
+    packed = code_upload(_example_folder(example))
     with packed.fileobj:
         return SimpleUploadedFile(packed.filename, packed.fileobj.read(), content_type=packed.content_type)
 

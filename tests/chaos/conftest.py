@@ -7,9 +7,9 @@ import time
 import pytest
 import requests
 
-from portal.harness import start_session, wait_for_status
 from portal.runner import free_port
 from tests.chaos.tcp_proxy import CuttableProxy
+from tests.support.harness import start_session, wait_for_status
 
 DEFAULT_SEEDS = "1,2"
 PARTS = ("redis", "web", "worker", "beat")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from learner_agent import procfs
-from portal.cli import code_upload
 from tests.chaos.invariants import WORKLOAD, check_job, manifest
+from trainyard.packing import code_upload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 

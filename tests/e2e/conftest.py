@@ -1,12 +1,12 @@
-"""End-to-end fixtures: one real platform (portal.harness) shared by the session's tests."""
+"""End-to-end fixtures: one real platform (tests.support.harness) shared by the session's tests."""
 import os
 import shutil
 
 import pytest
 
 from conftest import skip_or_fail
-from portal import browser as chromium
-from portal.harness import start_session
+from tests.support import browser as chromium
+from tests.support.harness import start_session
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.browser import log_in as browser_log_in
+from tests.support.browser import log_in as browser_log_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

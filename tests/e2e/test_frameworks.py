@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import skip_or_fail
-from portal.harness import EXAMPLES
+from tests.support.harness import EXAMPLES
+from trainyard.packing import code_upload
 
 pytestmark = pytest.mark.e2e
 
@@ -157,7 +158,6 @@ def test_the_learners_of_one_job_reach_each_other_and_nothing_else(live_platform
 
 def submit_folder(platform, folder, manifest_text):
     """Submit code from any folder (the harness submits examples/<name> only)."""
-    from portal.cli import code_upload
     code = code_upload(str(folder))
     with code.fileobj:
         response = platform.api("POST", "/api/v1/jobs/", files={

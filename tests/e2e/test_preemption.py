@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.harness import start_session
+from tests.support.harness import start_session
 
 pytestmark = pytest.mark.e2e
 

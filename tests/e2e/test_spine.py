@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.harness import EXAMPLES
+from tests.support.harness import EXAMPLES
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import skip_or_fail
 from learner_agent import sandbox
-from portal.harness import start_session
+from tests.support.harness import start_session
 
 
 @pytest.fixture(scope="session")

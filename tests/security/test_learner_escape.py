@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from portal.harness import EXAMPLES
 from portal.runner import PROJECT_ROOT
+from tests.support.harness import EXAMPLES
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from conftest import skip_or_fail
-from portal import browser as chromium
 from portal.runner import PROJECT_ROOT, free_port, migrate, port_is_free
+from tests.support import browser as chromium
+from trainyard.packing import code_upload
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +46,6 @@ def close_code_within(socket, seconds):
 
 
 def submit_private(platform):
-    from portal.cli import code_upload
     folder = PROJECT_ROOT / "examples" / "custom-shell"
     code = code_upload(str(folder))
     with code.fileobj:

@@ -16,11 +16,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from portal import env
-from portal.harness import start_session
-from portal.runner import StartupError
+from portal.runner import PROJECT_ROOT, StartupError, free_port, manage, start_platform, stop_learner_agents
 from tenants.audit import acting_as
+from trainyard import Client
 
 DEMO_EXAMPLES = "pytorch-digits,custom-shell"
+EXAMPLES = PROJECT_ROOT / "examples"
 DEMO_VIRTUAL_GPUS = 4
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -34,6 +35,16 @@ def stop_on_signals():
         raise KeyboardInterrupt(signal.Signals(signum).name)
     for sig in STOP_SIGNALS:
         signal.signal(sig, interrupt)
+
+
+def demo_environment():
+    """What the demo's processes get beyond this environment. No GPU here? The demo advertises four
+    virtual ones so scheduling, quotas and preemption show. Without REDIS_URL the embedded Redis takes
+    a free port unless TRAINYARD_EMBEDDED_REDIS_PORT names one, so a second checkout's demo can run."""
+    extra = {"TRAINYARD_LOCAL_GPUS": os.environ.get("TRAINYARD_LOCAL_GPUS", str(DEMO_VIRTUAL_GPUS))}
+    if not os.environ.get("REDIS_URL") and not os.environ.get("TRAINYARD_EMBEDDED_REDIS_PORT"):
+        extra["TRAINYARD_EMBEDDED_REDIS_PORT"] = str(free_port())
+    return extra
 
 
 def demo_examples():
@@ -51,19 +62,18 @@ class Command(BaseCommand):
         stop_on_signals()
         self.stdout.write("Starting Trainyard (Redis, web server, Celery worker, beat)...")
         try:
-            # No GPU here? The demo advertises four virtual ones so scheduling, quotas and preemption show.
-            gpus = os.environ.get("TRAINYARD_LOCAL_GPUS", str(DEMO_VIRTUAL_GPUS))
-            session = start_session(settings.DATA_DIR, port=port, tenant="demo", username="demo", password=password,
-                                    fresh_database=False, supervise=True, TRAINYARD_LOCAL_GPUS=gpus)
+            platform, token = start_platform(settings.DATA_DIR, port=port, tenant="demo", username="demo",
+                                             password=password, env=demo_environment(), supervise=True)
         except StartupError as exc:
             raise CommandError(str(exc)) from None
-        except KeyboardInterrupt:  # start_session stopped what it had started
+        except KeyboardInterrupt:  # start_platform stopped what it had started
             self.stdout.write("\nStopped during start-up.")
             return
         try:
-            self.platform_admin(session, password)
-            jobs = [session.submit(example) for example in examples]
-            facts = {"url": session.url, "username": "demo", "password": password, "token": session.token,
+            self.platform_admin(platform, password)
+            client = Client(platform.url, token, "demo")
+            jobs = [client.submit(EXAMPLES / name / "manifest.yml", EXAMPLES / name) for name in examples]
+            facts = {"url": platform.url, "username": "demo", "password": password, "token": token,
                      "admin_username": "admin"}
             path = settings.DATA_DIR / "demo.json"
             path.write_text(json.dumps(facts, indent=2) + "\n")
@@ -71,19 +81,20 @@ class Command(BaseCommand):
             self.stdout.write(self.banner(facts, jobs, path))
             while True:
                 time.sleep(1)
-                for name in list(session.platform.processes):
-                    session.platform.check_alive(name)
+                for name in list(platform.processes):
+                    platform.check_alive(name)
         except KeyboardInterrupt:
             pass
         except StartupError as exc:
             self.stderr.write(f"A platform process stopped: {exc}")
         finally:
             self.stdout.write("\nStopping Trainyard...")
-            session.stop()
+            platform.stop()
+            stop_learner_agents(settings.DATA_DIR)
             self.stdout.write("Stopped.")
 
     @staticmethod
-    def platform_admin(session, password):
+    def platform_admin(platform, password):
         """An `admin` platform admin (same password as `demo`) and a quota on the demo tenant, so the
         admin console has usage bars to show. The quota goes through the platform's own command, whose
         change reaches the running scheduler."""
@@ -92,7 +103,7 @@ class Command(BaseCommand):
             admin.is_staff = admin.is_superuser = True
             admin.set_password(password)
             admin.save()
-        session.manage("tenant", "create", "demo", "--gpus", str(DEMO_VIRTUAL_GPUS), "--gpu-hours", "100")
+        manage(platform.env, "tenant", "create", "demo", "--gpus", str(DEMO_VIRTUAL_GPUS), "--gpu-hours", "100")
 
     def banner(self, facts, jobs, path):
         lines = [

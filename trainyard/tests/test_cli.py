@@ -1,6 +1,6 @@
 """The `trainyard` CLI: offline checks, packing, configuration, and its dialogue with a fake API server.
 
-No database is needed: the server side is portal/tests/fake_api.py on a real local port.
+No database is needed: the server side is trainyard/tests/fake_api.py on a real local port.
 """
 import io
 import json
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from learner_agent.archive import inspect_archive
-from portal import cli
-from portal.tests.fake_api import TOKEN, FakeTrainyard
+from trainyard import cli, client, config, packing, render
+from trainyard.errors import TrainyardError, UsageError
+from trainyard.tests.fake_api import TOKEN, FakeTrainyard
 
 REPO = Path(__file__).resolve().parents[2]
 FFDL_EXAMPLES = sorted((REPO.parent / "shared" / "ffdl" / "examples").glob("*.yml"))
@@ -44,7 +45,7 @@ def api(monkeypatch):
     with FakeTrainyard() as fake:
         monkeypatch.setenv("TRAINYARD_URL", fake.url)
         monkeypatch.setenv("TRAINYARD_TOKEN", TOKEN)
-        monkeypatch.setattr(cli, "POLL_SECONDS", 0.01)
+        monkeypatch.setattr(client, "POLL_SECONDS", 0.01)
         yield fake
 
 
@@ -70,7 +71,7 @@ def write(path, text):
 
 def packed_names(root):
     out = io.BytesIO()
-    cli.pack_directory(root, out)
+    packing.pack_directory(root, out)
     with tarfile.open(fileobj=out, mode="r:gz") as tar:
         return {m.name: m for m in tar.getmembers()}
 
@@ -145,35 +146,35 @@ def test_it_copies_symlinks_that_stay_inside_the_dir(code_dir, tmp_path):
     assert not any(m.issym() or m.islnk() for m in names.values())
     archive = tmp_path / "code.tar.gz"
     with open(archive, "wb") as out:
-        cli.pack_directory(code_dir, out)
+        packing.pack_directory(code_dir, out)
     inspect_archive(archive, max_unpacked_bytes=10**7, max_members=100)  # the server's own check
 
 
 def test_it_refuses_a_symlink_leading_outside_the_dir(code_dir, tmp_path):
     write(tmp_path / "secret.txt", "password")
     (code_dir / "pkg" / "secret").symlink_to(tmp_path / "secret.txt")
-    with pytest.raises(cli.CliError) as refused:
+    with pytest.raises(UsageError) as refused:
         packed_names(code_dir)
-    assert refused.value.exit_code == 2
+    assert cli.exit_code(refused.value) == 2
     assert "pkg/secret: symlink points outside the code directory" in str(refused.value)
 
 
 def test_it_refuses_a_relative_symlink_escaping_the_dir(code_dir):
     (code_dir / "up").symlink_to("../..")
-    with pytest.raises(cli.CliError, match="up: symlink points outside"):
+    with pytest.raises(UsageError, match="up: symlink points outside"):
         packed_names(code_dir)
 
 
 def test_it_refuses_a_symlink_loop(code_dir):
     (code_dir / "pkg" / "loop").symlink_to("..")
-    with pytest.raises(cli.CliError, match="loops back"):
+    with pytest.raises(UsageError, match="loops back"):
         packed_names(code_dir)
 
 
 def test_it_sends_an_existing_archive_as_is(tmp_path):
     archive = tmp_path / "mine.tar.gz"
     archive.write_bytes(b"\x1f\x8b" + b"rest of the archive")
-    upload = cli.code_upload(str(archive))
+    upload = packing.code_upload(str(archive))
     assert (upload.filename, upload.size, upload.fileobj.read()) == ("code.tar.gz", 21, archive.read_bytes())
     upload.fileobj.close()
 
@@ -181,9 +182,9 @@ def test_it_sends_an_existing_archive_as_is(tmp_path):
 @pytest.mark.parametrize("name, data", [("code.zip", b"not a zip"), ("code.tar.gz", b"plain"), ("code.rar", b"")])
 def test_it_refuses_what_is_not_an_archive(tmp_path, name, data):
     (tmp_path / name).write_bytes(data)
-    with pytest.raises(cli.CliError) as refused:
-        cli.code_upload(str(tmp_path / name))
-    assert refused.value.exit_code == 2
+    with pytest.raises(UsageError) as refused:
+        packing.code_upload(str(tmp_path / name))
+    assert cli.exit_code(refused.value) == 2
 
 
 # --- configuration ---------------------------------------------------------------------------------
@@ -192,16 +193,16 @@ def test_login_saves_a_private_config_that_later_commands_use(tmp_path, capsys):
                "--no-verify") == 0
     path = tmp_path / "home" / ".config" / "trainyard" / "config.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert cli.load_config() == cli.Config("http://example.test:8000", "abc", "team-a")
+    assert config.load_config() == config.Config("http://example.test:8000", "abc", "team-a")
 
 
 def test_environment_variables_win_over_the_saved_config_one_by_one(monkeypatch):
     assert run("login", "--url", "http://saved.test", "--token", "saved-token", "--no-verify") == 0
     monkeypatch.setenv("TRAINYARD_URL", "http://env.test")
     monkeypatch.setenv("TRAINYARD_TENANT", "team-b")
-    assert cli.load_config() == cli.Config("http://env.test", "saved-token", "team-b")
+    assert config.load_config() == config.Config("http://env.test", "saved-token", "team-b")
     monkeypatch.setenv("TRAINYARD_TOKEN", "env-token")
-    assert cli.load_config().token == "env-token"
+    assert config.load_config().token == "env-token"
 
 
 def test_xdg_config_home_moves_the_config(tmp_path, monkeypatch):
@@ -241,7 +242,7 @@ def test_login_checks_the_token_with_the_server(api, tmp_path, capsys):
 def test_an_unreachable_server_is_one_line_without_traceback(tmp_path):
     url = f"http://127.0.0.1:{closed_port()}"
     env = {**os.environ, "TRAINYARD_URL": url, "TRAINYARD_TOKEN": "t", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "portal.cli", "list"], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", "trainyard", "list"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.strip() == f"trainyard: cannot reach Trainyard at {url}: Connection refused"
@@ -256,7 +257,7 @@ def test_train_against_an_unreachable_server_fails_cleanly(tmp_path, code_dir, m
 
 
 def test_the_cli_does_not_import_django():
-    done = subprocess.run([sys.executable, "-c", "import sys, portal.cli; print(sorted(m for m in sys.modules "
+    done = subprocess.run([sys.executable, "-c", "import sys, trainyard.cli; print(sorted(m for m in sys.modules "
                            "if m.split('.')[0] in ('django', 'rest_framework', 'celery')))"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
@@ -405,8 +406,8 @@ def test_download_refuses_a_file_that_does_not_match_its_checksum(api, tmp_path,
 
 
 def test_download_refuses_unsafe_names():
-    with pytest.raises(cli.CliError, match="unsafe"):
-        cli._safe_target("/tmp/x", "../../etc/passwd")
+    with pytest.raises(TrainyardError, match="unsafe"):
+        client.safe_target("/tmp/x", "../../etc/passwd")
 
 
 def test_train_json_prints_the_whole_job(api, tmp_path, code_dir, capsys):
@@ -417,18 +418,18 @@ def test_train_json_prints_the_whole_job(api, tmp_path, code_dir, capsys):
 
 def test_the_upload_body_reports_progress_up_to_its_length(tmp_path):
     data = os.urandom(100_000)
-    upload = cli.Upload(io.BytesIO(data), "code.tar.gz", "application/gzip", len(data))
+    upload = packing.Upload(io.BytesIO(data), "code.tar.gz", "application/gzip", len(data))
     screen = io.StringIO()
-    progress = cli.Progress("uploading", stream=screen, enabled=True)
-    body = cli.MultipartBody([("code", upload)], on_read=progress.update)
+    progress = render.Progress("uploading", stream=screen, enabled=True)
+    body = client.MultipartBody([("code", upload)], on_read=progress.update)
     chunks = iter(lambda: body.read(8192), b"")
     sent = b"".join(chunks)
     assert len(sent) == len(body) and data in sent
-    size = cli.human_bytes(len(body))
+    size = render.human_bytes(len(body))
     assert screen.getvalue().endswith(f"\r\x1b[Kuploading   8% 8.0 KiB / {size}\r\x1b[Kuploading 100% {size} / {size}")
 
 
 def test_progress_stays_silent_when_stderr_is_not_a_terminal():
     screen = io.StringIO()
-    cli.Progress("uploading", stream=screen).update(5, 10)
+    render.Progress("uploading", stream=screen).update(5, 10)
     assert screen.getvalue() == ""

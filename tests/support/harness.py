@@ -1,5 +1,7 @@
-"""A running platform with a tenant, a user and an API token: what the demo, the end-to-end tests
-and the benchmarks start, so all three exercise the same processes a user runs.
+"""A running platform with a tenant, a user and an API token, for the end-to-end, chaos and security
+tests and the benchmarks: `portal.runner.start_platform` (what `make demo` runs, so all of them
+exercise the processes a user runs) plus what only tests want — a fresh database and a Redis database
+of its own per session, and helpers to submit, wait and read logs.
 
 Backing services come from the environment: PostgreSQL when DATABASE_URL names a server (a fresh
 database per session, dropped afterwards), else SQLite; the given REDIS_URL (a database of its own,
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import requests
 
-from portal.runner import PROJECT_ROOT, Platform, free_port, migrate, stop_learner_agents
+from portal.runner import PROJECT_ROOT, Platform, create_account, free_port, manage, start_platform, stop_learner_agents
+from trainyard.packing import code_upload
 
 EXAMPLES = PROJECT_ROOT / "examples"
 FINAL = frozenset({"COMPLETED", "FAILED", "TERMINATED"})
@@ -48,7 +51,6 @@ class PlatformSession:
 
     def submit(self, example, *, manifest_text=None, token=None):
         """Submit examples/<example> (optionally with another manifest); return the job JSON."""
-        from portal.cli import code_upload
         folder = EXAMPLES / example
         manifest = manifest_text if manifest_text is not None else (folder / "manifest.yml").read_text()
         code = code_upload(str(folder))
@@ -64,10 +66,7 @@ class PlatformSession:
 
     def add_member(self, tenant, username, *, role="researcher", password=None):
         """Create (or update) a tenant member; return an API token of theirs."""
-        self.manage("tenant", "create", tenant)
-        self.manage("tenant", "adduser", tenant, username, "--role", role,
-                    *([f"--password={password}"] if password else []))
-        return self.manage("token", "create", username, "--name", f"session-{uuid.uuid4().hex[:6]}")
+        return create_account(self.env, tenant=tenant, username=username, password=password, role=role)
 
     def wait_for(self, job_id, statuses=FINAL, timeout=120, poll=0.1, *, token=None):
         return wait_for_status(lambda i: self.job(i, token=token), job_id, statuses, timeout=timeout, poll=poll)
@@ -87,11 +86,7 @@ class PlatformSession:
                               env=env, capture_output=True, text=True, timeout=timeout)
 
     def manage(self, *args, env=None):
-        result = subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT_ROOT, env=dict(self.env, **(env or {})),
-                                capture_output=True, text=True)
-        if result.returncode:
-            raise RuntimeError(f"manage.py {' '.join(args)} failed: {result.stderr.strip()}")
-        return result.stdout.strip()
+        return manage(dict(self.env, **(env or {})), *args)
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def stop(self):
@@ -115,8 +110,8 @@ def wait_for_status(get_job, job_id, statuses, *, timeout, poll=0.1):
 
 
 def start_session(data_dir, *, port=None, tenant="team-a", username="alice", password="alice-password",
-                  quiet=True, fresh_database=True, public_url=None, supervise=False, **extra_env):
-    """Migrate, create the tenant/user/token, start every process; return a PlatformSession.
+                  quiet=True, public_url=None, supervise=False, **extra_env):
+    """A fresh database and Redis database, then `portal.runner.start_platform`; a PlatformSession.
 
     `public_url` is the address learner agents post to, when it is not the web server's own;
     `supervise` starts again any part that exits on its own (runner.Platform).
@@ -125,21 +120,17 @@ def start_session(data_dir, *, port=None, tenant="team-a", username="alice", pas
     data_dir.mkdir(parents=True, exist_ok=True)
     cleanups = []
     env = dict(os.environ, TRAINYARD_DATA_DIR=str(data_dir), **extra_env)
-    env["DATABASE_URL"] = _database(data_dir, cleanups) if fresh_database else env.get("DATABASE_URL", "")
+    env["DATABASE_URL"] = _database(data_dir, cleanups)
     env.update(_redis_env())
-    migrate(env)
-    platform = Platform(data_dir=data_dir, port=port or free_port(), env=env, quiet=quiet, public_url=public_url,
-                        supervise=supervise)
-    session = PlatformSession(platform, "", username, password, tenant, data_dir, cleanups)
-    session.manage("tenant", "create", tenant)
-    session.manage("tenant", "adduser", tenant, username, "--role", "researcher", f"--password={password}")
-    session.token = session.manage("token", "create", username, "--name", f"session-{uuid.uuid4().hex[:6]}")
     try:
-        platform.start()
+        platform, token = start_platform(data_dir, port=port or free_port(), tenant=tenant, username=username,
+                                         password=password, env=env, quiet=quiet, public_url=public_url,
+                                         supervise=supervise)
     except BaseException:
-        session.stop()
+        for cleanup in reversed(cleanups):
+            cleanup()
         raise
-    return session
+    return PlatformSession(platform, token, username, password, tenant, data_dir, cleanups)
 
 
 def _database(data_dir, cleanups):

@@ -1,0 +1,322 @@
+"""`trainyard`: the command line on top of the SDK (`trainyard.Client`), SPEC §5.
+
+It talks to the platform only over HTTP and never imports Django, so it starts fast on a laptop. The
+one piece of the server it shares is `jobs.manifest` (Django-free), so `trainyard validate` and the
+check before every upload give the same verdict as a submission.
+
+Every failure is one line on stderr, never a traceback, with an exit code scripts can rely on:
+0 ok, 1 the job failed or the server said no (or could not be reached), 2 a usage or local problem
+(bad manifest, bad code directory, missing configuration).
+"""
+import argparse
+import getpass
+import os
+import re
+import sys
+
+from jobs.manifest import ManifestError, parse_manifest
+from trainyard.client import Client
+from trainyard.config import Config, config_path, normalize_url, save_config
+from trainyard.errors import TrainyardError, UsageError
+from trainyard.packing import code_upload
+from trainyard.render import (QUOTA_ROWS, Progress, final_message, human_bytes, isatty, local_time, note, number,
+                              print_json, print_table, quota_value, render_job)
+
+OK, FAILED, USAGE = 0, 1, 2
+
+
+def exit_code(error):
+    """2 for a problem on this side (configuration, code, manifest), 1 for everything else."""
+    return USAGE if isinstance(error, UsageError) else FAILED
+
+
+def _client():
+    return Client(notify=note)
+
+
+def _read_manifest(path):
+    try:
+        with open(path, "rb") as manifest_file:
+            text = manifest_file.read()
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        return text, parse_manifest(text)
+    except ManifestError as exc:
+        raise UsageError(f"{path}: invalid manifest: {exc}") from None
+
+
+def _job_id(value):
+    value = value.strip()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+        raise UsageError(f"{value!r} is not a job id (they look like training-ab12cd34)")
+    return value
+
+
+# --- commands --------------------------------------------------------------------------------------
+def cmd_validate(args):
+    _, manifest = _read_manifest(args.manifest)
+    learners = f"{manifest.learners} learner{'s' if manifest.learners != 1 else ''}"
+    print(f"{args.manifest}: ok — {manifest.name}: {manifest.framework} {manifest.framework_version}".rstrip()
+          + f", {learners} × {manifest.gpus} GPU, {manifest.cpus:g} CPU, {human_bytes(manifest.memory_bytes)}")
+    # What an FfDL manifest (or an FfDL name) was mapped to, so nothing is translated silently.
+    for note_text in manifest.notes:
+        print(f"  mapped: {note_text}")
+    return OK
+
+
+def cmd_train(args):
+    manifest_bytes, _ = _read_manifest(args.manifest)  # checked here first: no upload of a bad manifest
+    upload = code_upload(args.code, warn=note)
+    try:
+        client = _client()
+        progress = Progress(f"uploading {upload.filename} ({human_bytes(upload.size)})")
+        try:
+            job = client.submit_upload(manifest_bytes, upload, on_progress=progress.update)
+        finally:
+            progress.clear()
+    finally:
+        upload.fileobj.close()
+    if args.json:
+        print_json(job)
+    else:
+        print(job["id"], flush=True)
+    if isatty(sys.stderr) and not args.follow:
+        note(f"submitted {job['id']} ({job.get('status')}); follow it with `trainyard logs {job['id']} --follow`")
+    if not args.follow:
+        return OK
+    try:
+        print_logs(client.log_pages(job["id"], follow=True), show_learner=job.get("learners", 1) > 1)
+    except KeyboardInterrupt:
+        note(f"\nstopped following; {job['id']} keeps running (`trainyard logs {job['id']} --follow`)")
+        return 130
+    final = client.job(job["id"])
+    note(final_message(final))
+    return OK if final.get("status") == "COMPLETED" else FAILED
+
+
+def print_logs(pages, *, show_learner):
+    """Print each page of log lines as it comes (flushed per page: a follower sees lines live)."""
+    for lines in pages:
+        for line in lines:
+            prefix = f"[learner {line.get('learner')}] " if show_learner else ""
+            print(f"{prefix}{line.get('line', '')}")
+        sys.stdout.flush()
+
+
+def cmd_list(args):
+    page = _client().get("/api/v1/jobs/", status=args.status, user=args.user, limit=args.limit)
+    if args.json:
+        print_json(page)
+        return OK
+    jobs = page.get("results") or []
+    print_table(("ID", "NAME", "STATUS", "ATTEMPT", "RESOURCES", "OWNER", "CREATED"),
+                [(j.get("id"), j.get("name", ""), j.get("status"), j.get("attempt"),
+                  f"{j.get('learners', 1)}×{j.get('gpus', 0)}GPU", j.get("owner", ""), local_time(j.get("created_at")))
+                 for j in jobs])
+    if page.get("count", len(jobs)) > len(jobs):
+        note(f"showing {len(jobs)} of {page['count']} jobs; use --limit for more")
+    return OK
+
+
+def cmd_show(args):
+    client = _client()
+    job = client.job(_job_id(args.id))
+    if args.json:
+        print_json(job)
+    else:
+        print(render_job(job, client.url))
+    return OK
+
+
+def cmd_logs(args):
+    client = _client()
+    job = client.job(_job_id(args.id))
+    print_logs(client.log_pages(job["id"], since=args.since, follow=args.follow),
+               show_learner=job.get("learners", 1) > 1)
+    return OK
+
+
+def cmd_metrics(args):
+    points = _client().metrics(_job_id(args.id), name=args.name)
+    if args.json:
+        print_json(points)
+        return OK
+    if not points:
+        note(f"{args.id} has no metrics yet")
+        return OK
+    rows = sorted(points, key=lambda p: (str(p.get("name")), p.get("step") if p.get("step") is not None else -1))
+    print_table(("NAME", "STEP", "VALUE", "LEARNER", "TIME"),
+                [(p.get("name"), "-" if p.get("step") is None else p["step"], number(p.get("value")),
+                  p.get("learner", "-"), local_time(p.get("time"))) for p in rows])
+    return OK
+
+
+def cmd_action(args):
+    client = _client()
+    job = getattr(client, args.command)(_job_id(args.id))  # halt, resume or terminate
+    print(f"{job.get('id')}: {job.get('status')}")
+    return OK
+
+
+def cmd_download(args):
+    client = _client()
+    job_id = _job_id(args.id)
+    kind = "checkpoint" if args.checkpoint else "result"
+    artifacts = client.artifacts(job_id, checkpoint=args.checkpoint)
+    if not artifacts:
+        raise TrainyardError(f"{job_id} has no {kind} files to download")
+    destination = args.output or os.path.join(".", job_id)
+    total = 0
+    for position, artifact in enumerate(artifacts, start=1):
+        label = f"[{position}/{len(artifacts)}] {artifact['name']}"
+        progress = Progress(label)
+        try:
+            total += client.download_artifact(job_id, artifact, destination, on_progress=progress.update).size
+        finally:
+            progress.clear()
+        if not isatty(sys.stderr):
+            note(f"{label} {human_bytes(artifact.get('size'))}")
+    print(f"{len(artifacts)} {kind} file{'s' if len(artifacts) != 1 else ''} ({human_bytes(total)}) in {destination}")
+    return OK
+
+
+def cmd_quota(args):
+    info = _client().tenant()
+    if args.json:
+        print_json(info)
+        return OK
+    tenant = info.get("tenant") or {}
+    print(f"tenant  {tenant.get('slug', '-')} ({tenant.get('name', '')})  role {info.get('role', '-')}")
+    quota, usage = info.get("quota") or {}, info.get("usage") or {}
+    rows = [(label, quota_value(name, usage.get(name), "-"), quota_value(name, quota.get(name), "no limit"))
+            for label, name in QUOTA_ROWS if name in quota or name in usage]
+    if rows:
+        print_table(("", "USED", "QUOTA"), rows)
+    if usage.get("period_start"):
+        print(f"budget period  {usage['period_start'][:10]} to {usage['period_end'][:10]} "
+              f"({quota.get('budget_mode', 'hard')} limit)")
+    budget = info.get("budget") or {}
+    if budget.get("reason"):
+        print(f"budget  {budget['reason']}")
+    queued = info.get("queued") or {}
+    if isinstance(queued, dict):
+        print(f"queued  {queued.get('jobs', 0)} jobs asking for {queued.get('gpus', 0)} GPUs")
+    return OK
+
+
+def cmd_login(args):
+    token = args.token
+    if not token:
+        if not sys.stdin.isatty():
+            raise UsageError("give the API token with --token")
+        token = getpass.getpass("API token: ").strip()
+    config = Config(url=normalize_url(args.url), token=token, tenant=args.tenant or "")
+    where = ""
+    if not args.no_verify:
+        info = Client(config=config, notify=note).tenant()
+        tenant = info.get("tenant") or {}
+        where = f": tenant {tenant.get('slug')} as {info.get('role')}"
+    path = config_path()
+    save_config(config, path)
+    print(f"logged in to {config.url}{where}; saved to {path}")
+    return OK
+
+
+# --- entry point -----------------------------------------------------------------------------------
+def _page_size(text):
+    """The API pages job lists at 1..200; say so here rather than relay its 400."""
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= size <= 200:
+        raise argparse.ArgumentTypeError(f"{size} is outside 1..200")
+    return size
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="trainyard", description="Submit and follow training jobs on Trainyard.",
+        epilog="Configuration: TRAINYARD_URL, TRAINYARD_TOKEN, TRAINYARD_TENANT, or `trainyard login`. "
+               "Exit codes: 0 ok, 1 job failed or server said no, 2 usage or local error.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, handler, help_text):
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    train = command("train", cmd_train, "submit a job: a manifest and a code directory or archive")
+    train.add_argument("manifest", metavar="MANIFEST")
+    train.add_argument("code", metavar="CODE_DIR_OR_ARCHIVE")
+    train.add_argument("--follow", "-f", action="store_true", help="stream the logs until the job ends")
+    train.add_argument("--json", action="store_true", help="print the job as JSON instead of its id")
+
+    listing = command("list", cmd_list, "list the tenant's jobs, newest first")
+    listing.add_argument("--status", help="only jobs in this status (comma-separated for several)")
+    listing.add_argument("--user", help="only jobs of this user")
+    listing.add_argument("--limit", type=_page_size, default=50, help="at most 200 (one page of the API)")
+    listing.add_argument("--json", action="store_true")
+
+    show = command("show", cmd_show, "show one job")
+    show.add_argument("id", metavar="ID")
+    show.add_argument("--json", action="store_true")
+
+    logs = command("logs", cmd_logs, "print a job's log")
+    logs.add_argument("id", metavar="ID")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    logs.add_argument("--since", type=int, default=0, metavar="SEQ", help="only lines after this sequence number")
+
+    metrics = command("metrics", cmd_metrics, "print a job's metric points")
+    metrics.add_argument("id", metavar="ID")
+    metrics.add_argument("--name", help="only this metric")
+    metrics.add_argument("--json", action="store_true")
+
+    for name, help_text in (("halt", "checkpoint a job and release its resources"),
+                            ("resume", "queue a halted job again; it resumes from its checkpoint"),
+                            ("terminate", "stop a job for good")):
+        command(name, cmd_action, help_text).add_argument("id", metavar="ID")
+
+    download = command("download", cmd_download, "download a job's results (or checkpoints)")
+    download.add_argument("id", metavar="ID")
+    download.add_argument("--checkpoint", action="store_true", help="download checkpoints instead of results")
+    download.add_argument("-o", "--output", metavar="DIR", help="where to put the files (default ./ID/)")
+
+    quota = command("quota", cmd_quota, "show the tenant's quota and usage")
+    quota.add_argument("--json", action="store_true")
+
+    validate = command("validate", cmd_validate, "check a manifest offline")
+    validate.add_argument("manifest", metavar="MANIFEST")
+
+    login = command("login", cmd_login, "save the URL and API token to use")
+    login.add_argument("--url", required=True)
+    login.add_argument("--token", help="the API token (asked for when omitted)")
+    login.add_argument("--tenant", help="the tenant to act in, when you belong to several")
+    login.add_argument("--no-verify", action="store_true", help="save without checking with the server")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except TrainyardError as error:
+        print(f"trainyard: {error}", file=sys.stderr)
+        return exit_code(error)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `trainyard logs ID | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return FAILED
+    except Exception as error:  # a bug: still one line, unless asked for the traceback
+        if os.environ.get("TRAINYARD_CLI_DEBUG"):
+            raise
+        print(f"trainyard: internal error: {type(error).__name__}: {error} "
+              "(set TRAINYARD_CLI_DEBUG=1 to see the traceback)", file=sys.stderr)
+        return FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

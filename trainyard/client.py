@@ -1,0 +1,421 @@
+"""`trainyard.Client`: Trainyard's REST API (SPEC §4) as Python calls.
+
+    from trainyard import Client
+    client = Client()                      # TRAINYARD_URL / TRAINYARD_TOKEN, or what `trainyard login` saved
+    job = client.submit("examples/pytorch-digits/manifest.yml", "examples/pytorch-digits")
+    for line in client.logs(job["id"], follow=True):
+        print(line["line"])
+    print(client.wait(job["id"])["status"], client.metrics(job["id"]))
+
+Jobs, log lines, metric points and artifacts are the API's own JSON objects (dicts), so nothing here
+hides a field the server adds. Failures are `trainyard.errors` exceptions with one-line messages.
+Stdlib and `requests` only: it starts fast and never imports Django.
+"""
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from urllib.parse import quote, urljoin, urlsplit
+
+import requests
+
+from trainyard.config import load_config
+from trainyard.errors import (ApiError, ConnectionFailed, TrainyardError, Unauthorized, UsageError, WaitTimeout,
+                              api_error_class)
+from trainyard.packing import Upload, code_upload
+
+log = logging.getLogger("trainyard")
+
+FINAL_STATUSES = ("COMPLETED", "FAILED", "TERMINATED")
+RESTING_STATUSES = ("HALTED",)  # not final (resume is possible), but nothing more happens on its own
+LOG_PAGE = 1000
+POLL_SECONDS = 0.5
+FOLLOW_PATIENCE_SECONDS = 60.0
+TIMEOUT = (10, 60)          # connect, read
+UPLOAD_TIMEOUT = (10, 600)  # the server inspects the whole archive before it answers
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    name: str   # the artifact's name, e.g. results/model.pt
+    path: Path  # where it was written
+    size: int
+
+
+class Client:
+    """One platform, one token, one tenant. Arguments left out come from TRAINYARD_URL,
+    TRAINYARD_TOKEN, TRAINYARD_TENANT, then the configuration `trainyard login` saved.
+
+    `notify(message)` hears what a long call wants to say on the way (a server restart being ridden
+    out while following a log); by default it goes to the `trainyard` logger.
+    """
+
+    def __init__(self, url=None, token=None, tenant=None, *, session=None, notify=None, config=None):
+        self.config = config or load_config(url=url, token=token, tenant=tenant)
+        self.notify = notify or log.warning
+        self.session = session or requests.Session()
+        self.session.headers["Authorization"] = f"Token {self.config.token}"
+        if self.config.tenant:
+            self.session.headers["X-Trainyard-Tenant"] = self.config.tenant
+
+    @property
+    def url(self):
+        return self.config.url
+
+    # --- jobs ----------------------------------------------------------------------------------------
+    def submit(self, manifest, code, *, on_progress=None):
+        """Submit a job; the new job (QUEUED). `manifest` is a path to a YAML file, the YAML text
+        itself (str with newlines, or bytes), or a dict; `code` is a code directory (packed here) or
+        a .zip/.tar.gz archive. `on_progress(sent, total)` follows the upload."""
+        manifest_bytes = _manifest_bytes(manifest)
+        upload = code_upload(code, warn=self.notify)
+        try:
+            return self.submit_upload(manifest_bytes, upload, on_progress=on_progress)
+        finally:
+            upload.fileobj.close()
+
+    def submit_upload(self, manifest_bytes, upload, *, on_progress=None):
+        """Submit already-read manifest bytes and an open `packing.Upload`, streamed, not loaded whole."""
+        manifest = Upload(io.BytesIO(manifest_bytes), "manifest.yml", "application/x-yaml", len(manifest_bytes))
+        body = MultipartBody([("manifest", manifest), ("code", upload)], on_read=on_progress)
+        return self.request_json("POST", "/api/v1/jobs/", data=body, timeout=UPLOAD_TIMEOUT,
+                                 headers={"Content-Type": body.content_type})
+
+    def job(self, job_id):
+        """The job as the REST detail: status, status_reason, attempt, exit_code, latest_metrics..."""
+        return self.get(_job_path(job_id))
+
+    def jobs(self, *, status=None, user=None, limit=50):
+        """The tenant's jobs, newest first: at most `limit` (1..200, one page of the API).
+        `status` may name several, comma-separated."""
+        return self.get("/api/v1/jobs/", status=status, user=user, limit=limit).get("results") or []
+
+    def wait(self, job_id, *, statuses=FINAL_STATUSES + RESTING_STATUSES, timeout=None, poll=1.0):
+        """Poll until the job's status is one of `statuses`; the job. WaitTimeout after `timeout`
+        seconds (None: no limit). A server restart meanwhile is ridden out, like `logs(follow=True)`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        patience = Patience(self.notify)
+        while True:
+            try:
+                job = self.job(job_id)
+            except TrainyardError as error:
+                patience.wait(error)
+                continue
+            patience.recovered()
+            if job.get("status") in statuses:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"{job_id} still {job.get('status')} after {timeout:g}s "
+                                  f"(waiting for {'/'.join(statuses)})", job=job)
+            time.sleep(poll)
+
+    def logs(self, job_id, *, since=0, follow=False):
+        """Yield the job's log lines after `since` ({seq, learner, stream, time, line}), in order.
+        With follow, keep going until the job is final or halted; see `log_pages`."""
+        for page in self.log_pages(job_id, since=since, follow=follow):
+            yield from page
+
+    def log_pages(self, job_id, *, since=0, follow=False):
+        """Yield the job's log lines after `since` a page (a list) at a time, as the server gives them.
+
+        With follow, keep polling until the job is final (or halted) and then drain: stop only after
+        an empty page that comes after the job was already seen at rest, so lines stored just before
+        the last status change are never lost. Server restarts are ridden out for a minute.
+        """
+        patience = Patience(self.notify)
+        at_rest_before, status = False, None
+        path = _job_path(job_id) + "logs/"
+        while True:
+            try:
+                page = self.get(path, since=since, limit=LOG_PAGE)
+            except TrainyardError as error:
+                if not follow:
+                    raise
+                patience.wait(error)
+                continue
+            patience.recovered()
+            lines = page.get("results") or []
+            if lines:
+                yield lines
+            since = page.get("next_since", lines[-1]["seq"] if lines else since)
+            status = page.get("status", status)
+            if not follow:
+                if len(lines) < LOG_PAGE:
+                    return
+                continue
+            at_rest = bool(page.get("final")) or status in FINAL_STATUSES or status in RESTING_STATUSES
+            if at_rest and at_rest_before and not lines:
+                return
+            at_rest_before = at_rest
+            if not lines and not at_rest:
+                time.sleep(POLL_SECONDS)
+
+    def metrics(self, job_id, *, name=None):
+        """The job's metric points ({name, step, value, time, learner}), optionally of one metric."""
+        return self.get(_job_path(job_id) + "metrics/", name=name).get("results") or []
+
+    def events(self, job_id):
+        """The job's status history."""
+        return self.get(_job_path(job_id) + "events/").get("results") or []
+
+    def halt(self, job_id):
+        """Checkpoint the job and release its resources; the job (HALTING). Conflict if it cannot."""
+        return self._action(job_id, "halt")
+
+    def resume(self, job_id):
+        """Queue a halted job again; it resumes from its checkpoint."""
+        return self._action(job_id, "resume")
+
+    def terminate(self, job_id):
+        """Stop the job for good."""
+        return self._action(job_id, "terminate")
+
+    def _action(self, job_id, action):
+        return self.request_json("POST", _job_path(job_id) + f"{action}/")
+
+    # --- artifacts -----------------------------------------------------------------------------------
+    def artifacts(self, job_id, *, checkpoint=False):
+        """The job's result files (or checkpoints), newest attempt's file per name, sorted by name."""
+        kind = "checkpoint" if checkpoint else "result"
+        listed = self.get(_job_path(job_id) + "artifacts/").get("results") or []
+        return sorted(_newest_per_name(listed, kind).values(), key=lambda artifact: artifact["name"])
+
+    def download(self, job_id, dest, *, checkpoint=False):
+        """Download the job's results (or checkpoints) under `dest` (dest/results/...); the files.
+        Each is checked against its sha256 and appears only once complete."""
+        artifacts = self.artifacts(job_id, checkpoint=checkpoint)
+        if not artifacts:
+            raise TrainyardError(f"{job_id} has no {'checkpoint' if checkpoint else 'result'} files to download")
+        return [self.download_artifact(job_id, artifact, dest) for artifact in artifacts]
+
+    def download_artifact(self, job_id, artifact, dest, *, on_progress=None):
+        """Stream one artifact (as listed by `artifacts`) to dest/<name> via a temporary file."""
+        target = safe_target(dest, artifact["name"])
+        url = artifact.get("url") or f"{_job_path(job_id)}artifacts/{quote(artifact['name'])}"
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        digest, written = hashlib.sha256(), 0
+        expected = artifact.get("size") or 0
+        fd, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".download-")
+        try:
+            with os.fdopen(fd, "wb") as out, self.request("GET", url, stream=True) as response:
+                for chunk in response.iter_content(chunk_size=1 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    written += len(chunk)
+                    if on_progress:
+                        on_progress(written, max(expected, written))
+            if artifact.get("sha256") and digest.hexdigest() != artifact["sha256"]:
+                raise TrainyardError(f"{artifact['name']}: downloaded file does not match its sha256; try again")
+            os.replace(temporary, target)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+        return Downloaded(artifact["name"], Path(target), written)
+
+    # --- the tenant ----------------------------------------------------------------------------------
+    def tenant(self):
+        """The tenant acted in, the caller's role, its quota, usage and budget."""
+        return self.get("/api/v1/tenants/current/")
+
+    # --- HTTP ----------------------------------------------------------------------------------------
+    def get(self, path, **params):
+        """GET an API path; the decoded JSON. Parameters that are None are left out."""
+        return self.request_json("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def request_json(self, method, path, **kwargs):
+        response = self.request(method, path, **kwargs)
+        try:
+            return response.json()
+        except ValueError:
+            raise ApiError(f"unexpected answer from {response.url}: HTTP {response.status_code}, not JSON",
+                           status=response.status_code) from None
+
+    def request(self, method, url, *, timeout=TIMEOUT, **kwargs):
+        """The response, or the error it amounts to (ApiError subclasses, ConnectionFailed)."""
+        url = self._absolute(url)
+        if _origin(url) != _origin(self.config.url):  # e.g. a pre-signed S3 link: never send our token
+            kwargs["headers"] = {**kwargs.get("headers", {}), "Authorization": None, "X-Trainyard-Tenant": None}
+        try:
+            response = self.session.request(method, url, timeout=timeout, **kwargs)
+        except requests.ConnectTimeout:
+            raise ConnectionFailed(f"cannot reach Trainyard at {self.config.url}: connection timed out") from None
+        except requests.Timeout:
+            raise ConnectionFailed(f"Trainyard at {self.config.url} did not answer in time") from None
+        except requests.ConnectionError as exc:
+            raise ConnectionFailed(f"cannot reach Trainyard at {self.config.url}: {_network_reason(exc)}") from None
+        except requests.RequestException as exc:
+            raise TrainyardError(f"request to {url} failed: {exc}") from None
+        if response.status_code >= 400:
+            raise api_error(response)
+        return response
+
+    def _absolute(self, url):
+        """Paths we build are under the configured URL; URLs the server sends are resolved like links."""
+        if url.startswith(("http://", "https://")):
+            return url
+        if url.startswith("/api/"):
+            return self.config.url + url
+        return urljoin(self.config.url + "/", url)
+
+
+def _job_path(job_id):
+    return f"/api/v1/jobs/{quote(str(job_id).strip(), safe='')}/"
+
+
+def _manifest_bytes(manifest):
+    if isinstance(manifest, bytes):
+        return manifest
+    if isinstance(manifest, dict):
+        return json.dumps(manifest).encode()  # JSON is YAML
+    if isinstance(manifest, str) and "\n" in manifest:
+        return manifest.encode()
+    try:
+        with open(manifest, "rb") as manifest_file:
+            return manifest_file.read()
+    except OSError as exc:
+        raise UsageError(f"{manifest}: {exc.strerror or exc}") from None
+
+
+def _newest_per_name(artifacts, kind):
+    """After retries a name can repeat across attempts; the newest attempt's file is the one wanted."""
+    latest = {}
+    for artifact in artifacts:
+        if artifact.get("kind") != kind:
+            continue
+        known = latest.get(artifact["name"])
+        if known is None or (artifact.get("attempt") or 0) >= (known.get("attempt") or 0):
+            latest[artifact["name"]] = artifact
+    return latest
+
+
+def safe_target(destination, name):
+    """destination/<name>, refusing a name that would land outside destination."""
+    parts = PurePosixPath(name).parts
+    if not parts or PurePosixPath(name).is_absolute() or any(part in ("..", "") for part in parts):
+        raise TrainyardError(f"the server sent an unsafe artifact name {name!r}; not downloading it")
+    return os.path.join(destination, *parts)
+
+
+def _origin(url):
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
+
+
+def _network_reason(exc):
+    """'Connection refused' instead of urllib3's nested 'HTTPConnectionPool(...): Max retries...'."""
+    text = str(exc)
+    match = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    if match:
+        return match.group(1).strip()
+    for known in ("Name or service not known", "Connection refused", "Connection reset",
+                  "Remote end closed connection"):
+        if known.lower() in text.lower():
+            return known
+    return type(exc).__name__
+
+
+def api_error(response):
+    """The exception for an error response, its message carrying the server's detail and field."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    detail = field = None
+    if isinstance(body, dict):
+        detail, field = body.get("detail"), body.get("field")
+        if detail is None and body:  # a plain validation error map: {"field": ["message"]}
+            key, value = next(iter(body.items()))
+            detail, field = " ".join(map(str, value)) if isinstance(value, list) else str(value), key
+    status = response.status_code
+    detail = str(detail or response.reason or "no details")
+    message = f"{field}: {detail}" if field and not detail.startswith(f"{field}:") else detail
+    error_class = api_error_class(status)
+    if error_class is Unauthorized and status == 401:
+        scheme, netloc = _origin(response.url)
+        message = (f"not authorised by {scheme}://{netloc}: {message} "
+                   "(check TRAINYARD_TOKEN or run `trainyard login`)")
+    elif status == 413:
+        message = f"too large for the server: {message}"
+    elif status >= 500 or status == 429:
+        message = f"server error (HTTP {status}): {message}"
+    return error_class(message, status=status, detail=detail, field=field,
+                       transient=True if status == 429 else None)
+
+
+class Patience:
+    """Lets a long poll ride out a server restart: transient errors are retried with backoff for a
+    while (saying so once through `notify`) before they become fatal. Bad answers are never retried."""
+
+    def __init__(self, notify, seconds=FOLLOW_PATIENCE_SECONDS, *, sleep=time.sleep, clock=time.monotonic):
+        self.notify, self.seconds, self.sleep, self.clock = notify, seconds, sleep, clock
+        self.failing_since, self.delay = None, POLL_SECONDS
+
+    def wait(self, error):
+        if not error.transient:
+            raise error
+        now = self.clock()
+        if self.failing_since is None:
+            self.failing_since = now
+            self.notify(f"{error}; retrying for up to {self.seconds:.0f}s")
+        elif now - self.failing_since > self.seconds:
+            raise error
+        self.sleep(self.delay)
+        self.delay = min(self.delay * 2, 5.0)
+
+    def recovered(self):
+        if self.failing_since is not None:
+            self.notify("reconnected")
+        self.failing_since, self.delay = None, POLL_SECONDS
+
+
+class MultipartBody:
+    """A multipart/form-data body read piece by piece from files (nothing is loaded whole into
+    memory), calling `on_read(sent, total)` as the HTTP library consumes it."""
+
+    def __init__(self, files, *, on_read=None):
+        self.boundary = uuid.uuid4().hex
+        self._pieces, self._index, self.sent, self.on_read = [], 0, 0, on_read
+        self.length = 0
+        for field, upload in files:
+            head = (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; "
+                    f"filename=\"{upload.filename}\"\r\nContent-Type: {upload.content_type}\r\n\r\n").encode()
+            self._add(io.BytesIO(head), len(head))
+            self._add(upload.fileobj, upload.size)
+            self._add(io.BytesIO(b"\r\n"), 2)
+        tail = f"--{self.boundary}--\r\n".encode()
+        self._add(io.BytesIO(tail), len(tail))
+
+    def _add(self, fileobj, size):
+        self._pieces.append(fileobj)
+        self.length += size
+
+    @property
+    def content_type(self):
+        return f"multipart/form-data; boundary={self.boundary}"
+
+    def __len__(self):
+        return self.length
+
+    def read(self, size=-1):
+        chunks, wanted = [], size if size is not None and size >= 0 else None
+        while self._index < len(self._pieces) and (wanted is None or wanted > 0):
+            chunk = self._pieces[self._index].read(-1 if wanted is None else wanted)
+            if not chunk:
+                self._index += 1
+                continue
+            chunks.append(chunk)
+            if wanted is not None:
+                wanted -= len(chunk)
+        data = b"".join(chunks)
+        self.sent += len(data)
+        if self.on_read and data:
+            self.on_read(self.sent, self.length)
+        return data

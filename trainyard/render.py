@@ -1,0 +1,132 @@
+"""How the CLI shows things: tables, times, a job's summary, the final message, and the progress line
+drawn while uploading or downloading. Pure formatting over the API's JSON; no network."""
+import json
+import sys
+import time
+from datetime import datetime
+from urllib.parse import urljoin
+
+from trainyard.client import RESTING_STATUSES
+from trainyard.units import format_bytes
+
+human_bytes = format_bytes
+
+QUOTA_ROWS = (("GPUs in use", "gpus"), ("CPUs in use", "cpus"), ("memory in use", "memory_bytes"),
+              ("jobs running", "jobs"), ("GPU-hours this period", "gpu_hours"),
+              ("CPU-hours this period", "cpu_hours"))
+
+
+def note(message):
+    """A message for the person at the terminal (stderr), never mixed into what scripts read."""
+    print(f"trainyard: {message}", file=sys.stderr, flush=True)
+
+
+def isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Progress:
+    """One self-overwriting status line on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, label, *, stream=None, enabled=None):
+        self.stream = stream or sys.stderr
+        self.enabled = isatty(self.stream) if enabled is None else enabled
+        self.label, self.drawn_at = label, 0.0
+
+    def update(self, done, total):
+        now = time.monotonic()
+        if not self.enabled or (now - self.drawn_at < 0.1 and done < total):
+            return
+        self.drawn_at = now
+        percent = f"{100 * done // total:3d}%" if total else ""
+        self.stream.write(f"\r\x1b[K{self.label} {percent} {human_bytes(done)} / {human_bytes(total)}")
+        self.stream.flush()
+
+    def message(self, text):
+        if self.enabled:
+            self.stream.write(f"\r\x1b[K{text}")
+            self.stream.flush()
+
+    def clear(self):
+        self.message("")
+
+
+def local_time(stamp):
+    if not stamp:
+        return "-"
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return str(stamp)
+
+
+def print_table(headers, rows):
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
+    for row in [headers, *rows]:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+def print_json(data):
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+def number(value):
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def quota_value(name, value, missing):
+    if value is None:
+        return missing
+    if "memory" in name or name.endswith("bytes"):
+        return human_bytes(value)
+    return number(value)
+
+
+def render_job(job, base_url):
+    """The readable summary `trainyard show` prints."""
+    manifest = job.get("manifest") or {}
+    framework = manifest.get("framework") if isinstance(manifest.get("framework"), dict) else {}
+    status = job.get("status", "?")
+    rows = [("status", status + (f" — {job['status_reason']}" if job.get("status_reason") else ""))]
+    if job.get("wait_reason") and status == "QUEUED":
+        rows.append(("waiting", job["wait_reason"]))
+    if job.get("queue_position") is not None:
+        rows.append(("queue", f"position {job['queue_position']}"))
+    attempt = str(job.get("attempt", "-"))
+    if job.get("exit_code") is not None:
+        attempt += f", exit code {job['exit_code']}"
+    rows += [("attempt", attempt),
+             ("framework", " ".join(filter(None, [job.get("framework"), str(framework.get("version") or "")])))]
+    if framework.get("command"):
+        rows.append(("command", " ".join(str(framework["command"]).split())))
+    learners = job.get("learners", 1)
+    rows += [("resources", f"{learners} learner{'s' if learners != 1 else ''} × "
+                           f"{job.get('gpus', 0)} GPU, {number(job.get('cpus', 0))} CPU, "
+                           f"{human_bytes(job.get('memory_bytes'))}"),
+             ("priority", job.get("priority", "-")),
+             ("owner", f"{job.get('owner', '-')} in {job.get('tenant', '-')}")]
+    rows += [(label, local_time(job.get(f"{label}_at"))) for label in ("created", "admitted", "started", "finished")]
+    metrics = job.get("latest_metrics") or {}
+    if metrics:
+        rows.append(("metrics", ", ".join(f"{name} {number(point.get('value'))} (step {point.get('step')})"
+                                          for name, point in sorted(metrics.items()))))
+    if job.get("page_url"):
+        rows.append(("page", urljoin(base_url + "/", job["page_url"])))
+    lines = [f"{job.get('id')}  {job.get('name', '')}".rstrip()]
+    lines += [f"  {label:<10} {value}" for label, value in rows]
+    return "\n".join(lines)
+
+
+def final_message(job):
+    status = job.get("status")
+    text = f"{job.get('id')} {status}"
+    if job.get("status_reason"):
+        text += f": {job['status_reason']}"
+    if job.get("exit_code") not in (None, 0) and f"code {job['exit_code']}" not in str(job.get("status_reason")):
+        text += f" (exit code {job['exit_code']})"
+    if status in RESTING_STATUSES:
+        text += f"; `trainyard resume {job.get('id')}` continues it"
+    return text
