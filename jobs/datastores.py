@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 import yaml
 
 from jobs import egress
+from trainyard.units import format_bytes
 
 # A connection's fields that are addresses, not secrets; every other field is redacted.
 PUBLIC_CONNECTION_FIELDS = ("auth_url", "region", "type")
@@ -291,7 +292,7 @@ class Progress:
             percent = 100 * done_bytes / total_bytes if total_bytes else 100.0
             what = "done" if final else f"{percent:.0f}%"
             self.report(f"[trainyard] {self.verb} {self.label}: {done_files}/{total_files} files, "
-                        f"{_mib(done_bytes)}/{_mib(total_bytes)} ({what})")
+                        f"{format_bytes(done_bytes)}/{format_bytes(total_bytes)} ({what})")
 
 
 def fetch(source, destination, *, report=lambda line: None):
@@ -349,10 +350,6 @@ def regular_files(top):
 def _relative_key(key, prefix):
     relative = key[len(prefix):] if prefix and key.startswith(prefix) else key
     return relative.lstrip("/")
-
-
-def _mib(n):
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
 @contextmanager

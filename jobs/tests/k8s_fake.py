@@ -3,7 +3,7 @@ in a background thread, plus a "kubelet" that moves pods along by PATCHing their
 
 The backend talks to it through the official client exactly as to a real API server. The fake lacks
 what a cluster does on its own: no scheduler, no kubelet, no garbage collector, no admission, and it
-ignores label selectors (the backend filters too). Three things are adjusted here, each says why.
+ignores label selectors (the backend filters too). Four things are adjusted here, each says why.
 """
 import asyncio
 import itertools
@@ -13,8 +13,11 @@ import urllib.request
 import uuid
 from datetime import datetime, timezone
 
+import aiohttp.web
+
 from kmock import KubernetesEmulator, Server
 from kmock._internal import parsing
+from kmock._internal.k8s import KubernetesObjectConflictError
 
 VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0", "gitCommit": "fake", "gitTreeState": "clean",
            "buildDate": "2025-08-27T00:00:00Z", "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"}
@@ -44,6 +47,15 @@ class RealisticEmulator(KubernetesEmulator):
                 meta.setdefault("creationTimestamp", _now())
             meta["resourceVersion"] = str(next(self._versions))
         return await super()._handle(request)
+
+    async def _render_error(self, exc):
+        # kmock answers a create of an existing object with reason "Object Already Exists"; an API
+        # server says "AlreadyExists" (metav1.StatusReasonAlreadyExists), which the backend goes by.
+        if isinstance(exc, KubernetesObjectConflictError):
+            return aiohttp.web.json_response({
+                "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "code": 409,
+                "reason": "AlreadyExists", "message": "object already exists"}, status=409)
+        return await super()._render_error(exc)
 
 
 class FakeCluster:

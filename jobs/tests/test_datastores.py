@@ -229,7 +229,7 @@ def test_a_local_store_is_downloaded_with_progress_in_the_log_and_results_are_st
     assert job.status == Status.DOWNLOADING
     lines = list(LogLine.objects.filter(job=job).order_by("seq").values_list("stream", "line"))
     assert lines[-1] == ("system", "[trainyard] downloading from data store 'shelf' (folder digits): 1/1 files, "
-                                   "0.0 KiB/0.0 KiB (done)")
+                                   "4 B/4 B (done)")
     (shelf / "train.csv").write_text("changed\n")
     assert transfers.fetch_training_data(job) is True  # the data of a job is fetched once, for all attempts
     assert (folder / "data" / "train.csv").read_text() == "1,2\n"

@@ -209,7 +209,7 @@ def test_an_oom_killed_learner_fails_the_job_with_that_reason(cluster, backend, 
     worker.run()
     failed = Job.objects.get(pk=target.id)
     assert failed.status == Status.FAILED
-    assert "learner 0 exited with code 137 (OOMKilled: memory limit 1GiB exceeded)" in failed.status_reason
+    assert "learner 0 exited with code 137 (OOMKilled: memory limit 1.0GiB exceeded)" in failed.status_reason
 
 
 def test_halt_checkpoints_then_the_pods_are_deleted(cluster, backend, worker):

@@ -10,7 +10,7 @@ import yaml
 
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
 from jobs.backends.k8s import objects
-from jobs.backends.k8s.api import AlreadyExists, Gone, NotFound, _classify
+from jobs.backends.k8s.api import AlreadyExists, Gone, NotFound, QuotaExceeded, _classify, parse_quantity
 from jobs.backends.k8s.backend import node_capacity, parse_ingest_url, parse_storage_volume
 from jobs.backends.k8s.podstatus import learner_status
 
@@ -186,7 +186,7 @@ UNSCHEDULABLE = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
     (pod(), None, (LearnerState.PENDING, None, "")),
     (pod("Running", state={"running": {}}), None, (LearnerState.RUNNING, None, "")),
     (pod("Failed", state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}}), None,
-     (LearnerState.EXITED, 137, "OOMKilled: memory limit 4GiB exceeded")),
+     (LearnerState.EXITED, 137, "OOMKilled: memory limit 4.0GiB exceeded")),
     (pod("Succeeded", state={"terminated": {"exitCode": 0, "reason": "Completed"}}),
      {"exit_code": 3, "reason": "boom"}, (LearnerState.EXITED, 3, "boom")),
     (pod("Succeeded", state={"terminated": {"exitCode": 0, "reason": "Completed"}}), None,
@@ -234,23 +234,37 @@ def test_it_reports_allocatable_resources_of_schedulable_nodes_only():
     assert node_capacity(node("d", gpus="lots")) is None
 
 
-@pytest.mark.parametrize("status, message, kind, permanent", [
-    (404, "pods not found", NotFound, True),
-    (409, "pods \"x\" already exists", AlreadyExists, True),
-    (410, "too old resource version", Gone, True),
-    (409, "the object has been modified", BackendError, False),
-    (403, "exceeded quota: tenant-quota", BackendError, False),
-    (403, "pods is forbidden: User cannot create", BackendError, True),
-    (422, "Pod is invalid", BackendError, True),
-    (500, "etcd timeout", BackendError, False),
-    (503, "unavailable", BackendError, False),
-    (429, "too many requests", BackendError, False),
+# What real API servers send: the HTTP status, the Status object's reason and its message.
+@pytest.mark.parametrize("status, reason, message, kind, permanent", [
+    (404, "NotFound", "pods \"x\" not found", NotFound, True),
+    (409, "AlreadyExists", "pods \"x\" already exists", AlreadyExists, True),
+    (410, "Expired", "too old resource version", Gone, True),
+    (409, "Conflict", "the object has been modified", BackendError, False),
+    (403, "Forbidden", "pods \"x\" is forbidden: exceeded quota: tenant-quota, requested: nvidia.com/gpu=2",
+     QuotaExceeded, False),
+    (403, "Forbidden", "pods is forbidden: User cannot create", BackendError, True),
+    (422, "Invalid", "Pod is invalid", BackendError, True),
+    (500, "InternalError", "etcd timeout", BackendError, False),
+    (503, "ServiceUnavailable", "unavailable", BackendError, False),
+    (429, "TooManyRequests", "too many requests", BackendError, False),
 ])
-def test_it_turns_api_errors_into_transient_or_permanent_errors(status, message, kind, permanent):
-    error = _classify(status, message)
+def test_it_turns_api_errors_into_transient_or_permanent_errors(status, reason, message, kind, permanent):
+    error = _classify(status, reason, message)
     assert isinstance(error, kind) and isinstance(error, BackendError)
-    if kind is BackendError:
+    if kind in (BackendError, QuotaExceeded):
         assert error.permanent is permanent
+
+
+def test_a_conflict_is_not_already_exists_whatever_its_message_says():
+    error = _classify(409, "Conflict", "Operation cannot be fulfilled: the object already exists in a newer version")
+    assert not isinstance(error, AlreadyExists) and not error.permanent
+
+
+def test_it_reads_kubernetes_quantities_with_the_clients_parser():
+    assert parse_quantity("3800m") == pytest.approx(3.8)
+    assert parse_quantity("16Gi") == 16 * 2**30 and parse_quantity("1e3") == 1000 and parse_quantity(2) == 2
+    with pytest.raises(BackendError, match="'lots' is not a Kubernetes quantity"):
+        parse_quantity("lots")
 
 
 @pytest.mark.parametrize("value, complaint", [

@@ -14,6 +14,7 @@ import time
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+from kubernetes.utils import parse_quantity as _parse_quantity
 from kubernetes.watch.watch import iter_resp_lines
 
 from jobs.backends.base import BackendError
@@ -35,6 +36,10 @@ class NotFound(KubeError):
 
 class AlreadyExists(KubeError):
     pass
+
+
+class QuotaExceeded(KubeError):
+    """The namespace's ResourceQuota refused a pod: transient, it frees up when the tenant's other pods end."""
 
 
 class Gone(KubeError):
@@ -75,6 +80,14 @@ def api_client_for(host):
     configuration = k8s_client.Configuration()
     configuration.host = host.rstrip("/")
     return k8s_client.ApiClient(configuration)
+
+
+def parse_quantity(value):
+    """A Kubernetes quantity ("3800m", "16Gi", "64", 2) as a float, by the client's own parser."""
+    try:
+        return float(_parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        raise KubeError(f"{value!r} is not a Kubernetes quantity ({exc})", permanent=True) from None
 
 
 class KubeApi:
@@ -208,30 +221,35 @@ class KubeApi:
 
 
 def _error(exc, what):
-    """The project's error for an ApiException: which kind, and whether retrying can help."""
-    message = exc.reason or ""
+    """The project's error for an ApiException, from the Status object the API server sends."""
     try:
         body = json.loads(exc.body) if exc.body else {}
-        message = body.get("message") or message
     except (TypeError, ValueError):
-        pass
-    return _classify(exc.status, f"{what}: {message} (HTTP {exc.status})")
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    message = body.get("message") or exc.reason or ""
+    return _classify(exc.status, body.get("reason"), f"{what}: {message} (HTTP {exc.status})")
 
 
 def _from_status_object(obj, what):
-    return _classify(obj.get("code"), f"{what}: {obj.get('message') or obj.get('reason')} (HTTP {obj.get('code')})")
+    return _classify(obj.get("code"), obj.get("reason"),
+                     f"{what}: {obj.get('message') or obj.get('reason')} (HTTP {obj.get('code')})")
 
 
-def _classify(status, message):
+def _classify(status, reason, message):
+    """Which error, and whether retrying can help, from the HTTP status and the Status object's
+    `reason` (metav1.StatusReason), never from the wording of its message — with one exception: a
+    ResourceQuota refusal is a plain `Forbidden` whose only mark is the quota admission's
+    "exceeded quota" message, so that one test needs both."""
     if status == 404:
         return NotFound(message, status=status)
-    if status == 409 and "already exists" in message.lower():
+    if reason == "AlreadyExists":
         return AlreadyExists(message, status=status)
-    if status == 410:
+    if status == 410 or reason in ("Expired", "Gone"):
         return Gone(message, status=status)
-    if status == 403 and "exceeded quota" in message:
-        return KubeError(message, status=status)  # frees up when the tenant's other pods end
-    transient = status is None or status in TRANSIENT_STATUS or status == 409
+    if status == 403 and reason == "Forbidden" and "exceeded quota" in message:
+        return QuotaExceeded(message, status=status)
+    transient = status is None or status in TRANSIENT_STATUS or status == 409  # 409 Conflict: read again, retry
     return KubeError(message, status=status, permanent=not transient)
 
 

@@ -22,7 +22,7 @@ from gpu_scheduler import SchedulingInputError
 from jobs import frameworks, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, Node
 from jobs.backends.k8s import objects
-from jobs.backends.k8s.api import AlreadyExists, KubeApi, KubeError
+from jobs.backends.k8s.api import AlreadyExists, KubeApi, KubeError, parse_quantity
 from jobs.backends.k8s.objects import ObjectError
 from jobs.backends.k8s.podstatus import learner_status
 
@@ -316,10 +316,10 @@ def node_capacity(node):
     allocatable = status.get("allocatable") or {}
     try:
         return Node(name=node["metadata"]["name"],
-                    gpus=int(objects.parse_quantity(allocatable.get(objects.GPU_RESOURCE, 0))),
-                    cpus=objects.parse_quantity(allocatable.get("cpu", 0)),
-                    memory_bytes=int(objects.parse_quantity(allocatable.get("memory", 0))))
-    except (ObjectError, SchedulingInputError) as exc:
+                    gpus=int(parse_quantity(allocatable.get(objects.GPU_RESOURCE, 0))),
+                    cpus=parse_quantity(allocatable.get("cpu", 0)),
+                    memory_bytes=int(parse_quantity(allocatable.get("memory", 0))))
+    except (KubeError, SchedulingInputError) as exc:
         log.warning("ignoring node %s: %s", node.get("metadata", {}).get("name"), exc)
         return None
 

@@ -101,29 +101,8 @@ def learner_selector(job_id, attempt):
 
 
 # --- quantities ----------------------------------------------------------------------------------
-_SUFFIXES = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
-
-
-def parse_quantity(value):
-    """A Kubernetes quantity ("3800m", "16Gi", "64", 2) as a number."""
-    match = _QUANTITY.match(str(value).strip())
-    if not match:
-        raise ObjectError(f"{value!r} is not a Kubernetes quantity")
-    return float(match.group(1)) * _SUFFIXES[match.group(2) or ""]
-
-
 def cpu_quantity(cpus):
     return f"{round(cpus * 1000)}m"
-
-
-def format_bytes(n):
-    if n % 2**30 == 0:
-        return f"{n // 2**30}GiB"
-    if n >= 2**30:
-        return f"{n / 2**30:.1f}GiB"
-    return f"{n / 2**20:.0f}MiB"
 
 
 # --- per tenant ----------------------------------------------------------------------------------
