@@ -4,8 +4,12 @@ preempt (halt through the checkpoint, then back to QUEUED), or say why a job wai
 
 A cycle is one transaction that holds the cluster-wide admission lock while it reads and decides,
 so two cycles racing (two workers, a submit racing a finish) run one after the other and the second
-sees the first's admissions: quotas hold whatever the interleaving. On PostgreSQL that lock is a
-transaction-scoped advisory lock; SQLite already lets only one writer in at a time.
+sees the first's admissions: quotas hold whatever the interleaving. This is the one lock of the
+cycle. On PostgreSQL it is a transaction-scoped advisory lock (freed by the commit, or by the
+server when a killed worker's connection drops). On SQLite every transaction begins IMMEDIATE
+(portal/settings.py), which takes the database's single write lock at BEGIN: the cycle's
+transaction is then the only writer from its first read to its commit, the same serialisation,
+and likewise freed when the process dies.
 """
 import dataclasses
 import logging
@@ -16,8 +20,8 @@ from django.utils import timezone
 
 import gpu_scheduler as scheduler
 from jobs.backends import get_backend
-from jobs.models import Job, Status
-from jobs.states import ACTIVE, transition
+from jobs.models import ACTIVE, Job, Status
+from jobs.states import transition
 from tenants import quotas
 from tenants.models import Tenant
 
@@ -99,19 +103,29 @@ def _workload(job, tenants, attained):
 
 
 def _admit(job, placement):
+    """QUEUED → PENDING; the transition writes the attempt's deploy (jobs.outbox)."""
     moved = transition(job.id, Status.PENDING, actor=ACTOR, reason="admitted", attempt=job.attempt,
                        placement=[{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in placement], wait_reason="")
-    if moved:
-        from jobs.actions import enqueue
-        enqueue("deploy_job", moved.id, moved.attempt)
     return moved is not None
 
 
 def _preempt(job, reason):
-    """Halt a running job through its checkpoint to make room; it is queued again once halted."""
-    from jobs.actions import enqueue
+    """Halt a running job through its checkpoint to make room; it is queued again once halted. The
+    transition writes the halt (jobs.outbox)."""
     moved = transition(job.id, Status.HALTING, actor=ACTOR, reason=f"preempted: {reason}", attempt=job.attempt,
                        preempted_reason=reason)
     if moved:
         log.info("%s: preempted (%s)", job.id, reason)
-        enqueue("halt_learners", moved.id, moved.attempt)
+
+
+def used_resources():
+    """{node: {gpus, cpus, memory_bytes, gpu_ids}} held by the learners of active jobs."""
+    used = {}
+    for job in Job.objects.filter(status__in=ACTIVE).only("placement", "cpus", "memory_bytes"):
+        for learner in job.placement:
+            node = used.setdefault(learner["node"], {"gpus": 0, "cpus": 0.0, "memory_bytes": 0, "gpu_ids": set()})
+            node["gpus"] += len(learner["gpu_ids"])
+            node["cpus"] += job.cpus
+            node["memory_bytes"] += job.memory_bytes
+            node["gpu_ids"].update(learner["gpu_ids"])
+    return used

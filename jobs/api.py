@@ -13,12 +13,12 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import actions, ingest, listing, sharing, storage
+from jobs import admission, ingest, lifecycle, listing, sharing, storage, submission, tenancy
 from jobs.backends import get_backend
 from jobs.serializers import (ArtifactSerializer, JobDetailSerializer, JobEventSerializer, JobSerializer,
                               log_line_json, metric_json)
 from jobs.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
-from jobs.states import ACTIVE, FINAL
+from jobs.models import ACTIVE, FINAL
 from portal.bounds import BoundedJSONParser, whole_number
 from portal.schema import ERROR_BODY
 from portal.throttling import throttle_ingest
@@ -35,7 +35,7 @@ class TenantScoped:
         return self._membership
 
     def job(self):
-        return access.job_or_404(self.membership(), self.kwargs["job_id"])
+        return tenancy.job_or_404(self.membership(), self.kwargs["job_id"])
 
 
 class JobList(TenantScoped, generics.ListCreateAPIView):
@@ -49,15 +49,15 @@ class JobList(TenantScoped, generics.ListCreateAPIView):
             query = listing.JobQuery.from_params(self.request.query_params)
         except listing.ListingError as exc:
             raise ValidationError({"detail": str(exc), "field": exc.field}) from None
-        return query.ordered(query.filter(access.jobs_of(self.membership()).select_related("owner", "tenant")))
+        return query.ordered(query.filter(tenancy.jobs_of(self.membership()).select_related("owner", "tenant")))
 
     def create(self, request, *args, **kwargs):
         manifest = request.FILES.get("manifest")
         if manifest is None:
-            raise actions.SubmitError("a manifest file (YAML) is required", field="manifest")
+            raise submission.SubmitError("a manifest file (YAML) is required", field="manifest")
         if manifest.size > 64 * 1024:
-            raise actions.SubmitError("manifest is larger than 64 KiB", field="manifest")
-        job = actions.submit(self.membership(), manifest_bytes=manifest.read(), code_file=request.FILES.get("code"),
+            raise submission.SubmitError("manifest is larger than 64 KiB", field="manifest")
+        job = submission.submit(self.membership(), manifest_bytes=manifest.read(), code_file=request.FILES.get("code"),
                              private=_flag(request.data.get("private")))
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
@@ -71,13 +71,13 @@ class JobAction(TenantScoped, APIView):
     """POST halt/ · resume/ · terminate/: 202 with the job, or 409 saying why not now."""
 
     action = None  # set by as_view(action=...)
-    ACTIONS = {"halt": actions.halt, "resume": actions.resume, "terminate": actions.terminate}
+    ACTIONS = {"halt": lifecycle.halt, "resume": lifecycle.resume, "terminate": lifecycle.terminate}
 
     @extend_schema(request=None, responses={202: JobDetailSerializer, 409: OpenApiResponse(
         ERROR_BODY, description="Not in this state (e.g. resuming a running job); `detail` says why")})
     def post(self, request, job_id):
         job = self.job()
-        if not access.can_control(self.membership(), job):
+        if not tenancy.can_control(self.membership(), job):
             detail = (f"viewers cannot {self.action} jobs" if self.membership().role == "viewer" else
                       f"only the job's owner, tenant admins and people it is shared with for control can "
                       f"{self.action} it")
@@ -132,7 +132,7 @@ class Cluster(APIView):
 
     def get(self, request):
         capacity = get_backend().capacity()
-        used = actions.used_resources()
+        used = admission.used_resources()
         mine = _tenant_jobs_by_node(request)
         nodes = []
         for n in capacity.nodes:
@@ -152,7 +152,7 @@ def _tenant_jobs_by_node(request):
     except access.NoTenant:
         return {}
     by_node = {}
-    jobs = access.jobs_of(membership).filter(status__in=ACTIVE).select_related("owner").only(
+    jobs = tenancy.jobs_of(membership).filter(status__in=ACTIVE).select_related("owner").only(
         "id", "name", "status", "placement", "owner__username")
     for job in jobs:
         for learner in job.placement or []:
@@ -177,14 +177,14 @@ class ManifestValidate(APIView):
         text = request.data.get("manifest")
         if hasattr(text, "read"):
             if text.size > MAX_MANIFEST_BYTES:
-                raise actions.SubmitError("manifest is larger than 64 KiB", field="manifest")
+                raise submission.SubmitError("manifest is larger than 64 KiB", field="manifest")
             text = text.read()
         if not isinstance(text, (str, bytes)):
-            raise actions.SubmitError("a manifest (YAML text) is required", field="manifest")
+            raise submission.SubmitError("a manifest (YAML text) is required", field="manifest")
         try:
             manifest = parse_manifest(text.encode() if isinstance(text, str) else text)
         except ManifestError as exc:
-            raise actions.SubmitError(str(exc), field=exc.field) from None
+            raise submission.SubmitError(str(exc), field=exc.field) from None
         return Response({"valid": True, "manifest": manifest_summary(manifest)})
 
 

@@ -6,8 +6,21 @@ class JobsConfig(AppConfig):
     name = "jobs"
 
     def ready(self):
-        from jobs import live, transfers
-        from jobs.models import JobEvent
+        from jobs import dispatch, live, states, transfers
+        from jobs.models import ACTIVE, JobEvent
+        from tenants import quotas
+        from tenants.models import Quota
+
+        def account_usage(job, *, before, when):
+            # Inside the transition's transaction: accounting never disagrees with the job's history.
+            quotas.on_transition(job, holding_before=before in ACTIVE, holding_after=job.status in ACTIVE, when=when)
+
+        def reschedule(sender, instance, **kwargs):
+            dispatch.send_on_commit("schedule")  # a quota change takes effect at once
+
+        states.listen(account_usage)
+        states.listen(live.on_status_change)
+        post_save.connect(reschedule, sender=Quota, weak=False, dispatch_uid="quota-change-reschedules")
         # Every final transition writes a JobEvent: that is when a job's data-store credentials go.
         post_save.connect(transfers.on_job_event, sender=JobEvent, dispatch_uid="jobs.forget_credentials")
         # Open websockets check their access again whenever something that grants it changes.

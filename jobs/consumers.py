@@ -19,7 +19,7 @@ from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
-from jobs import live
+from jobs import live, tenancy
 from portal import throttling
 from tenants import access
 from tenants.auth import user_for_key
@@ -126,7 +126,7 @@ class JobConsumer(_ScopedConsumer):
     @database_sync_to_async
     def _job(self, membership, job_id):
         try:
-            return access.job_or_404(membership, job_id)
+            return tenancy.job_or_404(membership, job_id)
         except Http404:
             return None
 
@@ -180,7 +180,7 @@ class JobListConsumer(_ScopedConsumer):
 
     @database_sync_to_async
     def _may_see(self, job_id):
-        return access.jobs_of(self.membership).filter(pk=job_id).exists()
+        return tenancy.jobs_of(self.membership).filter(pk=job_id).exists()
 
 
 def _int(value, default):

@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass
 
 from jobs.models import LearnerCredential
-from jobs.states import ACTIVE
+from jobs.models import ACTIVE
 
 TOKEN_BYTES = 32
 MAX_TOKEN_LENGTH = 256  # longer than any issued token: refused without hashing

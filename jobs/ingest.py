@@ -12,7 +12,7 @@ from datetime import datetime, timezone as dt_timezone
 
 from django.db import transaction
 
-from jobs import actions, bulk, credentials, live
+from jobs import bulk, credentials, lifecycle, live
 from jobs.models import Job, Learner, MetricPoint
 from jobs.serializers import metric_json
 
@@ -156,12 +156,12 @@ def _metric(record, learner, when):
 def _apply_status(job, learner, record, when):
     state = record.get("state")
     if state == "preparing":
-        actions.learner_preparing(job)
+        lifecycle.learner_preparing(job)
     elif state == "running":
-        actions.learner_running(job, learner, when)
+        lifecycle.learner_running(job, learner, when)
     elif state == "exited":
         exit_code = record.get("exit_code")
-        actions.learner_exited(job, learner, exit_code=exit_code if isinstance(exit_code, int) else None,
+        lifecycle.learner_exited(job, learner, exit_code=exit_code if isinstance(exit_code, int) else None,
                                reason=str(record.get("reason") or "")[:2000], when=when)
 
 

@@ -14,6 +14,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from jobs.models import FINAL
+
 log = logging.getLogger(__name__)
 CHUNK = 500  # lines per websocket message: big enough to batch, small enough to render smoothly
 
@@ -30,13 +32,29 @@ def user_group(user_id):
     return f"user.{user_id}"
 
 
+def status_payload(job):
+    """What a socket needs to redraw a job's status (the list row, the job page's header): a few
+    columns of the row in hand. No serializer and no query: it is built inside the transaction of
+    every status change, which for admissions holds the cluster-wide scheduling lock."""
+    def iso(value):
+        return value.isoformat() if value else None
+    return {"id": job.id, "status": job.status, "status_reason": job.status_reason, "wait_reason": job.wait_reason,
+            "attempt": job.attempt, "retries": job.retries, "exit_code": job.exit_code, "private": job.private,
+            "final": job.status in FINAL, "created_at": iso(job.created_at), "started_at": iso(job.started_at),
+            "finished_at": iso(job.finished_at), "page_url": f"/jobs/{job.id}/"}
+
+
 def publish_status_on_commit(job):
-    from jobs.serializers import JobSerializer
     message = {"type": "job.status", "status": {
         "job": job.id, "status": job.status, "reason": job.status_reason, "attempt": job.attempt,
         "exit_code": job.exit_code, "time": job.updated_at.isoformat()},
-        "job": JobSerializer(job).data}
+        "job": status_payload(job)}
     transaction.on_commit(lambda: _send([job_group(job.id), tenant_group(job.tenant_id)], message))
+
+
+def on_status_change(job, *, before, when):
+    """jobs.states listener (connected in JobsConfig.ready): every status change reaches the sockets."""
+    publish_status_on_commit(job)
 
 
 def publish_records_on_commit(job_id, lines, points):

@@ -28,6 +28,11 @@ class Status(models.TextChoices):
     TERMINATED = "TERMINATED"
 
 
+# A job in a final state never changes again; an active one holds resources (its usage record is open).
+FINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.TERMINATED})
+ACTIVE = frozenset({Status.PENDING, Status.DOWNLOADING, Status.PROCESSING, Status.STORING, Status.HALTING})
+
+
 class Job(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_job_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
@@ -47,6 +52,10 @@ class Job(models.Model):
     private = models.BooleanField(default=False)
     code_sha256 = models.CharField(max_length=64)
     code_bytes = models.BigIntegerField(default=0)
+    # What the steps after submission need from the manifest (jobs.runtime, versioned), written once at
+    # submission: later steps read this, never the stored manifest, so a rule tightened since cannot
+    # break a job that was accepted under the old one.
+    runtime = models.JSONField(default=dict, blank=True)
 
     # Written only by jobs.states.transition().
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)
@@ -82,7 +91,6 @@ class Job(models.Model):
 
     @property
     def is_final(self):
-        from jobs.states import FINAL
         return self.status in FINAL
 
     @property
@@ -189,3 +197,36 @@ class Artifact(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "name"], name="one_artifact_per_name")]
+
+
+class FollowUp(models.Model):
+    """The outbox (jobs.outbox): work a status change requires, written in the transaction that made
+    the change, and done by whichever worker claims it. The row, not the Celery message that wakes
+    a worker, is the record: a lost message delays the work until the reconcile pass sends another."""
+
+    class Kind(models.TextChoices):
+        DEPLOY = "deploy"
+        HALT = "halt"
+        FINISH = "finish"
+        TEARDOWN = "teardown"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="follow_ups")
+    attempt = models.PositiveIntegerField()
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    created = models.DateTimeField(default=timezone.now)
+    # Not before this time (backoff after a failure).
+    due_at = models.DateTimeField(default=timezone.now)
+    # A claim older than jobs.outbox.CLAIM_TTL_S is stale: its worker died (a live one renews it).
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=100, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+    tries = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "attempt", "kind"], condition=models.Q(done_at=None),
+                                               name="one_open_follow_up")]
+        indexes = [models.Index(fields=["done_at", "due_at"], name="follow_up_open")]
+
+    def __str__(self):
+        return f"{self.kind} {self.job_id} attempt {self.attempt}"

@@ -4,7 +4,7 @@ from rest_framework import serializers
 
 from jobs import datastores
 from jobs.models import Artifact, Job, JobEvent, MetricPoint, Status
-from jobs.states import FINAL
+from jobs.models import FINAL
 
 
 def log_line_json(line):

@@ -1,8 +1,11 @@
 """The job state machine (SPEC §3): the only code that writes Job.status.
 
 Each change is a compare-and-swap on the row (`UPDATE ... WHERE status IN (allowed sources)`), so
-two workers racing to move the same job cannot both win, and its event row is written in the same
-transaction, so history and status never disagree.
+two workers racing to move the same job cannot both win. In the same transaction it writes the
+event row (history and status never disagree), the follow-up work the change requires (jobs.outbox:
+deploy, halt, teardown) and calls the status-change listeners registered with `listen()` (usage
+accounting: tenants.quotas; websocket fan-out after commit: jobs.live; both connected in
+JobsConfig.ready, so this module imports neither).
 """
 import logging
 
@@ -10,13 +13,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs.models import Job, JobEvent, Status
-from tenants import quotas
+from jobs import outbox
+from jobs.models import ACTIVE, FINAL, Job, JobEvent, Status
 
 log = logging.getLogger(__name__)
-
-FINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.TERMINATED})
-ACTIVE = frozenset({Status.PENDING, Status.DOWNLOADING, Status.PROCESSING, Status.STORING, Status.HALTING})
+__all__ = ("ACTIVE", "FINAL", "TRANSITIONS", "InvalidTransition", "listen", "transition", "require_transition")
+_listeners = []
 
 TRANSITIONS = {
     Status.QUEUED: {Status.PENDING, Status.FAILED, Status.TERMINATED},
@@ -36,6 +38,12 @@ TRANSITIONS = {
 
 class InvalidTransition(Exception):
     """The job is not in a state from which the requested change is allowed."""
+
+
+def listen(listener):
+    """Call `listener(job, before=status, when=time)` inside the transaction of every status change."""
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 def sources_of(target):
@@ -76,14 +84,13 @@ def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=F
         job = Job.objects.get(pk=job_id)
         JobEvent.objects.create(job=job, time=now, from_status=current["status"], to_status=target,
                                 attempt=job.attempt, actor=actor, reason=reason)
-        quotas.on_transition(job, holding_before=current["status"] in ACTIVE, holding_after=target in ACTIVE,
-                             when=now)
         if target == Status.PROCESSING and job.started_at is None:
             Job.objects.filter(pk=job_id, started_at__isnull=True).update(started_at=now)
             job.started_at = now
+        outbox.for_transition(job, before=current["status"], attempt_before=current["attempt"])
+        for listener in _listeners:
+            listener(job, before=current["status"], when=now)
     log.info("%s: %s -> %s (%s) %s", job_id, current["status"], target, actor, reason)
-    from jobs import live
-    live.publish_status_on_commit(job)
     return job
 
 

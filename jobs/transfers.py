@@ -1,8 +1,9 @@
 """A job's data transfers, platform side: its training data in (DOWNLOADING) and its results out
 (STORING), plus the life of its data-store credentials (sealed at submission, deleted at the end).
 
-jobs.actions calls these at the matching points of a job's life; jobs.datastores does the actual
-transfers. Progress goes into the job's log as `system` lines (learner 0), so the job page, the
+jobs.lifecycle and jobs.artifacts call these at the matching points of a job's life; jobs.datastores
+does the actual transfers. Which data stores a job has comes from its runtime fields (jobs.runtime),
+never from its stored manifest. Progress goes into the job's log as `system` lines (learner 0), so the job page, the
 CLI's `logs` and the websocket show it like any other output.
 """
 import logging
@@ -11,11 +12,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import datastores, egress, live, storage
-from jobs.manifest import parse_manifest
-from jobs.models import Job, LogLine, Status
+from jobs import datastores, egress, live, runtime, storage
+from jobs.models import FINAL, Job, LogLine, Status
 from jobs.serializers import log_line_json
-from jobs.states import FINAL, transition
+from jobs.states import transition
 
 log = logging.getLogger(__name__)
 SYSTEM = "lifecycle-manager"
@@ -48,7 +48,7 @@ def fetch_training_data(job):
     Returns True when the learners may start (no data stores, data already complete, or just
     fetched), False when they must not (the job failed here, or another worker is fetching).
     """
-    stores = [s for s in parse_manifest(job.manifest_yaml).data_stores if "training_data" in s]
+    stores = runtime.of(job).stores_with("training_data")
     folder = storage.job_dir(job.tenant.slug, job.id)
     data_dir = folder / "data"
     if not stores or (data_dir / datastores.FETCHED_MARK).exists():
@@ -75,26 +75,25 @@ def fetch_training_data(job):
 
 
 # --- STORING -------------------------------------------------------------------------------------
-def push_results(job):
+def push_results(job, run):
     """Upload RESULT_DIR, the checkpoints and the log to every store with training_results, and mirror
-    them into the platform's storage when that is S3. A failed upload fails the job (its reason
-    names the store); the files stay downloadable from the platform either way."""
+    them into the platform's storage when that is S3. Returns None, or what failed (naming the store;
+    also written to the job's log). The caller decides what that means for the job's status."""
     folder = storage.job_dir(job.tenant.slug, job.id)
     folders = {name: folder / name for name in ("results", "checkpoints", "logs")}
     try:
-        targets = _result_targets(job, folder)
+        targets = _result_targets(job, run, folder)
         for target in targets:
             datastores.push(folders, target, report=lambda line: system_log(job.id, line))
     except datastores.DataStoreError as exc:
         system_log(job.id, f"[trainyard] {exc}")
-        transition(job.id, Status.FAILED, actor=SYSTEM, attempt=job.attempt, reason=f"storing results failed: {exc}")
-        return False
-    return True
+        return str(exc)
+    return None
 
 
-def _result_targets(job, folder):
+def _result_targets(job, run, folder):
     targets = []
-    specs = [s for s in parse_manifest(job.manifest_yaml).data_stores if "training_results" in s]
+    specs = run.stores_with("training_results")
     if specs:
         secrets = datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY)
         for spec in specs:

@@ -5,7 +5,7 @@ from django.views import defaults
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from jobs.actions import SubmitError
+from jobs.submission import SubmitError
 from jobs.states import InvalidTransition
 from portal.bounds import BadParameter
 from tenants.access import NoTenant

@@ -1,4 +1,8 @@
-"""The Celery application: the lifecycle manager's worker and beat run this."""
+"""The Celery application: the lifecycle manager's worker and beat run this (`celery -A portal.celery`).
+
+portal/__init__.py imports it, so it is the current app in every process that loads Django; tasks
+are @shared_task and are sent by name (jobs.dispatch), so nothing imports this module to enqueue.
+"""
 import os
 
 from celery import Celery

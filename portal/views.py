@@ -13,7 +13,7 @@ from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from jobs import actions, listing
+from jobs import listing, submission, tenancy
 from jobs.manifest import FRAMEWORKS
 from jobs.models import Status
 from tenants import access
@@ -60,7 +60,7 @@ def job_list(request, membership):
         error = None
     except listing.ListingError as exc:
         query, error = listing.JobQuery(), str(exc)
-    jobs = access.jobs_of(membership).select_related("owner").only(*listing.LIST_COLUMNS)
+    jobs = tenancy.jobs_of(membership).select_related("owner").only(*listing.LIST_COLUMNS)
     page = query.page(jobs)
     params = request.GET.copy()
     for cursor in ("after", "before"):
@@ -70,7 +70,7 @@ def job_list(request, membership):
                "members": Membership.objects.filter(tenant=membership.tenant).select_related("user")
                .order_by("user__username").values_list("user__username", flat=True),
                "base_query": params.urlencode(), "count": query.filter(jobs).count(),
-               "has_any": bool(page.rows) or query.is_filtered or access.jobs_of(membership).exists()}
+               "has_any": bool(page.rows) or query.is_filtered or tenancy.jobs_of(membership).exists()}
     # htmx asks for the results only when a filter, sort or page link changes.
     template = "jobs/_results.html" if request.headers.get("HX-Request") else "jobs/list.html"
     return render(request, template, context, status=400 if error else 200)
@@ -82,14 +82,14 @@ SORT_LABELS = {"-created": "Newest first", "created": "Oldest first", "name": "N
 
 @tenant_page
 def job_page(request, membership, job_id):
-    job = access.job_or_404(membership, job_id)
+    job = tenancy.job_or_404(membership, job_id)
     return render(request, "jobs/detail.html", {"job": job, "membership": membership})
 
 
 @tenant_page
 def job_log_download(request, membership, job_id):
     """The whole log as text, streamed in batches so a million lines never sit in memory at once."""
-    job = access.job_or_404(membership, job_id)
+    job = tenancy.job_or_404(membership, job_id)
     learners = job.learners > 1
 
     def lines():
@@ -129,9 +129,9 @@ def submit_page(request, membership):
     if request.method == "POST":
         context.update(manifest_text=request.POST.get("manifest", ""), example=request.POST.get("example", ""))
         try:
-            job = actions.submit(membership, manifest_bytes=context["manifest_text"].encode(),
+            job = submission.submit(membership, manifest_bytes=context["manifest_text"].encode(),
                                  code_file=_code_file(request, context["example"]))
-        except actions.SubmitError as exc:
+        except submission.SubmitError as exc:
             context.update(error=exc.detail, field=exc.field)
             return render(request, "jobs/submit.html", context, status=exc.status)
         return redirect("job-page", job_id=job.id)

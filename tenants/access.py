@@ -1,10 +1,6 @@
-"""Tenancy in one place: which tenant a request acts in, and the queries scoped to it.
-
-Every lookup of tenant-owned data goes through here, so an id from another tenant is simply not
-found (404) rather than forbidden (403), which would confirm that it exists.
+"""Which tenant a request acts in. The queries of tenant-scoped jobs build on it in jobs.tenancy
+(this package never imports jobs: jobs builds on tenants, not the other way round).
 """
-from django.http import Http404
-
 from tenants.models import Membership, Tenant
 
 TENANT_HEADER = "HTTP_X_TRAINYARD_TENANT"
@@ -51,35 +47,3 @@ def requested_tenant(request):
 
 def request_membership(request):
     return membership_for(request.user, requested_tenant(request))
-
-
-def jobs_of(membership):
-    """The jobs this member may see: the tenant's, minus other people's private jobs not shared with them."""
-    from django.db.models import Q
-    from guardian.models import UserObjectPermission
-
-    from jobs.models import Job
-    jobs = Job.objects.filter(tenant=membership.tenant)
-    if membership.is_admin:
-        return jobs
-    shared = UserObjectPermission.objects.filter(
-        user=membership.user, permission__codename="view_job",
-        content_type__app_label="jobs", content_type__model="job").values("object_pk")
-    return jobs.filter(Q(private=False) | Q(owner=membership.user) | Q(pk__in=shared))
-
-
-def job_or_404(membership, job_id):
-    job = jobs_of(membership).filter(pk=job_id).first()
-    if job is None:
-        raise Http404(f"No job {job_id!r} in tenant {membership.tenant.slug!r}.")
-    return job
-
-
-def can_control(membership, job):
-    """Halt, resume or terminate: tenant admins any job, researchers their own and those shared
-    with them for control; viewers never."""
-    if membership.is_admin:
-        return True
-    if membership.role != Membership.Role.RESEARCHER:
-        return False
-    return job.owner_id == membership.user.pk or membership.user.has_perm("jobs.change_job", job)

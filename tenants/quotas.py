@@ -3,20 +3,22 @@ scheduler may still give it.
 
 Usage comes from the job state machine: an attempt starts holding its resources when it is
 admitted (QUEUED → PENDING) and stops when it releases them (a final state, HALTED, or back to
-QUEUED for a retry). jobs.states.transition() calls `on_transition()` inside the same transaction
-as the status change, so accounting is exact to the second and never disagrees with job history.
+QUEUED for a retry). jobs.states.transition() calls `on_transition()` (a status-change listener
+connected in JobsConfig.ready) inside the same transaction as the status change, so accounting is
+exact to the second and never disagrees with job history. Nothing here imports jobs: what this
+module needs of a job is the row it is handed, and the queued jobs' demand comes in as an argument.
 """
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Q
-from django.db.models.signals import post_save
 from django.utils import timezone
 
 from tenants.models import Quota, UsageRecord
 
 HOURS = 3600.0
+QUEUED = "QUEUED"  # jobs.models.Status.QUEUED
 HISTORY_PERIODS = 6
 
 
@@ -151,15 +153,7 @@ def budget_state(quota, usage):
     return "ok", ""
 
 
-# --- quota changes take effect at once -----------------------------------------------------------
-def _reschedule_on_quota_change(sender, instance, **kwargs):
-    from jobs.actions import enqueue
-    enqueue("schedule")
-
-
-post_save.connect(_reschedule_on_quota_change, sender=Quota, dispatch_uid="quota-change-reschedules")
-
-
+# --- quota changes take effect at once (jobs.apps reschedules on every save of a Quota) ---------
 def set_quota(tenant, **limits):
     """Create or change a tenant's quota (fields as in Quota); unknown names are refused."""
     unknown = set(limits) - set(Quota.LIMITS) - {"period", "budget_mode", "can_borrow"}
@@ -176,13 +170,12 @@ def set_quota(tenant, **limits):
 
 # --- the summary shown by the API, the CLI, the tenant page and the admin console ----------------
 def summary(tenant, *, user=None, now=None):
-    from jobs.models import Job, Status
-
     now = now or timezone.now()
     quota = quota_of(tenant)
     usage = usage_of(tenant, now, quota)
     state, reason = budget_state(quota, usage)
-    queued = Job.objects.filter(tenant=tenant, status=Status.QUEUED).only("gpus", "learners")
+    # Through the tenant's reverse relation: this module does not import jobs (jobs builds on tenants).
+    queued = list(tenant.jobs.filter(status=QUEUED).only("gpus", "learners"))
     limits = quota.as_dict() if quota else dict.fromkeys(Quota.LIMITS, None) | {
         "period": Quota.Period.MONTH, "budget_mode": Quota.BudgetMode.HARD, "can_borrow": False}
     body = {

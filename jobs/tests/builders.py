@@ -6,7 +6,9 @@ import zipfile
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from jobs.models import Job
+from jobs import runtime
+from jobs.manifest import parse_manifest
+from jobs.models import FollowUp, Job
 from tenants.models import ApiToken, Membership, Tenant
 
 MANIFEST = b"""
@@ -67,7 +69,23 @@ def upload(data, name="code.tar.gz"):
 
 
 def job(membership, **fields):
+    """A job row as submission writes it: its runtime fields come from its manifest (jobs.runtime)."""
     values = dict(tenant=membership.tenant, owner=membership.user, name="j", framework="custom",
                   manifest={}, manifest_yaml=MANIFEST.decode(), memory_bytes=2**30, code_sha256="0" * 64)
     values.update(fields)
+    values.setdefault("runtime", runtime.from_manifest(parse_manifest(values["manifest_yaml"])))
     return Job.objects.create(**values)
+
+
+def record_sends(monkeypatch):
+    """The tasks jobs.dispatch sends, as (name, args), recorded at once instead of sent to a broker
+    (the tests' transaction never commits, so on-commit sends are recorded when asked for)."""
+    sent = []
+    monkeypatch.setattr("jobs.dispatch.send", lambda task, *args, countdown=None: sent.append((task, args)))
+    monkeypatch.setattr("jobs.dispatch.send_on_commit", lambda task, *args: sent.append((task, args)))
+    return sent
+
+
+def open_follow_ups(target):
+    """{(kind, attempt)} of the job's outbox rows not done yet."""
+    return set(FollowUp.objects.filter(job_id=target.id, done_at=None).values_list("kind", "attempt"))

@@ -28,7 +28,8 @@ def test_it_accepts_a_job_and_queues_it(alice, django_capture_on_commit_callback
     body = response.json()
     assert body["id"].startswith("training-") and body["status"] == "QUEUED"
     assert Job.objects.get(pk=body["id"]).events.get().to_status == "QUEUED"
-    assert len(callbacks) == 1  # the scheduling task, enqueued only after commit
+    # Only after commit: the scheduling task, and the new job published to the jobs list's sockets.
+    assert len(callbacks) == 2
 
 
 def test_it_rejects_a_bad_field_with_400_naming_it(alice):

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from jobs import credentials, ingest
-from jobs.actions import deploy_spec
+from jobs.lifecycle import deploy_spec
 from jobs.backends.local import LocalBackend
 from jobs.models import Job, LearnerCredential, LogLine
 from jobs.tests.builders import job, member

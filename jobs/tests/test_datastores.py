@@ -4,7 +4,7 @@ import json
 import pytest
 from rest_framework.test import APIClient
 
-from jobs import datastores, storage, transfers
+from jobs import datastores, runtime, storage, transfers
 from jobs.datastores import DataStoreError, LocalStore, Location, S3Store
 from jobs.manifest import parse_manifest
 from jobs.models import Job, LogLine
@@ -235,7 +235,7 @@ def test_a_local_store_is_downloaded_with_progress_in_the_log_and_results_are_st
     assert (folder / "data" / "train.csv").read_text() == "1,2\n"
 
     (folder / "results" / "model.txt").write_text("m")
-    assert transfers.push_results(job) is True
+    assert transfers.push_results(job, runtime.of(job)) is None  # nothing failed
     assert (datastores.local_root(settings.DATA_DIR, alice.tenant.slug) / "trained" / job.id / "results" /
             "model.txt").exists()
 

@@ -1,7 +1,7 @@
 """The Kubernetes backend driving real job lifecycles against a stateful fake API server over HTTP
 (kmock's KubernetesEmulator, see k8s_fake.py) through the official client.
 
-The lifecycle is the real one (jobs.actions, with the Celery tasks run in-process by `worker`); the
+The lifecycle is the real one (jobs.lifecycle, with the outbox's work run in-process by `worker`); the
 kubelet is simulated by PATCHing pod status, and each learner agent by sending the ingest batches it
 would send (reading its token from the attempt's Secret and writing its exit.json). What only a real
 cluster shows (scheduling, the garbage collector, NetworkPolicy enforcement, the agent in a real pod)
@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from jobs import actions, admission, storage
+from jobs import admission, lifecycle, outbox, reconcile, storage, tasks
 from jobs.backends.base import BackendError
 from jobs.backends.k8s import objects
 from jobs.backends.k8s.api import Gone, KubeApi, api_client_for
@@ -62,7 +62,7 @@ def new_backend(cluster, *, watcher=False, quota=None):
 
 def use(monkeypatch, chosen):
     """Make `chosen` the backend of the lifecycle (what get_backend() returns with TRAINYARD_BACKEND=kubernetes)."""
-    for module in (actions, admission):
+    for module in (lifecycle, reconcile, admission):
         monkeypatch.setattr(module, "get_backend", lambda: chosen)
     return chosen
 
@@ -74,9 +74,8 @@ def backend(cluster, monkeypatch):
 
 class Worker:
     """Runs the lifecycle's Celery tasks in-process, in the order they were sent."""
-    TASKS = {"schedule": lambda: admission.run_cycle(), "deploy_job": actions.deploy,
-             "finish_attempt": actions.finish_attempt, "teardown": actions.teardown,
-             "halt_learners": actions.halt_learners}
+    TASKS = {"schedule": lambda: admission.run_cycle(),
+             "follow_up": lambda row_id: outbox.run(row_id, tasks.HANDLERS)}
 
     def __init__(self):
         self.sent = []
@@ -90,7 +89,8 @@ class Worker:
 @pytest.fixture
 def worker(monkeypatch):
     running = Worker()
-    monkeypatch.setattr(actions, "enqueue", lambda name, *args: running.sent.append((name, args)))
+    monkeypatch.setattr("jobs.dispatch.send", lambda name, *args, countdown=None: running.sent.append((name, args)))
+    monkeypatch.setattr("jobs.dispatch.send_on_commit", lambda name, *args: running.sent.append((name, args)))
     return running
 
 
@@ -187,7 +187,7 @@ def test_a_two_learner_job_goes_from_queued_to_completed(cluster, backend, worke
     assert pod["spec"]["initContainers"][0]["image"] == "registry.example/learner-agent:1.0"
 
     kubelet, agents = deployed(cluster, target, worker, learners=2)
-    actions.reconcile()  # running pods change nothing
+    reconcile.reconcile()  # running pods change nothing
     assert status_of(target) == Status.PROCESSING
     for agent in agents:
         agent.send(kind="log", stream="stdout", line="epoch 1 loss 0.3")
@@ -205,7 +205,7 @@ def test_an_oom_killed_learner_fails_the_job_with_that_reason(cluster, backend, 
     kubelet, _ = deployed(cluster, target, worker, learners=1)
     # The container was killed by the kernel: the agent died with it and reported nothing.
     kubelet.terminate(NS, objects.pod_name(target.id, 1, 0), exit_code=137, reason="OOMKilled")
-    actions.reconcile()
+    reconcile.reconcile()
     worker.run()
     failed = Job.objects.get(pk=target.id)
     assert failed.status == Status.FAILED
@@ -215,7 +215,7 @@ def test_an_oom_killed_learner_fails_the_job_with_that_reason(cluster, backend, 
 def test_halt_checkpoints_then_the_pods_are_deleted(cluster, backend, worker):
     target = submitted(learners=2)
     kubelet, agents = deployed(cluster, target, worker, learners=2)
-    actions.halt(Job.objects.get(pk=target.id), actor="alice")
+    lifecycle.halt(Job.objects.get(pk=target.id), actor="alice")
     worker.run()  # halt_learners
     pods = [objects.pod_name(target.id, 1, i) for i in range(2)]
     for name in pods:  # what the agent reads through its downward-API file
@@ -234,7 +234,7 @@ def test_halt_checkpoints_then_the_pods_are_deleted(cluster, backend, worker):
     assert "resume continues from checkpoint model.pt" in halted.status_reason
     assert checkpoint.read_bytes() == b"weights"
     # The attempt's pods stay until teardown; see the report: finish_attempt should enqueue it.
-    actions.teardown(target.id, 1)
+    lifecycle.teardown(target.id, 1)
     assert cluster.names("pods", NS) == []
     assert cluster.names("configmaps", NS) == [] and cluster.names("secrets", NS) == []
     assert cluster.names("services", NS) == []
@@ -251,7 +251,7 @@ def test_a_restarted_worker_reconciles_from_a_fresh_list(cluster, backend, worke
     restarted.watcher.sync()
     assert restarted.watcher.fresh()
     use(monkeypatch, restarted)
-    actions.reconcile()
+    reconcile.reconcile()
     worker.run()
     assert status_of(target) == Status.COMPLETED
     assert sorted(Learner.objects.filter(job=target).values_list("exit_code", flat=True)) == [0, 0]
@@ -262,7 +262,7 @@ def test_an_image_that_cannot_be_pulled_fails_the_job(cluster, backend, worker):
     admission.run_cycle()
     worker.run()
     Kubelet(cluster).image_pull_backoff(NS, objects.pod_name(target.id, 1, 0), "pull access denied")
-    actions.reconcile()
+    reconcile.reconcile()
     worker.run()
     failed = Job.objects.get(pk=target.id)
     assert failed.status == Status.FAILED
@@ -277,7 +277,7 @@ def test_a_pod_that_stays_unschedulable_fails_the_job_with_the_schedulers_reason
     message = "0/3 nodes are available: 2 Insufficient nvidia.com/gpu, 1 node(s) were unschedulable."
     kubelet = Kubelet(cluster)
     kubelet.unschedulable(NS, objects.pod_name(target.id, 1, 0), message, since="2020-01-01T00:00:00Z")
-    actions.reconcile()
+    reconcile.reconcile()
     worker.run()
     assert status_of(target) == Status.FAILED
     assert message in Job.objects.get(pk=target.id).status_reason
@@ -287,14 +287,14 @@ def test_a_learner_whose_pod_vanished_is_lost(cluster, backend, worker):
     target = submitted(learners=2)
     deployed(cluster, target, worker, learners=2)
     cluster.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{objects.pod_name(target.id, 1, 1)}")
-    actions.reconcile()
+    reconcile.reconcile()
     assert dict(Learner.objects.filter(job=target).values_list("index", "state")) == {0: "running", 1: "lost"}
 
 
 def test_terminate_removes_everything_the_attempt_created(cluster, backend, worker):
     target = submitted(learners=2)
     deployed(cluster, target, worker, learners=2)
-    actions.terminate(Job.objects.get(pk=target.id), actor="alice")
+    lifecycle.terminate(Job.objects.get(pk=target.id), actor="alice")
     worker.run()  # teardown
     for plural in ("pods", "services", "secrets", "configmaps"):
         assert cluster.names(plural, NS) == [], plural
@@ -308,7 +308,7 @@ def test_a_repeated_deploy_is_harmless(cluster, backend, worker):
     worker.run()
     pods = [objects.pod_name(target.id, 1, i) for i in range(2)]
     uids = [cluster.get(f"/api/v1/namespaces/{NS}/pods/{name}")["metadata"]["uid"] for name in pods]
-    actions.deploy(target.id, 1)  # a re-driven deploy: every create answers "already exists"
+    lifecycle.deploy(target.id, 1)  # a re-driven deploy: every create answers "already exists"
     assert cluster.names("pods", NS) == pods
     assert [cluster.get(f"/api/v1/namespaces/{NS}/pods/{name}")["metadata"]["uid"] for name in pods] == uids
     assert Learner.objects.filter(job=target).count() == 2
@@ -352,7 +352,7 @@ def test_it_works_with_a_server_that_assigns_no_uids(monkeypatch, worker):
         worker.run()
         pod = plain.get(f"/api/v1/namespaces/{NS}/pods/{objects.pod_name(target.id, 1, 0)}")
         assert "ownerReferences" not in pod["metadata"]  # nothing to refer to; delete() removes each
-        actions.teardown(target.id, 1)
+        lifecycle.teardown(target.id, 1)
         assert plain.names("pods", NS) == [] and plain.names("configmaps", NS) == []
     finally:
         plain.stop()

@@ -2,10 +2,10 @@
 backend knows more about, and re-drives steps whose tasks were lost."""
 import pytest
 
-from jobs import actions
+from jobs import lifecycle, reconcile
 from jobs.backends.base import Capacity, LearnerState, LearnerStatus, Node
 from jobs.models import Learner
-from jobs.tests.builders import job, member
+from jobs.tests.builders import job, member, open_follow_ups, record_sends
 
 pytestmark = pytest.mark.django_db
 
@@ -25,13 +25,11 @@ class BackendDouble:
 
 @pytest.fixture
 def sent(monkeypatch):
-    calls = []
-    monkeypatch.setattr(actions, "enqueue", lambda name, *args: calls.append((name, *args)))
-    return calls
+    return record_sends(monkeypatch)
 
 
 def use_backend(monkeypatch, states):
-    monkeypatch.setattr(actions, "get_backend", lambda: BackendDouble(states))
+    monkeypatch.setattr(reconcile, "get_backend", lambda: BackendDouble(states))
 
 
 def running_job(learners=1, **fields):
@@ -44,41 +42,41 @@ def running_job(learners=1, **fields):
 def test_it_records_an_exit_whose_report_never_arrived(monkeypatch, sent):
     target = running_job()
     use_backend(monkeypatch, {0: LearnerStatus(0, LearnerState.EXITED, 3, "")})
-    actions.reconcile()
+    reconcile.reconcile()
     assert Learner.objects.get(job=target).exit_code == 3
-    assert ("finish_attempt", target.id, 1) in sent
+    assert ("finish", 1) in open_follow_ups(target)
 
 
 def test_it_marks_a_vanished_learner_lost(monkeypatch, sent):
     target = running_job(learners=2)
     use_backend(monkeypatch, {1: LearnerStatus(1, LearnerState.MISSING, reason="agent gone")})
-    actions.reconcile()
+    reconcile.reconcile()
     states = dict(Learner.objects.filter(job=target).values_list("index", "state"))
     assert states == {0: "running", 1: "lost"}
-    assert ("finish_attempt", target.id, 1) not in sent  # learner 0 still runs
+    assert ("finish", 1) not in open_follow_ups(target)  # learner 0 still runs
 
 
 def test_it_redrives_finish_when_every_learner_ended_but_the_job_did_not(monkeypatch, sent):
     target = running_job()
     Learner.objects.filter(job=target).update(state=Learner.State.EXITED, exit_code=0)
     use_backend(monkeypatch, {})
-    actions.reconcile()
-    assert ("finish_attempt", target.id, 1) in sent
+    reconcile.reconcile()
+    assert ("finish", 1) in open_follow_ups(target)
 
 
 def test_it_redeploys_an_admitted_job_that_has_no_learners(monkeypatch, sent):
     target = job(member(), status="PENDING")
     use_backend(monkeypatch, {})
-    actions.reconcile()
-    assert ("deploy_job", target.id, 1) in sent
+    reconcile.reconcile()
+    assert ("deploy", 1) in open_follow_ups(target)
 
 
 def test_it_leaves_running_learners_alone(monkeypatch, sent):
     target = running_job()
     use_backend(monkeypatch, {})
-    actions.reconcile()
+    reconcile.reconcile()
     assert Learner.objects.get(job=target).state == "running"
-    assert not [c for c in sent if c[0] != "schedule"]
+    assert not open_follow_ups(target)
 
 
 def test_a_reconcile_during_deploy_does_not_call_learners_lost_before_they_start(monkeypatch, sent):
@@ -89,10 +87,11 @@ def test_a_reconcile_during_deploy_does_not_call_learners_lost_before_they_start
 
     class Deploying(BackendDouble):
         def deploy(self, spec):
-            actions.reconcile()  # the beat tick that lands mid-deploy
+            reconcile.reconcile()  # the beat tick that lands mid-deploy
             self.states.clear()  # now the agents run
 
-    monkeypatch.setattr(actions, "get_backend", lambda: Deploying(not_started))
-    actions.deploy(target.id, 1)
+    monkeypatch.setattr(reconcile, "get_backend", lambda: Deploying(not_started))
+    monkeypatch.setattr(lifecycle, "get_backend", lambda: Deploying(not_started))
+    lifecycle.deploy(target.id, 1)
     assert list(Learner.objects.filter(job=target).values_list("index", "state")) == [(0, "deploying"),
                                                                                        (1, "deploying")]

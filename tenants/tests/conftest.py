@@ -6,6 +6,7 @@ import pytest
 
 from jobs import admission
 from jobs.backends.base import Capacity, Node
+from jobs.tests.builders import record_sends
 
 
 @pytest.fixture
@@ -20,7 +21,5 @@ def cluster(monkeypatch):
 
 @pytest.fixture
 def sent(monkeypatch):
-    """The lifecycle tasks enqueued, as (name, args), instead of sending them to a broker."""
-    calls = []
-    monkeypatch.setattr("jobs.actions.enqueue", lambda name, *args: calls.append((name, args)))
-    return calls
+    """The lifecycle tasks sent (jobs.dispatch), as (name, args), instead of sending them to a broker."""
+    return record_sends(monkeypatch)

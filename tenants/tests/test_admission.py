@@ -8,9 +8,9 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from conftest import skip_or_fail
-from jobs import actions, admission
+from jobs import admission, submission
 from jobs.models import Job, Status
-from jobs.tests.builders import job, member, tar_gz, upload
+from jobs.tests.builders import job, member, open_follow_ups, tar_gz, upload
 from tenants import quotas
 from tenants.models import UsageRecord
 
@@ -35,7 +35,7 @@ def test_a_job_over_the_tenant_gpu_quota_waits_with_the_reason(cluster, sent):
     admission.run_cycle()
     assert statuses(first, second) == [Status.PENDING, Status.QUEUED]
     assert "tenant GPU quota 2/2 in use" in reason(second)
-    assert ("deploy_job", (first.id, 1)) in sent
+    assert ("deploy", 1) in open_follow_ups(first)  # the outbox row, written with the admission
 
 
 def test_concurrent_jobs_and_per_user_caps(cluster, sent):
@@ -108,7 +108,7 @@ def test_a_higher_priority_job_preempts_through_a_halt(cluster, sent):
     after = statuses(*low)
     assert after.count(Status.HALTING) == 1 and after.count(Status.PENDING) == 3
     victim = Job.objects.get(status=Status.HALTING)
-    assert victim.preempted_reason and ("halt_learners", (victim.id, 1)) in sent
+    assert victim.preempted_reason and ("halt", 1) in open_follow_ups(victim)
     assert statuses(high) == [Status.QUEUED]  # waits until the victim has let go
     admission.run_cycle()
     assert Job.objects.filter(status=Status.HALTING).count() == 1  # no second victim for the same job
@@ -176,7 +176,7 @@ def test_two_hundred_concurrent_submissions_admit_exactly_the_quota(cluster, sen
         try:
             start.wait()
             for _ in range(count):
-                actions.submit(alice, manifest_bytes=SMALL_JOB, code_file=upload(CODE))
+                submission.submit(alice, manifest_bytes=SMALL_JOB, code_file=upload(CODE))
                 admission.run_cycle()
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)

@@ -1,0 +1,285 @@
+"""What happens to an admitted job: deploy, what its learners report, finish (store, then settle the
+status, or restart), and the user's halt, resume and terminate.
+
+Status changes go through jobs.states.transition(), which also writes the follow-up work a change
+requires (jobs.outbox); the functions here named by jobs.tasks (deploy, halt_learners,
+finish_attempt, teardown) are that work, run by whichever worker claims its row. Each may run more
+than once (a worker dies after doing it, before marking it done), so each is safe to repeat. Steps
+read what they need of the manifest from jobs.runtime, never the stored manifest.
+"""
+import hashlib
+import logging
+
+from django.conf import settings
+from django.utils import timezone
+
+from jobs import artifacts, checkpoints, credentials, dispatch, frameworks, outbox, runtime, storage, transfers
+from jobs.backends import get_backend
+from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
+from jobs.models import ACTIVE, FollowUp, Job, Learner, LogLine, Status
+from jobs.states import require_transition, transition
+from jobs.submission import code_archive
+
+log = logging.getLogger(__name__)
+SYSTEM = "lifecycle-manager"
+PREEMPTOR = "scheduler"  # jobs.admission.ACTOR: who requeues a job it preempted
+
+
+class TeardownIncomplete(BackendError):
+    """The backend still runs something of the attempt after it was asked to delete it."""
+
+
+# --- deploy --------------------------------------------------------------------------------------
+def deploy(job_id, attempt):
+    """Start the learners of an admitted attempt. Repeating it is harmless (deterministic names)."""
+    job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
+    if job is None or job.status not in (Status.PENDING, Status.DOWNLOADING, Status.PROCESSING):
+        return
+    try:
+        spec = deploy_spec(job)
+    except runtime.RuntimeUnavailable as exc:
+        transition(job.id, Status.FAILED, actor=SYSTEM, reason=f"cannot deploy: {exc}", attempt=attempt)
+        return
+    if not transfers.fetch_training_data(job):
+        return
+    try:
+        get_backend().deploy(spec)
+    except BackendError as exc:
+        if exc.permanent:
+            transition(job.id, Status.FAILED, actor=SYSTEM, reason=f"deploy failed: {exc}", attempt=attempt)
+            return
+        raise
+    # The rows only once the backend has the learners: reconcile judges every learner that has a
+    # row by what the backend reports, and one whose agent is not started yet would look vanished
+    # (lost). Until then reconcile sees no rows and re-drives this deploy, which is harmless.
+    for index in range(job.learners):
+        Learner.objects.get_or_create(job=job, attempt=attempt, index=index)
+
+
+def deploy_spec(job):
+    folder = storage.job_dir(job.tenant.slug, job.id)
+    run = runtime.of(job)
+    env = {
+        "TRAINYARD_JOB_ID": job.id,
+        "TRAINYARD_ATTEMPT": str(job.attempt),
+        "DATA_DIR": str(folder / "data"),
+        "RESULT_DIR": str(folder / "results"),
+        "CHECKPOINT_DIR": str(checkpoints.attempt_dir(folder, job.attempt)),
+        "NUM_LEARNERS": str(job.learners),
+        "GPU_COUNT": str(job.gpus),
+    }
+    resume_from = checkpoints.last_good(folder, job.attempt)
+    if resume_from:
+        env["RESUME_FROM"] = str(resume_from)
+    framework = frameworks.REGISTRY[run.framework]
+    env.update(framework.env)
+    # Learners of one job share a private network namespace on `local`, so any port is free there;
+    # it still differs per job and attempt for a machine that cannot create namespaces.
+    port = 20000 + int(hashlib.sha256(f"{job.id}:{job.attempt}".encode()).hexdigest()[:6], 16) % 20000
+    # Each learner's agent gets its own ingest credential, good only for this attempt and learner.
+    tokens = credentials.issue_for_attempt(job)
+    learners = []
+    for index in range(job.learners):
+        placement = job.placement[index] if index < len(job.placement) else {"gpu_ids": []}
+        learner_env = {"LEARNER_ID": str(index)}
+        if job.learners > 1:
+            learner_env.update(RANK=str(index), WORLD_SIZE=str(job.learners), MASTER_ADDR="127.0.0.1",
+                               MASTER_PORT=str(port))
+            learner_env.update(framework.distributed_env(index=index, learners=job.learners,
+                                                         hosts=["127.0.0.1"] * job.learners, port=port))
+        learners.append(LearnerSpec(index=index, env=learner_env, gpu_ids=tuple(placement["gpu_ids"]),
+                                    node=placement.get("node", ""), ingest_token=tokens[index]))
+    return DeploySpec(
+        job_id=job.id, attempt=job.attempt, tenant=job.tenant.slug, command=run.command,
+        code_archive=str(code_archive(job)), job_dir=str(folder), learners=tuple(learners), cpus=job.cpus,
+        memory_bytes=job.memory_bytes, gpus=job.gpus, env=env, metric_regexes=run.metric_regexes,
+        checkpoint_signal=run.checkpoint_signal, grace_seconds=run.grace_seconds,
+        ingest_url=f"{settings.PUBLIC_URL.rstrip('/')}/api/v1/ingest/{job.id}/", framework=run.framework,
+        framework_version=run.framework_version, image=framework.image_for(run.framework_version))
+
+
+def latest_checkpoint(job):
+    """The newest complete checkpoint of this attempt or, failing that, of the ones before it."""
+    return checkpoints.last_good(storage.job_dir(job.tenant.slug, job.id), job.attempt + 1)
+
+
+# --- learners report -----------------------------------------------------------------------------
+def learner_preparing(job):
+    transition(job.id, Status.DOWNLOADING, actor=SYSTEM, reason="fetching code and data", attempt=job.attempt)
+
+
+def learner_running(job, learner, when):
+    Learner.objects.filter(pk=learner.pk).update(state=Learner.State.RUNNING, started_at=when)
+    running = Learner.objects.filter(job=job, attempt=job.attempt, state=Learner.State.RUNNING).count()
+    if running == job.learners:
+        transition(job.id, Status.PROCESSING, actor=SYSTEM, reason="training", attempt=job.attempt)
+
+
+def learner_exited(job, learner, *, exit_code, reason, when, state=Learner.State.EXITED):
+    """Record a learner's end; the last one of the attempt makes finishing it due (an outbox row, in
+    the caller's transaction)."""
+    updated = (Learner.objects.filter(pk=learner.pk).exclude(state__in=[Learner.State.EXITED, Learner.State.LOST])
+               .update(state=state, exit_code=exit_code, reason=reason, finished_at=when))
+    if not updated:
+        return
+    pending = Learner.objects.filter(job=job, attempt=learner.attempt).exclude(
+        state__in=[Learner.State.EXITED, Learner.State.LOST]).exists()
+    if not pending:
+        outbox.add(job.id, learner.attempt, FollowUp.Kind.FINISH)
+    elif (state == Learner.State.LOST or exit_code != 0) and job.status != Status.HALTING:
+        # Gang-stop: the other learners of a distributed job would wait in a collective for the
+        # failed one forever, so they are stopped now and the attempt ends (and fails) as one.
+        outbox.add(job.id, learner.attempt, FollowUp.Kind.TEARDOWN)
+
+
+# --- finish --------------------------------------------------------------------------------------
+def finish_attempt(job_id, attempt):
+    """All learners of the attempt have ended: store results and settle the job's status. The
+    change out of an active status writes the attempt's teardown (jobs.outbox)."""
+    job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
+    if job is None or job.status not in ACTIVE:
+        return
+    learners = list(Learner.objects.filter(job=job, attempt=attempt).order_by("index"))
+    if job.status == Status.HALTING or (job.status == Status.STORING and _halt_requested(job)):
+        _finish_halt(job, learners)
+        return
+    try:
+        run = runtime.of(job)
+    except runtime.RuntimeUnavailable as exc:
+        transition(job.id, Status.FAILED, actor=SYSTEM, attempt=attempt, reason=f"cannot finish: {exc}")
+        return
+    failed = [lr for lr in learners if lr.state == Learner.State.LOST or lr.exit_code != 0]
+    if failed:
+        _finish_failed(job, run, failed)
+        return
+    if job.status != Status.STORING and not transition(job.id, Status.STORING, actor=SYSTEM,
+                                                        reason="storing results", attempt=attempt):
+        return
+    problem = artifacts.store_results(job, run)
+    if problem:
+        transition(job.id, Status.FAILED, actor=SYSTEM, attempt=attempt, reason=f"storing results failed: {problem}")
+        return
+    transition(job.id, Status.COMPLETED, actor=SYSTEM, reason="all learners exited 0", attempt=attempt, exit_code=0)
+
+
+def _finish_failed(job, run, failed):
+    # The one that failed first is the cause; the others may just have been gang-stopped.
+    first = min(failed, key=lambda lr: (lr.finished_at or timezone.now(), lr.index))
+    failure = _failure_reason(job, first)
+    # A failed push of this attempt's output is in the job's log; it does not take away the retries.
+    problem = artifacts.store_results(job, run)
+    if job.retries < run.max_retries:
+        _restart(job, run, failure)
+        return
+    if problem:
+        failure += f"; storing results failed: {problem}"
+    transition(job.id, Status.FAILED, actor=SYSTEM, attempt=job.attempt, reason=failure, exit_code=first.exit_code)
+
+
+def _restart(job, run, failure):
+    """Queue the whole job again (every learner, together) as the next attempt, from its checkpoint."""
+    checkpoint = latest_checkpoint(job)
+    resume = f"resumes from {checkpoint.name}" if checkpoint else "starts over: no checkpoint yet"
+    if transition(job.id, Status.QUEUED, actor=SYSTEM, attempt=job.attempt, attempt_next=True,
+                  reason=f"restart {job.retries + 1} of {run.max_retries} ({resume}) after: {failure}",
+                  retries=job.retries + 1):
+        dispatch.send_on_commit("schedule")
+
+
+def _halt_requested(job):
+    last = job.events.filter(to_status__in=[Status.HALTING, Status.PROCESSING, Status.PENDING]).last()
+    return last is not None and last.to_status == Status.HALTING
+
+
+def _finish_halt(job, learners):
+    """A halted attempt: keep what it wrote, say whether a new checkpoint came out, release it."""
+    if job.status == Status.HALTING and not transition(job.id, Status.STORING, actor=SYSTEM, attempt=job.attempt,
+                                                       reason="storing checkpoint after halt"):
+        return
+    try:
+        problem = artifacts.store_results(job, runtime.of(job))
+    except runtime.RuntimeUnavailable as exc:
+        problem = str(exc)
+    if problem:
+        transition(job.id, Status.FAILED, actor=SYSTEM, attempt=job.attempt,
+                   reason=f"storing the checkpoint after halt failed: {problem}")
+        return
+    checkpoint = latest_checkpoint(job)
+    halted_at = job.events.filter(to_status=Status.HALTING).last().time
+    killed = [lr.index for lr in learners if "killed" in lr.reason]
+    if checkpoint is not None and checkpoint.stat().st_mtime >= halted_at.timestamp():
+        reason = f"halted; resume continues from checkpoint {checkpoint.name}"
+    elif checkpoint is not None:
+        reason = f"halted, but no new checkpoint was written; resume continues from {checkpoint.name}"
+    else:
+        reason = "halted, but no checkpoint was written; resume starts from the beginning"
+    if killed:
+        reason += f" (learner {', '.join(map(str, killed))} ignored the signal and was killed after the grace period)"
+    halted = transition(job.id, Status.HALTED, actor=SYSTEM, attempt=job.attempt, reason=reason)
+    if halted and halted.preempted_reason:
+        _requeue_preempted(halted)
+
+
+def _requeue_preempted(job):
+    """A job halted to make room goes back to the queue at once, keeping its place (submission order)."""
+    checkpoint = latest_checkpoint(job)
+    resume = f"resumes from {checkpoint.name}" if checkpoint else "starts over: no checkpoint was written"
+    if transition(job.id, Status.QUEUED, actor=PREEMPTOR, attempt=job.attempt, attempt_next=True,
+                  only_from={Status.HALTED}, reason=f"requeued after preemption ({resume})", preempted_reason=""):
+        dispatch.send_on_commit("schedule")
+
+
+def _failure_reason(job, learner):
+    if learner.state == Learner.State.LOST:
+        what = f"learner {learner.index} was lost: {learner.reason}"
+    elif learner.exit_code is None:
+        what = f"learner {learner.index} did not start: {learner.reason}"
+    else:
+        what = f"learner {learner.index} exited with code {learner.exit_code}"
+        if learner.reason:
+            what += f" ({learner.reason})"
+    last = (LogLine.objects.filter(job=job, attempt=learner.attempt, learner=learner.index)
+            .exclude(stream="system")  # the platform's own lines (data transfers) are not the learner's
+            .order_by("-seq").values_list("line", flat=True).first())
+    return f"{what}; last output: {last[:300]}" if last else what
+
+
+# --- user actions --------------------------------------------------------------------------------
+def terminate(job, *, actor):
+    """Stop a job for good; its teardown is an outbox row written with the status change."""
+    return require_transition(job.id, Status.TERMINATED, actor=actor, reason=f"terminated by {actor}")
+
+
+def halt(job, *, actor):
+    """Ask the learners to checkpoint and stop; the job becomes HALTED once they have."""
+    return require_transition(job.id, Status.HALTING, actor=actor, reason=f"halt requested by {actor}",
+                              attempt=job.attempt)
+
+
+def resume(job, *, actor):
+    """Queue a halted job again as a new attempt; its learners start from the last checkpoint."""
+    job = require_transition(job.id, Status.QUEUED, actor=actor, reason=f"resumed by {actor}", attempt=job.attempt,
+                             attempt_next=True, only_from={Status.HALTED})
+    dispatch.send_on_commit("schedule")
+    return job
+
+
+# --- follow-up work on the backend ---------------------------------------------------------------
+def halt_learners(job_id, attempt):
+    job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt, status=Status.HALTING).first()
+    if job is not None:
+        get_backend().halt(tenant=job.tenant.slug, job_id=job.id, attempt=attempt, learners=job.learners)
+
+
+def teardown(job_id, attempt):
+    """Delete everything the backend runs or keeps for the attempt, and confirm that nothing of it
+    still runs; TeardownIncomplete (the outbox row is tried again) until the backend says so."""
+    job = Job.objects.select_related("tenant").filter(pk=job_id).first()
+    if job is None:
+        return
+    backend = get_backend()
+    where = {"tenant": job.tenant.slug, "job_id": job.id, "attempt": attempt, "learners": job.learners}
+    backend.delete(**where)
+    left = [s.index for s in backend.status(**where) if s.state in (LearnerState.RUNNING, LearnerState.PENDING)]
+    if left:
+        raise TeardownIncomplete(f"learner(s) {', '.join(map(str, left))} of attempt {attempt} still run after delete")

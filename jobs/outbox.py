@@ -1,0 +1,147 @@
+"""The outbox: follow-up work that a change of a job requires, kept as rows (jobs.models.FollowUp).
+
+jobs.states.transition() writes the rows a status change requires (deploy, halt, teardown) in the
+transaction that makes the change; jobs.lifecycle adds `finish` when the last learner of an attempt
+ends. So the work exists exactly when the change does. On commit a Celery message names the row
+(jobs.dispatch) to wake a worker, which claims the row by compare-and-swap, does the work and marks
+it done. Whatever happens to the message (a broker flushed, a worker killed mid-task), the row
+stays open, and the reconcile pass (`sweep`) sends it again, for final jobs too, until it is done.
+
+At most one open row per (job, attempt, kind) (a partial unique index): adding one that is already
+open is a no-op, and a claimed row is the one worker doing that work for that job.
+"""
+import logging
+import os
+import socket
+import threading
+import uuid
+from contextlib import contextmanager
+from datetime import timedelta
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from jobs import dispatch
+from jobs.models import ACTIVE, FollowUp, Status
+
+log = logging.getLogger(__name__)
+Kind = FollowUp.Kind
+TASK = "follow_up"  # jobs.tasks.follow_up(row id)
+# A worker renews its claim every CLAIM_TTL_S / 3 while it works; a claim older than this belongs
+# to a worker that died, and the sweep hands the row to another.
+CLAIM_TTL_S = 10.0
+# A row just written is woken by its own on-commit message; the sweep leaves it alone this long.
+SEND_GRACE_S = 2.0
+RETRY_MAX_S = 60.0
+KEEP_DONE = timedelta(days=7)
+
+
+# --- writing rows --------------------------------------------------------------------------------
+def add(job_id, attempt, kind):
+    """Record that `kind` must be done for this attempt, in the caller's transaction; a worker is
+    woken once it commits. Returns the new row, or None when one is already open."""
+    try:
+        with transaction.atomic():  # a savepoint: a duplicate must not spoil the caller's transaction
+            row = FollowUp.objects.create(job_id=job_id, attempt=attempt, kind=kind)
+    except IntegrityError:
+        return None
+    dispatch.send_on_commit(TASK, row.pk)
+    return row
+
+
+def for_transition(job, *, before, attempt_before):
+    """The follow-ups the change of `job` from `before` (at `attempt_before`) to its status requires."""
+    target = Status(job.status)
+    if target == Status.PENDING:
+        add(job.id, job.attempt, Kind.DEPLOY)
+    elif target == Status.HALTING:
+        add(job.id, job.attempt, Kind.HALT)
+    if before in ACTIVE and target not in ACTIVE:
+        # The attempt that held resources is over (final, halted, or queued again for a retry):
+        # whatever the backend still runs or keeps for it goes.
+        add(job.id, attempt_before, Kind.TEARDOWN)
+
+
+def is_open(job_id, attempt, kind):
+    return FollowUp.objects.filter(job_id=job_id, attempt=attempt, kind=kind, done_at=None).exists()
+
+
+# --- doing the work ------------------------------------------------------------------------------
+def worker_name():
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def claim(row_id, worker):
+    """Take the row if it is open and nobody holds a live claim on it; None if someone else has it."""
+    now = timezone.now()
+    free = Q(claimed_at=None) | Q(claimed_at__lt=now - timedelta(seconds=CLAIM_TTL_S))
+    taken = (FollowUp.objects.filter(free, pk=row_id, done_at=None)
+             .update(claimed_at=now, claimed_by=worker, tries=F("tries") + 1))
+    return FollowUp.objects.select_related("job").filter(pk=row_id).first() if taken else None
+
+
+def run(row_id, handlers):
+    """Claim the row, do its work with `handlers[kind](job_id, attempt)`, mark it done.
+
+    Returns the row once done; None when another worker holds it, it is done already, or the work
+    failed (the failure is recorded on the row, which is sent again after a backoff)."""
+    worker = worker_name()
+    row = claim(row_id, worker)
+    if row is None:
+        return None
+    try:
+        with _renewed(row.pk, worker):
+            handlers[row.kind](row.job_id, row.attempt)
+    except Exception as exc:  # noqa: BLE001 - any failure is kept on the row and retried, never lost
+        _failed(row, worker, exc)
+        return None
+    FollowUp.objects.filter(pk=row.pk, claimed_by=worker).update(done_at=timezone.now(), last_error="")
+    return row
+
+
+def _failed(row, worker, exc):
+    delay = min(RETRY_MAX_S, 2.0 ** row.tries)
+    error = f"{type(exc).__name__}: {exc}"
+    log.warning("%s failed (try %d): %s; again in %.0fs", row, row.tries, error, delay, exc_info=True)
+    FollowUp.objects.filter(pk=row.pk, claimed_by=worker).update(
+        claimed_at=None, claimed_by="", last_error=error[:2000], due_at=timezone.now() + timedelta(seconds=delay))
+    dispatch.send(TASK, row.pk, countdown=delay)
+
+
+@contextmanager
+def _renewed(row_id, worker):
+    """Keep the claim fresh while the body runs (storing results may take minutes)."""
+    done = threading.Event()
+
+    def renew():
+        try:
+            while not done.wait(CLAIM_TTL_S / 3):
+                FollowUp.objects.filter(pk=row_id, claimed_by=worker, done_at=None).update(claimed_at=timezone.now())
+        except Exception:  # noqa: BLE001 - a missed renewal risks a second worker, never lost work
+            log.warning("could not renew the claim on follow-up %s", row_id, exc_info=True)
+        finally:
+            connection.close()  # this thread's own connection
+
+    renewer = threading.Thread(target=renew, name=f"renew follow-up {row_id}", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        renewer.join()
+
+
+# --- the sweep -----------------------------------------------------------------------------------
+def sweep(now=None):
+    """Send again every open row nobody works on (never sent, message lost, worker died); returns
+    their ids. Run by every reconcile pass."""
+    now = now or timezone.now()
+    stale = now - timedelta(seconds=CLAIM_TTL_S)
+    unsent = Q(claimed_at=None, created__lt=now - timedelta(seconds=SEND_GRACE_S))
+    rows = list(FollowUp.objects.filter(unsent | Q(claimed_at__lt=stale), done_at=None, due_at__lte=now)
+                .order_by("due_at").values_list("pk", flat=True)[:500])
+    for row_id in rows:
+        dispatch.send(TASK, row_id)
+    FollowUp.objects.filter(done_at__lt=now - KEEP_DONE).delete()
+    return rows

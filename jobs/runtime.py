@@ -1,0 +1,66 @@
+"""What the steps after submission need from a job's manifest, stored on the job at submission.
+
+Deploy, finish and the data transfers read `Job.runtime` (with learners, gpus, cpus and memory_bytes,
+which are columns), never the stored manifest: the manifest rules may be tightened after a job was
+accepted, and a job accepted under the old rules must still run, finish and store its results.
+
+The stored mapping carries `version`; `of()` reads every version it knows. Jobs submitted before this
+existed got theirs from a data migration; one whose manifest no longer parsed then is marked with
+`unreadable` (the parse error) and fails with that reason when a step needs it.
+"""
+from dataclasses import dataclass, field
+
+from jobs import datastores
+
+VERSION = 1
+
+
+class RuntimeUnavailable(Exception):
+    """The job has no usable runtime fields (an old job whose manifest no longer parses)."""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    command: str
+    framework: str
+    framework_version: str = ""
+    checkpoint_signal: str = "SIGTERM"
+    grace_seconds: int = 60
+    max_retries: int = 0
+    metric_regexes: dict = field(default_factory=dict)
+    # The manifest's data stores with every credential redacted (the credentials are sealed beside the job).
+    data_stores: tuple = ()
+
+    def stores_with(self, section):
+        """The data stores that have `section` (training_data or training_results)."""
+        return [store for store in self.data_stores if section in store]
+
+
+def from_manifest(manifest):
+    """The mapping stored in Job.runtime for a parsed jobs.manifest.Manifest."""
+    return {"version": VERSION, "command": manifest.command, "framework": manifest.framework,
+            "framework_version": manifest.framework_version, "checkpoint_signal": manifest.checkpoint_signal,
+            "grace_seconds": manifest.grace_seconds, "max_retries": manifest.max_retries,
+            "metric_regexes": dict(manifest.metric_regexes),
+            "data_stores": datastores.redact({"data_stores": list(manifest.data_stores)})["data_stores"]}
+
+
+def unreadable(error):
+    """The mapping stored for a job whose manifest could not be read when runtime fields were added."""
+    return {"version": VERSION, "unreadable": str(error)}
+
+
+def of(job):
+    """The job's Runtime; RuntimeUnavailable says why there is none."""
+    stored = job.runtime or {}
+    if stored.get("unreadable"):
+        raise RuntimeUnavailable(f"its stored manifest could not be read: {stored['unreadable']}")
+    if stored.get("version") != VERSION:
+        raise RuntimeUnavailable(f"its runtime fields have version {stored.get('version')!r}; this platform "
+                                 f"reads version {VERSION}")
+    return Runtime(command=stored["command"], framework=stored["framework"],
+                   framework_version=stored.get("framework_version", ""),
+                   checkpoint_signal=stored.get("checkpoint_signal", "SIGTERM"),
+                   grace_seconds=stored.get("grace_seconds", 60), max_retries=stored.get("max_retries", 0),
+                   metric_regexes=dict(stored.get("metric_regexes") or {}),
+                   data_stores=tuple(stored.get("data_stores") or ()))

@@ -1,0 +1,90 @@
+"""Submission: a new job is validated (manifest and code archive), stored, queued, and announced.
+
+Nothing is stored or reserved unless everything is valid. What later steps need from the manifest is
+kept on the job (jobs.runtime), so they never parse the manifest again.
+"""
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from jobs import datastores, dispatch, live, runtime, storage, transfers
+from jobs.manifest import ManifestError, parse_manifest
+from jobs.models import Job, Status
+from learner_agent.archive import ArchiveError, inspect_archive
+
+
+class SubmitError(Exception):
+    def __init__(self, detail, *, field=None, status=400):
+        super().__init__(detail)
+        self.detail, self.field, self.status = detail, field, status
+
+
+# --- submit --------------------------------------------------------------------------------------
+def submit(membership, *, manifest_bytes, code_file, private=False):
+    """Validate and store a new job; nothing is stored or reserved unless everything is valid."""
+    if not membership.can_submit:
+        raise SubmitError(f"your role in {membership.tenant.slug!r} ({membership.role}) cannot submit jobs",
+                          status=403)
+    try:
+        manifest = parse_manifest(manifest_bytes)
+    except ManifestError as exc:
+        raise SubmitError(str(exc), field=exc.field) from None
+    if code_file is None:
+        raise SubmitError("a code archive (zip or tar.gz) is required", field="code")
+    if code_file.size > settings.MAX_CODE_BYTES:
+        raise SubmitError(f"code archive is {code_file.size / 2**20:.1f} MiB; the limit is "
+                          f"{settings.MAX_CODE_BYTES / 2**20:.0f} MiB", field="code", status=413)
+    upload = _save_upload(code_file)
+    try:
+        try:
+            info = inspect_archive(upload, max_unpacked_bytes=settings.MAX_UNPACKED_BYTES,
+                                   max_members=settings.MAX_ARCHIVE_MEMBERS)
+        except ArchiveError as exc:
+            raise SubmitError(f"code archive refused: {exc}", field="code") from None
+        job = _create_job(membership, manifest, manifest_bytes, upload, info, private=private)
+    finally:
+        upload.unlink(missing_ok=True)
+    return job
+
+
+def _save_upload(code_file):
+    fd, name = tempfile.mkstemp(dir=storage.uploads_dir(), prefix=".tmp-upload-")
+    with os.fdopen(fd, "wb") as out:
+        for chunk in code_file.chunks():
+            out.write(chunk)
+    return Path(name)
+
+
+def _create_job(membership, manifest, manifest_bytes, upload, info, *, private):
+    digest = storage.sha256_of(upload)
+    # Data-store credentials never reach the database: stored redacted, sealed beside the job instead.
+    job = Job(tenant=membership.tenant, owner=membership.user, name=manifest.name,
+              description=manifest.description, framework=manifest.framework,
+              manifest=datastores.redact(manifest.raw),
+              manifest_yaml=datastores.redact_yaml(manifest_bytes.decode("utf-8")), learners=manifest.learners,
+              gpus=manifest.gpus,
+              cpus=manifest.cpus, memory_bytes=manifest.memory_bytes, priority=manifest.priority,
+              code_sha256=digest, code_bytes=upload.stat().st_size, runtime=runtime.from_manifest(manifest))
+    job.private = private
+    folder = storage.create_job_dir(membership.tenant.slug, job.id)
+    try:
+        shutil.copyfile(upload, folder / f"code.{info.kind}")
+        transfers.seal_submitted_credentials(folder, manifest)
+        with transaction.atomic():
+            job.save(force_insert=True)
+            job.events.create(to_status=Status.QUEUED, actor=membership.user.username, reason="submitted")
+            live.publish_status_on_commit(job)  # the jobs list shows it at once
+            dispatch.send_on_commit("schedule")
+    except Exception:
+        storage.remove_job_dir(membership.tenant.slug, job.id)
+        raise
+    return job
+
+
+def code_archive(job):
+    folder = storage.job_dir(job.tenant.slug, job.id)
+    return next(iter(sorted(folder.glob("code.*"))), None)

@@ -1,0 +1,186 @@
+"""The outbox (jobs.outbox): status changes write their follow-up work as rows in the same
+transaction, one worker claims a row, failures stay on the row, and the sweep sends again what
+nobody works on, final jobs included; teardown is done only when the backend confirms it."""
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs import lifecycle, outbox, storage, tasks
+from jobs.backends.base import LearnerState, LearnerStatus
+from jobs.models import FollowUp, Job, Learner, Status
+from jobs.states import transition
+from jobs.tests.builders import job, member, open_follow_ups, record_sends
+
+pytestmark = pytest.mark.django_db
+Kind = FollowUp.Kind
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    return record_sends(monkeypatch)
+
+
+def test_each_change_writes_the_work_it_requires_with_it(sent):
+    target = job(member())
+    transition(target.id, Status.PENDING, actor="t")
+    assert open_follow_ups(target) == {("deploy", 1)}
+    transition(target.id, Status.HALTING, actor="t")
+    assert open_follow_ups(target) == {("deploy", 1), ("halt", 1)}
+    transition(target.id, Status.TERMINATED, actor="t")
+    assert open_follow_ups(target) == {("deploy", 1), ("halt", 1), ("teardown", 1)}
+    rows = FollowUp.objects.filter(job=target).values_list("pk", flat=True)
+    assert sorted(args[0] for name, args in sent if name == "follow_up") == sorted(rows)  # each woken once
+
+
+def test_a_retry_tears_down_the_attempt_that_failed_and_a_queued_job_needs_none(sent):
+    retried = job(member(), status="PROCESSING")
+    transition(retried.id, Status.QUEUED, actor="t", attempt_next=True)
+    assert open_follow_ups(retried) == {("teardown", 1)}
+    never_ran = job(member())
+    transition(never_ran.id, Status.TERMINATED, actor="t")
+    assert open_follow_ups(never_ran) == set()
+
+
+def test_a_change_that_loses_its_compare_and_swap_writes_nothing(sent):
+    target = job(member(), status="COMPLETED")
+    assert transition(target.id, Status.TERMINATED, actor="t") is None
+    assert open_follow_ups(target) == set()
+
+
+def test_the_same_work_is_open_once(sent):
+    target = job(member())
+    assert outbox.add(target.id, 1, Kind.FINISH) is not None
+    assert outbox.add(target.id, 1, Kind.FINISH) is None
+    assert FollowUp.objects.filter(job=target).count() == 1
+
+
+def test_one_worker_claims_a_row_and_a_stale_claim_passes_on(sent):
+    row = outbox.add(job(member()).id, 1, Kind.TEARDOWN)
+    assert outbox.claim(row.pk, "w1") is not None
+    assert outbox.claim(row.pk, "w2") is None  # w1 holds it
+    FollowUp.objects.filter(pk=row.pk).update(claimed_at=timezone.now() - timedelta(seconds=outbox.CLAIM_TTL_S + 1))
+    assert outbox.claim(row.pk, "w2").claimed_by == "w2"  # w1 died: its claim went stale
+    FollowUp.objects.filter(pk=row.pk).update(done_at=timezone.now(), claimed_at=None)
+    assert outbox.claim(row.pk, "w3") is None  # done is done
+
+
+def test_done_work_is_marked_done_and_a_failure_stays_on_the_row(sent):
+    target = job(member())
+    done = outbox.add(target.id, 1, Kind.HALT)
+    calls = []
+    assert outbox.run(done.pk, {Kind.HALT: lambda job_id, attempt: calls.append((job_id, attempt))})
+    assert calls == [(target.id, 1)] and FollowUp.objects.get(pk=done.pk).done_at is not None
+
+    failing = outbox.add(target.id, 1, Kind.TEARDOWN)
+
+    def broken(job_id, attempt):
+        raise RuntimeError("the API server said 503")
+
+    sent.clear()
+    assert outbox.run(failing.pk, {Kind.TEARDOWN: broken}) is None
+    row = FollowUp.objects.get(pk=failing.pk)
+    assert (row.done_at, row.claimed_at, row.tries) == (None, None, 1)
+    assert row.last_error == "RuntimeError: the API server said 503"
+    assert row.due_at > timezone.now()  # backoff
+    assert sent == [("follow_up", (failing.pk,))]  # tried again after the backoff
+
+
+def test_the_sweep_sends_again_what_nobody_works_on_final_jobs_included(sent):
+    finished = job(member(), status="TERMINATED")
+    lost = outbox.add(finished.id, 1, Kind.TEARDOWN)  # its message was lost
+    dead = outbox.add(job(member()).id, 1, Kind.FINISH)
+    fresh = outbox.add(job(member()).id, 1, Kind.DEPLOY)
+    busy = outbox.add(job(member()).id, 1, Kind.HALT)
+    old = timezone.now() - timedelta(seconds=outbox.CLAIM_TTL_S + 5)
+    FollowUp.objects.filter(pk__in=[lost.pk, dead.pk, busy.pk]).update(created=old)
+    FollowUp.objects.filter(pk=dead.pk).update(claimed_at=old, claimed_by="a worker that was killed")
+    FollowUp.objects.filter(pk=busy.pk).update(claimed_at=timezone.now(), claimed_by="a live worker")
+    assert sorted(outbox.sweep()) == sorted([lost.pk, dead.pk])
+
+
+class Backend:
+    def __init__(self, running_after_delete):
+        self.running_after_delete, self.deleted = running_after_delete, 0
+
+    def delete(self, **where):
+        self.deleted += 1
+
+    def status(self, *, tenant, job_id, attempt, learners):
+        state = LearnerState.RUNNING if self.deleted <= self.running_after_delete else LearnerState.MISSING
+        return [LearnerStatus(i, state) for i in range(learners)]
+
+
+def test_a_teardown_is_done_only_when_the_backend_confirms_nothing_runs(sent, monkeypatch):
+    backend = Backend(running_after_delete=1)
+    monkeypatch.setattr(lifecycle, "get_backend", lambda: backend)
+    target = job(member(), status="PROCESSING")
+    transition(target.id, Status.TERMINATED, actor="t")
+    row = FollowUp.objects.get(job=target, kind=Kind.TEARDOWN)
+    assert outbox.run(row.pk, tasks.HANDLERS) is None
+    row.refresh_from_db()
+    assert row.done_at is None and "still run after delete" in row.last_error
+    assert outbox.run(row.pk, tasks.HANDLERS) is not None  # the second delete left nothing
+    assert backend.deleted == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_keeps_its_claim_while_it_works(monkeypatch, sent):
+    monkeypatch.setattr(outbox, "CLAIM_TTL_S", 0.6)
+    row = outbox.add(job(member()).id, 1, Kind.FINISH)
+    others = []
+
+    def long_finish(job_id, attempt):
+        time.sleep(1.5)  # well past the TTL
+        others.append(outbox.claim(row.pk, "another worker"))
+
+    thread = threading.Thread(target=lambda: outbox.run(row.pk, {Kind.FINISH: long_finish}))
+    thread.start()
+    thread.join()
+    assert others == [None]
+    assert FollowUp.objects.get(pk=row.pk).done_at is not None
+
+
+def test_the_last_learner_to_end_makes_finishing_due(sent):
+    target = job(member(), status="PROCESSING", learners=2)
+    first, second = (Learner.objects.create(job=target, attempt=1, index=i, state="running") for i in (0, 1))
+    lifecycle.learner_exited(target, first, exit_code=0, reason="", when=timezone.now())
+    assert open_follow_ups(target) == set()
+    lifecycle.learner_exited(target, second, exit_code=0, reason="", when=timezone.now())
+    assert open_follow_ups(target) == {("finish", 1)}
+
+
+RESULTS_TO_AN_UNREACHABLE_STORE = """
+name: results-out
+framework: {name: custom, command: sh run.sh}
+restart_policy: {max_retries: 1}
+data_stores:
+  - id: bucket
+    type: s3_datastore
+    training_results: {container: results}
+    connection: {type: s3_datastore, auth_url: "http://127.0.0.1:9"}
+"""
+
+
+def test_a_failed_attempt_whose_results_cannot_be_pushed_keeps_its_retries(sent, settings):
+    # The push fails (a private address, refused by the egress policy); before, that failed the job
+    # and the restart that should have followed lost its compare-and-swap without a word.
+    target = job(member(), status="PROCESSING", manifest_yaml=RESULTS_TO_AN_UNREACHABLE_STORE)
+    storage.create_job_dir(target.tenant.slug, target.id)
+    Learner.objects.create(job=target, attempt=1, index=0, state="exited", exit_code=1, finished_at=timezone.now())
+    lifecycle.finish_attempt(target.id, 1)
+    target.refresh_from_db()
+    assert (target.status, target.attempt, target.retries) == (Status.QUEUED, 2, 1), target.status_reason
+    assert target.status_reason.startswith("restart 1 of 1")
+
+
+def test_a_job_completes_when_its_stored_manifest_no_longer_parses(sent):
+    # Later steps read the runtime fields written at submission, never the stored manifest.
+    target = job(member(), status="PROCESSING")
+    storage.create_job_dir(target.tenant.slug, target.id)
+    Job.objects.filter(pk=target.id).update(manifest_yaml="framework: [this no longer parses")
+    Learner.objects.create(job=target, attempt=1, index=0, state="exited", exit_code=0, finished_at=timezone.now())
+    lifecycle.finish_attempt(target.id, 1)
+    assert Job.objects.get(pk=target.id).status == Status.COMPLETED
