@@ -9,6 +9,13 @@ deliver what is left for as long as `flush_timeout_s`.
 
 `exit.json` is written before the final delivery on purpose: if the platform is down until the agent
 gives up, the backend still learns how the learner ended from the file.
+
+Every record is spooled to disk (learner_agent.spool) until the platform acks it. An agent started
+again for a learner whose agent died (SIGKILL, OOM, a reboot) never runs the command again: it ends
+what is left of the learner (bubblewrap's --die-with-parent has usually done so already), delivers
+what the dead agent spooled, continuing its numbering, and reports the learner's end: exit code 137
+("killed with its agent") or no code when the command had not started. The platform treats that as
+any failed learner (a retry if the job has one left). See `_resume`.
 """
 import fcntl
 import json
@@ -21,11 +28,12 @@ import threading
 import time
 from queue import SimpleQueue
 
-from learner_agent import archive, cgroups, sandbox
+from learner_agent import archive, cgroups, procfs, sandbox
 from learner_agent.config import ConfigError, load_config
 from learner_agent.learner import LearnerProcess, iter_lines
 from learner_agent.metrics import MetricExtractor
 from learner_agent.shipper import Shipper
+from learner_agent.spool import Spool, has_undelivered
 
 log = logging.getLogger("learner_agent")
 
@@ -39,6 +47,8 @@ AGENT_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SSL_CER
 _CLEAN_ENV_MARK = "LEARNER_AGENT_CLEAN_ENV"
 HALT_FILE_POLL_S = 1.0
 HALT_ANNOTATION = "trainyard.io/halt="
+SPOOL_DIR = "spool"
+LEARNER_PID_FILE = "learner.pid"  # {"pid", "start", "sandboxed"}: for an agent that has to end it after us
 
 
 class PrepareError(Exception):
@@ -50,6 +60,7 @@ class Agent:
         self.config = config
         self.shipper = shipper or Shipper(
             config.ingest_url, config.ingest_token, attempt=config.attempt, learner=config.learner,
+            spool=Spool(config.agent_file(SPOOL_DIR), max_bytes=config.spool_max_bytes),
             on_gone=lambda: self.request_stop("gone"))
         self._extractor = MetricExtractor(config.metric_regexes)
         self._requests = SimpleQueue()  # reentrant put(): safe from signal handlers
@@ -81,6 +92,8 @@ class Agent:
     def run(self):
         """Run the learner to the end; returns the agent's exit code (0 unless the agent itself broke)."""
         threading.Thread(target=self._control_loop, name="control", daemon=True).start()
+        if self.shipper.last_seq > 0 or os.path.exists(self.config.agent_file("exit.json")):
+            return self._resume()
         if self.config.halt_file:
             threading.Thread(target=self._watch_halt_file, name="halt-file", daemon=True).start()
         self._record_status("preparing")
@@ -107,6 +120,8 @@ class Agent:
             return self._finish(exit_code=None, reason=f"cannot start the command: {e}")
         log.info("started the command as pid %d (sandbox: %s)", self._learner.pid,
                  "bwrap" if sandboxed else "none")
+        _write_json_atomically(self.config.agent_file(LEARNER_PID_FILE), {
+            "pid": self._learner.pid, "start": procfs.start_time(self._learner.pid), "sandboxed": sandboxed})
         self._record_status("running")
         returncode = self._supervise(self._learner)
         exit_code = returncode if returncode >= 0 else 128 - returncode
@@ -233,6 +248,9 @@ class Agent:
                                 for point in self._extractor.extract(line)]
                 except Exception:  # a metric bug must never cost a log line
                     log.exception("metric extraction failed on a %s line", stream)
+                # Outside the lock: a full spool holds this pipe (and so the learner) back, never
+                # the agent's stop handling.
+                self.shipper.wait_for_room()
                 with self._lock:
                     if not self._streams_open:
                         return
@@ -277,6 +295,11 @@ class Agent:
         _write_json_atomically(self.config.agent_file("exit.json"),
                                {"exit_code": exit_code, "reason": reason, "finished_at": time.time()})
         self._record_status("exited", exit_code=exit_code, reason=reason)
+        return self._deliver()
+
+    def _deliver(self):
+        """Deliver everything spooled (patiently), then return 0; the spool goes once it is all
+        acked, or can never be (410, refused credential), and stays for a later agent otherwise."""
         with self._lock:
             self._finished = True
             self._flush_deadline = time.monotonic() + self.config.flush_timeout_s
@@ -294,8 +317,49 @@ class Agent:
         else:
             log.error("exiting with records %d..%d undelivered (%s)", self.shipper.acked + 1,
                       self.shipper.last_seq, self.shipper.stopped_reason or "flush timed out")
-        self.shipper.close(timeout=1.0)
+        self.shipper.close(timeout=1.0, discard_spool=delivered or self.shipper.stopped_reason is not None)
         return 0
+
+    # --- after an agent of this learner died ---
+
+    def _resume(self):
+        """Take over from a dead agent: end its learner, deliver its spool, report the learner's end.
+
+        Running the command again here would ship a second run's output under the first run's
+        numbering (the platform could not tell them apart); a lost learner is the lifecycle's to
+        retry, as a new attempt, like any other failed learner."""
+        with self._lock:
+            self._streams_open = False  # nothing of the old learner's output can still arrive
+        ended = _read_json(self.config.agent_file("exit.json"))
+        if ended is None:
+            started = self._end_orphaned_learner()
+            ended = {"exit_code": 137 if started else None,
+                     "reason": ("killed: its learner agent died while it ran, and took it along" if started
+                                else "its learner agent died before the command started")}
+            _write_json_atomically(self.config.agent_file("exit.json"), dict(ended, finished_at=time.time()))
+        log.warning("resuming after a dead agent: %d records spooled, %d acked; the learner ended: %s",
+                    self.shipper.last_seq, self.shipper.acked, ended)
+        last = self.shipper.last_record()
+        if not (last and last.get("kind") == "status" and last.get("state") == "exited"):
+            self._record_status("exited", exit_code=ended.get("exit_code"), reason=ended.get("reason", ""))
+        return self._deliver()
+
+    def _end_orphaned_learner(self):
+        """Kill what is left of the dead agent's learner; False when it never started the command."""
+        started = _read_json(self.config.agent_file(LEARNER_PID_FILE))
+        if started is None:
+            return False
+        pid = started.get("pid")
+        if isinstance(pid, int) and procfs.start_time(pid) == started.get("start"):  # not a reused pid
+            for victim in [*procfs.descendants(pid), pid]:
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if started.get("sandboxed"):
+            self._cgroup = self._make_cgroup()  # the same group: whatever escaped the tree is in it
+            self._release_cgroup()
+        return True
 
     # --- stopping ---
 
@@ -386,6 +450,15 @@ def _write_json_atomically(path, data):
     os.replace(tmp, path)
 
 
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _write_text_atomically(path, text):
     tmp = f"{path}.tmp-{os.getpid()}"
     with _open_private(tmp) as f:
@@ -449,7 +522,8 @@ def _claim_learner(config):
     yet and starts a second agent. Two agents would run the command twice and ship two different
     streams under the same seqs, which the platform cannot tell apart. So the first agent takes an
     exclusive lock on agent.lock for its whole life (the kernel drops it when the agent dies, however it
-    dies), and an agent that finds the learner locked, or already ended (exit.json), leaves at once.
+    dies), and an agent that finds the learner locked, or already ended (exit.json) with everything
+    delivered, leaves at once. One that finds a dead agent's spool takes over from it (`Agent._resume`).
     """
     fd = os.open(config.agent_file("agent.lock"), os.O_WRONLY | os.O_CREAT, 0o600)  # not inherited
     try:
@@ -459,7 +533,7 @@ def _claim_learner(config):
         print(f"learner_agent {os.getpid()}: another agent is running this learner; leaving it alone",
               file=sys.stderr, flush=True)
         return False
-    if os.path.exists(config.agent_file("exit.json")):
+    if os.path.exists(config.agent_file("exit.json")) and not has_undelivered(config.agent_file(SPOOL_DIR)):
         os.close(fd)
         print(f"learner_agent {os.getpid()}: this learner has already run (exit.json exists); not again",
               file=sys.stderr, flush=True)

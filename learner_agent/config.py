@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from learner_agent.sandbox import MODES
 
+MIN_SPOOL_BYTES = 2**20  # below this a few long lines would fill it
 _REQUIRED_STRINGS = ("job_id", "command", "code_archive", "work_dir", "ingest_url")
 
 
@@ -48,6 +49,9 @@ class AgentConfig:
     # enough for data-loader workers and their threads, few enough to stop a fork bomb.
     max_processes: int = 4096
     flush_timeout_s: float = 86400.0
+    # Records the platform has not acked yet, on disk (learner_agent.spool); when full, the learner's
+    # output waits. 256MiB is about 2.5 million typical lines: a day of a chatty learner.
+    spool_max_bytes: int = 256 * 2**20
     network_namespace: str = ""  # /proc/<pid>/ns/net shared by a distributed job's learners (netns.py)
     # On Kubernetes the config is a read-only mount: the agent keeps its files in `state_dir`
     # instead, and halts when `halt_file` (the pod's annotations, a downward-API file) asks it to.
@@ -122,8 +126,11 @@ def parse_config(data, *, path):
     values["network_namespace"] = network_namespace
     for key, default in (("max_unpacked_bytes", AgentConfig.max_unpacked_bytes),
                          ("max_members", AgentConfig.max_members),
-                         ("max_processes", AgentConfig.max_processes)):
+                         ("max_processes", AgentConfig.max_processes),
+                         ("spool_max_bytes", AgentConfig.spool_max_bytes)):
         values[key] = _integer(data, key, minimum=1) if data.get(key) is not None else default
+    if values["spool_max_bytes"] < MIN_SPOOL_BYTES:
+        raise ConfigError(f"spool_max_bytes: must be an integer >= {MIN_SPOOL_BYTES} (1MiB)")
     return AgentConfig(**values)
 
 

@@ -77,3 +77,14 @@ def catches(pid, signum):
     except (OSError, ValueError):
         pass
     return False
+
+
+def start_time(pid):
+    """When the process started (clock ticks since boot), or None if it is gone: with its pid, an
+    identity a recycled pid cannot fake."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[19])  # stat field 22
+    except (OSError, IndexError, ValueError):
+        return None

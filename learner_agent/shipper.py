@@ -6,27 +6,41 @@ got (`acked`). So the agent can afford to be simple and stubborn: keep every rec
 acked, always send from the oldest unacked one, and on any doubt (lost connection, lost response,
 timeout, 5xx) send the same records again after a backoff. Resends are harmless; skipping is not.
 
+Every record goes to the spool (learner_agent.spool) when it is added, and batches are read back
+from it, so what the platform has not acked outlives the agent: a restarted agent continues from
+the spool and its numbering. Memory holds one batch, whatever the backlog.
+
 One background thread does all network I/O over one keep-alive connection. While a request is in
 flight, new records pile up and go out together in the next one, so batches grow with the load
 without adding latency when it is quiet.
+
+A full spool (the platform has acked nothing for a long while) holds the learner's output back:
+`wait_for_room` blocks the reader of its pipe, so the learner blocks on its next write until the
+platform catches up. It could instead drop the oldest unsent lines, but they are numbered already
+(the platform needs gap-free seqs, so dropping would mean rewriting an append-only file), and a
+paused learner loses nothing it cannot finish later while a dropped line is gone for good. Status
+records are never held back, and two `system` log lines say when the spool filled and when it was
+below half full again.
 """
 import http.client
 import json
 import logging
+import os
 import threading
 import time
 import urllib.parse
-from collections import deque
 
 log = logging.getLogger(__name__)
 
 # Statuses that mean "this will never work": retrying would only hammer the platform.
 _PERMANENT_FAILURES = {400: "malformed body", 401: "token not valid", 403: "forbidden",
                        404: "token not valid for this job"}
+FLUSH_INTERVAL_S = 0.05  # the longest an added record waits in memory before the kernel has it
+SYNC_INTERVAL_S = 1.0  # the longest it waits before it is on the disk itself
 
 
 class Shipper:
-    def __init__(self, ingest_url, token, *, attempt, learner, max_batch=20000,
+    def __init__(self, ingest_url, token, *, attempt, learner, spool, max_batch=20000,
                  max_batch_bytes=8 * 1024 * 1024, http_timeout=30, on_gone=None,
                  backoff_initial=0.1, backoff_max=5.0):
         url = urllib.parse.urlsplit(ingest_url)
@@ -48,9 +62,10 @@ class Shipper:
         self._backoff_max = backoff_max
 
         self._cond = threading.Condition()
-        self._unacked = deque()  # (seq, encoded record), oldest first
-        self._last_seq = 0
-        self._acked = 0
+        self._spool = spool  # every record not yet acked, and maybe some acked ones
+        self._last_seq = spool.last_seq  # a restarted agent continues the numbering
+        self._acked = spool.acked
+        self._full_since = None  # monotonic time the spool filled up, while it is full
         self._stopped = None  # why shipping stopped for good (410, 401, ...), or None
         self._closing = False
         self.gone = False  # the platform answered 410: this attempt is over
@@ -59,6 +74,9 @@ class Shipper:
         self._conn_requests = 0
         self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
         self._thread.start()
+        self._flusher = threading.Thread(target=self._flush_spool_periodically, name="spool-flush",
+                                         daemon=True)
+        self._flusher.start()
 
     # --- called by the agent (any thread) ---
 
@@ -75,16 +93,38 @@ class Shipper:
             record.setdefault("time", now)
             # Encode before taking a seq: a record that can't be encoded must not leave a gap.
             encoded.append(json.dumps(record, separators=(",", ":"), allow_nan=False).encode())
-        seqs = []
         with self._cond:
-            for body in encoded:
-                self._last_seq += 1
-                # Splice the seq in as the first field: '{"kind":...}' → '{"seq":7,"kind":...}'.
-                rest = b"}" if body == b"{}" else b"," + body[1:]
-                self._unacked.append((self._last_seq, b'{"seq":%d' % self._last_seq + rest))
-                seqs.append(self._last_seq)
-            self._cond.notify_all()
-        return seqs
+            return self._append(encoded)
+
+    def _append(self, encoded):
+        """Number encoded records and spool them (the lock held); returns their seqs."""
+        numbered = []
+        for body in encoded:
+            self._last_seq += 1
+            # Splice the seq in as the first field: '{"kind":...}' → '{"seq":7,"kind":...}'.
+            rest = b"}" if body == b"{}" else b"," + body[1:]
+            numbered.append((self._last_seq, b'{"seq":%d' % self._last_seq + rest))
+        self._spool.append(numbered)
+        self._cond.notify_all()
+        return [seq for seq, _ in numbered]
+
+    def wait_for_room(self):
+        """Block while the spool is full (back-pressure on whoever produces output); returns at once
+        when it has room, and also once shipping has stopped or the shipper closes."""
+        with self._cond:
+            while not self._spool.has_room(0) and self._stopped is None and not self._closing:
+                if self._full_since is None:
+                    self._full_since = time.monotonic()
+                    self._notice(f"the spool is full ({_mib(self._spool.max_bytes)} of records the "
+                                 f"platform has not acknowledged, up to seq {self._last_seq}): the "
+                                 "learner's output is held back until the platform catches up")
+                self._cond.wait()
+
+    def _notice(self, text):
+        """A `system` line in the job's log (and agent.log); goes in even when the spool is full."""
+        log.warning("%s", text)
+        self._append([json.dumps({"kind": "log", "stream": "system", "time": time.time(),
+                                  "line": f"learner agent: {text}"}, separators=(",", ":")).encode()])
 
     def flush(self, timeout=None):
         """Wait until everything added so far is acked; False on timeout or when shipping stopped."""
@@ -97,12 +137,24 @@ class Shipper:
                 self._cond.wait(remaining)
             return self._acked >= self._last_seq
 
-    def close(self, timeout=None):
-        """Stop the sender. Records not yet acked are abandoned: call flush() first to deliver them."""
+    def close(self, timeout=None, *, discard_spool=False):
+        """Stop the sender. Records not yet acked stay in the spool for a later agent (call flush()
+        first to deliver them), unless `discard_spool`: everything is delivered or never can be."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout if timeout is not None else self._http_timeout + 1)
+        self._flusher.join(1.0)
+        with self._cond:
+            if discard_spool:
+                self._spool.destroy()
+            else:
+                self._spool.close()
+
+    def last_record(self):
+        """The last record spooled (a dict), or None: what a restarted agent checks before it adds one."""
+        with self._cond:
+            return self._spool.last_record()
 
     @property
     def acked(self):
@@ -154,20 +206,35 @@ class Shipper:
         finally:
             self._drop_connection()
 
+    def _flush_spool_periodically(self):
+        """Bound how long an added record lives only in this process (FLUSH_INTERVAL_S) and only in
+        the page cache (SYNC_INTERVAL_S); the fsync runs outside the lock, on a duplicate descriptor."""
+        last_sync = time.monotonic()
+        while True:
+            with self._cond:
+                if self._closing:
+                    return
+                self._cond.wait(FLUSH_INTERVAL_S)
+                self._spool.flush()
+                sync_fd = None
+                if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
+                    sync_fd, last_sync = self._spool.dup_for_sync(), time.monotonic()
+            if sync_fd is not None:
+                try:
+                    os.fsync(sync_fd)
+                finally:
+                    os.close(sync_fd)
+
     def _next_batch(self):
         """The oldest unacked records, within the batch limits; None when it is time to stop."""
         with self._cond:
-            while not self._unacked and not self._closing and self._stopped is None:
+            while self._acked >= self._last_seq and not self._closing and self._stopped is None:
                 self._cond.wait()
             if self._closing or self._stopped is not None:
                 return None
-            batch, size = [], 0
-            for seq, body in self._unacked:
-                if batch and (len(batch) >= self._max_batch or size + len(body) > self._max_batch_bytes):
-                    break
-                batch.append((seq, body))
-                size += len(body) + 1
-            return batch
+            # Read back from the file, so nothing goes out that a restarted agent would not find.
+            self._spool.flush()
+            return self._spool.read(self._acked, max_records=self._max_batch, max_bytes=self._max_batch_bytes)
 
     def _send(self, batch):
         """One request; returns ("progress" | "retry" | "stop", detail)."""
@@ -203,19 +270,26 @@ class Shipper:
 
     def _apply_ack(self, acked, *, status, first_sent):
         with self._cond:
+            acked_before = self._acked
             if acked > self._last_seq:
-                # Only possible if another agent used these seqs: ours at or below `acked` are dropped
-                # by the platform. Nothing to resend can fix that; say so loudly.
-                log.error("platform acked seq %d but only %d records exist here", acked, self._last_seq)
+                # Only possible if another agent used these seqs (or the machine went down and took
+                # the spool's last records with it): the platform has them, so ours continue after.
+                log.error("platform acked seq %d but only %d records exist here; numbering on from %d",
+                          acked, self._last_seq, acked + 1)
+                self._last_seq = acked
             if acked > self._acked:
                 self._acked = acked
-            while self._unacked and self._unacked[0][0] <= self._acked:
-                self._unacked.popleft()
+                self._spool.ack(acked)
+            # The episode ends at half full, not at the first free byte: a learner faster than
+            # the platform would otherwise make these notices flap with every ack.
+            if self._full_since is not None and self._spool.has_room(self._spool.max_bytes // 2):
+                took, self._full_since = time.monotonic() - self._full_since, None
+                self._notice(f"the spool is below half full again; over the last {took:.1f}s the learner's "
+                             "output was held back whenever it was full")
             self._cond.notify_all()
-            next_unacked = self._unacked[0][0] if self._unacked else self._last_seq + 1
-        if next_unacked > acked + 1:
+        if acked < acked_before:
             # The platform lost records it had acked; they are gone here too, so resending can't help.
-            self._stop(f"platform reports acked={acked} but seqs up to {next_unacked - 1} were acked before")
+            self._stop(f"platform reports acked={acked} but seqs up to {acked_before} were acked before")
             return "stop", "lost records"
         if status == 409 and first_sent == acked + 1:
             # "gap" although the batch starts right after what it has: it is confused; don't spin.
@@ -238,6 +312,10 @@ class Shipper:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _mib(n):
+    return f"{n / 2**20:.1f}MiB"
 
 
 def _acked_from(payload):

@@ -264,3 +264,56 @@ def test_sigterm_after_the_learner_ended_gives_up_delivery_soon(outside_tmp, ing
     finally:
         stop_process(agent)
     assert read_exit(config)["reason"] == ""  # the learner had ended on its own
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_started_after_a_sigkill_delivers_the_spool_once_and_reports_the_learner_lost(
+        outside_tmp, ingest, mode):
+    # The platform acks the first records, then nothing (503): the rest sits in the spool when the
+    # agent is killed. The learner prints a numbered line every few ms and would run for minutes.
+    config = write_agent_config(outside_tmp, ingest, sandbox=mode, command=(
+        "python3 -u -c 'import time\nfor i in range(100000):\n print(f\"line {i}\"); time.sleep(0.002)'"))
+    agent = start_agent(config)
+    try:
+        wait_for(lambda: len(ingest.stored()) > 20)
+        ingest.status_override = 503
+        spool = os.path.join(os.path.dirname(config), "spool")
+        time.sleep(1.0)  # a few hundred lines the platform does not ack
+        agent.send_signal(signal.SIGKILL)
+        agent.wait()
+    finally:
+        stop_process(agent)
+    spooled = _spooled_lines(spool)
+    acked_before = len(ingest.stored())
+    ingest.status_override = None
+    result = run_agent(config)  # the same command again, as a supervisor (or reconcile) would
+    assert result.returncode == 0, result.stderr
+    records = ingest.stored()
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    lines = [r["line"] for r in records if r["kind"] == "log"]
+    assert len(lines) >= spooled > acked_before + 200  # everything spooled, not just what was acked
+    assert lines == [f"line {i}" for i in range(len(lines))]  # once each, in order, the same run
+    assert records[-1] == {**records[-1], "kind": "status", "state": "exited", "exit_code": 137}
+    assert "its learner agent died" in records[-1]["reason"]
+    assert [r.get("state") for r in records if r["kind"] == "status"] == ["preparing", "running", "exited"]
+    assert read_exit(config)["exit_code"] == 137
+    learner = json.load(open(os.path.join(os.path.dirname(config), "learner.pid")))["pid"]
+    wait_for(lambda: not os.path.exists(f"/proc/{learner}") or _is_zombie(learner))  # not left running
+    assert not os.path.exists(spool)  # delivered: gone
+    assert run_agent(config).returncode == 0 and len(ingest.stored()) == len(records)  # and never again
+
+
+def _spooled_lines(spool):
+    try:
+        return sum(open(os.path.join(spool, name), "rb").read().count(b'"kind":"log"')
+                   for name in os.listdir(spool) if name.endswith(".seg"))
+    except FileNotFoundError:
+        return 0
+
+
+def _is_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -5,20 +5,22 @@ import time
 import pytest
 
 from learner_agent.shipper import Shipper
+from learner_agent.spool import Spool
 from learner_agent.tests.conftest import TOKEN, IngestServer
 
 
-def shipper_for(server, **kwargs):
-    return Shipper(server.url, kwargs.pop("token", TOKEN), attempt=1, learner=0, **kwargs)
+def shipper_for(server, folder, **kwargs):
+    spool = Spool(str(folder / "spool"), **{k: kwargs.pop(k) for k in ("max_bytes",) if k in kwargs})
+    return Shipper(server.url, kwargs.pop("token", TOKEN), attempt=1, learner=0, spool=spool, **kwargs)
 
 
 def log_record(i, producer=0):
     return {"kind": "log", "stream": "stdout", "line": f"p{producer} line {i}"}
 
 
-def test_it_delivers_everything_exactly_once_in_order_through_dropped_connections():
+def test_it_delivers_everything_exactly_once_in_order_through_dropped_connections(tmp_path):
     server = IngestServer(drop_rate=0.2, seed=1234)
-    shipper = shipper_for(server, max_batch=200)
+    shipper = shipper_for(server, tmp_path, max_batch=200)
     try:
         def produce(producer):
             for i in range(10_000):
@@ -43,9 +45,9 @@ def test_it_delivers_everything_exactly_once_in_order_through_dropped_connection
     assert server.dropped > 20  # the test really went through failures
 
 
-def test_it_batches_what_accumulates_and_respects_the_byte_limit():
+def test_it_batches_what_accumulates_and_respects_the_byte_limit(tmp_path):
     server = IngestServer()
-    shipper = shipper_for(server, max_batch=1000, max_batch_bytes=4096)
+    shipper = shipper_for(server, tmp_path, max_batch=1000, max_batch_bytes=4096)
     try:
         shipper.add_many([{"kind": "log", "stream": "stdout", "line": "x" * 100} for _ in range(500)])
         assert shipper.flush(timeout=10)
@@ -57,9 +59,9 @@ def test_it_batches_what_accumulates_and_respects_the_byte_limit():
     assert sum(server.body_sizes) / len(server.body_sizes) > 3000  # full batches, not one per record
 
 
-def test_it_resends_from_the_first_unstored_record_after_a_partial_ack(ingest):
+def test_it_resends_from_the_first_unstored_record_after_a_partial_ack(ingest, tmp_path):
     ingest.max_store_per_request = 7
-    shipper = shipper_for(ingest)
+    shipper = shipper_for(ingest, tmp_path)
     shipper.add_many([log_record(i) for i in range(50)])
     assert shipper.flush(timeout=10)
     shipper.close()
@@ -67,9 +69,9 @@ def test_it_resends_from_the_first_unstored_record_after_a_partial_ack(ingest):
     assert ingest.requests >= 8
 
 
-def test_it_retries_a_confused_409_after_a_backoff_instead_of_spinning(ingest):
+def test_it_retries_a_confused_409_after_a_backoff_instead_of_spinning(ingest, tmp_path):
     ingest.scripted = [409, 409]
-    shipper = shipper_for(ingest)
+    shipper = shipper_for(ingest, tmp_path)
     started = time.monotonic()
     shipper.add(log_record(1))
     assert shipper.flush(timeout=10)
@@ -78,9 +80,9 @@ def test_it_retries_a_confused_409_after_a_backoff_instead_of_spinning(ingest):
     assert [r["seq"] for r in ingest.stored()] == [1]
 
 
-def test_it_keeps_everything_while_the_platform_fails_and_sends_it_when_back(ingest):
+def test_it_keeps_everything_while_the_platform_fails_and_sends_it_when_back(ingest, tmp_path):
     ingest.status_override = 503
-    shipper = shipper_for(ingest)
+    shipper = shipper_for(ingest, tmp_path)
     shipper.add_many([log_record(i) for i in range(10)])
     assert not shipper.flush(timeout=0.5)
     assert ingest.stored() == [] and ingest.requests >= 2
@@ -90,21 +92,20 @@ def test_it_keeps_everything_while_the_platform_fails_and_sends_it_when_back(ing
     assert [r["seq"] for r in ingest.stored()] == list(range(1, 11))
 
 
-def test_it_survives_a_platform_that_is_not_listening_yet():
+def test_it_survives_a_platform_that_is_not_listening_yet(tmp_path):
     server = IngestServer()
-    url, port = server.url, server.port
     server.close()
-    shipper = Shipper(url, TOKEN, attempt=1, learner=0)
+    shipper = shipper_for(server, tmp_path)
     shipper.add(log_record(1))
     assert not shipper.flush(timeout=0.5)
     shipper.close()
     assert shipper.stopped_reason is None  # still willing: connection refused is retried
 
 
-def test_it_stops_and_calls_back_on_410(ingest):
+def test_it_stops_and_calls_back_on_410(ingest, tmp_path):
     ingest.gone = True
     called = threading.Event()
-    shipper = shipper_for(ingest, on_gone=called.set)
+    shipper = shipper_for(ingest, tmp_path, on_gone=called.set)
     shipper.add(log_record(1))
     assert called.wait(5)
     assert shipper.gone
@@ -115,9 +116,9 @@ def test_it_stops_and_calls_back_on_410(ingest):
 
 
 @pytest.mark.parametrize("status", [400, 401, 404])
-def test_it_stops_for_good_on_errors_that_retrying_cannot_fix(ingest, status):
+def test_it_stops_for_good_on_errors_that_retrying_cannot_fix(ingest, status, tmp_path):
     ingest.status_override = status
-    shipper = shipper_for(ingest)
+    shipper = shipper_for(ingest, tmp_path)
     shipper.add(log_record(1))
     started = time.monotonic()
     assert not shipper.flush(timeout=5)
@@ -128,8 +129,8 @@ def test_it_stops_for_good_on_errors_that_retrying_cannot_fix(ingest, status):
     assert ingest.requests == 1
 
 
-def test_it_assigns_seq_and_keeps_a_given_time(ingest):
-    shipper = shipper_for(ingest)
+def test_it_assigns_seq_and_keeps_a_given_time(ingest, tmp_path):
+    shipper = shipper_for(ingest, tmp_path)
     assert shipper.add({"kind": "status", "state": "preparing", "time": 5.5, "seq": 99}) == 1
     assert shipper.add_many([log_record(1), log_record(2)]) == [2, 3]
     assert shipper.flush(timeout=5)
@@ -138,8 +139,8 @@ def test_it_assigns_seq_and_keeps_a_given_time(ingest):
     assert [r["seq"] for r in ingest.stored()] == [1, 2, 3]
 
 
-def test_it_refuses_a_record_it_cannot_encode_without_leaving_a_gap(ingest):
-    shipper = shipper_for(ingest)
+def test_it_refuses_a_record_it_cannot_encode_without_leaving_a_gap(ingest, tmp_path):
+    shipper = shipper_for(ingest, tmp_path)
     with pytest.raises(ValueError):
         shipper.add({"kind": "metric", "name": "loss", "value": float("nan")})
     shipper.add(log_record(1))

@@ -1,0 +1,308 @@
+"""The agent's records on disk until the platform has acked them, so an agent crash loses none.
+
+Layout (inside the agent's private folder, `learner-<i>/spool/`, mode 0700, files 0600):
+- segments `<first seq, 16 digits>.seg`: the encoded records (`{"seq":N,...}`), one per line, in seq
+  order and without gaps. JSON never holds a raw newline, so a line is a record; a torn last line
+  (the agent killed mid-write) is cut off when the spool is opened again.
+- `acked`: the highest seq the platform has acked, rewritten (write + rename) on each ack. A stale
+  value only means resending records the platform drops as duplicates; it matters for numbering
+  once the segments holding the last records are deleted, so it is written before any deletion.
+
+A segment is deleted whole once every record in it is acked; the one being written is closed at
+`segment_bytes` and a new one started. The bound (`max_bytes`) counts every segment on disk plus what
+is still buffered; the shipper asks `has_room` before it adds output (see Shipper.wait_for_room).
+
+Durability: `append` only buffers. `flush` hands the buffer to the kernel (one write), which is all
+surviving an agent SIGKILL takes; the shipper flushes before it reads each batch back (so nothing
+is ever sent that is not in the file: a restarted agent can never reuse an acked seq), and a timer
+every FLUSH_INTERVAL_S. `sync` (fsync) only guards against the machine itself going down; it runs at
+most once a second off the hot path, because an fsync per batch would cap ingest at the disk's
+flush rate while the learner dies with the machine anyway.
+"""
+import bisect
+import json
+import logging
+import os
+import shutil
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 256 * 2**20
+SEGMENT_SUFFIX = ".seg"
+CURSOR = "acked"
+WRITE_BUFFER_BYTES = 256 * 1024  # flushed at once beyond this, whatever the timer says
+
+
+class SpoolError(RuntimeError):
+    """The spool cannot be used (unreadable folder, a segment that contradicts the others)."""
+
+
+class Spool:
+    def __init__(self, directory, *, max_bytes=DEFAULT_MAX_BYTES, segment_bytes=None):
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes or min(16 * 2**20, max(64 * 1024, max_bytes // 16))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+        self._segments = []  # first seqs, ascending; the last one is being written
+        self._sizes = {}  # first seq -> bytes in the file (flushed)
+        self._buffer = bytearray()
+        self._fd = None  # the segment being written, O_APPEND
+        self._unsynced = False
+        self._batch = None  # (segment, offset, first seq, line lengths) of the last read()
+        self.torn_bytes = 0  # cut off the last segment when opened: a write a killed agent left half done
+        self.acked = _read_cursor(directory)
+        self.last_seq = self._recover()
+
+    # --- opening ---
+
+    def _recover(self):
+        """Find the segments, cut a torn tail off the last one; returns the highest seq spooled."""
+        firsts = _segment_firsts(self.directory)
+        self._segments = firsts
+        for first in firsts:
+            self._sizes[first] = os.path.getsize(self._path(first))
+        if not firsts:
+            return self.acked
+        last = firsts[-1]
+        count = self._cut_torn_tail(last)
+        if count == 0 and len(firsts) > 1:
+            os.unlink(self._path(last))  # nothing whole in it: as if it had never been started
+            self._segments.pop()
+            del self._sizes[last]
+            return max(self.acked, last - 1)
+        return max(self.acked, last + count - 1)
+
+    def _cut_torn_tail(self, first):
+        """Keep the whole records of segment `first` that continue its seqs; returns how many."""
+        path = self._path(first)
+        with open(path, "rb") as f:
+            data = f.read()
+        # A torn write leaves a prefix of what was written: the part after the last newline. After
+        # the machine itself went down a file may also end in zeros; the seqs catch those.
+        good, count = 0, 0
+        while (end := data.find(b"\n", good)) >= 0 and _seq_of(data[good:end]) == first + count:
+            good, count = end + 1, count + 1
+        if count and not _is_json(data[data.rfind(b"\n", 0, good - 1) + 1:good - 1]):
+            good, count = data.rfind(b"\n", 0, good - 1) + 1, count - 1
+        if good != len(data):
+            self.torn_bytes = len(data) - good
+            log.warning("spool segment %s: cutting %d bytes after record %d (a write the agent did not "
+                        "finish)", os.path.basename(path), len(data) - good, first + count - 1)
+            with open(path, "r+b") as f:
+                f.truncate(good)
+            self._sizes[first] = good
+        return count
+
+    # --- writing ---
+
+    def append(self, records):
+        """Buffer encoded records [(seq, body)]; seqs must continue the spool's without a gap."""
+        for seq, body in records:
+            if seq != self.last_seq + 1:
+                raise SpoolError(f"record {seq} does not continue the spool at {self.last_seq}")
+            if self._fd is None or self._current_size() >= self.segment_bytes:
+                self._start_segment(seq)
+            self._buffer += body
+            self._buffer += b"\n"
+            self.last_seq = seq
+        if len(self._buffer) >= WRITE_BUFFER_BYTES:
+            self.flush()
+
+    def _current_size(self):
+        return self._sizes[self._segments[-1]] + len(self._buffer)
+
+    def _start_segment(self, first):
+        self.flush()
+        if self._fd is not None:
+            if self._unsynced:
+                os.fsync(self._fd)  # once per segment; the timer only syncs the one being written
+            os.close(self._fd)
+        if self._segments and self._segments[-1] == first:  # reopened after a restart: continue it
+            pass
+        elif self._segments and self._sizes[self._segments[-1]] == 0:
+            os.unlink(self._path(self._segments.pop()))  # an empty segment from before a restart
+        if not self._segments or self._segments[-1] != first:
+            self._segments.append(first)
+            self._sizes[first] = 0
+        self._fd = os.open(self._path(first), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def flush(self):
+        """Hand the buffered records to the kernel: from now on they outlive this process."""
+        if not self._buffer:
+            return
+        written = 0
+        view = memoryview(self._buffer)
+        while written < len(view):
+            written += os.write(self._fd, view[written:])
+        view.release()
+        self._sizes[self._segments[-1]] += written
+        self._buffer.clear()
+        self._unsynced = True
+
+    def dup_for_sync(self):
+        """A descriptor of the segment being written to fsync without holding up writers, or None
+        when nothing was written since the last one (the caller closes it)."""
+        if not self._unsynced or self._fd is None:
+            return None
+        self._unsynced = False
+        return os.dup(self._fd)
+
+    # --- bound ---
+
+    @property
+    def size_bytes(self):
+        return sum(self._sizes.values()) + len(self._buffer)
+
+    def has_room(self, nbytes):
+        return self.size_bytes + nbytes <= self.max_bytes
+
+    # --- reading back and acking ---
+
+    def read(self, after, *, max_records, max_bytes):
+        """The flushed records after seq `after`, [(seq, body)], within the limits (at least one)."""
+        target = after + 1
+        if target > self.last_seq or not self._segments:
+            return []
+        segment = self._segment_of(target)
+        if segment is None:
+            raise SpoolError(f"record {target} is not in the spool (it starts at {self._segments[0]})")
+        offset = self._offset_of(segment, target)
+        end = self._sizes[segment]
+        with open(self._path(segment), "rb") as f:
+            data = os.pread(f.fileno(), min(max_bytes, end - offset), offset)
+            cut = data.rfind(b"\n")
+            if cut < 0 and offset + len(data) < end:  # one record longer than max_bytes: send it whole
+                tail = os.pread(f.fileno(), end - offset, offset)
+                data, cut = tail, tail.find(b"\n")
+        if cut < 0:
+            return []
+        lines = data[:cut].split(b"\n")[:max_records]
+        self._batch = (segment, offset, target, [len(line) + 1 for line in lines])
+        return [(target + i, line) for i, line in enumerate(lines)]
+
+    def _segment_of(self, seq):
+        index = bisect.bisect_right(self._segments, seq) - 1
+        return self._segments[index] if index >= 0 else None
+
+    def _offset_of(self, segment, seq):
+        """Where record `seq` starts in `segment`: from the last batch when it is in (or right after)
+        it, else by counting lines (after a restart, or an ack that went backwards)."""
+        if self._batch is not None:
+            batch_segment, offset, first, lengths = self._batch
+            if batch_segment == segment and first <= seq <= first + len(lengths):
+                return offset + sum(lengths[:seq - first])
+        with open(self._path(segment), "rb") as f:
+            data = f.read(self._sizes[segment])
+        offset = 0
+        for _ in range(seq - segment):
+            offset = data.index(b"\n", offset) + 1
+        return offset
+
+    def ack(self, seq):
+        """The platform has everything up to `seq`: remember it, delete the segments it completes."""
+        if seq <= self.acked:
+            return
+        self.acked = seq
+        _write_atomically(os.path.join(self.directory, CURSOR), f"{seq}\n")
+        if seq > self.last_seq:  # the platform has seqs we lost: number on after them, in a new segment
+            self.flush()
+            self.last_seq = seq
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+        while len(self._segments) > 1 and self._segments[1] - 1 <= seq:
+            first = self._segments.pop(0)
+            del self._sizes[first]
+            os.unlink(self._path(first))
+
+    def close(self):
+        self.flush()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def destroy(self):
+        """Everything in it is delivered (or can never be): remove the folder."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    # --- what a restarted agent wants to know ---
+
+    def last_record(self):
+        """The last spooled record as a dict, or None (nothing spooled, or all of it deleted)."""
+        self.flush()
+        if not self._segments or self.last_seq < self._segments[-1]:
+            return None
+        segment = self._segments[-1]
+        with open(self._path(segment), "rb") as f:
+            data = f.read(self._sizes[segment])
+        start = data.rfind(b"\n", 0, len(data) - 1) + 1
+        return json.loads(data[start:-1])
+
+    def _path(self, first):
+        return _segment_path(self.directory, first)
+
+
+def has_undelivered(directory):
+    """Whether a spool folder holds records its cursor does not cover; read-only, for whoever
+    decides to start an agent again (the local backend)."""
+    try:
+        firsts = _segment_firsts(directory)
+    except OSError:
+        return False
+    if not firsts:
+        return False
+    with open(_segment_path(directory, firsts[-1]), "rb") as f:
+        last = firsts[-1] + f.read().count(b"\n") - 1
+    return last > _read_cursor(directory)
+
+
+def _segment_firsts(directory):
+    return sorted(int(name[:-len(SEGMENT_SUFFIX)]) for name in os.listdir(directory)
+                  if name.endswith(SEGMENT_SUFFIX) and name[:-len(SEGMENT_SUFFIX)].isdigit())
+
+
+def _segment_path(directory, first):
+    return os.path.join(directory, f"{first:016d}{SEGMENT_SUFFIX}")
+
+
+def _read_cursor(directory):
+    try:
+        with open(os.path.join(directory, CURSOR), encoding="ascii") as f:
+            return int(f.read().strip() or 0)
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError) as e:
+        log.warning("spool cursor unreadable (%s); resending from the oldest spooled record", e)
+        return 0
+
+
+def _seq_of(line):
+    if not line.startswith(b'{"seq":'):
+        return None
+    end = line.find(b",", 7)
+    if end < 0:
+        end = line.find(b"}", 7)
+    try:
+        return int(line[7:end])
+    except ValueError:
+        return None
+
+
+def _is_json(line):
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
+def _write_atomically(path, text):
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode("ascii"))
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
