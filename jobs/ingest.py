@@ -18,6 +18,7 @@ from jobs.serializers import metric_json
 
 MAX_RECORDS = 20000
 MAX_LINE = 64 * 1024
+AGENT_STREAMS = ("stdout", "stderr", "system")
 
 
 class IngestError(Exception):
@@ -115,7 +116,10 @@ def _store(job, learner, records):
         if record["kind"] == "log":
             # The hot path (one learner may send tens of thousands a second): no datetime objects.
             job.log_seq += 1
-            stream = "stderr" if record.get("stream") == "stderr" else "stdout"
+            # `system`: the agent's own notices (a full spool); the learner's output is only ever
+            # stdout or stderr, so a learner cannot pass its lines off as the platform's.
+            stream = record.get("stream")
+            stream = stream if stream in AGENT_STREAMS else "stdout"
             line = record.get("line", "")
             line = (line if type(line) is str else str(line))[:MAX_LINE]
             iso = _iso_time(record.get("time"))

@@ -92,3 +92,11 @@ def test_log_times_format_like_datetime_isoformat(value):
         assert abs((got - datetime.now(timezone.utc)).total_seconds()) < 5  # unreadable: arrival time
     else:
         assert abs((got - expected).total_seconds()) <= 1e-6
+
+
+def test_the_agent_may_write_system_lines_and_anything_else_is_stdout(running_job):
+    records = [{"seq": 1, "kind": "log", "stream": "system", "time": 1, "line": "learner agent: the spool is full"},
+               {"seq": 2, "kind": "log", "stream": "weird", "time": 2, "line": "x"},
+               {"seq": 3, "kind": "log", "stream": ["stderr"], "time": 3, "line": "y"}]
+    assert post(running_job, records).json() == {"acked": 3}
+    assert list(LogLine.objects.order_by("seq").values_list("stream", flat=True)) == ["system", "stdout", "stdout"]
