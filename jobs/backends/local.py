@@ -24,12 +24,14 @@ from django.conf import settings
 
 from jobs import frameworks, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
-from learner_agent import netns, sandbox
+from learner_agent import netns, sandbox, spool
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_GRACE_S = 60  # an agent that has not written its pid this long after deploy counts as missing
+AGENT_SPOOL = "spool"  # the agent's unacked records (learner_agent.spool)
+AGENT_RESTARTED = "agent.restarted"  # a second agent was started after the first died: never a third
 
 
 class LocalBackend:
@@ -121,7 +123,7 @@ class LocalBackend:
         return [self._learner_status(storage.learner_dir(tenant, job_id, attempt, i), i) for i in range(learners)]
 
     def _learner_status(self, folder, index):
-        if _agent_alive(folder):
+        if _agent_alive(folder) or self._restart_dead_agent(folder):
             return LearnerStatus(index, LearnerState.RUNNING)
         exit_file = folder / "exit.json"
         if exit_file.exists():
@@ -135,6 +137,27 @@ class LocalBackend:
         if never_started and config.exists() and time.time() - config.stat().st_mtime < DEPLOY_GRACE_S:
             return LearnerStatus(index, LearnerState.PENDING)
         return LearnerStatus(index, LearnerState.MISSING, reason="learner agent is not running and left no exit record")
+
+    def _restart_dead_agent(self, folder):
+        """Start a second agent, once, for an agent that died (SIGKILL, OOM, a reboot) leaving records
+        in its spool that the platform has not acked, or no exit record. The second one delivers the
+        spool and reports how the learner ended; it never runs the command again (learner_agent.agent,
+        `Agent._resume`). True if one was started."""
+        marker, pid_file = folder / AGENT_RESTARTED, folder / "agent.pid"
+        if marker.exists():  # the second one counts as running until it has written its pid
+            return (time.time() - marker.stat().st_mtime < DEPLOY_GRACE_S and pid_file.exists()
+                    and pid_file.stat().st_mtime < marker.stat().st_mtime)
+        ended, spool_dir = (folder / "exit.json").exists(), folder / AGENT_SPOOL
+        if not pid_file.exists() or not spool.has_undelivered(spool_dir) and (ended or not spool_dir.exists()):
+            return False
+        marker.touch(mode=0o600)
+        log.warning("learner agent in %s died; starting another to deliver what it spooled", folder)
+        try:
+            self._start_agent(folder)
+        except (BackendError, OSError, subprocess.SubprocessError) as exc:
+            log.error("could not start a second learner agent in %s: %s", folder, exc)
+            return False
+        return True
 
     def logs(self, *, tenant, job_id, attempt, index):
         path = storage.learner_dir(tenant, job_id, attempt, index) / "agent.log"

@@ -2,7 +2,7 @@
 
 Each scenario submits the deterministic workload (invariants.py), and at a moment and for a downtime
 that a seeded generator picks, kills one of: the Celery worker, beat, the ASGI server, Redis, the
-agent's upstream connection, the learner itself. Then the job must end as it should with its output
+agent's upstream connection, the agent itself, the learner itself. Then the job must end as it should with its output
 stored exactly once (invariants.check_job). Seeds: TRAINYARD_CHAOS_SEEDS (conftest.chaos_seeds).
 """
 import os
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from learner_agent import procfs
-from tests.chaos.invariants import WORKLOAD, check_job, manifest
+from tests.chaos.invariants import WORKLOAD, check_job, lines_by_attempt, manifest, printed_by
 from trainyard.packing import code_upload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
@@ -124,3 +124,56 @@ def learner_pid(chaos, job_id, *, attempt, timeout=10):
                 return pid
         time.sleep(0.05)
     raise AssertionError(f"no learner process under agent {agent} of {job_id}")
+
+
+# Early enough that the learner is still printing when it is frozen (it runs ~6 s).
+AGENT_KILLED = ("processing", 0.3, 2.0)
+
+
+def test_the_agent_is_killed_and_a_second_one_delivers_its_spool_exactly_once(chaos, seed):
+    """The agent SIGKILLed while the platform had not acked the learner's latest lines (its link is
+    cut). The learner dies with it; the platform starts a second agent, which delivers what the first
+    spooled, exactly once, and reports the learner killed (137); the job's retry runs attempt 2.
+
+    To know exactly what the learner wrote, it is frozen (SIGSTOP) before the kill and the bytes it
+    wrote are read from /proc/<pid>/io; the agent gets half a second to read its pipe dry."""
+    moment = Moment("agent", seed, AGENT_KILLED)
+    job_id, submitted_at = submit(chaos, max_retries=1)
+    moment.wait(chaos, job_id, submitted_at)
+    learner = learner_pid(chaos, job_id, attempt=1)
+    agent_folder = next(chaos.session.data_dir.glob(f"storage/*/{job_id}/attempt-1/learner-0"))
+    agent = int((agent_folder / "agent.pid").read_text())
+    chaos.proxy.cut(60)  # nothing the agent sends now is acked
+    time.sleep(min(moment.downtime, 1.5))
+    os.kill(learner, signal.SIGSTOP)
+    time.sleep(0.5)
+    written = bytes_written(learner)
+    os.kill(agent, signal.SIGKILL)
+    chaos.proxy.cut(0)  # the link is back; the dead agent's records are only in its spool now
+    job = check_job(chaos, job_id, status="COMPLETED", attempts={1: "killed", 2: "complete"},
+                    context=moment.context)
+    assert job["retries"] == 1
+    first = [x["line"] for x in lines_by_attempt(chaos.session.all_logs(job_id))[1]]
+    assert first == lines_within(printed_by(1), written), (
+        f"{moment.context}: attempt 1 stored {len(first)} lines; the learner wrote {written} bytes, "
+        f"{len(lines_within(printed_by(1), written))} whole lines")
+    assert (agent_folder / "agent.restarted").exists(), "the platform did not start a second agent"
+
+
+def bytes_written(pid):
+    """What the process has written so far (all of it to its stdout, for chatter.py)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no wchar in /proc/{pid}/io")
+
+
+def lines_within(printed, written):
+    """The lines of `printed` wholly inside its first `written` bytes."""
+    lines, used = [], 0
+    for line, _ in printed:
+        used += len(line.encode()) + 1
+        if used > written:
+            break
+        lines.append(line)
+    return lines
