@@ -1,0 +1,112 @@
+"""`from trainyard import Client` against a real running platform."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import trainyard
+from portal.runner import PROJECT_ROOT
+from trainyard import BadRequest, Client, Conflict, ConfigError, NotFound, WaitTimeout
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = PROJECT_ROOT / "examples" / "custom-shell"
+
+
+def slow_manifest(steps):
+    """custom-shell for `steps` half-second steps: long enough to halt while it runs."""
+    return {"name": "slow-shell", "cpus": 0.5, "memory": "256MiB",
+            "framework": {"name": "custom", "command": f"env STEPS={steps} bash run.sh"},
+            "checkpoint": {"signal": "SIGTERM", "grace_seconds": 10}}
+
+
+def test_it_submits_waits_streams_logs_reads_metrics_and_downloads(client, tmp_path):
+    job = client.submit(EXAMPLE / "manifest.yml", EXAMPLE)
+    assert job["id"].startswith("training-") and job["status"] == "QUEUED"
+
+    lines = [line["line"] for line in client.logs(job["id"], follow=True)]
+    assert lines[0].startswith(f"custom job {job['id']} attempt 1: 10 steps")
+    assert lines[-1].startswith("done: final loss")
+
+    done = client.wait(job["id"], timeout=60)
+    assert done["status"] == "COMPLETED" and done["exit_code"] == 0
+    points = client.metrics(job["id"], name="loss")
+    assert [p["step"] for p in points] == list(range(1, 11))
+    assert done["latest_metrics"]["loss"]["value"] == pytest.approx(points[-1]["value"])
+    assert [job["id"]] == [j["id"] for j in client.jobs(status="COMPLETED") if j["id"] == job["id"]]
+
+    files = client.download(job["id"], tmp_path / "out")
+    assert [f.name for f in files] == ["results/result.json"]
+    assert json.loads((tmp_path / "out" / "results" / "result.json").read_text())["steps"] == 10
+
+
+def test_it_halts_and_resumes_a_running_job(client):
+    job = client.submit(slow_manifest(60), EXAMPLE)
+    client.wait(job["id"], statuses=("PROCESSING",), timeout=60)
+    assert client.halt(job["id"])["status"] == "HALTING"
+    halted = client.wait(job["id"], timeout=60)
+    assert halted["status"] == "HALTED", halted["status_reason"]
+    with pytest.raises(Conflict) as refused:
+        client.halt(job["id"])
+    assert refused.value.status == 409 and "HALTED" in str(refused.value)
+
+    assert client.resume(job["id"])["status"] in ("QUEUED", "PENDING")
+    client.wait(job["id"], statuses=("PROCESSING",), timeout=60)
+    assert client.job(job["id"])["attempt"] == 2
+    assert client.terminate(job["id"])["id"] == job["id"]
+    assert client.wait(job["id"], timeout=60)["status"] == "TERMINATED"
+
+
+def test_an_unknown_job_is_not_found(client):
+    with pytest.raises(NotFound) as missing:
+        client.job("training-nosuchjob")
+    assert missing.value.status == 404
+    with pytest.raises(NotFound):
+        list(client.logs("training-nosuchjob"))
+
+
+def test_a_bad_manifest_is_a_bad_request_naming_the_field(client):
+    manifest = {**slow_manifest(1), "name": "refused", "memory": "4XB"}
+    with pytest.raises(BadRequest) as refused:
+        client.submit(manifest, EXAMPLE)
+    assert refused.value.status == 400 and refused.value.field == "memory"
+    assert str(refused.value).startswith("memory: ")
+    assert not [j for j in client.jobs(limit=200) if j["name"] == "refused"]  # nothing was stored
+
+
+def test_wait_gives_up_after_its_timeout(client):
+    job = client.submit(slow_manifest(60), EXAMPLE)
+    try:
+        with pytest.raises(WaitTimeout) as late:
+            client.wait(job["id"], statuses=("COMPLETED",), timeout=1, poll=0.2)
+        assert late.value.job["id"] == job["id"]
+    finally:
+        client.terminate(job["id"])
+
+
+def test_explicit_arguments_win_and_missing_ones_are_a_config_error(platform, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_TENANT", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="TRAINYARD_URL"):
+        Client()
+    assert Client(platform.url, platform.token).tenant()["tenant"]["slug"] == platform.tenant
+
+
+def test_the_sdk_does_not_import_django():
+    done = subprocess.run([sys.executable, "-c", "import sys, trainyard; trainyard.Client; print(sorted(m for m "
+                           "in sys.modules if m.split('.')[0] in ('django', 'rest_framework', 'celery', 'jobs')))"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
+    assert trainyard.__all__ and "Client" in trainyard.__all__
+
+
+def test_the_example_script_submits_follows_and_prints_the_metrics(platform, tmp_path):
+    env = dict(os.environ, TRAINYARD_URL=platform.url, TRAINYARD_TOKEN=platform.token, HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "examples/sdk/submit_and_follow.py", "examples/custom-shell"],
+                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "  | step 10/10 loss" in done.stdout
+    assert " COMPLETED" in done.stdout and "  loss = " in done.stdout
