@@ -1,15 +1,15 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_save
+from django.db.models.signals import post_delete, post_save
 
 
 class JobsConfig(AppConfig):
     name = "jobs"
 
     def ready(self):
-        from jobs import dispatch, live, states, transfers
+        from jobs import dispatch, live, sharing, states, transfers
         from jobs.models import ACTIVE, JobEvent
         from tenants import quotas
-        from tenants.models import Quota
+        from tenants.models import Membership, Quota
 
         def account_usage(job, *, before, when):
             # Inside the transition's transaction: accounting never disagrees with the job's history.
@@ -21,6 +21,7 @@ class JobsConfig(AppConfig):
         states.listen(account_usage)
         states.listen(live.on_status_change)
         post_save.connect(reschedule, sender=Quota, weak=False, dispatch_uid="quota-change-reschedules")
+        post_delete.connect(sharing.on_membership_deleted, sender=Membership, dispatch_uid="jobs.unshare-on-leave")
         # Every final transition writes a JobEvent: that is when a job's data-store credentials go.
         post_save.connect(transfers.on_job_event, sender=JobEvent, dispatch_uid="jobs.forget_credentials")
         # Open websockets check their access again whenever something that grants it changes.

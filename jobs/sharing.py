@@ -42,6 +42,12 @@ def shared_with(job):
                    for user, perms in people.items()), key=lambda s: s["username"])
 
 
+def on_membership_deleted(sender, instance, **kwargs):
+    """post_delete of Membership (connected in JobsConfig.ready): a user leaving a tenant, however it
+    happens, keeps no share of its jobs."""
+    unshare_all(instance.tenant_id, instance.user)
+
+
 def unshare_all(tenant_id, user):
     """Take back every share of the tenant's jobs from `user` (they are leaving the tenant)."""
     from django.contrib.contenttypes.models import ContentType

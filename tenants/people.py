@@ -109,10 +109,8 @@ def remove_member(member):
 
 def on_membership_deleted(sender, instance, **kwargs):
     """post_delete of Membership, however it is deleted (API, page, admin console, tenant deleted):
-    the jobs of the tenant shared with the user are no longer shared, and invitations to it that
-    still wait for them are gone (they would let them back in without a new decision)."""
-    from jobs.sharing import unshare_all
-    unshare_all(instance.tenant_id, instance.user)
+    invitations to the tenant that still wait for the user are gone (they would let them back in
+    without a new decision). The shares of the tenant's jobs go too: jobs.sharing listens as well."""
     Invitation.objects.filter(tenant_id=instance.tenant_id, username=instance.user.get_username()).delete()
 
 
