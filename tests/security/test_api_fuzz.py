@@ -14,7 +14,9 @@ import time
 
 import pytest
 import schemathesis
+from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
@@ -36,7 +38,19 @@ MODES = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
 
 
 @pytest.fixture
-def api(settings):
+def connection_kept():
+    """Keep the test's database connection across requests, as Django's test client does: the WSGI
+    handler would otherwise close it after the first one (it is inside the test's transaction, so on
+    PostgreSQL every later request fails with "connection already closed")."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def api(settings, connection_kept):
     """The schema as served, with hooks that put the researcher's real job, colleague, token and tenant
     into path parameters (most of the time: Hypothesis also keeps the generated value)."""
     settings.ALLOWED_HOSTS = ["*"]
