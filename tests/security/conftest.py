@@ -4,6 +4,9 @@ bubblewrap) with two tenants, attacked the way a researcher of one tenant could 
 `platform` is tenant "team-a" (user alice, a researcher); `intruder` is tenant "team-b" (user mallory,
 a researcher, with her own token) on the same platform. Tests submit hostile jobs as either.
 """
+import shutil
+import tempfile
+
 import pytest
 
 from conftest import skip_or_fail
@@ -12,15 +15,19 @@ from tests.support.harness import start_session
 
 
 @pytest.fixture(scope="session")
-def platform(tmp_path_factory):
+def platform():
     if sandbox.bwrap_problem() is not None:
         skip_or_fail(f"the hostile-learner suite needs bubblewrap: {sandbox.bwrap_problem()}")
-    session = start_session(tmp_path_factory.mktemp("security"), TRAINYARD_SANDBOX="bwrap",
+    # Outside /tmp: every learner gets a private /tmp, which would hide a data directory under it for free;
+    # here the sandbox must hide the platform's data the way it does for an install's var/.
+    data_dir = tempfile.mkdtemp(prefix="trainyard-security-", dir="/var/tmp")
+    session = start_session(data_dir, TRAINYARD_SANDBOX="bwrap",
                             TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_LOCAL_CPUS="8")
     try:
         yield session
     finally:
         session.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from learner_agent import sandbox
 from portal.runner import PROJECT_ROOT
 from tests.support.harness import EXAMPLES
 
@@ -51,9 +52,12 @@ def test_every_escape_attempt_fails(platform, victim_dir):
     assert "ESCAPE done" in lines, lines
     outcomes = {line.split()[1]: line for line in lines if line != "ESCAPE done"}
     assert sorted(outcomes) == sorted(ATTEMPTS), lines
-    escaped = [line for line in outcomes.values() if line.split()[2] != "blocked"]
+    # A write the learner sees succeed may have landed in its private /tmp (a checkout under /tmp shows
+    # through read-only, and its parent dirs exist only in that tmpfs): only the host can tell.
+    escaped = [line for name, line in outcomes.items()
+               if name != "write_host_file" and line.split()[2] != "blocked"]
     assert escaped == [], "\n".join(lines)
-    assert not list(PROJECT_ROOT.glob("escaped-*.txt"))
+    assert not list(PROJECT_ROOT.glob("escaped-*.txt")), "the learner wrote a file on the host"
     assert "CapEff=0 " in outcomes["capeff"]
 
 
@@ -67,8 +71,9 @@ def test_a_fork_bomb_is_bounded_and_the_platform_keeps_working(platform):
     started = time.monotonic()
     assert platform.api("GET", "/api/v1/jobs/").status_code == 200
     assert time.monotonic() - started < 5
-    # Nothing of it is left running on the machine: the sleepers died with the sandbox.
-    assert _processes_running("sleep 300") == []
+    # Nothing of it is left running on the machine: the sleepers died with the sandbox. (Only this job's
+    # processes count: other suites' learners may be sleeping too.)
+    assert _processes_running("sleep 300", uid=_learner_uid(job["id"])) == []
 
 
 def test_filling_tmp_past_the_memory_limit_kills_the_learner_with_a_memory_reason(platform):
@@ -96,11 +101,17 @@ def test_a_normal_example_still_completes_in_the_sandbox(platform):
     assert any(a["kind"] == "result" for a in artifacts), artifacts
 
 
-def _processes_running(needle):
+def _learner_uid(job_id):
+    identity = sandbox.learner_identity(job_id)
+    return identity.uid if identity else os.getuid()
+
+
+def _processes_running(needle, *, uid):
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if needle.encode() in open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" "):
+            if (os.stat(f"/proc/{pid}").st_uid == uid
+                    and needle.encode() in open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")):
                 found.append(int(pid))
         except OSError:
             pass
