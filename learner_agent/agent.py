@@ -60,7 +60,10 @@ class Agent:
         self.config = config
         self.shipper = shipper or Shipper(
             config.ingest_url, config.ingest_token, attempt=config.attempt, learner=config.learner,
-            spool=Spool(config.agent_file(SPOOL_DIR), max_bytes=config.spool_max_bytes),
+            # On Kubernetes the learner shares our uid and sees our folder (state_dir), and nothing
+            # ever starts a second agent: segments without a name keep it from forging records.
+            spool=Spool(config.agent_file(SPOOL_DIR), max_bytes=config.spool_max_bytes,
+                        anonymous=bool(config.state_dir)),
             on_gone=lambda: self.request_stop("gone"))
         self._extractor = MetricExtractor(config.metric_regexes)
         self._requests = SimpleQueue()  # reentrant put(): safe from signal handlers

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +39,27 @@ class SpoolError(RuntimeError):
 
 
 class Spool:
-    def __init__(self, directory, *, max_bytes=DEFAULT_MAX_BYTES, segment_bytes=None):
+    """`anonymous`: segments have no name from the moment they exist, so nothing sharing the agent's
+    uid can write into them (on Kubernetes the learner does, and sees the agent's folder); nothing
+    survives the agent then, which is right where nothing ever starts an agent again."""
+
+    def __init__(self, directory, *, max_bytes=DEFAULT_MAX_BYTES, segment_bytes=None, anonymous=False):
         self.directory = directory
+        self.anonymous = anonymous
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or min(16 * 2**20, max(64 * 1024, max_bytes // 16))
         os.makedirs(directory, mode=0o700, exist_ok=True)
         os.chmod(directory, 0o700)
         self._segments = []  # first seqs, ascending; the last one is being written
         self._sizes = {}  # first seq -> bytes in the file (flushed)
+        self._fds = {}  # first seq -> an open descriptor (read with pread, written at its end)
         self._buffer = bytearray()
-        self._fd = None  # the segment being written, O_APPEND
+        self._fd = None  # the segment being written
         self._unsynced = False
         self._batch = None  # (segment, offset, first seq, line lengths) of the last read()
         self.torn_bytes = 0  # cut off the last segment when opened: a write a killed agent left half done
-        self.acked = _read_cursor(directory)
-        self.last_seq = self._recover()
+        self.acked = 0 if anonymous else _read_cursor(directory)
+        self.last_seq = self.acked if anonymous else self._recover()
 
     # --- opening ---
 
@@ -61,23 +68,21 @@ class Spool:
         firsts = _segment_firsts(self.directory)
         self._segments = firsts
         for first in firsts:
-            self._sizes[first] = os.path.getsize(self._path(first))
+            self._fds[first] = os.open(self._path(first), os.O_RDWR | os.O_APPEND)
+            self._sizes[first] = os.fstat(self._fds[first]).st_size
         if not firsts:
             return self.acked
         last = firsts[-1]
         count = self._cut_torn_tail(last)
         if count == 0 and len(firsts) > 1:
-            os.unlink(self._path(last))  # nothing whole in it: as if it had never been started
-            self._segments.pop()
-            del self._sizes[last]
+            self._drop_segment(self._segments.pop())  # nothing whole in it: as if never started
             return max(self.acked, last - 1)
         return max(self.acked, last + count - 1)
 
     def _cut_torn_tail(self, first):
         """Keep the whole records of segment `first` that continue its seqs; returns how many."""
         path = self._path(first)
-        with open(path, "rb") as f:
-            data = f.read()
+        data = os.pread(self._fds[first], self._sizes[first], 0)
         # A torn write leaves a prefix of what was written: the part after the last newline. After
         # the machine itself went down a file may also end in zeros; the seqs catch those.
         good, count = 0, 0
@@ -89,8 +94,7 @@ class Spool:
             self.torn_bytes = len(data) - good
             log.warning("spool segment %s: cutting %d bytes after record %d (a write the agent did not "
                         "finish)", os.path.basename(path), len(data) - good, first + count - 1)
-            with open(path, "r+b") as f:
-                f.truncate(good)
+            os.ftruncate(self._fds[first], good)
             self._sizes[first] = good
         return count
 
@@ -114,18 +118,32 @@ class Spool:
 
     def _start_segment(self, first):
         self.flush()
-        if self._fd is not None:
-            if self._unsynced:
-                os.fsync(self._fd)  # once per segment; the timer only syncs the one being written
-            os.close(self._fd)
-        if self._segments and self._segments[-1] == first:  # reopened after a restart: continue it
-            pass
-        elif self._segments and self._sizes[self._segments[-1]] == 0:
-            os.unlink(self._path(self._segments.pop()))  # an empty segment from before a restart
-        if not self._segments or self._segments[-1] != first:
-            self._segments.append(first)
-            self._sizes[first] = 0
-        self._fd = os.open(self._path(first), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if self._fd is not None and self._unsynced:
+            os.fsync(self._fd)  # once per segment; the timer only syncs the one being written
+        if self._segments and self._segments[-1] == first:  # an empty one from before a restart
+            self._fd = self._fds[first]
+            return
+        if self._segments and self._sizes[self._segments[-1]] == 0:
+            self._drop_segment(self._segments.pop())  # an empty segment from before a restart
+        self._segments.append(first)
+        self._sizes[first] = 0
+        self._fds[first] = self._fd = self._create(first)
+
+    def _create(self, first):
+        if not self.anonymous:
+            return os.open(self._path(first), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        try:  # a file that never has a name
+            return os.open(self.directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+        except (AttributeError, OSError):  # a filesystem without O_TMPFILE: nameless at once
+            fd, path = tempfile.mkstemp(dir=self.directory, suffix=".spool")
+            os.unlink(path)
+            return fd
+
+    def _drop_segment(self, first):
+        os.close(self._fds.pop(first))
+        del self._sizes[first]
+        if not self.anonymous:
+            os.unlink(self._path(first))
 
     def flush(self):
         """Hand the buffered records to the kernel: from now on they outlive this process."""
@@ -168,13 +186,12 @@ class Spool:
         if segment is None:
             raise SpoolError(f"record {target} is not in the spool (it starts at {self._segments[0]})")
         offset = self._offset_of(segment, target)
-        end = self._sizes[segment]
-        with open(self._path(segment), "rb") as f:
-            data = os.pread(f.fileno(), min(max_bytes, end - offset), offset)
-            cut = data.rfind(b"\n")
-            if cut < 0 and offset + len(data) < end:  # one record longer than max_bytes: send it whole
-                tail = os.pread(f.fileno(), end - offset, offset)
-                data, cut = tail, tail.find(b"\n")
+        end, fd = self._sizes[segment], self._fds[segment]
+        data = os.pread(fd, min(max_bytes, end - offset), offset)
+        cut = data.rfind(b"\n")
+        if cut < 0 and offset + len(data) < end:  # one record longer than max_bytes: send it whole
+            data = os.pread(fd, end - offset, offset)
+            cut = data.find(b"\n")
         if cut < 0:
             return []
         lines = data[:cut].split(b"\n")[:max_records]
@@ -192,8 +209,7 @@ class Spool:
             batch_segment, offset, first, lengths = self._batch
             if batch_segment == segment and first <= seq <= first + len(lengths):
                 return offset + sum(lengths[:seq - first])
-        with open(self._path(segment), "rb") as f:
-            data = f.read(self._sizes[segment])
+        data = os.pread(self._fds[segment], self._sizes[segment], 0)
         offset = 0
         for _ in range(seq - segment):
             offset = data.index(b"\n", offset) + 1
@@ -204,23 +220,21 @@ class Spool:
         if seq <= self.acked:
             return
         self.acked = seq
-        _write_atomically(os.path.join(self.directory, CURSOR), f"{seq}\n")
+        if not self.anonymous:
+            _write_atomically(os.path.join(self.directory, CURSOR), f"{seq}\n")
         if seq > self.last_seq:  # the platform has seqs we lost: number on after them, in a new segment
             self.flush()
             self.last_seq = seq
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            self._fd = None  # the next record starts a segment of its own
         while len(self._segments) > 1 and self._segments[1] - 1 <= seq:
-            first = self._segments.pop(0)
-            del self._sizes[first]
-            os.unlink(self._path(first))
+            self._drop_segment(self._segments.pop(0))
 
     def close(self):
         self.flush()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._fd = None
 
     def destroy(self):
         """Everything in it is delivered (or can never be): remove the folder."""
@@ -235,8 +249,7 @@ class Spool:
         if not self._segments or self.last_seq < self._segments[-1]:
             return None
         segment = self._segments[-1]
-        with open(self._path(segment), "rb") as f:
-            data = f.read(self._sizes[segment])
+        data = os.pread(self._fds[segment], self._sizes[segment], 0)
         start = data.rfind(b"\n", 0, len(data) - 1) + 1
         return json.loads(data[start:-1])
 

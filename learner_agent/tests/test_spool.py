@@ -180,3 +180,17 @@ def test_a_second_shipper_on_the_spool_delivers_the_rest_exactly_once_and_number
     stored = server.stored()
     assert [r["seq"] for r in stored] == list(range(1, 67))
     assert [r["line"] for r in stored[25:65]] == [f"unacked {i}" for i in range(40)]
+
+
+def test_an_anonymous_spool_leaves_nothing_with_a_name_to_write_into(tmp_path):
+    folder = tmp_path / "spool"
+    spool = Spool(str(folder), segment_bytes=1000, anonymous=True)
+    spool.append(numbered(1, 100))
+    spool.flush()
+    assert os.listdir(folder) == []  # nothing another process of our uid could open
+    assert seqs(read_all(spool, 0)) == list(range(1, 101))
+    spool.ack(70)
+    assert seqs(read_all(spool, 70)) == list(range(71, 101))
+    assert spool.last_record()["seq"] == 100
+    spool.close()
+    assert os.listdir(folder) == [] and Spool(str(folder)).last_seq == 0
