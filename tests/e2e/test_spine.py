@@ -1,6 +1,7 @@
 """The spine, end to end: real web server, Celery worker, beat, Redis and learner processes."""
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -173,10 +174,23 @@ def test_reconcile_fails_a_job_whose_learner_vanished(live_platform):
     job = live_platform.submit("custom-shell", manifest_text=SLEEPER)
     live_platform.wait_for(job["id"], {"PROCESSING"}, timeout=60)
     learner_dir = next(live_platform.data_dir.glob(f"storage/*/{job['id']}/attempt-1/learner-0"))
+    shutil.rmtree(learner_dir / "spool")  # nothing a second agent could take over from
     os.kill(int((learner_dir / "agent.pid").read_text()), signal.SIGKILL)  # no report can follow
     done = live_platform.wait_for(job["id"], timeout=30)
     assert done["status"] == "FAILED"
     assert "learner 0 was lost" in done["status_reason"]
+
+
+def test_a_second_agent_reports_the_learner_of_one_that_was_killed(live_platform):
+    job = live_platform.submit("custom-shell", manifest_text=SLEEPER)
+    live_platform.wait_for(job["id"], {"PROCESSING"}, timeout=60)
+    learner_dir = next(live_platform.data_dir.glob(f"storage/*/{job['id']}/attempt-1/learner-0"))
+    os.kill(int((learner_dir / "agent.pid").read_text()), signal.SIGKILL)
+    done = live_platform.wait_for(job["id"], timeout=30)
+    assert done["status"] == "FAILED" and done["exit_code"] == 137
+    assert done["status_reason"].startswith(
+        "learner 0 exited with code 137 (killed: its learner agent died while it ran"), done["status_reason"]
+    assert (learner_dir / "agent.restarted").exists()
 
 
 CRASH_ONCE = """
