@@ -171,8 +171,9 @@ def test_a_second_shipper_on_the_spool_delivers_the_rest_exactly_once_and_number
     time.sleep(0.3)
     first.close()  # the spool stays, as a dead agent leaves it
     server.status_override = None
-    second = Shipper(server.url, TOKEN, attempt=1, learner=0, spool=Spool(str(tmp_path / "spool")))
-    assert (second.acked, second.last_seq) == (25, 65)
+    reopened = Spool(str(tmp_path / "spool"))
+    assert (reopened.acked, reopened.last_seq) == (25, 65)
+    second = Shipper(server.url, TOKEN, attempt=1, learner=0, spool=reopened)
     assert second.add({"kind": "status", "state": "exited"}) == 66
     assert second.flush(timeout=10)
     second.close(discard_spool=True)
