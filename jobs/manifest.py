@@ -6,12 +6,12 @@ so a manifest that validates on a laptop is accepted by the server. It accepts e
 import math
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
 import yaml
 
 from jobs import frameworks
+from trainyard import units
 
 FRAMEWORKS = tuple(frameworks.REGISTRY)  # what jobs can run as (filters, forms); FfDL names map onto these
 DATA_STORE_TYPES = ("s3_datastore", "mount_cos", "local")
@@ -22,7 +22,6 @@ CONNECTION_FIELDS = ("auth_url", "region", "user_name", "password", "access_key_
 PRIORITIES = ("low", "normal", "high")
 SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 METRIC_EXTRACTORS = ("regex_extractor", "tensorboard")
-MEMORY_UNITS = {"MB": 10**6, "MiB": 2**20, "GB": 10**9, "GiB": 2**30, "Gb": 10**9}
 TOP_LEVEL_FIELDS = ("name", "description", "version", "learners", "gpus", "cpus", "memory",
                     "framework", "data_stores", "evaluation_metrics", "priority", "checkpoint",
                     "restart_policy")
@@ -95,14 +94,12 @@ class Manifest:
 
 
 def parse_memory(value, field_name="memory"):
-    """'4GiB' -> bytes. Only MB, MiB, GB, GiB and Gb are accepted (SPEC §2), from 1MB to 16384GiB."""
+    """'4GiB' -> bytes, from 1MB to 16384GiB per learner (the syntax is trainyard.units')."""
     text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", text)
-    if not match or match.group(2) not in MEMORY_UNITS:
-        raise ManifestError(field_name, f"{_shown(value)} is not a memory size; write a number and one of "
-                                        f"{', '.join(MEMORY_UNITS)} (e.g. 4GiB)")
-    # Decimal, not float: 400 digits must be "too large", not an OverflowError or a rounded infinity.
-    size = int(Decimal(match.group(1)) * MEMORY_UNITS[match.group(2)])
+    try:
+        size = units.parse_memory_size(text)
+    except ValueError as exc:
+        raise ManifestError(field_name, f"{_shown(value)} is not a memory size; {exc}") from None
     if not MIN_MEMORY_BYTES <= size <= MAX_MEMORY_BYTES:
         raise ManifestError(field_name, f"{_shown(value)} is outside 1MB..{MAX_MEMORY_BYTES // 2**30}GiB "
                                         "per learner")

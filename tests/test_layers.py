@@ -103,17 +103,11 @@ def test_no_module_imports_itself_back_through_others():
     assert not cycles, "import circles:\n" + "\n".join(a_cycle_in(group, edges) for group in cycles)
 
 
-# The one edge left, named so that no other can slip in: `manage.py tenant --memory 64GiB` takes the
-# manifest's memory syntax from jobs.manifest, which is Django-free and imports nothing of tenants.
-# Its home should be a neutral units module shared by the manifest, the quota command and the client.
-KNOWN = {("tenants.management.commands.tenant", "jobs.manifest")}
-
-
 def test_no_module_of_tenants_imports_jobs():
     offenders = {(name, target) for name, targets in graph().items()
                  if name == "tenants" or name.startswith("tenants.")
                  for target in targets if target == "jobs" or target.startswith("jobs.")}
-    assert offenders <= KNOWN, sorted(offenders - KNOWN)
+    assert not offenders, sorted(offenders)
 
 
 def test_the_walk_sees_function_level_imports():

@@ -1,11 +1,26 @@
-"""Byte sizes as people read them ("1.5 GiB"), for the client's output and the platform's own
-messages alike: the one home of this formatting on the server and client side.
+"""Byte sizes as people read them ("1.5 GiB") and write them ("4GiB"), for the client's output, the
+manifest and the operator's quota commands alike: the one home of both on the server and client side.
 
 The learner agent keeps its own compact form (`learner_agent.agent.format_bytes`, "4.0GiB"): it is
 copied alone into Kubernetes pods and runs on the framework image's Python, so it cannot import this
 package; the Kubernetes backend uses the agent's form for the memory-limit reason, so both backends
 word that reason the same way.
 """
+import re
+from decimal import Decimal
+
+MEMORY_UNITS = {"MB": 10**6, "MiB": 2**20, "GB": 10**9, "GiB": 2**30, "Gb": 10**9}
+_MEMORY_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*")
+
+
+def parse_memory_size(text):
+    """'4GiB' -> 4294967296; ValueError for anything else. Only MB, MiB, GB, GiB and Gb (SPEC §2).
+    Decimal, not float: 400 digits must come out as a (huge) int the caller can bound, never an
+    OverflowError or a rounded infinity."""
+    match = _MEMORY_SIZE.fullmatch(text) if isinstance(text, str) and len(text) <= 1000 else None
+    if not match or match.group(2) not in MEMORY_UNITS:
+        raise ValueError(f"write a number and one of {', '.join(MEMORY_UNITS)} (e.g. 4GiB)")
+    return int(Decimal(match.group(1)) * MEMORY_UNITS[match.group(2)])
 
 
 def format_bytes(size):

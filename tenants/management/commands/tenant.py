@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils.text import slugify
 
-from jobs.manifest import ManifestError, parse_memory
+from trainyard import units
 from tenants import quotas
 from tenants.audit import acting_as
 from tenants.models import Membership, Quota, Tenant
@@ -56,9 +56,9 @@ class Command(BaseCommand):
                                                    "period", "budget_mode", "can_borrow") if options[name] is not None}
         if options["memory"] is not None:
             try:
-                limits["memory_bytes"] = parse_memory(options["memory"], "--memory")
-            except ManifestError as exc:
-                raise CommandError(str(exc)) from None
+                limits["memory_bytes"] = units.parse_memory_size(options["memory"])
+            except ValueError as exc:
+                raise CommandError(f"--memory: {options['memory']!r} is not a memory size; {exc}") from None
         for name, value in limits.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative")
