@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs import live
 from jobs.models import LogLine, MetricPoint
-from jobs.tests.builders import job, member, token_for
+from jobs.tests.builders import MANIFEST, client_for, job, member, tar_gz, token_for, upload
 from portal.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -121,3 +121,24 @@ def test_a_private_job_reaches_only_who_may_see_it_on_the_list_stream():
     for allowed in (alice, ada):
         _, messages = session(f"/ws/jobs/?token={token_for(allowed)}", then=status_change(secret))
         assert [m["job"] for m in messages] == [secret.id]
+
+
+def test_a_new_job_reaches_the_list_stream_as_soon_as_it_is_queued():
+    """Not only status changes: a submitted job shows up on open jobs pages without a reload."""
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+
+    def submitter(who):
+        @database_sync_to_async
+        def submit():
+            response = client_for(who).post("/api/v1/jobs/", {
+                "manifest": upload(MANIFEST, "manifest.yml"), "code": upload(tar_gz({"run.sh": b"echo hi\n"}))},
+                format="multipart")
+            assert response.status_code == 201, response.json()
+            return response.json()["id"]
+        return submit
+
+    _, messages = session(f"/ws/jobs/?token={token_for(alice)}", then=submitter(alice))
+    assert [(m["job"], m["status"]) for m in messages] == [(m["job"], "QUEUED") for m in messages]
+    assert len(messages) == 1
+    # Another tenant's new job does not.
+    assert session(f"/ws/jobs/?token={token_for(alice)}", then=submitter(bob)) == (None, [])
