@@ -104,7 +104,10 @@ class Shipper:
             # Splice the seq in as the first field: '{"kind":...}' → '{"seq":7,"kind":...}'.
             rest = b"}" if body == b"{}" else b"," + body[1:]
             numbered.append((self._last_seq, b'{"seq":%d' % self._last_seq + rest))
-        self._spool.append(numbered)
+        if self._stopped is None:
+            self._spool.append(numbered)
+        # else never deliverable (410, a refused credential): numbered for the caller, not kept,
+        # or a learner that keeps printing would fill the disk for nothing.
         self._cond.notify_all()
         return [seq for seq, _ in numbered]
 

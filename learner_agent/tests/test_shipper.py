@@ -1,4 +1,5 @@
 """The shipper against a real HTTP server: exactly once, in order, whatever the network does."""
+import os
 import threading
 import time
 
@@ -110,9 +111,16 @@ def test_it_stops_and_calls_back_on_410(ingest, tmp_path):
     assert called.wait(5)
     assert shipper.gone
     assert [r["seq"] for r in ingest.stored()] == [1]  # its last words are kept
-    shipper.add(log_record(2))
+    spooled = spool_bytes(tmp_path)
+    shipper.add_many([log_record(i) for i in range(2, 1000)])
     assert not shipper.flush(timeout=5)
+    time.sleep(0.2)  # the spool's flush interval, several times
+    assert spool_bytes(tmp_path) == spooled  # nothing kept that can never be delivered
     shipper.close()
+
+
+def spool_bytes(folder):
+    return sum(os.path.getsize(path) for path in (folder / "spool").glob("*.seg"))
 
 
 @pytest.mark.parametrize("status", [400, 401, 404])
