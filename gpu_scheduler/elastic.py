@@ -1,0 +1,342 @@
+"""The elastic optimizer: how many learners and what global batch each elastic job gets, and where.
+
+One pure call per cycle, `optimize(jobs, cluster, policy, now=...)`, over a snapshot of the elastic
+jobs (queued and running) and the GPUs they may use; the platform's autoscaler (issue 13) carries the
+plan out, resizing a job through its checkpoint. Steps:
+
+1. Options: for each job, every learner count it may run at (0 = wait, only for a job not running:
+   a running job keeps at least its minimum, as the paper's "every admitted job at least its minimum")
+   with the best global batch for that count and the policy's value of it.
+2. Allocation: the paper's knapsack DP, P[j][k] = max_g value_j(g) + P[j-1][k-g], exact for any
+   separable objective; run per tenant within its quota, then across tenants within the cluster.
+3. Placement, gang-aware: a learner's GPUs are always on one node; jobs that keep their shape keep
+   their nodes; the rest are packed best-fit, largest learners first. A learner that cannot be placed
+   (fragmentation) is dropped from its job, down to what the job already holds or its minimum.
+
+Policies (value of a job at g GPUs; speedups are relative to the job at its minimum with its own batch):
+- `fixed`: no scaling; each job at its requested learners and batch, first come first served.
+- `gpu_only`: the paper's baseline: learners change, the global batch stays the job's own; DP over
+  the sum of throughput speedups.
+- `paper`: DP over learners and batch size for the sum of throughput speedups.
+- `trainyard`: goodput (throughput x statistical efficiency) speedups, combined as Pollux's power
+  mean with p = -1 (maximise -sum 1/speedup: a job at a small share costs more than a big job gains),
+  a waiting job worth `waiting_speedup`; a change of shape of a running job is discounted by
+  horizon / (horizon + restart cost), horizon = time since it started + `min_horizon_s` (a job
+  that has run long will likely run on), so a resize happens only when it pays for its restart.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpu_scheduler.throughput import GENERIC_PRIOR, ThroughputModel, goodput, nodes_spanned
+
+POLICIES = ("fixed", "gpu_only", "paper", "trainyard")
+NEG = -1e18  # "impossible" in the DP tables
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    job_id: str
+    tenant: str
+    min_learners: int
+    max_learners: int
+    gpus_per_learner: int
+    base_batch: int  # the job's own global batch (what `fixed` and `gpu_only` keep)
+    batch_min: int
+    batch_max: int
+    requested_learners: int = 1  # what `fixed` gives it
+    max_local_batch: int = 10**9  # per GPU (memory)
+    model: ThroughputModel = GENERIC_PRIOR
+    noise_scale: float | None = None  # gradient noise scale; None = job reports no gradient statistics
+    restart_s: float = 60.0  # measured cost of one resize
+    learners: int = 0  # current; 0 = not running
+    batch: int = 0
+    placement: tuple = ()  # current: node name per learner
+    started_s: float | None = None  # when it first ran, for the restart horizon
+    order: int = 0  # submission order, for `fixed`
+
+    @property
+    def running(self):
+        return self.learners > 0
+
+
+@dataclass(frozen=True)
+class ElasticCluster:
+    nodes: dict  # node name -> GPUs elastic jobs may use (including the ones they hold now)
+    quotas: dict = field(default_factory=dict)  # tenant -> GPUs at most; a tenant not listed: unlimited
+
+
+@dataclass(frozen=True)
+class Target:
+    learners: int
+    batch: int
+    placement: tuple  # node name per learner
+
+    @property
+    def gpus(self):
+        return 0 if not self.placement else self.learners
+
+
+@dataclass(frozen=True)
+class ElasticPolicy:
+    name: str = "trainyard"
+    waiting_speedup: float = 0.1  # trainyard: what a waiting job counts as (p = -1 needs a finite value)
+    min_horizon_s: float = 600.0
+    batch_steps: int = 8  # batch sizes tried: base x 2^-steps .. base x 2^steps inside the job's bounds
+
+    def __post_init__(self):
+        if self.name not in POLICIES:
+            raise ValueError(f"elastic policy must be one of {POLICIES}, got {self.name!r}")
+
+
+# --- 1. options ---------------------------------------------------------------------------------------
+def batch_choices(job, learners, policy):
+    """Global batches the policy may give the job at this learner count."""
+    gpus = learners * job.gpus_per_learner
+    if policy.name in ("fixed", "gpu_only"):
+        candidates = {job.base_batch}
+    else:
+        candidates = {job.base_batch * 2.0**k for k in range(-policy.batch_steps, policy.batch_steps + 1)}
+        candidates = {int(round(b)) for b in candidates} | ({job.batch} if job.batch else set())
+        candidates = {min(max(b, job.batch_min), job.batch_max) for b in candidates}
+    return sorted(b for b in candidates if gpus <= b <= gpus * job.max_local_batch)
+
+
+def rate(job, learners, batch, policy, gpus_per_node):
+    """What the policy maximises per job: throughput (paper, gpu_only) or goodput (trainyard)."""
+    gpus = learners * job.gpus_per_learner
+    nodes = nodes_spanned(gpus, max(gpus_per_node, job.gpus_per_learner))
+    noise = job.noise_scale if policy.name == "trainyard" else None
+    return goodput(job.model, gpus, nodes, batch, job.base_batch, noise)
+
+
+def best_batch(job, learners, policy, gpus_per_node, now=0.0):
+    """(rate, batch) of the best batch at this learner count; (0, 0) if none is allowed."""
+    best = (0.0, 0)
+    for batch in batch_choices(job, learners, policy):
+        value = rate(job, learners, batch, policy, gpus_per_node)
+        if job.running and policy.name == "trainyard" and (learners, batch) != (job.learners, job.batch):
+            value *= restart_discount(job, policy, now)
+        if value > best[0]:
+            best = (value, batch)
+    return best
+
+
+def restart_discount(job, policy, now):
+    """A job that has run long will likely run on (heavy tails), so a restart is amortised over its age."""
+    age = 0.0 if job.started_s is None else max(0.0, now - job.started_s)
+    horizon = policy.min_horizon_s + age
+    return horizon / (horizon + job.restart_s)
+
+
+def learner_range(job, policy):
+    if policy.name == "fixed":
+        return [job.learners] if job.running else [job.requested_learners]
+    return list(range(job.min_learners, job.max_learners + 1))
+
+
+def options(job, policy, gpus_per_node, now=0.0):
+    """[(gpus, value, learners, batch)] for the DP; includes (0, ...) only for a job not running."""
+    base_rate, _ = best_batch_plain(job, policy, gpus_per_node)
+    result = [] if job.running else [(0, waiting_value(policy), 0, 0)]
+    for learners in learner_range(job, policy):
+        value, batch = best_batch(job, learners, policy, gpus_per_node, now)
+        if batch and base_rate > 0:
+            result.append((learners * job.gpus_per_learner, speedup_value(value / base_rate, policy), learners, batch))
+    if job.running and len(result) == 0:  # nothing allowed: keep what it has
+        result.append((job.learners * job.gpus_per_learner, 0.0, job.learners, job.batch))
+    return result
+
+
+def best_batch_plain(job, policy, gpus_per_node):
+    """The reference rate speedups are relative to: the job at its minimum learners with its own batch."""
+    learners = job.requested_learners if policy.name == "fixed" else job.min_learners
+    neutral = ElasticPolicy("gpu_only")
+    return rate(job, learners, job.base_batch, neutral, gpus_per_node), job.base_batch
+
+
+def waiting_value(policy):
+    return -1.0 / policy.waiting_speedup if policy.name == "trainyard" else 0.0
+
+
+def speedup_value(speedup, policy):
+    if policy.name == "trainyard":
+        return -1.0 / max(speedup, 1e-9)
+    if policy.name == "fixed":
+        return 1.0
+    return speedup
+
+
+# --- 2. allocation (the DP) ---------------------------------------------------------------------------
+def knapsack(option_lists, capacity):
+    """Maximise the sum of one chosen option's value per item, total size <= capacity.
+    option_lists: per item [(size, value)]. Returns (table, choices): table[k] = best value within k
+    (NEG if infeasible), choices[j][k] = option index of item j in the best solution within k."""
+    table = np.zeros(capacity + 1)
+    choices = []
+    for opts in option_lists:
+        new = np.full(capacity + 1, NEG)
+        pick = np.full(capacity + 1, -1, dtype=np.int32)
+        for index, (size, value) in enumerate(opts):
+            if size > capacity:
+                continue
+            candidate = np.full(capacity + 1, NEG)
+            candidate[size:] = table[:capacity + 1 - size] + value
+            candidate[candidate < NEG / 2] = NEG
+            better = candidate > new
+            new[better], pick[better] = candidate[better], index
+        table = new
+        choices.append(pick)
+    return table, choices
+
+
+def backtrack(option_lists, choices, capacity):
+    """Option index per item for the best solution within `capacity`."""
+    picked, k = [0] * len(option_lists), capacity
+    for j in range(len(option_lists) - 1, -1, -1):
+        index = int(choices[j][k])
+        picked[j] = index
+        k -= option_lists[j][index][0]
+    return picked
+
+
+def allocate(job_options, tenant_of, quotas, capacity):
+    """{job: option index}: the DP per tenant within its quota, then across tenants within capacity.
+    job_options: {job_id: [(gpus, value, ...)]}. Exact for the separable objective (tested against
+    brute force)."""
+    by_tenant = {}
+    for job_id in job_options:
+        by_tenant.setdefault(tenant_of[job_id], []).append(job_id)
+    tenants = sorted(by_tenant)
+    tenant_tables, tenant_choices = [], []
+    for tenant in tenants:
+        limit = capacity if quotas.get(tenant) is None else min(capacity, quotas[tenant])
+        lists = [[o[:2] for o in job_options[j]] for j in by_tenant[tenant]]
+        table, choices = knapsack(lists, limit)
+        tenant_tables.append(table)
+        tenant_choices.append((lists, choices))
+    # Across tenants: a tenant's "options" are the GPU counts where its table improves.
+    tenant_lists = [[(k, float(t[k])) for k in improving_points(t)] for t in tenant_tables]
+    table, choices = knapsack(tenant_lists, capacity)
+    if table[capacity] <= NEG / 2:
+        raise ValueError("elastic: running jobs' minimums do not fit the capacity or quotas they hold")
+    picked = backtrack(tenant_lists, choices, capacity)
+    result = {}
+    for tenant, (lists, job_choices), tenant_options, index in zip(tenants, tenant_choices, tenant_lists, picked):
+        budget = tenant_options[index][0]
+        for job_id, option in zip(by_tenant[tenant], backtrack(lists, job_choices, budget)):
+            result[job_id] = option
+    return result
+
+
+def improving_points(table):
+    """GPU counts k where table[k] beats every smaller k (the only useful budgets to give a tenant)."""
+    points, best = [], NEG
+    for k, value in enumerate(table):
+        if value > best + 1e-12:
+            points.append(k)
+            best = value
+    return points
+
+
+# --- 3. placement -------------------------------------------------------------------------------------
+def place(jobs, wanted, cluster):
+    """{job_id: node per learner}. Jobs keep their current learners where they are (up to what they
+    want), then the rest are packed best-fit, largest learners first. A job not running gets nothing
+    unless its minimum fits; a running job never goes below what it kept."""
+    free = dict(cluster.nodes)
+    kept = {}
+    for job in jobs:
+        keep = list(job.placement[:min(len(job.placement), wanted.get(job.job_id, 0))])
+        for node in keep:
+            free[node] -= job.gpus_per_learner
+        kept[job.job_id] = keep
+    growing = sorted((j for j in jobs if wanted.get(j.job_id, 0) > len(kept[j.job_id])),
+                     key=lambda j: (-j.gpus_per_learner, j.order, j.job_id))
+    for job in growing:
+        extra = place_learners(free, job.gpus_per_learner, wanted[job.job_id] - len(kept[job.job_id]))
+        if not job.running and len(kept[job.job_id]) + len(extra) < job.min_learners:
+            for node in extra:
+                free[node] += job.gpus_per_learner
+            extra = []
+        kept[job.job_id] += extra
+    return {job_id: tuple(nodes) for job_id, nodes in kept.items()}
+
+
+def place_learners(free, gpus, count):
+    """Up to `count` learners of `gpus` GPUs each, each on the fullest node that still fits it."""
+    placed = []
+    for _ in range(count):
+        fitting = [n for n, f in free.items() if f >= gpus]
+        if not fitting:
+            break
+        node = min(fitting, key=lambda n: (free[n], n))
+        free[node] -= gpus
+        placed.append(node)
+    return placed
+
+
+# --- the call -----------------------------------------------------------------------------------------
+def optimize(jobs, cluster, policy=ElasticPolicy(), *, now=0.0):
+    """{job_id: Target(learners, batch, placement)} for every job (learners 0 = wait / keep waiting)."""
+    jobs = list(jobs)
+    capacity = sum(cluster.nodes.values())
+    gpus_per_node = max(cluster.nodes.values(), default=1)
+    if policy.name == "fixed":
+        wanted = fixed_allocation(jobs, cluster)
+    else:
+        job_options = {j.job_id: options(j, policy, gpus_per_node, now) for j in jobs}
+        picked = allocate(job_options, {j.job_id: j.tenant for j in jobs}, cluster.quotas, capacity)
+        wanted = {j: job_options[j][picked[j]][2] for j in job_options}
+    placement = place(jobs, wanted, cluster)
+    targets = {}
+    for job in jobs:
+        nodes = placement[job.job_id]
+        learners = len(nodes)
+        batch = final_batch(job, learners, policy, gpus_per_node, now)
+        targets[job.job_id] = Target(learners, batch, nodes)
+    return targets
+
+
+def final_batch(job, learners, policy, gpus_per_node, now):
+    if learners == 0:
+        return 0
+    if policy.name == "fixed" or (job.running and learners == job.learners and policy.name == "gpu_only"):
+        return job.batch or job.base_batch
+    return best_batch(job, learners, policy, gpus_per_node, now)[1] or job.base_batch
+
+
+def fixed_allocation(jobs, cluster):
+    """No scaling: running jobs keep their learners; waiting ones start in submission order at their
+    requested learners when their tenant's quota and a gang placement allow (smaller ones backfill)."""
+    wanted = {j.job_id: j.learners for j in jobs if j.running}
+    used = {}
+    free = dict(cluster.nodes)
+    for job in jobs:
+        used[job.tenant] = used.get(job.tenant, 0) + job.learners * job.gpus_per_learner
+        for node in job.placement:
+            free[node] -= job.gpus_per_learner
+    for job in sorted((j for j in jobs if not j.running), key=lambda j: (j.order, j.job_id)):
+        need = job.requested_learners * job.gpus_per_learner
+        quota = cluster.quotas.get(job.tenant)
+        trial = dict(free)
+        if (quota is None or used.get(job.tenant, 0) + need <= quota) and \
+                len(place_learners(trial, job.gpus_per_learner, job.requested_learners)) == job.requested_learners:
+            free = trial
+            used[job.tenant] = used.get(job.tenant, 0) + need
+            wanted[job.job_id] = job.requested_learners
+    return wanted
+
+
+def gpus_used(targets, jobs):
+    """Total GPUs per node in a plan (for checks)."""
+    per_learner = {j.job_id: j.gpus_per_learner for j in jobs}
+    used = {}
+    for job_id, target in targets.items():
+        for node in target.placement:
+            used[node] = used.get(node, 0) + per_learner[job_id]
+    return used
+
+
+__all__ = ["POLICIES", "ElasticCluster", "ElasticJob", "ElasticPolicy", "Target", "allocate", "knapsack",
+           "optimize"]
