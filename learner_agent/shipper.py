@@ -74,6 +74,7 @@ class Shipper:
         self._conn_requests = 0
         self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
         self._thread.start()
+        self._closed = threading.Event()
         self._flusher = threading.Thread(target=self._flush_spool_periodically, name="spool-flush",
                                          daemon=True)
         self._flusher.start()
@@ -146,6 +147,7 @@ class Shipper:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        self._closed.set()
         self._thread.join(timeout if timeout is not None else self._http_timeout + 1)
         self._flusher.join(1.0)
         with self._cond:
@@ -213,11 +215,11 @@ class Shipper:
         """Bound how long an added record lives only in this process (FLUSH_INTERVAL_S) and only in
         the page cache (SYNC_INTERVAL_S); the fsync runs outside the lock, on a duplicate descriptor."""
         last_sync = time.monotonic()
-        while True:
+        # Its own event, not the condition every add notifies: woken per record, it would write per record.
+        while not self._closed.wait(FLUSH_INTERVAL_S):
             with self._cond:
                 if self._closing:
                     return
-                self._cond.wait(FLUSH_INTERVAL_S)
                 self._spool.flush()
                 sync_fd = None
                 if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
