@@ -24,6 +24,7 @@ Policies (value of a job at g GPUs; speedups are relative to the job at its mini
   horizon / (horizon + restart cost), horizon = time since it started + `min_horizon_s` (a job
   that has run long will likely run on), so a resize happens only when it pays for its restart.
 """
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,14 +93,17 @@ class ElasticPolicy:
 # --- 1. options ---------------------------------------------------------------------------------------
 def batch_choices(job, learners, policy):
     """Global batches the policy may give the job at this learner count."""
-    gpus = learners * job.gpus_per_learner
-    if policy.name in ("fixed", "gpu_only"):
-        candidates = {job.base_batch}
-    else:
-        candidates = {job.base_batch * 2.0**k for k in range(-policy.batch_steps, policy.batch_steps + 1)}
-        candidates = {int(round(b)) for b in candidates} | ({job.batch} if job.batch else set())
-        candidates = {min(max(b, job.batch_min), job.batch_max) for b in candidates}
-    return sorted(b for b in candidates if gpus <= b <= gpus * job.max_local_batch)
+    return _batch_choices(policy.name, policy.batch_steps, job.base_batch, job.batch_min, job.batch_max,
+                          learners * job.gpus_per_learner, job.max_local_batch)
+
+
+@functools.lru_cache(maxsize=100_000)
+def _batch_choices(policy_name, steps, base, low, high, gpus, max_local):
+    if policy_name in ("fixed", "gpu_only"):
+        candidates = {base}
+    else:  # powers of two around the job's own batch, clipped to its bounds
+        candidates = {min(max(int(round(base * 2.0**k)), low), high) for k in range(-steps, steps + 1)}
+    return tuple(sorted(b for b in candidates if gpus <= b <= gpus * max_local))
 
 
 def rate(job, learners, batch, policy, gpus_per_node):
@@ -111,12 +115,27 @@ def rate(job, learners, batch, policy, gpus_per_node):
 
 
 def best_batch(job, learners, policy, gpus_per_node, now=0.0):
-    """(rate, batch) of the best batch at this learner count; (0, 0) if none is allowed."""
+    """(rate, batch) of the best batch at this learner count; (0, 0) if none is allowed. Under
+    trainyard, any shape but a running job's current one is discounted by its restart."""
+    best = _best_batch(job.model, job.noise_scale if policy.name == "trainyard" else None, job.base_batch,
+                       batch_choices(job, learners, policy), learners * job.gpus_per_learner,
+                       max(gpus_per_node, job.gpus_per_learner))
+    if not (job.running and policy.name == "trainyard"):
+        return best
+    best = (best[0] * restart_discount(job, policy, now), best[1])
+    if learners == job.learners and job.batch:
+        current = rate(job, learners, job.batch, policy, gpus_per_node)
+        if current >= best[0]:
+            return current, job.batch
+    return best
+
+
+@functools.lru_cache(maxsize=200_000)
+def _best_batch(model, noise, base, batches, gpus, gpus_per_node):
+    nodes = nodes_spanned(gpus, gpus_per_node)
     best = (0.0, 0)
-    for batch in batch_choices(job, learners, policy):
-        value = rate(job, learners, batch, policy, gpus_per_node)
-        if job.running and policy.name == "trainyard" and (learners, batch) != (job.learners, job.batch):
-            value *= restart_discount(job, policy, now)
+    for batch in batches:
+        value = goodput(model, gpus, nodes, batch, base, noise)
         if value > best[0]:
             best = (value, batch)
     return best
@@ -145,7 +164,19 @@ def options(job, policy, gpus_per_node, now=0.0):
             result.append((learners * job.gpus_per_learner, speedup_value(value / base_rate, policy), learners, batch))
     if job.running and len(result) == 0:  # nothing allowed: keep what it has
         result.append((job.learners * job.gpus_per_learner, 0.0, job.learners, job.batch))
-    return result
+    return undominated(result)
+
+
+def undominated(opts):
+    """Drop options worth no more than a smaller one: the DP never needs them (any plan using one is
+    matched by the smaller option with GPUs to spare), and a job whose scaling has flattened then
+    offers a handful of options instead of one per learner count (the cost of the DP is linear in them)."""
+    kept, best = [], NEG
+    for option in sorted(opts, key=lambda o: o[0]):
+        if option[1] > best:
+            kept.append(option)
+            best = option[1]
+    return kept
 
 
 def best_batch_plain(job, policy, gpus_per_node):
@@ -173,19 +204,16 @@ def knapsack(option_lists, capacity):
     option_lists: per item [(size, value)]. Returns (table, choices): table[k] = best value within k
     (NEG if infeasible), choices[j][k] = option index of item j in the best solution within k."""
     table = np.zeros(capacity + 1)
+    budgets = np.arange(capacity + 1)
     choices = []
     for opts in option_lists:
-        new = np.full(capacity + 1, NEG)
-        pick = np.full(capacity + 1, -1, dtype=np.int32)
-        for index, (size, value) in enumerate(opts):
-            if size > capacity:
-                continue
-            candidate = np.full(capacity + 1, NEG)
-            candidate[size:] = table[:capacity + 1 - size] + value
-            candidate[candidate < NEG / 2] = NEG
-            better = candidate > new
-            new[better], pick[better] = candidate[better], index
-        table = new
+        sizes = np.array([o[0] for o in opts])[:, None]
+        values = np.array([o[1] for o in opts], dtype=float)[:, None]
+        rest = budgets[None, :] - sizes  # one row per option: what is left for the items before
+        candidates = np.where(rest >= 0, table[np.clip(rest, 0, capacity)] + values, NEG)
+        candidates[candidates < NEG / 2] = NEG
+        pick = candidates.argmax(axis=0)
+        table = candidates[pick, budgets]
         choices.append(pick)
     return table, choices
 
@@ -264,15 +292,17 @@ def place(jobs, wanted, cluster):
 
 
 def place_learners(free, gpus, count):
-    """Up to `count` learners of `gpus` GPUs each, each on the fullest node that still fits it."""
+    """Up to `count` learners of `gpus` GPUs each, each on the fullest node that still fits it. After
+    one learner the same node stays the fullest that fits, so it is filled before the next is sought."""
     placed = []
-    for _ in range(count):
-        fitting = [n for n, f in free.items() if f >= gpus]
+    while len(placed) < count:
+        fitting = [(f, n) for n, f in free.items() if f >= gpus]
         if not fitting:
             break
-        node = min(fitting, key=lambda n: (free[n], n))
-        free[node] -= gpus
-        placed.append(node)
+        _, node = min(fitting)
+        here = min(count - len(placed), free[node] // gpus)
+        free[node] -= here * gpus
+        placed += [node] * here
     return placed
 
 

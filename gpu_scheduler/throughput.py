@@ -17,6 +17,7 @@ global batch M takes (B + M) / (B + M0) times the samples it takes with the job'
 where B is the gradient noise scale. Progress per second at batch M is throughput * (B + M0)/(B + M)
 in units of "samples at M0". A job that reports no gradient statistics has no B: see `efficiency`.
 """
+import functools
 import math
 from dataclasses import dataclass
 
@@ -35,13 +36,17 @@ class ThroughputModel:
     f: float = 0.0  # s per step per extra GPU beyond 2, across nodes
 
     def step_time(self, gpus, nodes, local_batch):
-        return float(features(gpus, nodes, local_batch) @ self.params())
+        # Plain arithmetic (not features() @ params): the optimizer calls this thousands of times a cycle.
+        t = self.a + self.b * local_batch
+        if nodes > 1:
+            t += self.e + self.f * max(0, gpus - 2)
+        elif gpus > 1:
+            t += self.c + self.d * max(0, gpus - 2)
+        return t
 
     def throughput(self, gpus, nodes, global_batch):
         """Samples per second; 0 when the shape cannot run (no GPU, or less than one sample per GPU)."""
-        if gpus <= 0 or global_batch < gpus:
-            return 0.0
-        return global_batch / self.step_time(gpus, nodes, global_batch / gpus)
+        return throughput(self, gpus, nodes, global_batch)
 
     def params(self):
         return np.array([self.a, self.b, self.c, self.d, self.e, self.f], dtype=float)
@@ -49,6 +54,14 @@ class ThroughputModel:
     @classmethod
     def from_params(cls, values):
         return cls(*(max(0.0, float(v)) for v in values))
+
+
+@functools.lru_cache(maxsize=200_000)
+def throughput(model, gpus, nodes, global_batch):
+    """Cached: a job's model changes only when it is refitted, and a cycle asks the same shapes again."""
+    if gpus <= 0 or global_batch < gpus:
+        return 0.0
+    return global_batch / model.step_time(gpus, nodes, global_batch / gpus)
 
 
 def features(gpus, nodes, local_batch):
