@@ -73,10 +73,6 @@ class Target:
     batch: int
     placement: tuple  # node name per learner
 
-    @property
-    def gpus(self):
-        return 0 if not self.placement else self.learners
-
 
 @dataclass(frozen=True)
 class ElasticPolicy:
@@ -356,16 +352,6 @@ def fixed_allocation(jobs, cluster):
             used[job.tenant] = used.get(job.tenant, 0) + need
             wanted[job.job_id] = job.requested_learners
     return wanted
-
-
-def gpus_used(targets, jobs):
-    """Total GPUs per node in a plan (for checks)."""
-    per_learner = {j.job_id: j.gpus_per_learner for j in jobs}
-    used = {}
-    for job_id, target in targets.items():
-        for node in target.placement:
-            used[node] = used.get(node, 0) + per_learner[job_id]
-    return used
 
 
 __all__ = ["POLICIES", "ElasticCluster", "ElasticJob", "ElasticPolicy", "Target", "allocate", "knapsack",

@@ -98,6 +98,18 @@ def efficiency(global_batch, base_batch, noise_scale):
     return (noise_scale + base_batch) / (noise_scale + global_batch)
 
 
+def noise_scale(small_batch, small_sq_norm, big_batch, big_sq_norm):
+    """The gradient noise scale B = tr(Sigma) / |G|^2 from the squared norms of the gradient averaged
+    over two batch sizes (e.g. one learner's local gradient and the all-reduced one), with McCandlish
+    et al.'s unbiased estimators (appendix A). Average the numerator and denominator over steps before
+    dividing: one step's estimate is noisy. None when the estimate is not positive (too noisy yet)."""
+    true_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
+    trace = (small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch)
+    if true_sq <= 0 or trace <= 0:
+        return None
+    return trace / true_sq
+
+
 def goodput(model, gpus, nodes, global_batch, base_batch, noise_scale):
     return model.throughput(gpus, nodes, global_batch) * efficiency(global_batch, base_batch, noise_scale)
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_scheduler.elastic import POLICIES, ElasticCluster, ElasticJob, ElasticPolicy, allocate, knapsack, optimize
-from gpu_scheduler.throughput import FFDL_RESNET, GENERIC_PRIOR, efficiency, fit
+from gpu_scheduler.throughput import FFDL_RESNET, GENERIC_PRIOR, efficiency, fit, noise_scale
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -50,6 +50,18 @@ def test_it_keeps_the_prior_without_observations():
                                                   (4096, None, 1.0)])
 def test_it_discounts_large_batches_by_the_noise_scale(batch, noise, expected):
     assert efficiency(batch, 256, noise) == pytest.approx((noise + 256) / (noise + batch) if noise else expected)
+
+
+@pytest.mark.parametrize("true_sq,trace", [(1.0, 500.0), (0.01, 40.0), (4.0, 4000.0)])
+def test_it_estimates_the_noise_scale_from_two_batch_sizes(true_sq, trace):
+    # E|G_B|^2 = |G|^2 + tr(Sigma)/B: the estimator inverts it exactly on expected values.
+    small, big = 32, 256
+    estimate = noise_scale(small, true_sq + trace / small, big, true_sq + trace / big)
+    assert estimate == pytest.approx(trace / true_sq)
+
+
+def test_it_has_no_noise_scale_while_the_estimate_is_not_positive():
+    assert noise_scale(32, 1.0, 256, 2.0) is None
 
 
 # --- policies ----------------------------------------------------------------------------------------
