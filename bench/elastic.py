@@ -180,7 +180,9 @@ def svg_chart(panels, path):
             for load, _, low, high in series:
                 parts.append(f'<line x1="{sx(load):.1f}" y1="{sy(low):.1f}" x2="{sx(load):.1f}" y2="{sy(high):.1f}" '
                              f'stroke="{colour}"/>')
-            parts.append(f'<text x="{x0 + pad + 8}" y="{pad / 2 + 12 + 13 * row}" fill="{colour}">{policy}</text>')
+            # Legend bottom right: every curve here rises from light load, so that corner stays empty.
+            legend_y = sy(0) - 8 - 13 * (len(data) - 1 - row)
+            parts.append(f'<text x="{x0 + width - pad - 60}" y="{legend_y}" fill="{colour}">{policy}</text>')
     parts.append("</svg>")
     path.parent.mkdir(exist_ok=True)
     path.write_text("\n".join(parts) + "\n")
