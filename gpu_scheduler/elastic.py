@@ -25,9 +25,11 @@ Policies (value of a job at g GPUs; speedups are relative to the job at its mini
   that has run long will likely run on), so a resize happens only when it pays for its restart.
 """
 import functools
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from gpu_scheduler.throughput import GENERIC_PRIOR, ThroughputModel, goodput, nodes_spanned
 
@@ -152,6 +154,22 @@ def learner_range(job, policy):
 
 def options(job, policy, gpus_per_node, now=0.0):
     """[(gpus, value, learners, batch)] for the DP; includes (0, ...) only for a job not running."""
+    if job.running:
+        return job_options(job, policy, gpus_per_node, now)
+    # A waiting job's options depend only on its shape, and many jobs share one (same model, bounds).
+    return list(shape_options(policy, gpus_per_node, job.model, job.noise_scale, job.base_batch, job.batch_min,
+                              job.batch_max, job.max_local_batch, job.gpus_per_learner, job.min_learners,
+                              job.max_learners, job.requested_learners))
+
+
+@functools.lru_cache(maxsize=10_000)
+def shape_options(policy, gpus_per_node, model, noise_scale, base, low, high, max_local, per, lo, hi, requested):
+    shape = ElasticJob("", "", lo, hi, per, base, low, high, requested_learners=requested, max_local_batch=max_local,
+                       model=model, noise_scale=noise_scale)
+    return tuple(job_options(shape, policy, gpus_per_node))
+
+
+def job_options(job, policy, gpus_per_node, now=0.0):
     base_rate, _ = best_batch_plain(job, policy, gpus_per_node)
     result = [] if job.running else [(0, waiting_value(policy), 0, 0)]
     for learners in learner_range(job, policy):
@@ -195,32 +213,65 @@ def speedup_value(speedup, policy):
 
 
 # --- 2. allocation (the DP) ---------------------------------------------------------------------------
-def knapsack(option_lists, capacity):
+def knapsack(option_lists, capacity, *, only_at=None):
     """Maximise the sum of one chosen option's value per item, total size <= capacity.
-    option_lists: per item [(size, value)]. Returns (table, choices): table[k] = best value within k
-    (NEG if infeasible), choices[j][k] = option index of item j in the best solution within k."""
-    table = np.zeros(capacity + 1)
-    budgets = np.arange(capacity + 1)
-    choices = []
-    for opts in option_lists:
-        sizes = np.array([o[0] for o in opts])[:, None]
-        values = np.array([o[1] for o in opts], dtype=float)[:, None]
-        rest = budgets[None, :] - sizes  # one row per option: what is left for the items before
-        candidates = np.where(rest >= 0, table[np.clip(rest, 0, capacity)] + values, NEG)
-        candidates[candidates < NEG / 2] = NEG
-        pick = candidates.argmax(axis=0)
-        table = candidates[pick, budgets]
-        choices.append(pick)
-    return table, choices
+    option_lists: per item [(size, value)]. Returns (table, steps): table[k] = best value within k
+    (NEG if infeasible); steps[j] = (the table of the items before j, item j's sizes and values), what
+    `backtrack` reads. With `only_at`, only table[only_at] is right (and `backtrack` from it).
+
+    Each item is one max-plus step, table[k] = max_i before[k - size_i] + value_i, done as one 2-D
+    array (budgets x options) read from a sliding window over the previous table; which option wins is
+    left to `backtrack`, which asks only at the budgets it visits. Budgets skipped: past the sum of the
+    items' largest sizes so far (every option reads the previous table where it is flat, so the last
+    value repeats) and, with `only_at`, below only_at minus the later items' largest sizes (no
+    solution within only_at passes there)."""
+    arrays = [option_arrays(opts) for opts in option_lists]
+    largest = [int(sizes.max()) for sizes, _ in arrays]
+    lows, later = [], 0
+    for big in reversed(largest):
+        lows.append(0 if only_at is None else max(0, min(only_at, capacity) - later))
+        later += big
+    table = np.zeros(capacity + 1)  # -inf inside (infeasible); NEG in the result
+    steps, reach = [], 0
+    for (sizes, values), big, low in zip(arrays, largest, reversed(lows)):
+        steps.append((table, sizes, values))
+        reach = min(capacity, reach + big)
+        start = min(low, reach)
+        if start >= big:
+            padded = table[start - big:reach + 1]
+        else:
+            padded = np.concatenate((np.full(big - start, -np.inf), table[:reach + 1]))
+        # windows[k - start, t] = table[k - big + t], so column big - size_i is table[k - size_i]
+        candidates = sliding_window_view(padded, big + 1)[:, big - sizes]
+        candidates += values
+        best = candidates.max(axis=1)
+        table = np.full(capacity + 1, -np.inf)
+        table[start:reach + 1] = best
+        table[reach + 1:] = best[-1]
+    return np.where(np.isneginf(table), NEG, table), steps
 
 
-def backtrack(option_lists, choices, capacity):
+def option_arrays(opts):
+    sizes = np.fromiter((o[0] for o in opts), dtype=np.intp, count=len(opts))
+    return sizes, np.fromiter((o[1] for o in opts), dtype=float, count=len(opts))
+
+
+def best_option(step, budget):
+    """(value, index) of the option that wins within `budget` at this step of the DP: the first of
+    equals, as the step computed it; value -inf if none fits."""
+    table, sizes, values = step
+    rest = budget - sizes
+    candidates = np.where(rest >= 0, table[np.clip(rest, 0, None)] + values, -np.inf)
+    index = int(candidates.argmax())
+    return candidates[index], index
+
+
+def backtrack(steps, capacity):
     """Option index per item for the best solution within `capacity`."""
-    picked, k = [0] * len(option_lists), capacity
-    for j in range(len(option_lists) - 1, -1, -1):
-        index = int(choices[j][k])
-        picked[j] = index
-        k -= option_lists[j][index][0]
+    picked, k = [0] * len(steps), capacity
+    for j in range(len(steps) - 1, -1, -1):
+        _, picked[j] = best_option(steps[j], k)
+        k -= int(steps[j][1][picked[j]])
     return picked
 
 
@@ -232,23 +283,24 @@ def allocate(job_options, tenant_of, quotas, capacity):
     for job_id in job_options:
         by_tenant.setdefault(tenant_of[job_id], []).append(job_id)
     tenants = sorted(by_tenant)
-    tenant_tables, tenant_choices = [], []
+    tenant_tables, tenant_steps = [], []
     for tenant in tenants:
         limit = capacity if quotas.get(tenant) is None else min(capacity, quotas[tenant])
-        lists = [[o[:2] for o in job_options[j]] for j in by_tenant[tenant]]
-        table, choices = knapsack(lists, limit)
+        lists = [job_options[j] for j in by_tenant[tenant]]
+        table, steps = knapsack(lists, limit)
         tenant_tables.append(table)
-        tenant_choices.append((lists, choices))
-    # Across tenants: a tenant's "options" are the GPU counts where its table improves.
+        tenant_steps.append(steps)
+    # Across tenants: a tenant's "options" are the GPU counts where its table improves. Only the
+    # whole capacity is asked for, so each tenant's step skips the budgets no solution within it passes.
     tenant_lists = [[(k, float(t[k])) for k in improving_points(t)] for t in tenant_tables]
-    table, choices = knapsack(tenant_lists, capacity)
+    table, steps = knapsack(tenant_lists, capacity, only_at=capacity)
     if table[capacity] <= NEG / 2:
         raise ValueError("elastic: running jobs' minimums do not fit the capacity or quotas they hold")
-    picked = backtrack(tenant_lists, choices, capacity)
+    picked = backtrack(steps, capacity)
     result = {}
-    for tenant, (lists, job_choices), tenant_options, index in zip(tenants, tenant_choices, tenant_lists, picked):
+    for tenant, job_steps, tenant_options, index in zip(tenants, tenant_steps, tenant_lists, picked):
         budget = tenant_options[index][0]
-        for job_id, option in zip(by_tenant[tenant], backtrack(lists, job_choices, budget)):
+        for job_id, option in zip(by_tenant[tenant], backtrack(job_steps, budget)):
             result[job_id] = option
     return result
 
@@ -268,23 +320,54 @@ def place(jobs, wanted, cluster):
     """{job_id: node per learner}. Jobs keep their current learners where they are (up to what they
     want), then the rest are packed best-fit, largest learners first. A job not running gets nothing
     unless its minimum fits; a running job never goes below what it kept."""
-    free = dict(cluster.nodes)
+    free = FreeGPUs(cluster.nodes)
     kept = {}
     for job in jobs:
         keep = list(job.placement[:min(len(job.placement), wanted.get(job.job_id, 0))])
         for node in keep:
-            free[node] -= job.gpus_per_learner
+            free.take(node, job.gpus_per_learner)
         kept[job.job_id] = keep
     growing = sorted((j for j in jobs if wanted.get(j.job_id, 0) > len(kept[j.job_id])),
                      key=lambda j: (-j.gpus_per_learner, j.order, j.job_id))
     for job in growing:
         extra = place_learners(free, job.gpus_per_learner, wanted[job.job_id] - len(kept[job.job_id]))
         if not job.running and len(kept[job.job_id]) + len(extra) < job.min_learners:
-            for node in extra:
-                free[node] += job.gpus_per_learner
+            free.give_back(extra, job.gpus_per_learner)
             extra = []
         kept[job.job_id] += extra
     return {job_id: tuple(nodes) for job_id, nodes in kept.items()}
+
+
+class FreeGPUs:
+    """Free GPUs per node, with the nodes bucketed by how many they have free, so the fullest node
+    that fits a learner (fewest free GPUs, then name) is found without scanning every node. A bucket is a
+    heap of names; a name whose node has since changed is dropped when it reaches the top."""
+
+    def __init__(self, nodes):
+        self.free = dict(nodes)
+        self.buckets = {}
+        for node, gpus in sorted(self.free.items(), key=lambda item: item[1]):
+            self.buckets.setdefault(gpus, []).append(node)
+        for bucket in self.buckets.values():
+            heapq.heapify(bucket)
+
+    def take(self, node, gpus):
+        self.free[node] -= gpus
+        heapq.heappush(self.buckets.setdefault(self.free[node], []), node)
+
+    def give_back(self, nodes, gpus):
+        for node in nodes:
+            self.take(node, -gpus)
+
+    def fullest_fitting(self, gpus):
+        """(free GPUs, node) of the fullest node with at least `gpus` free, or None."""
+        for count in sorted(c for c in self.buckets if c >= gpus):
+            bucket = self.buckets[count]
+            while bucket and self.free[bucket[0]] != count:
+                heapq.heappop(bucket)
+            if bucket:
+                return count, bucket[0]
+        return None
 
 
 def place_learners(free, gpus, count):
@@ -292,13 +375,12 @@ def place_learners(free, gpus, count):
     one learner the same node stays the fullest that fits, so it is filled before the next is sought."""
     placed = []
     while len(placed) < count:
-        fitting = [(f, n) for n, f in free.items() if f >= gpus]
-        if not fitting:
+        fitting = free.fullest_fitting(gpus)
+        if fitting is None:
             break
-        _, node = min(fitting)
-        here = min(count - len(placed), free[node] // gpus)
-        free[node] -= here * gpus
-        placed += [node] * here
+        here = min(count - len(placed), fitting[0] // gpus)
+        free.take(fitting[1], here * gpus)
+        placed += [fitting[1]] * here
     return placed
 
 
@@ -337,20 +419,22 @@ def fixed_allocation(jobs, cluster):
     requested learners when their tenant's quota and a gang placement allow (smaller ones backfill)."""
     wanted = {j.job_id: j.learners for j in jobs if j.running}
     used = {}
-    free = dict(cluster.nodes)
+    free = FreeGPUs(cluster.nodes)
     for job in jobs:
         used[job.tenant] = used.get(job.tenant, 0) + job.learners * job.gpus_per_learner
         for node in job.placement:
-            free[node] -= job.gpus_per_learner
+            free.take(node, job.gpus_per_learner)
     for job in sorted((j for j in jobs if not j.running), key=lambda j: (j.order, j.job_id)):
         need = job.requested_learners * job.gpus_per_learner
         quota = cluster.quotas.get(job.tenant)
-        trial = dict(free)
-        if (quota is None or used.get(job.tenant, 0) + need <= quota) and \
-                len(place_learners(trial, job.gpus_per_learner, job.requested_learners)) == job.requested_learners:
-            free = trial
+        if quota is not None and used.get(job.tenant, 0) + need > quota:
+            continue
+        placed = place_learners(free, job.gpus_per_learner, job.requested_learners)
+        if len(placed) == job.requested_learners:
             used[job.tenant] = used.get(job.tenant, 0) + need
             wanted[job.job_id] = job.requested_learners
+        else:
+            free.give_back(placed, job.gpus_per_learner)
     return wanted
 
 

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_scheduler.elastic import POLICIES, ElasticCluster, ElasticJob, ElasticPolicy, allocate, knapsack, optimize
+from gpu_scheduler.elastic import (POLICIES, ElasticCluster, ElasticJob, ElasticPolicy, FreeGPUs, allocate, backtrack,
+                                   knapsack, optimize, place_learners)
 from gpu_scheduler.throughput import FFDL_RESNET, GENERIC_PRIOR, efficiency, fit, noise_scale
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -144,6 +145,25 @@ def test_it_finds_the_brute_force_optimum(items, capacity, quota_x):
 def test_it_reports_infeasible_as_minus_infinity_in_the_table():
     table, _ = knapsack([[(3, 1.0)]], 2)
     assert table[2] < -1e17
+
+
+@SETTINGS
+@given(st.lists(st.lists(option, min_size=1, max_size=4), min_size=1, max_size=5), st.integers(0, 12))
+def test_it_finds_the_same_optimum_and_choices_when_asked_at_one_budget(option_lists, capacity):
+    full, full_steps = knapsack(option_lists, capacity)
+    one, one_steps = knapsack(option_lists, capacity, only_at=capacity)
+    assert one[capacity] == full[capacity]
+    if full[capacity] > -1e17:
+        assert backtrack(one_steps, capacity) == backtrack(full_steps, capacity)
+
+
+@pytest.mark.parametrize("free,gpus,count,expected", [
+    ({"a": 8, "b": 2, "c": 4}, 2, 3, ["b", "c", "c"]),  # fullest that fits first, then the next fullest
+    ({"a": 4, "b": 4}, 4, 1, ["a"]),  # equals: by name
+    ({"a": 1, "b": 3}, 2, 2, ["b"]),  # what does not fit is left out
+])
+def test_it_places_learners_best_fit(free, gpus, count, expected):
+    assert place_learners(FreeGPUs(free), gpus, count) == expected
 
 
 # --- invariants of whole plans ------------------------------------------------------------------------
