@@ -9,6 +9,7 @@ COPY tenants tenants
 COPY jobs jobs
 COPY gpu_scheduler gpu_scheduler
 COPY learner_agent learner_agent
+COPY trainyard trainyard
 RUN pip install --no-cache-dir -e ".[ml]"
 COPY . .
 ENV DJANGO_SETTINGS_MODULE=portal.settings PYTHONUNBUFFERED=1 TRAINYARD_DATA_DIR=/data
