@@ -15,6 +15,7 @@ from jobs import datastores, dispatch, live, runtime, storage, transfers
 from jobs.manifest import ManifestError, parse_manifest
 from jobs.models import Job, Status
 from learner_agent.archive import ArchiveError, inspect_archive
+from trainyard.units import format_bytes
 
 
 class SubmitError(Exception):
@@ -36,8 +37,8 @@ def submit(membership, *, manifest_bytes, code_file, private=False):
     if code_file is None:
         raise SubmitError("a code archive (zip or tar.gz) is required", field="code")
     if code_file.size > settings.MAX_CODE_BYTES:
-        raise SubmitError(f"code archive is {code_file.size / 2**20:.1f} MiB; the limit is "
-                          f"{settings.MAX_CODE_BYTES / 2**20:.0f} MiB", field="code", status=413)
+        raise SubmitError(f"code archive is {format_bytes(code_file.size)}; the limit is "
+                          f"{format_bytes(settings.MAX_CODE_BYTES)}", field="code", status=413)
     upload = _save_upload(code_file)
     try:
         try:
