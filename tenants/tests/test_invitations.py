@@ -105,6 +105,12 @@ def test_requests_without_a_tenant_act_in_the_one_joined_first_or_the_one_chosen
     assert api.get("/api/v1/tenants/current/").json()["tenant"]["slug"] == "team-a"
     refused = api.put("/api/v1/account/default-tenant/", {"tenant": "team-z"}, format="json")
     assert refused.status_code == 400 and refused.json()["field"] == "tenant"
+    # Another tenant that exists is refused exactly like one that does not: no tenant is learnt this way.
+    member("team-c", "carol")
+    foreign = api.put("/api/v1/account/default-tenant/", {"tenant": "team-c"}, format="json")
+    assert foreign.status_code == refused.status_code
+    assert (str(foreign.json()).replace("team-c", "X") == str(refused.json()).replace("team-z", "X")), foreign.json()
+    assert api.get("/api/v1/tenants/current/").json()["tenant"]["slug"] == "team-a"
     logged_in(alice).post("/account/tokens/", {"action": "default", "tenant": "team-b"})
     assert api.get("/api/v1/tenants/current/").json()["tenant"]["slug"] == "team-b"
 
