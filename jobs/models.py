@@ -230,3 +230,46 @@ class FollowUp(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.job_id} attempt {self.attempt}"
+
+
+class Allocation(models.Model):
+    """One stretch of a job's allocation timeline: the shape it ran at during one attempt (learners,
+    global/local batch, learning-rate factor), why it got that shape, and what it cost and yielded.
+
+    An elastic job is resized by a coordinated checkpoint-restart, so every resize opens a new attempt
+    and a new row; the previous row is closed (`ended_at`). `resize_cost_s` is measured on the row the
+    resize opened: from the resize signal (`resize_requested_at`) to all learners of the new attempt
+    running. `samples_*` come from the learners' cumulative `samples` metric (`report(samples=...)`),
+    so throughput per allocation is (samples_end - samples_start) / (ended_at - started_at)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    attempt = models.PositiveIntegerField()
+    learners = models.PositiveIntegerField()
+    gpus_per_learner = models.PositiveIntegerField(default=0)
+    global_batch = models.PositiveIntegerField(null=True, blank=True)  # null: the job declares no batch
+    local_batch = models.PositiveIntegerField(null=True, blank=True)
+    lr_scale = models.FloatField(default=1.0)
+    placement = models.JSONField(default=list, blank=True)  # node name per learner
+    reason = models.TextField(blank=True)  # e.g. "resized 2→4 learners, batch 256→512: idle GPUs"
+    resize_requested_at = models.DateTimeField(null=True, blank=True)  # the signal that ended the last shape
+    resize_cost_s = models.FloatField(null=True, blank=True)  # signal → every learner of this attempt running
+    started_at = models.DateTimeField(null=True, blank=True)  # every learner running
+    ended_at = models.DateTimeField(null=True, blank=True)
+    samples_start = models.BigIntegerField(null=True, blank=True)
+    samples_end = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "attempt"], name="one_allocation_per_attempt")]
+        ordering = ["job", "attempt"]
+
+    def __str__(self):
+        return f"{self.job_id} attempt {self.attempt}: {self.learners} learners"
+
+    @property
+    def samples_per_s(self):
+        """Measured throughput of this stretch, or None while it is unknown."""
+        if None in (self.samples_start, self.samples_end, self.started_at, self.ended_at):
+            return None
+        seconds = (self.ended_at - self.started_at).total_seconds()
+        return (self.samples_end - self.samples_start) / seconds if seconds > 0 else None
