@@ -7,6 +7,7 @@ COPY pyproject.toml README.md ./
 COPY portal portal
 COPY tenants tenants
 COPY jobs jobs
+COPY notifications notifications
 COPY gpu_scheduler gpu_scheduler
 COPY learner_agent learner_agent
 COPY trainyard trainyard

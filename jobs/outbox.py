@@ -35,6 +35,16 @@ CLAIM_TTL_S = 10.0
 SEND_GRACE_S = 2.0
 RETRY_MAX_S = 60.0
 KEEP_DONE = timedelta(days=7)
+# Other apps keep outbox rows of their own (same fields: created, due_at, claimed_at, claimed_by,
+# done_at, tries, last_error) and register them here, so one claim, backoff and sweep serve all:
+# [(model, task name)], follow-ups first.
+_tables = [(FollowUp, TASK)]
+
+
+def register(model, task):
+    """Have the sweep send `task`(row id) again for the open rows of `model` too (notifications.apps)."""
+    if (model, task) not in _tables:
+        _tables.append((model, task))
 
 
 # --- writing rows --------------------------------------------------------------------------------
@@ -72,13 +82,13 @@ def worker_name():
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def claim(row_id, worker):
+def claim(row_id, worker, model=FollowUp):
     """Take the row if it is open and nobody holds a live claim on it; None if someone else has it."""
     now = timezone.now()
     free = Q(claimed_at=None) | Q(claimed_at__lt=now - timedelta(seconds=CLAIM_TTL_S))
-    taken = (FollowUp.objects.filter(free, pk=row_id, done_at=None)
+    taken = (model.objects.filter(free, pk=row_id, done_at=None)
              .update(claimed_at=now, claimed_by=worker, tries=F("tries") + 1))
-    return FollowUp.objects.select_related("job").filter(pk=row_id).first() if taken else None
+    return model.objects.select_related("job").filter(pk=row_id).first() if taken else None
 
 
 def run(row_id, handlers):
@@ -86,38 +96,44 @@ def run(row_id, handlers):
 
     Returns the row once done; None when another worker holds it, it is done already, or the work
     failed (the failure is recorded on the row, which is sent again after a backoff)."""
+    return run_row(row_id, lambda row: handlers[row.kind](row.job_id, row.attempt))
+
+
+def run_row(row_id, work, *, model=FollowUp, task=TASK):
+    """Claim the row of `model`, call `work(row)`, mark it done; a failure is kept on the row, which
+    `task` is sent for again after a backoff. Returns the row once done, else None."""
     worker = worker_name()
-    row = claim(row_id, worker)
+    row = claim(row_id, worker, model)
     if row is None:
         return None
     try:
-        with _renewed(row.pk, worker):
-            handlers[row.kind](row.job_id, row.attempt)
+        with _renewed(row.pk, worker, model):
+            work(row)
     except Exception as exc:  # noqa: BLE001 - any failure is kept on the row and retried, never lost
-        _failed(row, worker, exc)
+        _failed(row, worker, exc, model, task)
         return None
-    FollowUp.objects.filter(pk=row.pk, claimed_by=worker).update(done_at=timezone.now(), last_error="")
+    model.objects.filter(pk=row.pk, claimed_by=worker).update(done_at=timezone.now(), last_error="")
     return row
 
 
-def _failed(row, worker, exc):
+def _failed(row, worker, exc, model=FollowUp, task=TASK):
     delay = min(RETRY_MAX_S, 2.0 ** row.tries)
     error = f"{type(exc).__name__}: {exc}"
     log.warning("%s failed (try %d): %s; again in %.0fs", row, row.tries, error, delay, exc_info=True)
-    FollowUp.objects.filter(pk=row.pk, claimed_by=worker).update(
+    model.objects.filter(pk=row.pk, claimed_by=worker).update(
         claimed_at=None, claimed_by="", last_error=error[:2000], due_at=timezone.now() + timedelta(seconds=delay))
-    dispatch.send(TASK, row.pk, countdown=delay)
+    dispatch.send(task, row.pk, countdown=delay)
 
 
 @contextmanager
-def _renewed(row_id, worker):
+def _renewed(row_id, worker, model=FollowUp):
     """Keep the claim fresh while the body runs (storing results may take minutes)."""
     done = threading.Event()
 
     def renew():
         try:
             while not done.wait(CLAIM_TTL_S / 3):
-                FollowUp.objects.filter(pk=row_id, claimed_by=worker, done_at=None).update(claimed_at=timezone.now())
+                model.objects.filter(pk=row_id, claimed_by=worker, done_at=None).update(claimed_at=timezone.now())
         except Exception:  # noqa: BLE001 - a missed renewal risks a second worker, never lost work
             log.warning("could not renew the claim on follow-up %s", row_id, exc_info=True)
         finally:
@@ -137,11 +153,18 @@ def sweep(now=None):
     """Send again every open row nobody works on (never sent, message lost, worker died); returns
     their ids. Run by every reconcile pass."""
     now = now or timezone.now()
+    rows = []
+    for model, task in _tables:
+        rows += _sweep_table(model, task, now)
+    return rows
+
+
+def _sweep_table(model, task, now):
     stale = now - timedelta(seconds=CLAIM_TTL_S)
     unsent = Q(claimed_at=None, created__lt=now - timedelta(seconds=SEND_GRACE_S))
-    rows = list(FollowUp.objects.filter(unsent | Q(claimed_at__lt=stale), done_at=None, due_at__lte=now)
+    rows = list(model.objects.filter(unsent | Q(claimed_at__lt=stale), done_at=None, due_at__lte=now)
                 .order_by("due_at").values_list("pk", flat=True)[:500])
     for row_id in rows:
-        dispatch.send(TASK, row_id)
-    FollowUp.objects.filter(done_at__lt=now - KEEP_DONE).delete()
+        dispatch.send(task, row_id)
+    model.objects.filter(done_at__lt=now - KEEP_DONE).delete()
     return rows

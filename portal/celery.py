@@ -11,4 +11,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("trainyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["jobs"])
+app.autodiscover_tasks(["jobs", "notifications"])

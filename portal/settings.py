@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "guardian",
     "tenants",
     "jobs",
+    "notifications",
     "portal",
 ]
 
@@ -124,6 +125,10 @@ STORAGE_URL = env.url("TRAINYARD_STORAGE_URL", f"file://{DATA_DIR / 'storage'}",
 # every address, or listed host names, IP addresses and CIDR networks (comma-separated).
 DATASTORE_ALLOW_PRIVATE = env.boolean("TRAINYARD_DATASTORE_ALLOW_PRIVATE", False)
 DATASTORE_ALLOWED_HOSTS = env.host_list("TRAINYARD_DATASTORE_ALLOWED_HOSTS")
+# Webhooks (notifications/) likewise reach public addresses only unless this, their own switch, allows
+# private ones; each POST's connection and every read wait at most WEBHOOK_TIMEOUT_S.
+WEBHOOK_ALLOW_PRIVATE = env.boolean("TRAINYARD_WEBHOOK_ALLOW_PRIVATE", False)
+WEBHOOK_TIMEOUT_S = env.number("TRAINYARD_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.5)
 BACKEND = env.choice("TRAINYARD_BACKEND", "local", ("local", "kubernetes"))
 # The address learners' agents use to reach the platform's ingest endpoint.
 PUBLIC_URL = env.url("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:8000", schemes=("http", "https"))

@@ -4,6 +4,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from jobs import api
+from notifications import api as notifications_api
+from notifications import views as notifications_views
 from tenants import api as tenants_api
 from tenants import views as tenants_views
 from portal import throttling, views
@@ -34,6 +36,9 @@ api_v1 = [
     path("tokens/", tenants_api.Tokens.as_view(), name="token-list"),
     path("tokens/<int:token_id>/", tenants_api.Token.as_view(), name="token-detail"),
     path("cluster/", api.Cluster.as_view(), name="cluster"),
+    path("webhooks/", notifications_api.Webhooks.as_view(), name="webhook-list"),
+    path("webhooks/<int:hook_id>/", notifications_api.WebhookDetail.as_view(), name="webhook-detail"),
+    path("webhooks/<int:hook_id>/deliveries/", notifications_api.WebhookDeliveries.as_view(), name="webhook-deliveries"),
     path("manifests/validate/", api.ManifestValidate.as_view(), name="manifest-validate"),
     path("ingest/<str:job_id>/", api.ingest_view, name="ingest"),
 ]
@@ -49,6 +54,7 @@ urlpatterns = [
     path("tenant/", views.tenant_usage, name="tenant-usage"),
     path("tenant/members/", tenants_views.members_page, name="tenant-members-page"),
     path("account/tokens/", tenants_views.tokens_page, name="tokens-page"),
+    path("account/webhooks/", notifications_views.webhooks_page, name="webhooks-page"),
     path("cluster/", views.cluster_page, name="cluster-page"),
     path("login/", throttling.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

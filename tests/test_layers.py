@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("portal", "tenants", "jobs", "gpu_scheduler", "learner_agent", "trainyard")
+PACKAGES = ("portal", "tenants", "jobs", "notifications", "gpu_scheduler", "learner_agent", "trainyard")
 
 
 def project_modules():
@@ -107,6 +107,17 @@ def test_no_module_of_tenants_imports_jobs():
     offenders = {(name, target) for name, targets in graph().items()
                  if name == "tenants" or name.startswith("tenants.")
                  for target in targets if target == "jobs" or target.startswith("jobs.")}
+    assert not offenders, sorted(offenders)
+
+
+def test_it_keeps_notifications_on_top_of_jobs_and_tenants():
+    # notifications/ listens to jobs' status changes and uses its outbox; jobs and tenants never
+    # know it exists (it registers itself in NotificationsConfig.ready()).
+    graph_ = graph()
+    assert "notifications.services" in graph_, "the walk must see the notifications app"
+    offenders = {(name, target) for name, targets in graph_.items()
+                 if name.split(".")[0] in ("jobs", "tenants")
+                 for target in targets if target.split(".")[0] == "notifications"}
     assert not offenders, sorted(offenders)
 
 

@@ -1,0 +1,209 @@
+"""Webhooks: who may manage which, creating (URL checked, secret made and shown once) and removing
+them with an audit entry, the delivery rows a job's status change writes, and doing one delivery.
+
+A user's hook hears of the jobs its user may see in its tenant (jobs.tenancy.jobs_of: private jobs
+only when theirs, shared with them, or when they are an admin); a tenant's hook hears of the
+tenant's jobs that are not private. The payload names the job, its tenant and the change, nothing else.
+"""
+import base64
+import hashlib
+import json
+import secrets
+import socket
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import transaction
+
+from jobs import dispatch, egress, outbox, tenancy
+from jobs.models import Status
+from notifications import delivery
+from notifications.models import Delivery, Webhook
+from tenants import audit
+from tenants.models import Membership
+
+TASK = "deliver_webhook"  # notifications.tasks.deliver_webhook(row id), sent by name (jobs.dispatch)
+PREEMPTED = "PREEMPTED"  # a job halted by the scheduler for another one (HALTING with a preemption reason)
+EVENTS = tuple([s.value for s in Status] + [PREEMPTED])
+MAX_HOOKS_PER_OWNER = 20
+MAX_TRIES = 20  # about 17 minutes of retries with the outbox's backoff (1, 2, 4 ... 60 s)
+
+
+class HookError(Exception):
+    def __init__(self, detail, *, field=None, status=400):
+        super().__init__(detail)
+        self.detail, self.field, self.status = detail, field, status
+
+
+def egress_policy():
+    """Where hooks may connect: public addresses, unless TRAINYARD_WEBHOOK_ALLOW_PRIVATE (its own
+    switch, not the data stores': allowing an internal MinIO must not let every user aim hooks at
+    internal services)."""
+    return egress.EgressPolicy(allow_private=settings.WEBHOOK_ALLOW_PRIVATE)
+
+
+# --- who may manage which ------------------------------------------------------------------------
+def hooks_of(membership):
+    """The hooks this member manages: their own in this tenant, and the tenant's when an admin."""
+    own = Webhook.objects.filter(tenant=membership.tenant, user=membership.user)
+    if membership.is_admin:
+        return own | Webhook.objects.filter(tenant=membership.tenant, user=None)
+    return own
+
+
+def hook_or_404(membership, hook_id):
+    from django.http import Http404
+    hook = hooks_of(membership).filter(pk=hook_id).first()
+    if hook is None:
+        raise Http404(f"No webhook {hook_id}.")
+    return hook
+
+
+# --- creating and removing -----------------------------------------------------------------------
+def check_url(url):
+    """The URL as stored; HookError naming `url` when it is not an http(s) URL to an allowed address."""
+    url = str(url or "").strip()
+    if not url or len(url) > 2000:
+        raise HookError("give an http:// or https:// URL of at most 2000 characters", field="url")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise HookError("not a valid URL", field="url") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise HookError("only http:// and https:// URLs with a host name are allowed", field="url")
+    if parts.username or parts.password:
+        raise HookError("credentials in the URL are not allowed; the hook's secret signs every request",
+                        field="url")
+    try:
+        egress.checked_addresses(parts.hostname, port or (443 if parts.scheme == "https" else 80), egress_policy())
+    except (egress.EndpointRefused, socket.error):
+        raise HookError("this address is not allowed for webhooks on this platform (internal, private or "
+                        "reserved addresses are refused) or it does not resolve", field="url") from None
+    return url
+
+
+def check_events(events):
+    if events in (None, ""):
+        return []
+    if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
+        raise HookError("give a list of event names", field="events")
+    unknown = sorted({e.upper() for e in events} - set(EVENTS))
+    if unknown:
+        raise HookError(f"unknown events {', '.join(unknown)}; known: {', '.join(EVENTS)}", field="events")
+    return sorted({e.upper() for e in events})
+
+
+def create(membership, *, url, events=None, format=Webhook.Format.SLACK, scope="user"):
+    """A new hook and its secret (returned in clear this once)."""
+    if scope not in ("user", "tenant"):
+        raise HookError("scope is user or tenant", field="scope")
+    if scope == "tenant" and not membership.is_admin:
+        raise HookError("only the tenant's admins manage the tenant's webhooks", field="scope", status=403)
+    if format not in Webhook.Format.values:
+        raise HookError(f"format is one of {', '.join(Webhook.Format.values)}", field="format")
+    url, events = check_url(url), check_events(events)
+    user = membership.user if scope == "user" else None
+    if Webhook.objects.filter(tenant=membership.tenant, user=user).count() >= MAX_HOOKS_PER_OWNER:
+        raise HookError(f"at most {MAX_HOOKS_PER_OWNER} webhooks each", field="url")
+    secret = "whsec_" + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        hook = Webhook.objects.create(tenant=membership.tenant, user=user, url=url, events=events, format=format,
+                                      sealed_secret=_fernet().encrypt(secret.encode()).decode(),
+                                      created_by=membership.user.username)
+        audit.record("created", "webhook", _label(hook), tenant=hook.tenant, after=describe(hook))
+    return hook, secret
+
+
+def remove(hook):
+    with transaction.atomic():
+        audit.record("deleted", "webhook", _label(hook), tenant=hook.tenant, before=describe(hook))
+        hook.delete()
+
+
+def describe(hook):
+    return {"url": hook.url, "events": hook.events, "format": hook.format,
+            "scope": "tenant" if hook.user_id is None else "user"}
+
+
+def _label(hook):
+    return f"{hook.pk} {hook.url}"[:200]
+
+
+def secret_of(hook):
+    return _fernet().decrypt(hook.sealed_secret.encode()).decode()
+
+
+def _fernet():
+    from cryptography.fernet import Fernet
+    # A key of its own for this purpose, derived from SECRET_KEY (never SECRET_KEY itself).
+    digest = hashlib.sha256(b"trainyard.notifications.secret\0" + settings.SECRET_KEY.encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(digest))
+
+
+# --- the rows a status change writes -------------------------------------------------------------
+def event_of(job, before):
+    if job.status == Status.HALTING and (job.status_reason or "").startswith("preempted"):
+        return PREEMPTED
+    return Status(job.status).value
+
+
+def on_status_change(job, *, before, when):
+    """jobs.states listener, inside the transaction of the change: one Delivery per hook that hears of it."""
+    event = event_of(job, before)
+    for hook in Webhook.objects.filter(tenant_id=job.tenant_id).select_related("user"):
+        if hook.events and event not in hook.events:
+            continue
+        if not _sees(hook, job):
+            continue
+        row = Delivery.objects.create(webhook=hook, job=job, event=event, payload={})
+        row.payload = payload(hook, job, event=event, before=before, when=when, sequence=row.pk)
+        row.save(update_fields=["payload"])
+        dispatch.send_on_commit(TASK, row.pk)
+
+
+def _sees(hook, job):
+    if hook.user_id is None:
+        return not job.private
+    membership = Membership.objects.filter(tenant_id=hook.tenant_id, user_id=hook.user_id).select_related(
+        "tenant", "user").first()
+    return membership is not None and tenancy.jobs_of(membership).filter(pk=job.pk).exists()
+
+
+def payload(hook, job, *, event, before, when, sequence):
+    fields = {
+        "event": event,
+        "sequence": sequence,  # increases with every change: a receiver orders a job's events by it
+        "occurred_at": when.isoformat(),
+        "tenant": job.tenant.slug,
+        "job": {"id": job.id, "name": job.name, "status": job.status, "previous_status": before,
+                "attempt": job.attempt, "reason": job.status_reason or "",
+                "url": f"{settings.PUBLIC_URL.rstrip('/')}/jobs/{job.id}/"},
+    }
+    if hook.format == Webhook.Format.SLACK:
+        verb = "was preempted" if event == PREEMPTED else f"is {job.status}"
+        reason = f" ({job.status_reason})" if job.status_reason else ""
+        return {"text": f"Trainyard job {job.name} ({job.id}) {verb}{reason}", **fields}
+    return fields
+
+
+# --- doing one delivery --------------------------------------------------------------------------
+def deliver(row_id):
+    """The task's body: claim the row and POST it (jobs.outbox: failures kept, retried with backoff)."""
+    return outbox.run_row(row_id, _post, model=Delivery, task=TASK)
+
+
+def _post(row):
+    hook = Webhook.objects.get(pk=row.webhook_id)
+    if row.tries > MAX_TRIES:
+        Delivery.objects.filter(pk=row.pk).update(gave_up=True)
+        return
+    body = json.dumps(row.payload, separators=(",", ":"), sort_keys=True).encode()
+    try:
+        status = delivery.post(hook.url, body, {delivery.DELIVERY_HEADER: str(row.pk),
+                                                delivery.EVENT_HEADER: row.event},
+                               secret=secret_of(hook), policy=egress_policy(), timeout_s=settings.WEBHOOK_TIMEOUT_S)
+    except delivery.DeliveryFailed as exc:
+        Delivery.objects.filter(pk=row.pk).update(response_status=exc.status)
+        raise
+    Delivery.objects.filter(pk=row.pk).update(response_status=status)

@@ -1,0 +1,216 @@
+"""Webhooks: rows written with the status change for the hooks that may see the job, signed POSTs to
+a real receiver on 127.0.0.1, failures kept and retried, slow receivers cut off, and the API's checks."""
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs.models import Status
+from jobs.states import transition
+from jobs.tests.builders import client_for, job, logged_in, member, record_sends
+from notifications import delivery, services
+from notifications.models import Delivery, Webhook
+from notifications.tests.receiver import Receiver
+from tenants.models import AuditEntry
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    return record_sends(monkeypatch)
+
+
+@pytest.fixture
+def private_allowed(settings):
+    settings.WEBHOOK_ALLOW_PRIVATE = True  # the receiver runs on 127.0.0.1
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver().start()
+    yield r
+    r.stop()
+
+
+def hook(membership, url, **kwargs):
+    return services.create(membership, url=url, **kwargs)
+
+
+def test_it_writes_a_delivery_with_each_change_for_the_hooks_that_see_the_job(sent, private_allowed):
+    alice, bob = member(username="alice"), member(username="bob")
+    admin = member(username="root", role="admin")
+    mine, _ = hook(alice, "http://127.0.0.1:9/a")
+    bobs, _ = hook(bob, "http://127.0.0.1:9/b")
+    tenants, _ = hook(admin, "http://127.0.0.1:9/t", scope="tenant")
+    other_tenant, _ = hook(member("team-b", "eve"), "http://127.0.0.1:9/e")
+    private = job(alice, private=True)
+    transition(private.id, Status.PENDING, actor="t")
+    assert set(Delivery.objects.values_list("webhook_id", flat=True)) == {mine.pk}  # private: owner only
+    public = job(alice)
+    transition(public.id, Status.PENDING, actor="t")
+    assert set(Delivery.objects.filter(job=public).values_list("webhook_id", flat=True)) == {
+        mine.pk, bobs.pk, tenants.pk}
+    assert not Delivery.objects.filter(webhook=other_tenant).exists()
+    rows = Delivery.objects.values_list("pk", flat=True)
+    assert sorted(args[0] for name, args in sent if name == services.TASK) == sorted(rows)
+
+
+def test_it_names_preemption_and_filters_events(sent, private_allowed):
+    alice = member()
+    only, _ = hook(alice, "http://127.0.0.1:9/a", events=["preempted", "COMPLETED"])
+    target = job(alice, status="PROCESSING")
+    transition(target.id, Status.HALTING, actor="scheduler", reason="preempted: for a higher priority job")
+    transition(target.id, Status.HALTED, actor="t")
+    assert list(Delivery.objects.filter(webhook=only).values_list("event", flat=True)) == ["PREEMPTED"]
+    payload = Delivery.objects.get(webhook=only).payload
+    assert payload["text"].startswith(f"Trainyard job {target.name} ({target.id}) was preempted")
+    assert payload["job"]["previous_status"] == "PROCESSING" and payload["tenant"] == "team-a"
+
+
+def test_it_delivers_signed_to_a_receiver(sent, private_allowed, receiver):
+    alice = member()
+    created, secret = hook(alice, receiver.url)
+    target = job(alice)
+    transition(target.id, Status.PENDING, actor="t")
+    row = Delivery.objects.get()
+    assert services.deliver(row.pk) is not None
+    [(payload, headers)] = receiver.events(secret)  # the signature checks out
+    assert payload["event"] == "PENDING" and payload["sequence"] == row.pk and payload["job"]["id"] == target.id
+    assert headers[delivery.DELIVERY_HEADER] == str(row.pk)
+    row.refresh_from_db()
+    assert row.done_at and row.response_status == 200
+    headers_, body = receiver.received[0]
+    assert not delivery.verify("whsec_wrong", headers_[delivery.TIMESTAMP_HEADER], body,
+                               headers_[delivery.SIGNATURE_HEADER])
+
+
+def test_it_keeps_a_failure_on_the_row_and_delivers_once_the_receiver_is_back(sent, private_allowed):
+    with socket.socket() as probe:  # a port nobody listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    alice = member()
+    _, secret = hook(alice, f"http://127.0.0.1:{port}/hook")
+    transition(job(alice).id, Status.PENDING, actor="t")
+    row = Delivery.objects.get()
+    assert services.deliver(row.pk) is None
+    row.refresh_from_db()
+    assert row.tries == 1 and row.done_at is None and "cannot be reached" in row.last_error
+    assert row.due_at > timezone.now()  # backoff
+    assert (services.TASK, (row.pk,)) in sent  # sent again after the backoff
+    back = Receiver(port=port).start()
+    try:
+        Delivery.objects.filter(pk=row.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+        assert services.deliver(row.pk) is not None
+        assert len(back.events(secret)) == 1
+        assert services.deliver(row.pk) is None  # done: never sent twice
+        assert len(back.events(secret)) == 1
+    finally:
+        back.stop()
+
+
+def test_it_cuts_off_a_slow_receiver(sent, private_allowed, settings):
+    settings.WEBHOOK_TIMEOUT_S = 0.5
+    slow = Receiver(delay_s=5).start()
+    try:
+        alice = member()
+        hook(alice, slow.url)
+        transition(job(alice).id, Status.PENDING, actor="t")
+        row = Delivery.objects.get()
+        began = time.monotonic()
+        assert services.deliver(row.pk) is None
+        assert time.monotonic() - began < 3
+        row.refresh_from_db()
+        assert "timed out" in row.last_error.lower() and row.done_at is None
+    finally:
+        slow.stop()
+
+
+# --- the API -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/", "http://localhost/", "http://169.254.169.254/latest/",
+                                 "http://10.0.0.5/", "http://[::1]/", "http://[::ffff:127.0.0.1]/"])
+def test_it_refuses_internal_targets_naming_the_field(url, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE = False
+    answer = client_for(member()).post("/api/v1/webhooks/", {"url": url}, format="json")
+    assert answer.status_code == 400 and answer.json()["field"] == "url"
+    assert "not allowed for webhooks" in answer.json()["detail"]
+    assert not Webhook.objects.exists()
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/", "file:///etc/passwd", "javascript:alert(1)", "",
+                                 "http://user:pw@example.com/", "http://", "http://example.com:99999/"])
+def test_it_refuses_bad_urls_and_schemes(url, private_allowed):
+    answer = client_for(member()).post("/api/v1/webhooks/", {"url": url}, format="json")
+    assert answer.status_code == 400 and answer.json()["field"] == "url"
+
+
+def test_it_shows_the_secret_once_and_audits_changes(private_allowed):
+    alice = member()
+    client = client_for(alice)
+    answer = client.post("/api/v1/webhooks/", {"url": "http://127.0.0.1:9/x", "events": ["FAILED"]}, format="json")
+    assert answer.status_code == 201 and answer.json()["secret"].startswith("whsec_")
+    hook_id = answer.json()["id"]
+    assert "secret" not in client.get(f"/api/v1/webhooks/{hook_id}/").json()
+    assert [h["id"] for h in client.get("/api/v1/webhooks/").json()["results"]] == [hook_id]
+    assert client.delete(f"/api/v1/webhooks/{hook_id}/").status_code == 204
+    assert list(AuditEntry.objects.filter(target_type="webhook").order_by("pk").values_list("action", "actor")) == [
+        ("created", "alice"), ("deleted", "alice")]
+
+
+def test_it_answers_404_for_hooks_the_caller_does_not_manage(private_allowed):
+    alice, admin = member(username="alice"), member(username="root", role="admin")
+    mine, _ = hook(alice, "http://127.0.0.1:9/a")
+    tenants, _ = hook(admin, "http://127.0.0.1:9/t", scope="tenant")
+    outsider = client_for(member("team-b", "eve", role="admin"))
+    colleague = client_for(member(username="bob"))
+    for client, hook_id in [(outsider, mine.pk), (outsider, tenants.pk), (colleague, mine.pk), (colleague, tenants.pk)]:
+        for path in (f"/api/v1/webhooks/{hook_id}/", f"/api/v1/webhooks/{hook_id}/deliveries/"):
+            assert client.get(path).status_code == 404
+        assert client.delete(f"/api/v1/webhooks/{hook_id}/").status_code == 404
+    assert Webhook.objects.count() == 2
+    assert client_for(admin).get(f"/api/v1/webhooks/{tenants.pk}/deliveries/").status_code == 200
+
+
+def test_it_lets_only_admins_add_tenant_hooks(private_allowed):
+    answer = client_for(member()).post("/api/v1/webhooks/", {"url": "http://127.0.0.1:9/", "scope": "tenant"},
+                                       format="json")
+    assert answer.status_code == 403 and answer.json()["field"] == "scope"
+
+
+# --- the settings page ---------------------------------------------------------------------------
+def test_it_adds_shows_and_removes_hooks_on_the_settings_page(sent, private_allowed):
+    alice = member()
+    page = logged_in(alice)
+    added = page.post("/account/webhooks/", {"action": "create", "url": "http://127.0.0.1:9/x", "events": ["FAILED"]})
+    assert added.status_code == 200 and b"whsec_" in added.content  # the secret, this once
+    hook_ = Webhook.objects.get()
+    transition(job(alice, status="PROCESSING").id, Status.FAILED, actor="t")
+    listing = page.get("/account/webhooks/").content.decode()
+    assert "whsec_" not in listing and "http://127.0.0.1:9/x" in listing and "FAILED" in listing
+    assert "pending" in listing  # the delivery log
+    assert b"whsec_" not in logged_in(member(username="bob")).get("/account/webhooks/").content
+    page.post("/account/webhooks/", {"action": "delete", "hook": hook_.pk})
+    assert not Webhook.objects.exists()
+
+
+def test_it_names_the_field_when_the_page_refuses_a_hook(settings):
+    settings.WEBHOOK_ALLOW_PRIVATE = False
+    answer = logged_in(member()).post("/account/webhooks/", {"action": "create", "url": "http://127.0.0.1/"},
+                                      follow=True)
+    assert "url: this address is not allowed for webhooks" in answer.content.decode()
+    assert not Webhook.objects.exists()
+
+
+def test_it_checks_the_address_again_at_every_connection(sent, settings, receiver):
+    settings.WEBHOOK_ALLOW_PRIVATE = True
+    alice = member()
+    hook(alice, receiver.url)
+    transition(job(alice).id, Status.PENDING, actor="t")
+    settings.WEBHOOK_ALLOW_PRIVATE = False  # e.g. the name now resolves to an internal address
+    row = Delivery.objects.get()
+    assert services.deliver(row.pk) is None
+    assert receiver.received == []
+    row.refresh_from_db()
+    assert "cannot be reached" in row.last_error
