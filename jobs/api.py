@@ -6,17 +6,17 @@ import orjson
 from django.http import FileResponse, Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import generics, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import admission, ingest, lifecycle, listing, sharing, storage, submission, tenancy
+from jobs import admission, allocations, ingest, lifecycle, listing, sharing, storage, submission, tenancy
 from jobs.backends import get_backend
-from jobs.serializers import (ArtifactSerializer, JobDetailSerializer, JobEventSerializer, JobSerializer,
-                              log_line_json, metric_json)
+from jobs.serializers import (AllocationSerializer, ArtifactSerializer, JobDetailSerializer, JobEventSerializer,
+                              JobSerializer, log_line_json, metric_json)
 from jobs.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
 from jobs.models import ACTIVE, FINAL
 from portal.bounds import BoundedJSONParser, whole_number
@@ -115,6 +115,15 @@ class JobArtifacts(TenantScoped, APIView):
         return Response({"results": ArtifactSerializer(self.job().artifacts.order_by("name"), many=True).data})
 
 
+class JobAllocations(TenantScoped, APIView):
+    """The allocation timeline: one row per attempt with the shape it ran at, why, what the resize cost and
+    the throughput it measured. Empty for a job that never had an allocation row (a fixed job before any)."""
+
+    @extend_schema(responses={200: inline_serializer("AllocationList", {"results": AllocationSerializer(many=True)})})
+    def get(self, request, job_id):
+        return Response({"results": AllocationSerializer(allocations.timeline(self.job()), many=True).data})
+
+
 class JobArtifactDownload(TenantScoped, APIView):
     def get(self, request, job_id, name):
         job = self.job()
@@ -146,21 +155,22 @@ class Cluster(APIView):
 
 
 def _tenant_jobs_by_node(request):
-    """{node: [{id, name, owner, status, gpus, learners}]}: the caller's own tenant's active jobs only."""
+    """{node: [{id, name, owner, status, gpus, learners, elastic}]}: the caller's own tenant's active jobs only;
+    `learners` counts the job's learners on that node, `elastic` is the whole job's size and bounds (or null)."""
     try:
         membership = access.request_membership(request)
     except access.NoTenant:
         return {}
     by_node = {}
     jobs = tenancy.jobs_of(membership).filter(status__in=ACTIVE).select_related("owner").only(
-        "id", "name", "status", "placement", "owner__username")
+        "id", "name", "status", "placement", "learners", "runtime", "owner__username")
     for job in jobs:
         for learner in job.placement or []:
             rows = by_node.setdefault(learner["node"], [])
             row = next((r for r in rows if r["id"] == job.id), None)
             if row is None:
                 row = {"id": job.id, "name": job.name, "owner": job.owner.username, "status": job.status,
-                       "gpus": 0, "learners": 0}
+                       "gpus": 0, "learners": 0, "elastic": allocations.size(job)}
                 rows.append(row)
             row["gpus"] += len(learner.get("gpu_ids") or [])
             row["learners"] += 1

@@ -2,8 +2,8 @@
 from django.db.models import Q
 from rest_framework import serializers
 
-from jobs import datastores
-from jobs.models import Artifact, Job, JobEvent, MetricPoint, Status
+from jobs import allocations, datastores
+from jobs.models import Allocation, Artifact, Job, JobEvent, MetricPoint, Status
 from jobs.models import FINAL
 
 
@@ -63,11 +63,12 @@ class JobSerializer(serializers.ModelSerializer):
 class JobDetailSerializer(JobSerializer):
     latest_metrics = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
+    elastic = serializers.SerializerMethodField()
     log_lines = serializers.IntegerField(source="log_seq", read_only=True)  # stored so far, all attempts
 
     class Meta(JobSerializer.Meta):
         fields = JobSerializer.Meta.fields + ["manifest", "manifest_yaml", "placement", "latest_metrics", "usage",
-                                              "log_lines"]
+                                              "log_lines", "elastic"]
 
     def get_latest_metrics(self, job) -> dict:
         return latest_metrics(job)
@@ -75,6 +76,9 @@ class JobDetailSerializer(JobSerializer):
     def get_usage(self, job) -> dict:
         from tenants.quotas import job_usage
         return job_usage(job)
+
+    def get_elastic(self, job) -> dict | None:
+        return allocations.summary(job)
 
     def to_representation(self, job):
         data = super().to_representation(job)
@@ -89,6 +93,18 @@ class JobEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["time", "from_status", "to_status", "attempt", "actor", "reason"]
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    """One stretch of an elastic job's allocation timeline (jobs.allocations)."""
+
+    samples_per_s = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Allocation
+        fields = ["attempt", "learners", "gpus_per_learner", "global_batch", "local_batch", "lr_scale", "placement",
+                  "reason", "resize_requested_at", "resize_cost_s", "started_at", "ended_at", "samples_start",
+                  "samples_end", "samples_per_s"]
 
 
 class ArtifactSerializer(serializers.ModelSerializer):

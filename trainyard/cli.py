@@ -20,7 +20,7 @@ from trainyard.config import Config, config_path, normalize_url, save_config
 from trainyard.errors import TrainyardError, UsageError
 from trainyard.packing import code_upload
 from trainyard.render import (QUOTA_ROWS, Progress, final_message, human_bytes, isatty, local_time, note, number,
-                              print_json, print_table, quota_value, render_job)
+                              print_json, print_table, quota_value, render_allocations, render_job)
 
 OK, FAILED, USAGE = 0, 1, 2
 
@@ -122,10 +122,14 @@ def cmd_list(args):
 def cmd_show(args):
     client = _client()
     job = client.job(_job_id(args.id))
+    timeline = client.allocations(job["id"]) if job.get("elastic") else None
     if args.json:
-        print_json(job)
-    else:
-        print(render_job(job, client.url))
+        print_json(job if timeline is None else dict(job, allocations=timeline))
+        return OK
+    print(render_job(job, client.url))
+    if timeline:
+        print()
+        print(render_allocations(timeline))
     return OK
 
 

@@ -165,6 +165,11 @@ class Client:
         """The job's status history."""
         return self.get(_job_path(job_id) + "events/").get("results") or []
 
+    def allocations(self, job_id):
+        """An elastic job's allocation timeline, oldest attempt first: per attempt {attempt, learners,
+        global_batch, local_batch, lr_scale, reason, started_at, ended_at, resize_cost_s, samples_per_s, …}."""
+        return self.get(_job_path(job_id) + "allocations/").get("results") or []
+
     def halt(self, job_id):
         """Checkpoint the job and release its resources; the job (HALTING). Conflict if it cannot."""
         return self._action(job_id, "halt")

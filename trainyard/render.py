@@ -63,10 +63,14 @@ def local_time(stamp):
         return str(stamp)
 
 
-def print_table(headers, rows):
+def table_lines(headers, rows):
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    for row in [headers, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [headers, *rows]]
+
+
+def print_table(headers, rows):
+    for line in table_lines(headers, rows):
+        print(line)
 
 
 def print_json(data):
@@ -109,6 +113,8 @@ def render_job(job, base_url):
              ("priority", job.get("priority", "-")),
              ("owner", f"{job.get('owner', '-')} in {job.get('tenant', '-')}")]
     rows += [(label, local_time(job.get(f"{label}_at"))) for label in ("created", "admitted", "started", "finished")]
+    if job.get("elastic"):
+        rows.append(("elastic", elastic_line(job["elastic"])))
     metrics = job.get("latest_metrics") or {}
     if metrics:
         rows.append(("metrics", ", ".join(f"{name} {number(point.get('value'))} (step {point.get('step')})"
@@ -118,6 +124,39 @@ def render_job(job, base_url):
     lines = [f"{job.get('id')}  {job.get('name', '')}".rstrip()]
     lines += [f"  {label:<10} {value}" for label, value in rows]
     return "\n".join(lines)
+
+
+def elastic_line(elastic):
+    """`2 of 1–4 learners, batch 256 (128 each, lr ×1), lr scaling linear`."""
+    text = f"{elastic.get('learners')} of {elastic.get('min_learners')}–{elastic.get('max_learners')} learners"
+    if elastic.get("global_batch") is not None:
+        text += (f", batch {elastic['global_batch']} ({elastic.get('local_batch')} each, "
+                 f"lr ×{number(elastic.get('lr_scale'))})")
+    return text + f", lr scaling {elastic.get('lr_scaling', 'linear')}"
+
+
+ALLOCATION_HEADERS = ("ATTEMPT", "LEARNERS", "BATCH", "LR×", "SAMPLES/S", "RESIZE", "STARTED", "REASON")
+
+
+def render_allocations(rows):
+    """The allocation timeline `trainyard show` prints for an elastic job: one line per attempt. The open
+    stretch has no throughput yet (it is measured when the stretch ends)."""
+    def batch(row):
+        if row.get("global_batch") is None:
+            return "-"
+        return f"{row['global_batch']} ({row.get('local_batch')} each)"
+
+    def throughput(row):
+        if row.get("samples_per_s") is not None:
+            return f"{row['samples_per_s']:,.1f}"
+        return "running" if row.get("started_at") and not row.get("ended_at") else "-"
+
+    def cost(row):
+        return "-" if row.get("resize_cost_s") is None else f"{row['resize_cost_s']:.1f}s"
+
+    table = [(row.get("attempt"), row.get("learners"), batch(row), number(row.get("lr_scale")), throughput(row),
+              cost(row), local_time(row.get("started_at")), row.get("reason") or "") for row in rows]
+    return "\n".join(["allocations"] + ["  " + line for line in table_lines(ALLOCATION_HEADERS, table)])
 
 
 def final_message(job):

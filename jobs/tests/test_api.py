@@ -82,8 +82,8 @@ def test_viewers_cannot_submit_or_terminate():
     assert client.post(f"/api/v1/jobs/{theirs.id}/terminate/").status_code == 403
 
 
-@pytest.mark.parametrize("suffix", ["", "events/", "logs/", "metrics/", "artifacts/", "artifacts/results/x",
-                                    "share/", "POST halt/", "POST resume/", "POST terminate/", "POST share/",
+@pytest.mark.parametrize("suffix", ["", "events/", "logs/", "metrics/", "allocations/", "artifacts/",
+                                    "artifacts/results/x", "share/", "POST halt/", "POST resume/", "POST terminate/", "POST share/",
                                     "DELETE share/alice/"])
 def test_outsiders_get_404_for_another_tenants_job(alice, suffix):
     secret = job(alice)

@@ -25,6 +25,7 @@ class FakeJob:
         count = 3 if self.failing else 7
         self.lines = [f"{manifest.get('name')} line {n}" for n in range(1, count + 1)]
         self.stored, self.status, self.reason, self.exit_code = 0, "QUEUED", "", None
+        self.elastic, self.allocations = None, []  # an elastic job's detail block and timeline rows
 
     def advance(self):
         self.stored = min(self.stored + 2, len(self.lines))
@@ -43,12 +44,13 @@ class FakeJob:
                 "admitted_at": None, "started_at": None, "finished_at": None,
                 "queue_position": 1 if self.status == "QUEUED" else None, "manifest": self.manifest,
                 "final": self.status in ("COMPLETED", "FAILED", "TERMINATED"),
-                "latest_metrics": {"loss": {"value": 0.25, "step": 8}}, "page_url": f"/jobs/{self.id}/"}
+                "latest_metrics": {"loss": {"value": 0.25, "step": 8}}, "page_url": f"/jobs/{self.id}/",
+                "elastic": self.elastic}
 
 
 class FakeTrainyard:
     def __init__(self):
-        self.jobs, self.headers, self.fail_log_polls = {}, [], 0
+        self.jobs, self.headers, self.requested_paths, self.fail_log_polls = {}, [], [], 0
         self.artifacts = {"results/model.pt": b"weights" * 1000, "results/metrics.json": b'{"acc": 0.97}',
                           "checkpoints/epoch-2.pt": b"checkpoint"}
         self.corrupt = set()
@@ -73,6 +75,7 @@ class FakeTrainyard:
     # --- routing ---------------------------------------------------------------------------------
     def handle(self, method, path, query, headers, body):
         self.headers.append(dict(headers))
+        self.requested_paths.append(path)
         if headers.get("Authorization") != f"Token {TOKEN}":
             return 401, {"detail": "Invalid token."}
         routes = [
@@ -82,6 +85,7 @@ class FakeTrainyard:
             ("GET", r"/api/v1/jobs/(?P<job_id>[^/]+)/", self.detail),
             ("GET", r"/api/v1/jobs/(?P<job_id>[^/]+)/logs/", self.logs),
             ("GET", r"/api/v1/jobs/(?P<job_id>[^/]+)/metrics/", self.metrics),
+            ("GET", r"/api/v1/jobs/(?P<job_id>[^/]+)/allocations/", self.allocations),
             ("GET", r"/api/v1/jobs/(?P<job_id>[^/]+)/artifacts/", self.artifact_list),
             ("GET", r"/api/v1/jobs/(?P<job_id>[^/]+)/artifacts/(?P<name>.+)", self.artifact),
             ("POST", r"/api/v1/jobs/(?P<job_id>[^/]+)/(?P<action>halt|resume|terminate)/", self.action),
@@ -143,6 +147,9 @@ class FakeTrainyard:
         points = [{"name": name, "step": step, "value": value, "time": "2026-05-01T10:00:00+00:00", "learner": 0}
                   for name, step, value in [("loss", 1, 0.9), ("loss", 2, 0.5), ("val_acc", 1, 0.8)]]
         return 200, {"results": [p for p in points if query.get("name") in (None, p["name"])]}
+
+    def allocations(self, *, job, **_):
+        return 200, {"results": job.allocations}
 
     def artifact_list(self, *, job, **_):
         results = []

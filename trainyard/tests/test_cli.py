@@ -349,6 +349,39 @@ def test_show_prints_a_summary_or_json(api, capsys):
     assert json.loads(capsys.readouterr().out)["status"] == "COMPLETED"
 
 
+def test_show_prints_an_elastic_jobs_allocation_timeline(api, capsys):
+    job = api.add_job("training-elas0001", "elastic")
+    job.status = "PROCESSING"
+    job.elastic = {"min_learners": 1, "max_learners": 4, "batch": {"global": 256, "min": 64, "max": 1024},
+                   "lr_scaling": "sqrt", "learners": 4, "global_batch": 512, "local_batch": 128, "lr_scale": 1.41421,
+                   "allocation_attempt": 2}
+    job.allocations = [
+        {"attempt": 1, "learners": 2, "global_batch": 256, "local_batch": 128, "lr_scale": 1.0,
+         "reason": "admitted at 2 of 1–4 learners", "started_at": "2026-05-01T10:00:00+00:00",
+         "ended_at": "2026-05-01T10:01:40+00:00", "resize_cost_s": None, "samples_per_s": 256.0},
+        {"attempt": 2, "learners": 4, "global_batch": 512, "local_batch": 128, "lr_scale": 1.41421,
+         "reason": "resized 2→4 learners, batch 256→512: idle GPUs", "started_at": "2026-05-01T10:01:47+00:00",
+         "ended_at": None, "resize_cost_s": 7.46, "samples_per_s": None}]
+    assert run("show", "training-elas0001") == 0
+    out = capsys.readouterr().out
+    assert "elastic    4 of 1–4 learners, batch 512 (128 each, lr ×1.41421), lr scaling sqrt" in out
+    header, first, second = out.split("allocations\n")[1].splitlines()
+    assert header.split() == ["ATTEMPT", "LEARNERS", "BATCH", "LR×", "SAMPLES/S", "RESIZE", "STARTED", "REASON"]
+    assert first.split()[:6] == ["1", "2", "256", "(128", "each)", "1"] and "256.0" in first and "admitted" in first
+    assert second.split()[:8] == ["2", "4", "512", "(128", "each)", "1.41421", "running", "7.5s"]
+    assert second.endswith("resized 2→4 learners, batch 256→512: idle GPUs")
+    assert run("show", "training-elas0001", "--json") == 0
+    assert [a["attempt"] for a in json.loads(capsys.readouterr().out)["allocations"]] == [1, 2]
+
+
+def test_show_prints_no_timeline_for_a_fixed_job(api, capsys):
+    api.add_job("training-done0001")
+    assert run("show", "training-done0001") == 0
+    out = capsys.readouterr().out
+    assert "allocations" not in out and "elastic" not in out
+    assert not any("/allocations/" in str(h) for h in api.requested_paths)
+
+
 def test_list_prints_a_table(api, capsys):
     api.add_job("training-aaaa0001", "first")
     api.add_job("training-bbbb0002", "second").status = "COMPLETED"
