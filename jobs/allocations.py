@@ -3,9 +3,25 @@ the cluster page) and its allocation timeline (`GET /api/v1/jobs/ID/allocations/
 job page's chart).
 
 Read-only views over `Job.runtime["elastic"]` (written at submission) and the `Allocation` rows the
-platform opens and closes at each attempt; nothing here decides or changes a shape.
+platform opens and closes at each attempt; nothing in that part decides or changes a shape.
+
+The timeline itself (jobs.models.Allocation), one row per attempt, saying what shape the
+attempt ran at, why, what the resize that led to it cost, and how many samples it trained on.
+
+Kept by a status-change listener (connected in JobsConfig.ready), inside the transaction of each
+change, so the timeline never disagrees with the job's history:
+- an attempt that becomes PENDING (admitted, or re-deployed at a new size after a resize) gets its
+  row; a resize wrote that row already when it was requested (jobs.lifecycle.resize), with its reason and
+  the time of the signal;
+- when every learner of the attempt runs (PROCESSING) the row starts, and a resize's cost is the
+  time from its signal to then;
+- when the attempt lets go of its resources (its job moves on to another attempt or out of the
+  active states) the row ends, with the samples learner 0 reported (`report(samples=N)`).
 """
-from jobs.models import Allocation
+from django.db.models import Max, Min
+
+from jobs import elasticity, runtime
+from jobs.models import ACTIVE, Allocation, MetricPoint, Status
 
 # The metric an elastic job's rank 0 reports its cumulative samples under (learner_agent.report(samples=)).
 SAMPLES_METRIC = "samples"
@@ -48,3 +64,85 @@ def size(job):
         return None
     return {"learners": job.learners, "min_learners": stored.get("min_learners"),
             "max_learners": stored.get("max_learners")}
+
+
+# --- keeping the timeline ---------------------------------------------------------------------------
+def on_transition(job, *, before, when):
+    """The status-change listener (jobs.states.listen)."""
+    for row in Allocation.objects.filter(job=job, ended_at=None, attempt__lt=job.attempt):
+        close(row, when)
+    if job.status not in ACTIVE:
+        # A resize that was requested but never carried out (the job failed, was terminated or
+        # requeued meanwhile) leaves a row for an attempt that never ran at that shape.
+        later = job.attempt if job.status == Status.QUEUED else job.attempt + 1
+        Allocation.objects.filter(job=job, attempt__gte=later, started_at=None).delete()
+    if job.status == Status.PENDING and before != Status.PENDING:
+        open_attempt(job)
+    elif job.status == Status.PROCESSING and before != Status.PROCESSING:
+        start(job, when)
+    elif job.status not in ACTIVE:
+        for row in Allocation.objects.filter(job=job, attempt=job.attempt, ended_at=None):
+            close(row, when)
+
+
+def shape_of(job, wanted_batch=None):
+    """The Shape (jobs.elasticity) of the job's current attempt at its current learners."""
+    elastic = runtime.of(job).elastic
+    if elastic is None:
+        return elasticity.Shape(job.learners, None, None, 1.0)
+    return elasticity.shape(elastic, job.learners, wanted_batch)
+
+
+def open_attempt(job):
+    """The row of the job's current attempt (kept if a resize wrote it already)."""
+    row = Allocation.objects.filter(job=job, attempt=job.attempt).first()
+    if row is not None:
+        return row
+    try:
+        shape = shape_of(job)
+    except runtime.RuntimeUnavailable:
+        shape = elasticity.Shape(job.learners, None, None, 1.0)
+    return Allocation.objects.create(
+        job=job, attempt=job.attempt, learners=job.learners, gpus_per_learner=job.gpus,
+        global_batch=shape.global_batch, local_batch=shape.local_batch, lr_scale=shape.lr_scale,
+        placement=list(job.placement), reason=job.status_reason or "admitted",
+        samples_start=last_samples(job))
+
+
+def start(job, when):
+    """Every learner of the attempt runs: the row starts; a resize's cost is measured up to here."""
+    row = Allocation.objects.filter(job=job, attempt=job.attempt, started_at=None).first()
+    if row is None:
+        return
+    row.started_at = when
+    if row.resize_requested_at is not None:
+        row.resize_cost_s = max(0.0, (when - row.resize_requested_at).total_seconds())
+    row.save(update_fields=["started_at", "resize_cost_s"])
+
+
+def close(row, when):
+    """The attempt let go of its resources: the row ends with the samples its learner 0 reported."""
+    first, last = _samples_of(row.job_id, row.attempt)
+    if row.samples_start is None:
+        row.samples_start = first
+    row.samples_end = last if last is not None else row.samples_start
+    row.ended_at = when
+    row.save(update_fields=["samples_start", "samples_end", "ended_at"])
+
+
+def last_samples(job):
+    """The job's progress so far in samples (learner 0's last report over all attempts), or None."""
+    point = (MetricPoint.objects.filter(job=job, name=SAMPLES_METRIC, learner=0)
+             .order_by("-attempt", "-id").values_list("value", flat=True).first())
+    return None if point is None else int(point)
+
+
+def _samples_of(job_id, attempt):
+    points = MetricPoint.objects.filter(job_id=job_id, attempt=attempt, name=SAMPLES_METRIC, learner=0)
+    values = points.aggregate(first=Min("value"), last=Max("value"))
+    return tuple(None if v is None else int(v) for v in (values["first"], values["last"]))
+
+
+def of_attempt(job):
+    """The row of the job's current attempt, or None."""
+    return Allocation.objects.filter(job=job, attempt=job.attempt).first()

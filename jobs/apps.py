@@ -6,7 +6,7 @@ class JobsConfig(AppConfig):
     name = "jobs"
 
     def ready(self):
-        from jobs import dispatch, live, sharing, states, transfers
+        from jobs import allocations, dispatch, live, sharing, states, transfers
         from jobs.models import ACTIVE, JobEvent
         from tenants import quotas
         from tenants.models import Membership, Quota
@@ -19,6 +19,7 @@ class JobsConfig(AppConfig):
             dispatch.send_on_commit("schedule")  # a quota change takes effect at once
 
         states.listen(account_usage)
+        states.listen(allocations.on_transition)
         states.listen(live.on_status_change)
         post_save.connect(reschedule, sender=Quota, weak=False, dispatch_uid="quota-change-reschedules")
         post_delete.connect(sharing.on_membership_deleted, sender=Membership, dispatch_uid="jobs.unshare-on-leave")

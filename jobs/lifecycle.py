@@ -13,10 +13,11 @@ import logging
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import artifacts, checkpoints, credentials, dispatch, frameworks, outbox, runtime, storage, transfers
+from jobs import (allocations, artifacts, checkpoints, credentials, dispatch, elasticity, frameworks, outbox, runtime,
+                  storage, transfers)
 from jobs.backends import get_backend
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
-from jobs.models import ACTIVE, FollowUp, Job, Learner, LogLine, Status
+from jobs.models import ACTIVE, Allocation, FollowUp, Job, Learner, LogLine, Status
 from jobs.states import require_transition, transition
 from jobs.submission import code_archive
 
@@ -68,6 +69,8 @@ def deploy_spec(job):
         "NUM_LEARNERS": str(job.learners),
         "GPU_COUNT": str(job.gpus),
     }
+    if run.elastic is not None:
+        env.update(_attempt_shape(job).env())
     resume_from = checkpoints.last_good(folder, job.attempt)
     if resume_from:
         env["RESUME_FROM"] = str(resume_from)
@@ -96,6 +99,15 @@ def deploy_spec(job):
         checkpoint_signal=run.checkpoint_signal, grace_seconds=run.grace_seconds,
         ingest_url=f"{settings.PUBLIC_URL.rstrip('/')}/api/v1/ingest/{job.id}/", framework=run.framework,
         framework_version=run.framework_version, image=framework.image_for(run.framework_version))
+
+
+def _attempt_shape(job):
+    """An elastic attempt's batch sizes and learning-rate factor: as its allocation row records them
+    (a resize chose them), else the manifest's batch at the job's learners."""
+    row = allocations.of_attempt(job)
+    if row is not None and row.learners == job.learners:
+        return elasticity.Shape(row.learners, row.global_batch, row.local_batch, row.lr_scale)
+    return allocations.shape_of(job)
 
 
 def latest_checkpoint(job):
@@ -265,6 +277,16 @@ def resume(job, *, actor):
 
 
 # --- follow-up work on the backend ---------------------------------------------------------------
+def learners_of(job, attempt):
+    """How many learners an attempt had: an elastic job's earlier attempts may have had another count
+    than the job has now."""
+    if attempt == job.attempt:
+        return job.learners
+    counts = [Learner.objects.filter(job=job, attempt=attempt).count()]
+    counts += list(Allocation.objects.filter(job=job, attempt=attempt).values_list("learners", flat=True))
+    return max(counts) or job.learners
+
+
 def halt_learners(job_id, attempt):
     job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt, status=Status.HALTING).first()
     if job is not None:
@@ -278,7 +300,7 @@ def teardown(job_id, attempt):
     if job is None:
         return
     backend = get_backend()
-    where = {"tenant": job.tenant.slug, "job_id": job.id, "attempt": attempt, "learners": job.learners}
+    where = {"tenant": job.tenant.slug, "job_id": job.id, "attempt": attempt, "learners": learners_of(job, attempt)}
     backend.delete(**where)
     left = [s.index for s in backend.status(**where) if s.state in (LearnerState.RUNNING, LearnerState.PENDING)]
     if left:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from jobs import frameworks
+from jobs import elasticity, frameworks
 from trainyard import units
 
 FRAMEWORKS = tuple(frameworks.REGISTRY)  # what jobs can run as (filters, forms); FfDL names map onto these
@@ -24,7 +24,7 @@ SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 METRIC_EXTRACTORS = ("regex_extractor", "tensorboard")
 TOP_LEVEL_FIELDS = ("name", "description", "version", "learners", "gpus", "cpus", "memory",
                     "framework", "data_stores", "evaluation_metrics", "priority", "checkpoint",
-                    "restart_policy")
+                    "restart_policy", "elastic")
 MAX_LEARNERS = 64
 MAX_GPUS = 64  # per learner
 MAX_CPUS = 1024  # per learner
@@ -45,6 +45,8 @@ SECTION_FIELDS = {
     "framework": (("name", "version", "command"), ("image_tag", "image_location")),
     "checkpoint": (("signal", "grace_seconds"), ()),
     "restart_policy": (("max_retries",), ()),
+    "elastic": (("min_learners", "max_learners", "batch_size", "lr_scaling"), ()),
+    "elastic_batch": (("global", "min", "max"), ()),
     "data_store": (("id", "type", "training_data", "training_results", "connection"), ()),
     "container": (("container",), ()),
     "evaluation_metrics": (("type", "groups"), ("in", "line_lookahead", "event_types", "eventTypes",
@@ -80,6 +82,8 @@ class Manifest:
     max_retries: int = 0
     data_stores: list = field(default_factory=list)
     evaluation_metrics: dict | None = None
+    # The elastic block (jobs.elasticity.Elastic), or None for a job of a fixed size.
+    elastic: elasticity.Elastic | None = None
     raw: dict = field(default_factory=dict)
     framework_asked: str = ""  # the name the manifest used (an FfDL name maps onto `framework`)
     notes: tuple = ()  # the mappings applied to an FfDL manifest, for `trainyard validate`
@@ -222,6 +226,7 @@ def validate(data: dict[str, Any]) -> Manifest:
     if priority not in PRIORITIES:
         raise ManifestError("priority", f"{priority!r} is not one of {', '.join(PRIORITIES)}")
     memory = data.get("memory")
+    learners = _integer(data, "learners", 1, minimum=1, maximum=MAX_LEARNERS)
     data_stores = _data_stores(data.get("data_stores"))
     ignored += _data_store_ignored(data_stores) + _metric_ignored(data.get("evaluation_metrics"))
     return Manifest(
@@ -232,7 +237,7 @@ def validate(data: dict[str, Any]) -> Manifest:
         framework=resolved.name,
         framework_version=resolved.version,
         framework_asked=resolved.asked_as,
-        learners=_integer(data, "learners", 1, minimum=1, maximum=MAX_LEARNERS),
+        learners=learners,
         gpus=_integer(data, "gpus", 0, minimum=0, maximum=MAX_GPUS),
         cpus=_cpus(data),
         memory_bytes=parse_memory(memory) if memory is not None else Manifest.memory_bytes,
@@ -244,10 +249,63 @@ def validate(data: dict[str, Any]) -> Manifest:
                              path="restart_policy.max_retries"),
         data_stores=data_stores,
         evaluation_metrics=_evaluation_metrics(data.get("evaluation_metrics")),
+        elastic=_elastic(data, learners),
         raw=data,
         notes=(resolved.notes + _data_store_notes(data_stores) + _metric_notes(data.get("evaluation_metrics"))
                + ignored),
     )
+
+
+def _elastic(data, learners):
+    """The `elastic` block: learner bounds around `learners`, optional batch bounds, the lr rule."""
+    section = _mapping(data, "elastic")
+    if "elastic" not in data or data["elastic"] is None:
+        return None
+    _known_keys(section, "elastic", "elastic")
+    for key in ("min_learners", "max_learners"):
+        if key not in section:
+            raise ManifestError(f"elastic.{key}", "is required in an elastic block")
+    low = _integer(section, "min_learners", 1, minimum=1, maximum=MAX_LEARNERS, path="elastic.min_learners")
+    high = _integer(section, "max_learners", 1, minimum=1, maximum=MAX_LEARNERS, path="elastic.max_learners")
+    if low > high:
+        raise ManifestError("elastic.max_learners", f"{high} is below elastic.min_learners ({low})")
+    if not low <= learners <= high:
+        raise ManifestError("learners", f"{learners} is outside the elastic bounds {low}..{high} "
+                                        "(learners is where an elastic job starts)")
+    scaling = _string(section, "lr_scaling", "elastic.lr_scaling") or "linear"
+    if scaling not in elasticity.LR_SCALINGS:
+        raise ManifestError("elastic.lr_scaling", f"{scaling!r} is not one of {', '.join(elasticity.LR_SCALINGS)}")
+    return elasticity.Elastic(min_learners=low, max_learners=high, batch=_elastic_batch(section, low, high),
+                              lr_scaling=scaling)
+
+
+def _elastic_batch(section, low, high):
+    """`elastic.batch_size`: min <= global <= max, and for every learner count a global batch that
+    splits evenly between the learners (jobs.elasticity's rounding rule)."""
+    if section.get("batch_size") is None:
+        return None
+    batch = section["batch_size"]
+    if not isinstance(batch, dict):
+        raise ManifestError("elastic.batch_size", "must be a mapping with global, min and max")
+    _known_keys(batch, "elastic.batch_size", "elastic_batch")
+    values = {}
+    for key in ("global", "min", "max"):
+        if key not in batch:
+            raise ManifestError(f"elastic.batch_size.{key}", "is required in batch_size")
+        values[key] = _integer(batch, key, 1, minimum=1, maximum=10**9, path=f"elastic.batch_size.{key}")
+    if values["min"] > values["max"]:
+        raise ManifestError("elastic.batch_size.max", f"{values['max']} is below batch_size.min ({values['min']})")
+    if not values["min"] <= values["global"] <= values["max"]:
+        raise ManifestError("elastic.batch_size.global", f"{values['global']} is outside batch_size.min..max "
+                                                         f"({values['min']}..{values['max']})")
+    bounds = elasticity.BatchBounds(values["global"], values["min"], values["max"])
+    impossible = elasticity.learner_counts_without_batch(bounds, low, high)
+    if impossible:
+        n = impossible[0]
+        raise ManifestError("elastic.batch_size", f"no multiple of {n} learners lies in {values['min']}..{values['max']}"
+                                                  f"; every learner count in {low}..{high} needs a global batch that "
+                                                  "splits evenly between its learners")
+    return bounds
 
 
 def _known_keys(section, path, kind):

@@ -249,7 +249,8 @@ class Allocation(models.Model):
     global_batch = models.PositiveIntegerField(null=True, blank=True)  # null: the job declares no batch
     local_batch = models.PositiveIntegerField(null=True, blank=True)
     lr_scale = models.FloatField(default=1.0)
-    placement = models.JSONField(default=list, blank=True)  # node name per learner
+    # Where the attempt's learners run, as Job.placement: [{"node": ..., "gpu_ids": [...]}] per learner.
+    placement = models.JSONField(default=list, blank=True)
     reason = models.TextField(blank=True)  # e.g. "resized 2→4 learners, batch 256→512: idle GPUs"
     resize_requested_at = models.DateTimeField(null=True, blank=True)  # the signal that ended the last shape
     resize_cost_s = models.FloatField(null=True, blank=True)  # signal → every learner of this attempt running

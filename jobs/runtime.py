@@ -10,7 +10,7 @@ existed got theirs from a data migration; one whose manifest no longer parsed th
 """
 from dataclasses import dataclass, field
 
-from jobs import datastores
+from jobs import datastores, elasticity
 
 VERSION = 1
 
@@ -30,6 +30,8 @@ class Runtime:
     metric_regexes: dict = field(default_factory=dict)
     # The manifest's data stores with every credential redacted (the credentials are sealed beside the job).
     data_stores: tuple = ()
+    # The manifest's elastic block (jobs.elasticity.Elastic); None for a job of a fixed size.
+    elastic: elasticity.Elastic | None = None
 
     def stores_with(self, section):
         """The data stores that have `section` (training_data or training_results)."""
@@ -42,7 +44,8 @@ def from_manifest(manifest):
             "framework_version": manifest.framework_version, "checkpoint_signal": manifest.checkpoint_signal,
             "grace_seconds": manifest.grace_seconds, "max_retries": manifest.max_retries,
             "metric_regexes": dict(manifest.metric_regexes),
-            "data_stores": datastores.redact({"data_stores": list(manifest.data_stores)})["data_stores"]}
+            "data_stores": datastores.redact({"data_stores": list(manifest.data_stores)})["data_stores"],
+            "elastic": manifest.elastic.to_runtime() if manifest.elastic else None}
 
 
 def unreadable(error):
@@ -63,4 +66,5 @@ def of(job):
                    checkpoint_signal=stored.get("checkpoint_signal", "SIGTERM"),
                    grace_seconds=stored.get("grace_seconds", 60), max_retries=stored.get("max_retries", 0),
                    metric_regexes=dict(stored.get("metric_regexes") or {}),
-                   data_stores=tuple(stored.get("data_stores") or ()))
+                   data_stores=tuple(stored.get("data_stores") or ()),
+                   elastic=elasticity.Elastic.from_runtime(stored.get("elastic")))

@@ -247,3 +247,52 @@ def test_it_never_lets_a_recursion_error_escape_at_a_low_recursion_limit():
         assert _refusal(BASE + "description: " + "[" * 5000 + "]" * 5000 + "\n").field == "manifest"
     finally:
         sys.setrecursionlimit(limit)
+
+
+# --- elastic block -------------------------------------------------------------------------------
+ELASTIC = GOOD + "elastic: {min_learners: 1, max_learners: 4, batch_size: {global: 64, min: 32, max: 256}}\n"
+
+
+def test_it_reads_an_elastic_block_with_its_defaults():
+    elastic = parse_manifest(ELASTIC).elastic
+    assert (elastic.min_learners, elastic.max_learners, elastic.lr_scaling) == (1, 4, "linear")
+    assert (elastic.batch.base, elastic.batch.low, elastic.batch.high) == (64, 32, 256)
+    assert parse_manifest(GOOD).elastic is None  # a manifest without the block: a fixed job, as before
+
+
+def test_it_reads_an_elastic_block_without_batch_bounds():
+    elastic = parse_manifest(GOOD + "elastic: {min_learners: 2, max_learners: 2, lr_scaling: none}\n").elastic
+    assert elastic.batch is None and elastic.lr_scaling == "none"
+
+
+@pytest.mark.parametrize("block, field, says", [
+    ("{min_learners: 3, max_learners: 2}", "elastic.max_learners", "below elastic.min_learners"),
+    ("{min_learners: 0, max_learners: 2}", "elastic.min_learners", "outside 1..64"),
+    ("{min_learners: 1, max_learners: 65}", "elastic.max_learners", "outside 1..64"),
+    ("{max_learners: 4}", "elastic.min_learners", "is required"),
+    ("{min_learners: 1}", "elastic.max_learners", "is required"),
+    ("{min_learners: 3, max_learners: 4}", "learners", "outside the elastic bounds 3..4"),  # GOOD starts at 2
+    ("{min_learners: 1, max_learners: 1}", "learners", "outside the elastic bounds 1..1"),
+    ("{min_learners: 1, max_learners: 4, batch_size: {global: 6, min: 5, max: 7}}", "elastic.batch_size",
+     "no multiple of 4 learners lies in 5..7"),
+    ("{min_learners: 2, max_learners: 3, batch_size: {global: 5, min: 5, max: 5}}", "elastic.batch_size",
+     "no multiple of 2 learners"),
+    ("{min_learners: 1, max_learners: 4, batch_size: {global: 512, min: 32, max: 256}}",
+     "elastic.batch_size.global", "outside batch_size.min..max"),
+    ("{min_learners: 1, max_learners: 4, batch_size: {global: 64, min: 128, max: 32}}",
+     "elastic.batch_size.max", "below batch_size.min"),
+    ("{min_learners: 1, max_learners: 4, batch_size: {global: 64, min: 32}}", "elastic.batch_size.max",
+     "is required"),
+    ("{min_learners: 1, max_learners: 4, batch_size: {global: 0, min: 0, max: 32}}", "elastic.batch_size.global",
+     "outside"),
+    ("{min_learners: 1, max_learners: 4, batch_size: 64}", "elastic.batch_size", "must be a mapping"),
+    ("{min_learners: 1, max_learners: 4, lr_scaling: cubic}", "elastic.lr_scaling", "not one of linear, sqrt, none"),
+    ("{min_learners: 1, max_learners: 4, max_batch: 9}", "elastic.max_batch", "unknown field"),
+    ("{min_learners: 1, max_learners: 4, batch_size: {global: 64, min: 32, max: 256, local: 8}}",
+     "elastic.batch_size.local", "unknown field"),
+    ("[1, 4]", "elastic", "must be a mapping"),
+])
+def test_it_refuses_a_bad_elastic_block_naming_the_field(block, field, says):
+    with pytest.raises(ManifestError) as error:
+        parse_manifest(GOOD + f"elastic: {block}\n")
+    assert error.value.field == field and says in error.value.rule, str(error.value)
