@@ -67,9 +67,10 @@ def for_transition(job, *, before, attempt_before):
         add(job.id, job.attempt, Kind.DEPLOY)
     elif target == Status.HALTING:
         add(job.id, job.attempt, Kind.HALT)
-    if before in ACTIVE and target not in ACTIVE:
-        # The attempt that held resources is over (final, halted, or queued again for a retry):
-        # whatever the backend still runs or keeps for it goes.
+    if before in ACTIVE and (target not in ACTIVE or job.attempt != attempt_before):
+        # The attempt that held resources is over (final, halted, queued again for a retry, or
+        # followed by the next attempt of a resized job): whatever the backend still runs or keeps
+        # for it goes.
         add(job.id, attempt_before, Kind.TEARDOWN)
 
 

@@ -27,7 +27,9 @@ TRANSITIONS = {
     Status.DOWNLOADING: {Status.PROCESSING, Status.STORING, Status.QUEUED, Status.HALTING, Status.FAILED,
                          Status.TERMINATED},
     Status.PROCESSING: {Status.STORING, Status.QUEUED, Status.HALTING, Status.FAILED, Status.TERMINATED},
-    Status.STORING: {Status.COMPLETED, Status.HALTED, Status.FAILED, Status.TERMINATED},
+    # STORING -> PENDING: an elastic job resized goes on as its next attempt at the new size
+    # (checkpoint stored, learners re-deployed) without going back through the queue.
+    Status.STORING: {Status.COMPLETED, Status.HALTED, Status.PENDING, Status.FAILED, Status.TERMINATED},
     Status.HALTING: {Status.STORING, Status.HALTED, Status.FAILED, Status.TERMINATED},
     Status.HALTED: {Status.QUEUED, Status.TERMINATED},
     Status.COMPLETED: set(),
@@ -58,7 +60,7 @@ def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=F
     """Move a job to `target` if its current status allows it (and its attempt matches).
 
     Returns the updated Job, or None when the compare-and-swap lost (the job moved on, or another
-    worker got there first). `attempt_next` starts a new attempt (resume, retry); `only_from`
+    worker got there first). `attempt_next` starts a new attempt (resume, retry, resize); `only_from`
     narrows the allowed sources (resume is QUEUED-from-HALTED only); `fields` are extra Job
     columns to set in the same update.
     """
@@ -66,7 +68,9 @@ def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=F
     now = timezone.now()
     updates = dict(fields, status=target, status_reason=reason, updated_at=now)
     if attempt_next:
-        updates.update(attempt=F("attempt") + 1, placement=[], exit_code=None, finished_at=None)
+        updates["attempt"] = F("attempt") + 1
+        for name, fresh in (("placement", []), ("exit_code", None), ("finished_at", None)):
+            updates.setdefault(name, fresh)  # a resize's next attempt keeps the placement it was given
     if target == Status.PENDING:
         updates.setdefault("admitted_at", now)
     if target in FINAL:
