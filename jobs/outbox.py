@@ -60,6 +60,18 @@ def add(job_id, attempt, kind):
     return row
 
 
+def ensure(steps):
+    """add() each (job id, attempt, kind) of `steps` that has no open row, finding the open ones in
+    one query: the reconcile pass asks this for every job it judges, and most rows are open already."""
+    steps = {(job_id, attempt, Kind(kind).value) for job_id, attempt, kind in steps}  # rows hold plain values
+    if not steps:
+        return
+    open_rows = set(FollowUp.objects.filter(job_id__in={job_id for job_id, _, _ in steps}, done_at=None)
+                    .values_list("job_id", "attempt", "kind"))
+    for job_id, attempt, kind in sorted(steps - open_rows):
+        add(job_id, attempt, kind)
+
+
 def for_transition(job, *, before, attempt_before):
     """The follow-ups the change of `job` from `before` (at `attempt_before`) to its status requires."""
     target = Status(job.status)

@@ -95,3 +95,42 @@ def test_a_reconcile_during_deploy_does_not_call_learners_lost_before_they_start
     lifecycle.deploy(target.id, 1)
     assert list(Learner.objects.filter(job=target).values_list("index", "state")) == [(0, "deploying"),
                                                                                        (1, "deploying")]
+
+
+# --- cost at scale (bench controlplane measures the same at 1,000 jobs) ---------------------------
+def reconcile_queries(monkeypatch, jobs_of_each_kind):
+    """The queries of one pass over `jobs_of_each_kind` running, storing and waiting jobs."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs import outbox
+    from jobs.models import FollowUp
+    tenant = member()  # one tenant: a cycle reads each tenant's quota and usage, a cost per tenant
+    for _ in range(jobs_of_each_kind):
+        running_job(learners=2, tenant=tenant.tenant, owner=tenant.user)
+        storing = job(tenant, status="STORING")
+        outbox.add(storing.id, 1, FollowUp.Kind.FINISH)  # its finish is under way
+        job(tenant, status="QUEUED", gpus=1, wait_reason="stale")  # no GPU anywhere: it waits
+    use_backend(monkeypatch, {})
+    monkeypatch.setattr(reconcile.admission, "get_backend", lambda: BackendDouble({}))
+    reconcile.reconcile()  # the first pass writes every wait reason; the one measured sees them settled
+    with CaptureQueriesContext(connection) as queries:
+        reconcile.reconcile()
+    return len(queries)
+
+
+def test_a_pass_costs_as_many_queries_for_30_jobs_as_for_3(monkeypatch, sent):
+    assert reconcile_queries(monkeypatch, 3) == reconcile_queries(monkeypatch, 30)
+
+
+def test_a_pass_settles_learners_and_adds_missing_steps_in_one_go(monkeypatch, sent):
+    ended, lost = running_job(), running_job(learners=2)
+    pending = job(member(), status="PENDING")
+    states = {0: LearnerStatus(0, LearnerState.EXITED, 0, ""), 1: LearnerStatus(1, LearnerState.MISSING, reason="gone")}
+    use_backend(monkeypatch, states)
+    reconcile.reconcile()
+    assert ("finish", 1) in open_follow_ups(ended)
+    assert ("finish", 1) in open_follow_ups(lost)  # both its learners ended in this pass
+    assert ("deploy", 1) in open_follow_ups(pending)
+    reconcile.reconcile()  # open already: nothing added twice (one open row per step, else IntegrityError)
+    assert len(open_follow_ups(ended)) == 1

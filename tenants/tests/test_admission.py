@@ -196,3 +196,30 @@ def test_two_hundred_concurrent_submissions_admit_exactly_the_quota(cluster, sen
     admission.run_cycle()
     waiting = set(Job.objects.filter(status=Status.QUEUED).values_list("wait_reason", flat=True))
     assert len(waiting) and all("concurrent jobs 10/10" in r for r in waiting)
+
+
+def cycle_queries(queued):
+    from django.test.utils import CaptureQueriesContext
+    alice = member()
+    waiting = [job(alice, gpus=8) for _ in range(queued)]  # never fits a 4-GPU node: each gets a reason
+    with CaptureQueriesContext(connection) as queries:
+        admission.run_cycle()
+    assert all(reason(j).startswith("waiting:") for j in waiting)
+    Job.objects.filter(pk__in=[j.pk for j in waiting]).delete()
+    return len(queries)
+
+
+def test_a_cycle_writes_the_wait_reasons_of_5_or_120_jobs_in_as_many_queries(cluster, sent):
+    # Each reason names the job's place in the queue, so one admission changes every reason behind
+    # it; one UPDATE per job made a cycle at 10,000 queued jobs take seconds under the lock.
+    cluster(gpus=4)
+    assert cycle_queries(5) == cycle_queries(120)
+
+
+def test_a_wait_reason_is_not_written_on_a_job_no_longer_queued(cluster, sent):
+    cluster(gpus=4)
+    alice = member()
+    big = job(alice, gpus=8)
+    admission._record_wait_reasons({big.id: "waiting: 1st", job(alice, status="TERMINATED").id: "waiting: 2nd"})
+    assert reason(big) == "waiting: 1st"
+    assert Job.objects.filter(status="TERMINATED", wait_reason="").count() == 1
