@@ -3,7 +3,8 @@
 1. heads of queues: every tenant's queue, ordered by priority then submission order;
 2. snapshot: free capacity per node (running and stopping jobs subtracted), usage per tenant and user;
 3. nominate: the next job is the best head across tenants (see `_order_key`);
-4. admit: check the tenant's limits, then place all learners at once (gang) or none;
+4. admit: check the tenant's limits, then place all learners at once (gang) or none (an elastic job
+   whose start size does not fit: the most learners that fit, at least its minimum);
 5. a job that does not fit may wait for resources being freed, pick preemption victims, have small
    jobs moved off a node (consolidation), or, once it has waited long, get the nodes likeliest to
    fit it soon held for it; smaller jobs behind it backfill the rest of the cluster;
@@ -207,10 +208,23 @@ class _Cycle:
             return self._wait(workload, position, limit)
         placements = self.free.place_gang(workload.per_learner, workload.learners, self.policy.packing)
         if placements is None:
+            placements = self._place_smaller(workload)
+        if placements is None:
             return self._blocked_by_capacity(workload, state, position)
         self.decisions.admitted[workload.job_id] = placements
-        state.add(workload, workload.learners)
+        state.add(workload, len(placements))
         state.jobs += 1
+
+    def _place_smaller(self, workload):
+        """An elastic job whose start size does not fit starts with fewer learners, the most that fit
+        and at least its minimum (it grows later, when GPUs are idle); None for a fixed job."""
+        if not workload.min_learners:
+            return None
+        for learners in range(workload.learners - 1, workload.min_learners - 1, -1):
+            placements = self.free.place_gang(workload.per_learner, learners, self.policy.packing)
+            if placements is not None:
+                return placements
+        return None
 
     def _limit(self, workload, state):
         """Why the tenant's own limits keep this job waiting, or None. Tenant-wide limits also hold the

@@ -113,6 +113,8 @@ class Workload:
     started: float = 0.0  # when it started running (seconds, same clock as Snapshot.now); larger = more recent
     queued_at: float | None = None  # when it (re)entered the queue, same clock as Snapshot.now; None = unknown
     attained_gpu_s: float = 0.0  # GPU-seconds it ran in earlier attempts (its service so far, without this run)
+    # An elastic job (0 = fixed): when its `learners` do not fit, it may start with as few as this.
+    min_learners: int = 0
 
     def __post_init__(self):
         if not self.job_id:

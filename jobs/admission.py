@@ -20,6 +20,8 @@ from django.db.models import Case, TextField, Value, When
 from django.utils import timezone
 
 import gpu_scheduler as scheduler
+from gpu_scheduler.reasons import job_seen_by, position_prefix
+from jobs import elasticity, lifecycle
 from jobs.backends import get_backend
 from jobs.models import ACTIVE, Job, Status
 from jobs.states import transition
@@ -50,8 +52,15 @@ def run_cycle():
         snapshot = scheduler.Snapshot(nodes=nodes, tenants={p.name: p for p in tenants.values()},
                                       running=tuple(_workload(job, tenants, attained) for job in running),
                                       now=timezone.now().timestamp())
-        decisions = scheduler.schedule(snapshot, [_workload(job, tenants, attained) for job in queued], _policy())
+        queue = [_workload(job, tenants, attained) for job in queued]
+        yielding = _yielding(running)
+        if yielding:
+            decisions, shrinks = _schedule_with_yielding(snapshot, queue, yielding)
+        else:
+            decisions, shrinks = scheduler.schedule(snapshot, queue, _policy()), {}
         by_id = {job.id: job for job in queued + running}
+        for job_id, (placement, why) in shrinks.items():
+            _shrink(by_id[job_id], placement, why)
         for job_id, reason in decisions.preempt.items():
             _preempt(by_id[job_id], reason)
         admitted = [job_id for job_id, placement in decisions.admitted.items() if _admit(by_id[job_id], placement)]
@@ -106,8 +115,12 @@ def _policies(tenant_ids):
 
 
 def _workload(job, tenants, attained):
+    elastic = elasticity.of(job)
     return scheduler.Workload(
-        job_id=job.id, tenant=tenants[job.tenant_id].name, user=job.owner.username, learners=job.learners,
+        job_id=job.id, tenant=tenants[job.tenant_id].name, user=job.owner.username,
+        # A resize under way holds the GPUs of both shapes (jobs.lifecycle.resize).
+        learners=max(job.learners, len(job.placement)),
+        min_learners=elastic.min_learners if elastic and job.status == Status.QUEUED else 0,
         per_learner=scheduler.Resources(job.gpus, job.cpus, job.memory_bytes), priority=job.priority,
         order=int(job.created_at.timestamp() * 1_000_000),
         placement=tuple(scheduler.Placement(p["node"], tuple(p["gpu_ids"])) for p in job.placement),
@@ -119,10 +132,78 @@ def _workload(job, tenants, attained):
 
 
 def _admit(job, placement):
-    """QUEUED → PENDING; the transition writes the attempt's deploy (jobs.outbox)."""
-    moved = transition(job.id, Status.PENDING, actor=ACTOR, reason="admitted", attempt=job.attempt,
-                       placement=[{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in placement], wait_reason="")
+    """QUEUED → PENDING; the transition writes the attempt's deploy (jobs.outbox). An elastic job
+    whose start size did not fit is admitted with fewer learners (the scheduler's placement says how many)."""
+    reason = "admitted"
+    if len(placement) != job.learners:
+        reason = f"admitted with {len(placement)} of its {job.learners} learners (the rest did not fit; it grows " \
+                 "when GPUs are idle)"
+    moved = transition(job.id, Status.PENDING, actor=ACTOR, reason=reason, attempt=job.attempt,
+                       placement=[{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in placement], wait_reason="",
+                       learners=len(placement))
     return moved is not None
+
+
+# --- elastic jobs make room before anyone is preempted ------------------------------------------
+def _yielding(running):
+    """{job id: min learners} of the running elastic jobs that hold GPUs beyond their minimum: those
+    GPUs were idle when they grew onto them, and they give them back (a shrink, not a halt) to
+    queued work before any job of a fixed size is preempted."""
+    yielding = {}
+    for job in running:
+        elastic = elasticity.of(job)
+        if (elastic and job.gpus and job.status == Status.PROCESSING and not job.preempted_reason
+                and len(job.placement) > elastic.min_learners):
+            yielding[job.id] = elastic.min_learners
+    return yielding
+
+
+def _schedule_with_yielding(snapshot, queue, yielding):
+    """Two passes: first admit what fits as things are (no one disturbed); then schedule the rest
+    as if the yielding elastic jobs held only their minimum. A job the second pass places on GPUs
+    an elastic job holds beyond its minimum waits while that job shrinks to the learners it keeps;
+    preemption (of any job) is only chosen when even that is not room enough.
+    Returns (decisions, {elastic job id: (placement it keeps, why)})."""
+    calm = dataclasses.replace(_policy(), preemption=False, consolidate=False, reservations=0)
+    first = scheduler.schedule(snapshot, queue, calm)
+    rest = [w for w in queue if w.job_id not in first.admitted]
+    if not rest:
+        return first, {}
+    placed = [dataclasses.replace(w, placement=tuple(first.admitted[w.job_id]), min_learners=0,
+                                  learners=len(first.admitted[w.job_id]), queued_at=None)
+              for w in queue if w.job_id in first.admitted]
+    running = {w.job_id: w for w in snapshot.running}
+    trimmed = [dataclasses.replace(w, placement=w.placement[:yielding[w.job_id]]) if w.job_id in yielding else w
+               for w in snapshot.running]
+    second = scheduler.schedule(dataclasses.replace(snapshot, running=tuple(trimmed + placed)), rest, _policy())
+    lent = {(p.node, gpu): job_id for job_id, keep in yielding.items()
+            for p in running[job_id].placement[keep:] for gpu in p.gpu_ids}
+    decisions = scheduler.Decisions(admitted=dict(first.admitted), preempt=dict(second.preempt),
+                                    waiting=dict(second.waiting), position={**first.position, **second.position})
+    taken = {}  # elastic job id -> GPUs (node, id) it gives back
+    for job_id, placement in second.admitted.items():
+        gpus = {(p.node, gpu) for p in placement for gpu in p.gpu_ids}
+        lenders = {lent[g] for g in gpus if g in lent}
+        if not lenders:
+            decisions.admitted[job_id] = placement
+            continue
+        queued = next(w for w in rest if w.job_id == job_id)
+        for lender in lenders:
+            taken.setdefault(lender, (set(), queued))[0].update(g for g in gpus if lent.get(g) == lender)
+        names = ", ".join(sorted(job_seen_by(queued.tenant, running[lender]) for lender in lenders))
+        decisions.waiting[job_id] = (f"{position_prefix(second.position.get(job_id, 1))}for elastic {names} to "
+                                     "shrink and make room")
+    shrinks = {}
+    for lender, (gpus, queued) in taken.items():
+        keep = tuple(p for p in running[lender].placement if not any((p.node, g) in gpus for g in p.gpu_ids))
+        why = f"making room for {job_seen_by(running[lender].tenant, queued)}"
+        shrinks[lender] = ([{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in keep], why)
+    return decisions, shrinks
+
+
+def _shrink(job, placement, why):
+    """Resize an elastic job down to the learners it keeps (jobs.lifecycle.resize)."""
+    lifecycle.resize(job, learners=len(placement), placement=placement, why=why, actor=ACTOR)
 
 
 def _preempt(job, reason):

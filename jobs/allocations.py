@@ -97,6 +97,9 @@ def open_attempt(job):
     """The row of the job's current attempt (kept if a resize wrote it already)."""
     row = Allocation.objects.filter(job=job, attempt=job.attempt).first()
     if row is not None:
+        if row.samples_start is None:  # a resize's row: the job goes on from where the last attempt stopped
+            row.samples_start = last_samples(job)
+            row.save(update_fields=["samples_start"])
         return row
     try:
         shape = shape_of(job)

@@ -73,6 +73,11 @@ class Shape:
         return learners if self.global_batch is None else f"{learners}, batch {self.global_batch}"
 
 
+def of(job):
+    """The Elastic of a job row (its stored runtime block), or None for a job of a fixed size."""
+    return Elastic.from_runtime((job.runtime or {}).get("elastic"))
+
+
 def global_batch(bounds, learners, wanted=None):
     """The global batch for `learners` (see the module's rules); None when no multiple fits."""
     target = min(max(bounds.base if wanted is None else wanted, bounds.low), bounds.high)

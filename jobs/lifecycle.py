@@ -11,6 +11,7 @@ import hashlib
 import logging
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from jobs import (allocations, artifacts, checkpoints, credentials, dispatch, elasticity, frameworks, outbox, runtime,
@@ -204,9 +205,12 @@ def _halt_requested(job):
 
 
 def _finish_halt(job, learners):
-    """A halted attempt: keep what it wrote, say whether a new checkpoint came out, release it."""
+    """A halted attempt: keep what it wrote, say whether a new checkpoint came out, release it (or,
+    for a resize, go on as the next attempt at the new size)."""
+    resizing = pending_resize(job)
+    stage = "storing checkpoint before resize" if resizing else "storing checkpoint after halt"
     if job.status == Status.HALTING and not transition(job.id, Status.STORING, actor=SYSTEM, attempt=job.attempt,
-                                                       reason="storing checkpoint after halt"):
+                                                       reason=stage):
         return
     try:
         problem = artifacts.store_results(job, runtime.of(job))
@@ -225,11 +229,78 @@ def _finish_halt(job, learners):
         reason = f"halted, but no new checkpoint was written; resume continues from {checkpoint.name}"
     else:
         reason = "halted, but no checkpoint was written; resume starts from the beginning"
+    killed_note = (f"learner {', '.join(map(str, killed))} ignored the signal and was killed after the grace period"
+                   if killed else "")
+    if resizing:
+        _continue_resized(job, resizing, killed_note)
+        return
     if killed:
-        reason += f" (learner {', '.join(map(str, killed))} ignored the signal and was killed after the grace period)"
+        reason += f" ({killed_note})"
     halted = transition(job.id, Status.HALTED, actor=SYSTEM, attempt=job.attempt, reason=reason)
     if halted and halted.preempted_reason:
         _requeue_preempted(halted)
+
+
+# --- resize (elastic jobs) ------------------------------------------------------------------------
+def resize(job, *, learners, placement, why, actor, wanted_batch=None):
+    """Have a running elastic job go on at `learners` learners on `placement` (the new attempt's,
+    one {"node", "gpu_ids"} per learner): a coordinated checkpoint-restart. Its learners get the
+    checkpoint signal as for a halt (all save at the same step and exit; one that ignores it is
+    killed after the grace period), then the job's next attempt starts at the new shape without
+    going through the queue (`_continue_resized`). The new attempt's Allocation row is written now
+    (reason, time of the signal); while the resize is under way the job holds the GPUs of both
+    shapes, so a grow's new GPUs are not given to anyone else meanwhile.
+
+    Returns that row, or None when the job is no longer running (nothing changed then)."""
+    elastic = elasticity.of(job)
+    if elastic is None:
+        raise ValueError(f"job {job.id} has no elastic block; only elastic jobs are resized")
+    if not elastic.min_learners <= learners <= elastic.max_learners or len(placement) != learners:
+        raise ValueError(f"job {job.id}: {learners} learners on {len(placement)} placements is outside "
+                         f"{elastic.min_learners}..{elastic.max_learners}")
+    current = allocations.of_attempt(job)
+    before = (elasticity.Shape(job.learners, current.global_batch, current.local_batch, current.lr_scale)
+              if current else allocations.shape_of(job))
+    after = elasticity.shape(elastic, learners, wanted_batch or before.global_batch)
+    holding = list(job.placement) + [p for p in placement if p not in job.placement]
+    now = timezone.now()
+    with transaction.atomic():
+        Allocation.objects.filter(job=job, attempt=job.attempt + 1, started_at=None).delete()
+        row = Allocation.objects.create(
+            job=job, attempt=job.attempt + 1, learners=learners, gpus_per_learner=job.gpus,
+            global_batch=after.global_batch, local_batch=after.local_batch, lr_scale=after.lr_scale,
+            placement=list(placement), reason=f"{resize_text(before, after)}: {why}", resize_requested_at=now)
+        moved = transition(job.id, Status.HALTING, actor=actor, reason=f"resizing: {row.reason}",
+                           attempt=job.attempt, only_from={Status.PROCESSING}, placement=holding)
+        if moved is None:
+            transaction.set_rollback(True)
+            return None
+    log.info("%s: %s", job.id, row.reason)
+    return row
+
+
+def resize_text(before, after):
+    """"resized 2→4 learners, batch 128→256" (what the events and the timeline say)."""
+    text = f"resized {before.learners}→{after.learners} learners"
+    if before.global_batch is not None and after.global_batch is not None:
+        text += f", batch {before.global_batch}→{after.global_batch}"
+    return text
+
+
+def pending_resize(job):
+    """The Allocation row of a resize requested for the job's current attempt, or None."""
+    return Allocation.objects.filter(job=job, attempt=job.attempt + 1, started_at=None,
+                                     resize_requested_at__isnull=False).first()
+
+
+def _continue_resized(job, row, killed_note):
+    """The resized job's learners have stopped and its checkpoint is stored: its next attempt starts
+    at once at the new size (PENDING writes its deploy; the attempt before is torn down)."""
+    checkpoint = latest_checkpoint(job)
+    resume = f"resumes from {checkpoint.name}" if checkpoint else "starts over: no checkpoint was written"
+    reason = f"{row.reason} ({resume}{'; ' + killed_note if killed_note else ''})"
+    transition(job.id, Status.PENDING, actor=SYSTEM, attempt=job.attempt, attempt_next=True,
+               only_from={Status.STORING}, reason=reason, learners=row.learners, placement=list(row.placement))
 
 
 def _requeue_preempted(job):

@@ -393,3 +393,15 @@ def test_admitted_work_never_exceeds_free_capacity():
     decisions = schedule(snap, [job(f"j{i}", gpus=1 + i % 3) for i in range(10)])
     for name, ids in gpus_in_use(decisions, snap).items():
         assert len(ids) == len(set(ids)) <= 8, name
+
+
+# --- elastic jobs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("free, min_learners, expected", [
+    (4, 1, 4), (3, 1, 3), (1, 1, 1), (1, 2, None), (2, 2, 2),
+    (1, 0, None),  # a fixed job: all its learners or none
+])
+def test_an_elastic_job_starts_with_the_most_learners_that_fit_down_to_its_minimum(free, min_learners, expected):
+    busy = [running("r", ("n1", range(8 - free)))] if free < 8 else []
+    decisions = schedule(snapshot([node()], *busy), [job("e", learners=4, gpus=1, min_learners=min_learners)])
+    placed = decisions.admitted.get("e")
+    assert (len(placed) if placed else None) == expected

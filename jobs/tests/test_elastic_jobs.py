@@ -3,7 +3,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.lifecycle import deploy_spec
-from jobs.models import Allocation, MetricPoint, Status
+from jobs.models import Allocation, Job, Learner, MetricPoint, Status
 from jobs.states import transition
 from jobs.tests.builders import job, member
 
@@ -75,3 +75,143 @@ def test_a_fixed_job_has_a_timeline_too():
     transition(row.id, Status.PENDING, actor="scheduler", placement=[{"node": "local", "gpu_ids": []}])
     allocation = Allocation.objects.get(job=row, attempt=1)
     assert (allocation.learners, allocation.global_batch, allocation.lr_scale) == (1, None, 1.0)
+
+
+# --- admission and resizes -----------------------------------------------------------------------
+@pytest.fixture
+def cluster(monkeypatch):
+    """cluster(gpus=4): the backend reports one node of this many GPUs to the scheduler."""
+    from types import SimpleNamespace
+
+    from jobs import admission
+    from jobs.backends.base import Capacity, Node
+
+    def make(gpus=4):
+        capacity = Capacity(nodes=(Node("local", gpus, 64.0, 256 * 2**30),))
+        monkeypatch.setattr(admission, "get_backend", lambda: SimpleNamespace(capacity=lambda: capacity))
+    return make
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    from jobs.tests.builders import record_sends
+    return record_sends(monkeypatch)
+
+
+def running(row, learners=None, gpus=None):
+    """Admit the job on the given GPUs and have every learner run."""
+    from jobs import storage
+    storage.job_dir(row.tenant.slug, row.id).mkdir(parents=True, exist_ok=True)
+    gpus = gpus if gpus is not None else list(range(learners))
+    row = transition(row.id, Status.PENDING, actor="scheduler", learners=len(gpus),
+                     placement=[{"node": "local", "gpu_ids": [g]} for g in gpus])
+    for index in range(row.learners):
+        Learner.objects.create(job=row, attempt=row.attempt, index=index, state=Learner.State.RUNNING)
+    return transition(row.id, Status.PROCESSING, actor="lifecycle-manager", reason="training")
+
+
+def learners_stop(row, *, reasons=()):
+    """Every learner of the current attempt exits 0 (or as `reasons` say); the attempt is finished."""
+    from jobs import lifecycle
+    for learner in Learner.objects.filter(job=row, attempt=row.attempt):
+        learner.state, learner.exit_code = Learner.State.EXITED, 0
+        learner.reason = dict(enumerate(reasons)).get(learner.index, "")
+        learner.save()
+    lifecycle.finish_attempt(row.id, row.attempt)
+    return Job.objects.get(pk=row.pk)
+
+
+def test_an_elastic_job_starts_smaller_when_its_start_size_does_not_fit(cluster, sent):
+    from jobs import admission
+    cluster(gpus=4)
+    busy = job(member(), gpus=3, learners=1)
+    admission.run_cycle()
+    elastic = elastic_job(learners=2)
+    admission.run_cycle()
+    elastic.refresh_from_db()
+    assert Job.objects.get(pk=busy.pk).status == Status.PENDING
+    assert (elastic.status, elastic.learners, len(elastic.placement)) == (Status.PENDING, 1, 1)
+    assert "admitted with 1 of its 2 learners" in elastic.status_reason
+    assert Allocation.objects.get(job=elastic, attempt=1).learners == 1
+
+
+def test_a_resize_goes_on_as_the_next_attempt_without_the_queue(sent):
+    from jobs import lifecycle
+    from tenants.models import UsageRecord
+    row = running(elastic_job(learners=1), gpus=[0])
+    MetricPoint.objects.create(job=row, attempt=1, learner=0, name="samples", value=640, time=timezone.now())
+    placement = [{"node": "local", "gpu_ids": [g]} for g in (0, 1, 2)]
+    pending = lifecycle.resize(row, learners=3, placement=placement, why="idle GPUs", actor="autoscaler")
+    assert pending.reason == "resized 1→3 learners, batch 64→63: idle GPUs"
+    row.refresh_from_db()
+    assert row.status == Status.HALTING and row.learners == 1
+    assert row.placement == placement  # the new GPUs are held for it while it checkpoints
+    row = learners_stop(row)
+    assert (row.status, row.attempt, row.learners, row.placement) == (Status.PENDING, 2, 3, placement)
+    statuses = list(row.events.values_list("to_status", flat=True))
+    assert statuses[-3:] == [Status.HALTING, Status.STORING, Status.PENDING] and Status.QUEUED not in statuses[1:]
+    assert row.events.last().reason.startswith("resized 1→3 learners, batch 64→63: idle GPUs (")
+    from jobs.tests.builders import open_follow_ups
+    assert {("teardown", 1), ("deploy", 2)} <= set(open_follow_ups(row))
+    spec = deploy_spec(row)
+    assert [lr.env["WORLD_SIZE"] for lr in spec.learners] == ["3"] * 3
+    assert (spec.env["TRAINYARD_GLOBAL_BATCH_SIZE"], spec.env["TRAINYARD_LOCAL_BATCH_SIZE"]) == ("63", "21")
+    for index in range(3):
+        Learner.objects.create(job=row, attempt=2, index=index, state=Learner.State.RUNNING)
+    transition(row.id, Status.PROCESSING, actor="lifecycle-manager", reason="training")
+    first, second = Allocation.objects.filter(job=row).order_by("attempt")
+    assert first.ended_at is not None and first.samples_end == 640
+    assert second.samples_start == 640 and second.resize_cost_s >= 0 and second.started_at is not None
+    usage = list(UsageRecord.objects.filter(job=row).order_by("attempt").values_list("attempt", "gpus", "ended_at"))
+    assert [(a, g) for a, g, _ in usage] == [(1, 1), (2, 3)] and usage[0][2] and usage[1][2] is None
+
+
+def test_a_learner_that_ignores_the_resize_signal_is_killed_and_named(sent):
+    from jobs import lifecycle
+    row = running(elastic_job(learners=2), gpus=[0, 1])
+    lifecycle.resize(row, learners=1, placement=[{"node": "local", "gpu_ids": [0]}], why="test", actor="autoscaler")
+    row = learners_stop(Job.objects.get(pk=row.pk), reasons=["", "killed: ignored SIGTERM for 1s"])
+    assert row.status == Status.PENDING and row.learners == 1
+    assert "learner 1 ignored the signal and was killed after the grace period" in row.status_reason
+
+
+def test_a_resize_of_a_job_that_stopped_running_changes_nothing(sent):
+    from jobs import lifecycle
+    row = running(elastic_job(learners=1), gpus=[0])
+    transition(row.id, Status.TERMINATED, actor="alice")
+    assert lifecycle.resize(row, learners=2, placement=[{"node": "local", "gpu_ids": [g]} for g in (0, 1)],
+                            why="idle GPUs", actor="autoscaler") is None
+    assert not Allocation.objects.filter(job=row, attempt=2).exists()
+
+
+def test_queued_work_shrinks_an_elastic_job_before_anything_is_preempted(cluster, sent):
+    from jobs import admission
+    cluster(gpus=4)
+    alice = member()
+    elastic = running(elastic_job(learners=3), gpus=[0, 1, 2])
+    fixed = running(job(alice, gpus=1, learners=1, priority="low"), gpus=[3])
+    urgent = job(alice, gpus=1, learners=2, priority="high")
+    admission.run_cycle()
+    elastic.refresh_from_db()
+    assert Job.objects.get(pk=fixed.pk).status == Status.PROCESSING  # not preempted
+    assert elastic.status == Status.HALTING
+    assert Allocation.objects.get(job=elastic, attempt=2).learners == 1
+    assert f"making room for job {urgent.id}" in elastic.status_reason
+    waiting = Job.objects.get(pk=urgent.pk)
+    assert waiting.status == Status.QUEUED and f"for elastic job {elastic.id} to shrink" in waiting.wait_reason
+    learners_stop(elastic)
+    admission.run_cycle()
+    assert Job.objects.get(pk=urgent.pk).status == Status.PENDING
+    elastic.refresh_from_db()
+    assert (elastic.learners, elastic.attempt) == (1, 2)
+
+
+def test_another_tenants_wait_reason_does_not_name_the_elastic_job(cluster, sent):
+    from jobs import admission
+    cluster(gpus=4)
+    elastic = running(elastic_job(learners=4), gpus=[0, 1, 2, 3])
+    other = job(member("team-b", "bob"), gpus=1, learners=1)
+    admission.run_cycle()
+    reason = Job.objects.get(pk=other.pk).wait_reason
+    assert elastic.id not in reason and "a job of another tenant" in reason
+    assert other.id not in Job.objects.get(pk=elastic.pk).status_reason
