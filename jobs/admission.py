@@ -42,7 +42,7 @@ def run_cycle():
     """One scheduling cycle; returns the ids of the jobs it admitted."""
     nodes = tuple(get_backend().capacity().nodes)  # before the lock: may be a network call
     with transaction.atomic():
-        _take_admission_lock()
+        take_admission_lock()
         queued = list(Job.objects.filter(status=Status.QUEUED).select_related("owner").order_by("created_at"))
         if not queued:
             return []
@@ -87,7 +87,7 @@ def _policy():
     return dataclasses.replace(scheduler.Policy.full(), service_levels=(hours * 3600.0,) if hours else ())
 
 
-def _take_admission_lock():
+def take_admission_lock():
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADMISSION_LOCK_KEY])

@@ -8,7 +8,7 @@ every row nobody works on.
 """
 from celery import shared_task
 
-from jobs import admission, dispatch, lifecycle, outbox, reconcile as reconciling
+from jobs import admission, autoscaler, dispatch, lifecycle, outbox, reconcile as reconciling
 from jobs.models import FollowUp
 
 Kind = FollowUp.Kind
@@ -22,6 +22,13 @@ RELEASES = {Kind.FINISH, Kind.TEARDOWN}
 def schedule():
     # Serialised by the admission lock inside run_cycle (jobs.admission): no second lock here.
     admission.run_cycle()
+    dispatch.send("autoscale")  # elastic jobs grow onto what the cycle left idle
+
+
+@shared_task(name="jobs.tasks.autoscale", ignore_result=True)
+def autoscale():
+    # Under the admission lock too (jobs.autoscaler.run): never interleaved with a cycle.
+    autoscaler.run()
 
 
 @shared_task(name="jobs.tasks.follow_up", ignore_result=True)

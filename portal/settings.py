@@ -103,8 +103,17 @@ RECONCILE_INTERVAL_S = env.number("TRAINYARD_RECONCILE_INTERVAL", 10.0, minimum=
 # GPU-hours of service after which a job yields to fresh jobs of its priority (gpu_scheduler: service
 # levels); 0 turns service levels off.
 SERVICE_LEVEL_GPU_HOURS = env.number("TRAINYARD_SERVICE_LEVEL_GPU_HOURS", 4.0, minimum=0.0)
+# Elastic jobs (jobs.autoscaler): besides after each scheduling cycle, the autoscaler runs this often;
+# it resizes a job only if the predicted gain over the horizon beats the measured resize cost (the
+# configured one until a resize has been measured), and a job not again within the minimum interval.
+ELASTIC_INTERVAL_S = env.number("TRAINYARD_ELASTIC_INTERVAL", 30.0, minimum=0.5)
+ELASTIC_MIN_INTERVAL_S = env.number("TRAINYARD_ELASTIC_MIN_INTERVAL", 300.0, minimum=0.0)
+ELASTIC_HORIZON_S = env.number("TRAINYARD_ELASTIC_HORIZON", 600.0, minimum=0.0)
+ELASTIC_RESIZE_COST_S = env.number("TRAINYARD_ELASTIC_RESIZE_COST", 60.0, minimum=0.0)
+ELASTIC_POLICY = env.choice("TRAINYARD_ELASTIC_POLICY", "trainyard", ("gpu_only", "paper", "trainyard"))
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
+    "autoscale": {"task": "jobs.tasks.autoscale", "schedule": ELASTIC_INTERVAL_S},
 }
 
 # Shared by every process, so counters (portal.throttling) add up across web servers.

@@ -215,3 +215,67 @@ def test_another_tenants_wait_reason_does_not_name_the_elastic_job(cluster, sent
     reason = Job.objects.get(pk=other.pk).wait_reason
     assert elastic.id not in reason and "a job of another tenant" in reason
     assert other.id not in Job.objects.get(pk=elastic.pk).status_reason
+
+
+# --- the autoscaler ------------------------------------------------------------------------------
+@pytest.fixture
+def four_gpus(cluster, monkeypatch, settings):
+    from types import SimpleNamespace
+
+    from jobs import admission, autoscaler
+    cluster(gpus=4)
+    monkeypatch.setattr(autoscaler, "get_backend", admission.get_backend)
+    settings.ELASTIC_HORIZON_S, settings.ELASTIC_MIN_INTERVAL_S, settings.ELASTIC_RESIZE_COST_S = 600.0, 300.0, 20.0
+    return SimpleNamespace(run=autoscaler.run, settings=settings)
+
+
+def reports(row, *points, attempt=None):
+    """Learner 0's cumulative `samples` at (seconds ago, samples)."""
+    now = timezone.now()
+    for ago, samples in points:
+        MetricPoint.objects.create(job=row, attempt=attempt or row.attempt, learner=0, name="samples", value=samples,
+                                   time=now - timezone.timedelta(seconds=ago))
+
+
+def test_the_autoscaler_grows_an_elastic_job_onto_idle_gpus(four_gpus, sent):
+    row = running(elastic_job(learners=1), gpus=[0])
+    reports(row, (20, 0), (0, 2000))  # 100 samples/s at one learner
+    resized, = four_gpus.run()
+    row.refresh_from_db()
+    assert row.status == Status.HALTING and resized.learners == 4
+    assert resized.reason.startswith("resized 1→4 learners, batch 64→") and resized.reason.endswith(": idle GPUs")
+    assert sorted(g for p in resized.placement for g in p["gpu_ids"]) == [0, 1, 2, 3]
+    assert row.events.last().actor == "autoscaler"
+
+
+def test_it_leaves_gpus_other_jobs_hold_alone(four_gpus, sent):
+    row = running(elastic_job(learners=1), gpus=[0])
+    running(job(member(), gpus=1, learners=2), gpus=[2, 3])
+    reports(row, (20, 0), (0, 2000))
+    resized, = four_gpus.run()
+    assert resized.learners == 2 and resized.placement[1] == {"node": "local", "gpu_ids": [1]}
+
+
+def test_it_does_not_resize_when_the_gain_does_not_beat_the_resize_cost(four_gpus, sent):
+    four_gpus.settings.ELASTIC_HORIZON_S = 5.0  # even 4x the speed for 5 s cannot pay a 20 s restart
+    row = running(elastic_job(learners=1), gpus=[0])
+    reports(row, (20, 0), (0, 2000))
+    assert four_gpus.run() == []
+    assert Job.objects.get(pk=row.pk).status == Status.PROCESSING
+
+
+def test_it_does_not_resize_a_job_again_within_the_minimum_interval(four_gpus, sent):
+    row = running(elastic_job(learners=1), gpus=[0])
+    Allocation.objects.filter(job=row, attempt=1).update(resize_requested_at=timezone.now(), resize_cost_s=3.0)
+    reports(row, (20, 0), (0, 2000))
+    assert four_gpus.run() == []
+    four_gpus.settings.ELASTIC_MIN_INTERVAL_S = 0.0
+    assert [r.learners for r in four_gpus.run()] == [4]
+
+
+def test_it_uses_the_measured_resize_cost(four_gpus, sent):
+    from jobs import autoscaler
+    row = running(elastic_job(learners=1), gpus=[0])
+    assert autoscaler._resize_cost_s(row) == 20.0  # nothing measured yet: the configured guess
+    Allocation.objects.filter(job=row, attempt=1).update(resize_cost_s=7.5)
+    assert autoscaler._resize_cost_s(row) == 7.5
