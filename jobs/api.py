@@ -13,7 +13,7 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import admission, allocations, ingest, lifecycle, listing, sharing, storage, submission, tenancy
+from jobs import admission, allocations, compare, ingest, lifecycle, listing, sharing, storage, submission, tenancy
 from jobs.backends import get_backend
 from jobs.serializers import (AllocationSerializer, ArtifactSerializer, JobDetailSerializer, JobEventSerializer,
                               JobSerializer, log_line_json, metric_json)
@@ -65,6 +65,23 @@ class JobList(TenantScoped, generics.ListCreateAPIView):
 class JobDetail(TenantScoped, APIView):
     def get(self, request, job_id):
         return Response(JobDetailSerializer(self.job()).data)
+
+
+class JobCompare(TenantScoped, APIView):
+    """GET ?ids=a,b,c: the jobs' metrics, one line per job, and what differs between their manifests
+    (jobs.compare). 400 naming `ids` for too few, too many or malformed ids; 404 for any id not seen."""
+
+    @extend_schema(responses={200: OpenApiResponse(description="jobs, rows that differ, facts in common, "
+                                                               "metrics with one series per job and final values"),
+                              400: OpenApiResponse(ERROR_BODY, description="`ids` missing, malformed, "
+                                                                            "repeated, fewer than 2 or more than 8"),
+                              404: OpenApiResponse(ERROR_BODY, description="an id the caller cannot see")})
+    def get(self, request):
+        try:
+            ids = compare.parse_ids(request.query_params.getlist("ids"))
+        except compare.CompareError as exc:
+            return Response({"detail": str(exc), "field": exc.field}, status=400)
+        return Response(compare.compare(self.membership(), ids).as_json())
 
 
 class JobAction(TenantScoped, APIView):

@@ -12,6 +12,7 @@ from portal import throttling, views
 
 api_v1 = [
     path("jobs/", api.JobList.as_view(), name="job-list"),
+    path("jobs/compare/", api.JobCompare.as_view(), name="job-compare"),  # before jobs/<id>/, which would take it
     path("jobs/<str:job_id>/", api.JobDetail.as_view(), name="job-detail"),
     *[path(f"jobs/<str:job_id>/{action}/", api.JobAction.as_view(action=action), name=f"job-{action}")
       for action in ("halt", "resume", "terminate")],
@@ -50,6 +51,7 @@ urlpatterns = [
     path("", views.job_list, name="home"),
     path("submit/", views.submit_page, name="submit"),
     path("submit/examples/<str:name>/manifest.yml", views.example_manifest, name="example-manifest"),
+    path("jobs/compare/", views.compare_page, name="compare-page"),
     path("jobs/<str:job_id>/", views.job_page, name="job-page"),
     path("jobs/<str:job_id>/log.txt", views.job_log_download, name="job-log-download"),
     path("tenant/", views.tenant_usage, name="tenant-usage"),

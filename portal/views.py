@@ -13,7 +13,7 @@ from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from jobs import listing, submission, tenancy
+from jobs import compare, listing, submission, tenancy
 from jobs.manifest import FRAMEWORKS
 from jobs.models import Status
 from tenants import access
@@ -69,7 +69,7 @@ def job_list(request, membership):
                "statuses": Status.values, "frameworks": FRAMEWORKS, "sorts": SORT_LABELS,
                "members": Membership.objects.filter(tenant=membership.tenant).select_related("user")
                .order_by("user__username").values_list("user__username", flat=True),
-               "base_query": params.urlencode(), "count": query.filter(jobs).count(),
+               "base_query": params.urlencode(), "count": query.filter(jobs).count(), "max_compare": compare.MAX_JOBS,
                "has_any": bool(page.rows) or query.is_filtered or tenancy.jobs_of(membership).exists()}
     # htmx asks for the results only when a filter, sort or page link changes.
     template = "jobs/_results.html" if request.headers.get("HX-Request") else "jobs/list.html"
@@ -84,6 +84,22 @@ SORT_LABELS = {"-created": "Newest first", "created": "Oldest first", "name": "N
 def job_page(request, membership, job_id):
     job = tenancy.job_or_404(membership, job_id)
     return render(request, "jobs/detail.html", {"job": job, "membership": membership})
+
+
+@tenant_page
+def compare_page(request, membership):
+    """Several jobs side by side (/jobs/compare/?ids=a,b,c): the table of what differs is rendered here,
+    the charts are drawn by static/js/compare.js from the same comparison over the REST API."""
+    try:
+        ids = compare.parse_ids(request.GET.getlist("ids"))
+    except compare.CompareError as exc:
+        return render(request, "jobs/compare.html", {"membership": membership, "error": str(exc)}, status=400)
+    comparison = compare.compare(membership, ids)
+    finals = [{"name": m["name"], "values": ["—" if v is None else f"{v:.6g}" for v in m["final"]]}
+              for m in comparison.metrics]
+    return render(request, "jobs/compare.html", {"membership": membership, "comparison": comparison,
+                                                 "finals": finals, "ids": ",".join(ids),
+                                                 "max_metrics": compare.MAX_METRICS})
 
 
 @tenant_page

@@ -19,8 +19,8 @@ from trainyard.client import Client
 from trainyard.config import Config, config_path, normalize_url, save_config
 from trainyard.errors import TrainyardError, UsageError
 from trainyard.packing import code_upload
-from trainyard.render import (QUOTA_ROWS, Progress, final_message, human_bytes, isatty, local_time, note, number,
-                              print_json, print_table, quota_value, render_allocations, render_job)
+from trainyard.render import (QUOTA_ROWS, Progress, comparison_rows, final_message, human_bytes, isatty, local_time,
+                              note, number, print_json, print_table, quota_value, render_allocations, render_job)
 
 OK, FAILED, USAGE = 0, 1, 2
 
@@ -156,6 +156,19 @@ def cmd_metrics(args):
     return OK
 
 
+def cmd_compare(args):
+    """The server decides how many jobs make a comparison (its 400 names the limit); ids are checked here."""
+    comparison = _client().compare([_job_id(job_id) for job_id in args.ids])
+    if args.json:
+        print_json(comparison)
+        return OK
+    headers, rows, same = comparison_rows(comparison)
+    print_table(headers, rows)
+    if same:
+        print(same)
+    return OK
+
+
 def cmd_action(args):
     client = _client()
     job = getattr(client, args.command)(_job_id(args.id))  # halt, resume or terminate
@@ -276,6 +289,10 @@ def build_parser():
     metrics.add_argument("id", metavar="ID")
     metrics.add_argument("--name", help="only this metric")
     metrics.add_argument("--json", action="store_true")
+
+    compare = command("compare", cmd_compare, "compare jobs: what differs in their manifests, final metric values")
+    compare.add_argument("ids", metavar="ID", nargs="+")
+    compare.add_argument("--json", action="store_true", help="the whole comparison, metric series included")
 
     for name, help_text in (("halt", "checkpoint a job and release its resources"),
                             ("resume", "queue a halted job again; it resumes from its checkpoint"),

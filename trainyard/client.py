@@ -161,6 +161,11 @@ class Client:
         """The job's metric points ({name, step, value, time, learner}), optionally of one metric."""
         return self.get(_job_path(job_id) + "metrics/", name=name).get("results") or []
 
+    def compare(self, job_ids):
+        """Several jobs side by side (2 to 8 ids): {jobs, rows (what differs: {key, label, values}), same,
+        metrics ({name, final: [value per job], series: [{job, points: [[step, value]], ...}]})}."""
+        return self.get("/api/v1/jobs/compare/", ids=",".join(job_ids))
+
     def events(self, job_id):
         """The job's status history."""
         return self.get(_job_path(job_id) + "events/").get("results") or []

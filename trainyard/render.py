@@ -159,6 +159,34 @@ def render_allocations(rows):
     return "\n".join(["allocations"] + ["  " + line for line in table_lines(ALLOCATION_HEADERS, table)])
 
 
+MAX_CELL = 48  # a table cell in `trainyard compare`: long commands are cut here (--json has them whole)
+# Rows the server reads out of the command line: when one of them differs, the command row is left out.
+COMMAND_PARTS = ("learning_rate", "batch_size", "flag:", "env:")
+
+
+def comparison_rows(comparison):
+    """`trainyard compare`'s table as (headers, rows): one column per job, the facts that differ, then
+    each metric's final value; and the line of facts they share."""
+    jobs = comparison.get("jobs") or []
+    headers = ("", *(job.get("id", "?") for job in jobs))
+    rows = [("name", *(job.get("name", "") for job in jobs))]
+    differ = comparison.get("rows") or []
+    if any(row.get("key", "").startswith(COMMAND_PARTS) for row in differ):  # the command adds only width
+        differ = [row for row in differ if row.get("key") != "command"]
+    rows += [(row.get("label", ""), *(_cell(value) for value in row.get("values") or [])) for row in differ]
+    rows += [(f"final {metric.get('name')}", *("-" if value is None else number(float(value))
+                                               for value in metric.get("final") or []))
+             for metric in comparison.get("metrics") or []]
+    same = [f"{fact.get('label')} {_cell(fact.get('value'))}" for fact in comparison.get("same") or []
+            if fact.get("key") != "command"]
+    return headers, rows, ("same in all: " + ", ".join(same)) if same else ""
+
+
+def _cell(value):
+    text = "-" if value in (None, "") else " ".join(str(value).split())
+    return text if len(text) <= MAX_CELL else text[:MAX_CELL - 1] + "…"
+
+
 def final_message(job):
     status = job.get("status")
     text = f"{job.get('id')} {status}"

@@ -1,5 +1,6 @@
-/* The job page's metric charts: one uPlot chart per metric name, step on x, one line per
- * (attempt, learner) overlaid, so a resumed or restarted job continues on the same chart.
+/* Metric charts: one uPlot chart per metric name, step on x. On the job page one line per
+ * (attempt, learner) overlaid, so a resumed or restarted job continues on the same chart; the compare
+ * page groups lines by job instead (a `grouping`, below).
  *
  * Every point is kept; what is drawn is at most MAX_DRAWN_STEPS steps per chart (a long run's
  * steps are averaged per bucket, min and max kept per bucket in the hover values), so a chart of a
@@ -22,6 +23,23 @@
     return String(Number(v.toPrecision(5)));
   }
 
+  /** How points become lines: which line a point belongs to, how lines are ordered, named and coloured. */
+  const BY_ATTEMPT_AND_LEARNER = {
+    key: (p) => `${p.attempt ?? 1}:${p.learner}`,
+    describe: (p) => ({ attempt: p.attempt ?? 1, learner: p.learner }),
+    order: (a, b) => a.attempt - b.attempt || a.learner - b.learner,
+    label(s, list) {
+      const attempts = new Set(list.map((x) => x.attempt)).size > 1;
+      const learners = new Set(list.map((x) => x.learner)).size > 1;
+      const parts = [];
+      if (attempts || !learners) parts.push(`attempt ${s.attempt}`);
+      if (learners) parts.push(`learner ${s.learner}`);
+      return parts.join(" · ");
+    },
+    color: (s, i) => PALETTE[i % PALETTE.length],
+    showLatest: true,
+  };
+
   /** Loss-like metrics first (what people look at), then by name. */
   function metricOrder(a, b) {
     const la = /loss/i.test(a) ? 0 : 1;
@@ -30,19 +48,20 @@
   }
 
   class Metric {
-    constructor(name) {
+    constructor(name, grouping) {
       this.name = name;
-      this.series = new Map(); // "attempt:learner" -> {attempt, learner, xs: [], ys: [], sorted}
+      this.grouping = grouping;
+      this.series = new Map(); // grouping.key(p) -> {...grouping.describe(p), xs: [], ys: [], sorted}
       this.count = 0;
       this.latest = null; // {value, step, attempt}
     }
 
     add(p) {
       const attempt = p.attempt ?? 1;
-      const key = `${attempt}:${p.learner}`;
+      const key = this.grouping.key(p);
       let s = this.series.get(key);
       if (!s) {
-        s = { attempt, learner: p.learner, xs: [], ys: [], sorted: true };
+        s = { ...this.grouping.describe(p), xs: [], ys: [], sorted: true };
         this.series.set(key, s);
       }
       const x = p.step ?? s.xs.length; // no step: plot against the point's index
@@ -54,7 +73,7 @@
     }
 
     orderedSeries() {
-      const list = [...this.series.values()].sort((a, b) => a.attempt - b.attempt || a.learner - b.learner);
+      const list = [...this.series.values()].sort(this.grouping.order);
       for (const s of list) {
         if (s.sorted) continue;
         const order = s.xs.map((_, i) => i).sort((i, j) => s.xs[i] - s.xs[j]);
@@ -104,9 +123,10 @@
   }
 
   class Charts {
-    constructor(container, emptyNote) {
+    constructor(container, emptyNote, grouping = BY_ATTEMPT_AND_LEARNER) {
       this.container = container;
       this.emptyNote = emptyNote;
+      this.grouping = grouping;
       this.metrics = new Map(); // name -> Metric
       this.cards = new Map(); // name -> {card, plot, seriesKey, title}
       this.dirty = new Set();
@@ -117,11 +137,11 @@
 
     add(points) {
       for (const p of points) {
-        const key = `${p.name}\u0000${p.attempt ?? 1}\u0000${p.learner}\u0000${p.step}\u0000${p.time}`;
+        const key = `${p.name}\u0000${this.grouping.key(p)}\u0000${p.step}\u0000${p.time}`;
         if (this.seen.has(key)) continue;
         this.seen.add(key);
         let metric = this.metrics.get(p.name);
-        if (!metric) { metric = new Metric(p.name); this.metrics.set(p.name, metric); }
+        if (!metric) { metric = new Metric(p.name, this.grouping); this.metrics.set(p.name, metric); }
         metric.add(p);
         this.dirty.add(p.name);
       }
@@ -136,12 +156,7 @@
     }
 
     labelOf(s, list) {
-      const attempts = new Set(list.map((x) => x.attempt)).size > 1;
-      const learners = new Set(list.map((x) => x.learner)).size > 1;
-      const parts = [];
-      if (attempts || !learners) parts.push(`attempt ${s.attempt}`);
-      if (learners) parts.push(`learner ${s.learner}`);
-      return parts.join(" · ");
+      return this.grouping.label(s, list);
     }
 
     drawMetric(metric) {
@@ -159,7 +174,7 @@
       entry.card.dataset.pointCount = String(metric.count);
       entry.card.dataset.seriesCount = String(list.length);
       const latest = metric.latest;
-      entry.latest.textContent = latest ? `${formatValue(latest.value)} at step ${latest.step ?? "—"}` : "";
+      if (this.grouping.showLatest) entry.latest.textContent = latest ? `${formatValue(latest.value)} at step ${latest.step ?? "—"}` : "";
       entry.note.textContent = downsampled ? `${metric.count.toLocaleString()} points, averaged to ${MAX_DRAWN_STEPS} steps` : "";
     }
 
@@ -194,7 +209,7 @@
     createPlot(entry, list, data) {
       const series = [{ label: "step" }].concat(list.map((s, i) => ({
         label: this.labelOf(s, list),
-        stroke: PALETTE[i % PALETTE.length],
+        stroke: this.grouping.color(s, i),
         width: 1.6,
         spanGaps: true,
         points: { show: data[0].length <= 60, size: 4 },
@@ -220,4 +235,5 @@
   }
 
   T.Charts = Charts;
+  T.CHART_PALETTE = PALETTE;
 })();

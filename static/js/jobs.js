@@ -1,5 +1,6 @@
-/* The jobs page: live status chips over /ws/jobs/, ticking durations of running jobs, and fresh
- * results (through htmx, which also drives the filters and pages) when a new job appears. */
+/* The jobs page: live status chips over /ws/jobs/, ticking durations of running jobs, fresh results
+ * (through htmx, which also drives the filters and pages) when a new job appears, and the jobs selected
+ * for "Compare", kept while the reader filters and pages. */
 (function () {
   "use strict";
   const T = window.Trainyard;
@@ -67,9 +68,42 @@
     }
   }
 
+  // --- selecting jobs to compare ---------------------------------------------------------------
+  const compareButton = document.querySelector("[data-testid=compare]");
+  const compareNote = document.querySelector("[data-testid=compare-note]");
+  const selected = []; // job ids in the order they were ticked: the compare page's column order
+
+  function showSelection() {
+    const max = Number(compareButton.dataset.max || 8);
+    for (const box of document.querySelectorAll("[data-testid=select-job]")) box.checked = selected.includes(box.value);
+    compareButton.disabled = selected.length < 2 || selected.length > max;
+    compareButton.textContent = selected.length ? `Compare (${selected.length})` : "Compare";
+    compareNote.textContent = selected.length === 1 ? "select one more job"
+      : selected.length > max ? `at most ${max} jobs at once` : "";
+  }
+
+  function onSelect(event) {
+    const box = event.target;
+    if (!box.matches || !box.matches("[data-testid=select-job]")) return;
+    const at = selected.indexOf(box.value);
+    if (box.checked && at < 0) selected.push(box.value);
+    if (!box.checked && at >= 0) selected.splice(at, 1);
+    showSelection();
+  }
+
+  function compare(event) {
+    event.preventDefault(); // the plain form would send only this page's boxes
+    if (selected.length >= 2) location.assign(`/jobs/compare/?ids=${selected.map(encodeURIComponent).join(",")}`);
+  }
+
   function start() {
     renderAll();
-    document.body.addEventListener("htmx:afterSettle", () => renderAll());
+    if (compareButton) {
+      document.body.addEventListener("change", onSelect);
+      compareButton.addEventListener("click", compare);
+      showSelection();
+    }
+    document.body.addEventListener("htmx:afterSettle", () => { renderAll(); if (compareButton) showSelection(); });
     setInterval(tickDurations, 1000);
     new T.LiveSocket({
       url: () => T.wsUrl("/ws/jobs/"),

@@ -1,0 +1,200 @@
+"""Comparing runs: several jobs' metrics side by side and what differs between their manifests.
+
+One home for the comparison, so the REST endpoint (which the compare page's charts and `trainyard
+compare` both read) and the page's server-rendered table say the same thing. Every job is looked up
+through jobs.tenancy: an id the caller cannot see is "not found", exactly like an id that never existed.
+
+Bounds: at most MAX_JOBS jobs, MAX_METRICS metric names and MAX_POINTS points per job and metric (a
+longer series is thinned to evenly spaced points, its last point always kept, and says so), so one
+request costs the same whatever the runs logged.
+"""
+import re
+import shlex
+from dataclasses import dataclass
+
+from django.http import Http404
+
+from jobs import tenancy
+from jobs.models import MetricPoint
+from trainyard.units import format_bytes
+
+MIN_JOBS, MAX_JOBS = 2, 8
+MAX_METRICS = 24
+MAX_POINTS = 1000
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
+
+# Command-line flags that name the same hyperparameter, merged into one row so a sweep that spells it
+# `--lr` in one job and `--learning-rate` in another still lines up.
+LEARNING_RATE_FLAGS = ("lr", "learning-rate", "learning_rate", "base-lr", "base_lr", "lr0")
+BATCH_FLAGS = ("batch-size", "batch_size", "batch", "bs", "global-batch-size", "global_batch_size")
+# (key, label, how to read it from a job): the manifest facts every comparison looks at, in table order.
+FACTS = (
+    ("framework", "framework", lambda job: f"{job.framework} {job.runtime.get('framework_version', '')}".strip()),
+    ("learners", "learners", lambda job: str(job.learners)),
+    ("gpus", "GPUs per learner", lambda job: str(job.gpus)),
+    ("cpus", "CPUs per learner", lambda job: f"{job.cpus:g}"),
+    ("memory", "memory per learner", lambda job: format_bytes(job.memory_bytes)),
+    ("priority", "priority", lambda job: job.priority),
+)
+
+
+class CompareError(ValueError):
+    """The ids parameter does not make sense; `field` is always "ids"."""
+
+    field = "ids"
+
+
+def parse_ids(values):
+    """The job ids of `?ids=a,b,c` (the parameter may also repeat, as a plain HTML form sends it)."""
+    ids = [part.strip() for value in values for part in str(value).split(",") if part.strip()]
+    for job_id in ids:
+        if not JOB_ID.fullmatch(job_id):
+            raise CompareError(f"ids: {job_id[:60]!r} is not a job id (they look like training-ab12cd34)")
+    if len(set(ids)) != len(ids):
+        twice = next(job_id for job_id in ids if ids.count(job_id) > 1)
+        raise CompareError(f"ids: {twice} is given twice")
+    if not MIN_JOBS <= len(ids) <= MAX_JOBS:
+        raise CompareError(f"ids: give {MIN_JOBS} to {MAX_JOBS} job ids, comma-separated (got {len(ids)})")
+    return ids
+
+
+@dataclass
+class Comparison:
+    jobs: list        # Job rows, in the order asked for
+    rows: list        # [{key, label, values}] of the facts that differ, one value per job ("" = not set)
+    same: list        # [{key, label, value}] of the facts every job shares
+    metrics: list     # [{name, final, series}]: see metric_series()
+    omitted_metrics: list  # names beyond MAX_METRICS, not charted
+
+    def as_json(self):
+        return {"jobs": [job_json(job) for job in self.jobs], "rows": self.rows, "same": self.same,
+                "metrics": self.metrics, "omitted_metrics": self.omitted_metrics,
+                "limits": {"max_jobs": MAX_JOBS, "max_metrics": MAX_METRICS, "max_points": MAX_POINTS}}
+
+
+def compare(membership, ids):
+    """The Comparison of these jobs as `membership` sees them; Http404 for the first id it cannot see."""
+    found = {job.id: job for job in tenancy.jobs_of(membership).filter(pk__in=ids).select_related("owner")}
+    for job_id in ids:
+        if job_id not in found:
+            raise Http404(f"No job {job_id!r} in tenant {membership.tenant.slug!r}.")
+    jobs = [found[job_id] for job_id in ids]
+    rows, same = differences(jobs)
+    metrics, omitted = metric_series(jobs)
+    return Comparison(jobs=jobs, rows=rows, same=same, metrics=metrics, omitted_metrics=omitted)
+
+
+def job_json(job):
+    return {"id": job.id, "name": job.name, "status": job.status, "owner": job.owner.username,
+            "attempt": job.attempt, "page_url": f"/jobs/{job.id}/"}
+
+
+# --- what differs -----------------------------------------------------------------------------------
+def facts_of(job):
+    """{key: (label, value)} of one job: the manifest facts, then its hyperparameters from the command."""
+    facts = {key: (label, read(job)) for key, label, read in FACTS}
+    command = job.runtime.get("command") or (job.manifest.get("framework") or {}).get("command", "")
+    env, flags = command_parameters(command)
+    batch = _manifest_batch(job.manifest)
+    for key, label, names, fallback in (("learning_rate", "learning rate", LEARNING_RATE_FLAGS, ""),
+                                        ("batch_size", "batch size", BATCH_FLAGS, batch)):
+        value = next((flags.pop(name) for name in names if name in flags), fallback)
+        facts[key] = (label, value)
+    for name in sorted(flags):
+        facts[f"flag:{name}"] = (f"--{name}", flags[name])
+    for name in sorted(env):
+        facts[f"env:{name}"] = (f"{name}=", env[name])
+    facts["command"] = ("command", command)
+    facts["status"] = ("status", job.status)
+    return facts
+
+
+def differences(jobs):
+    """([rows that differ], [facts every job shares]), in FACTS order then flags, env, command, status."""
+    per_job = [facts_of(job) for job in jobs]
+    keys = list(dict.fromkeys(key for facts in per_job for key in facts))
+    rows, same = [], []
+    for key in keys:
+        label = next(facts[key][0] for facts in per_job if key in facts)
+        values = [facts.get(key, (label, ""))[1] for facts in per_job]
+        if len(set(values)) > 1:
+            rows.append({"key": key, "label": label, "values": values})
+        elif values[0] != "":
+            same.append({"key": key, "label": label, "value": values[0]})
+    return rows, same
+
+
+def command_parameters(command):
+    """({ENV: value} of leading VAR=value words, {flag: value} of --flag value / --flag=value / --flag)."""
+    try:
+        words = shlex.split(command or "")
+    except ValueError:  # an unbalanced quote: the shell would refuse it too; compare the raw text only
+        return {}, {}
+    env, flags = {}, {}
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    for position, word in enumerate(words):
+        if not word.startswith("--") or len(word) == 2:
+            continue
+        name, equals, value = word[2:].partition("=")
+        if not equals:
+            following = words[position + 1] if position + 1 < len(words) else None
+            value = following if following is not None and not following.startswith("--") else "true"
+        flags[name] = value
+    return env, flags
+
+
+def _manifest_batch(manifest):
+    """A batch size the manifest itself declares (`batch_size: 256` or `batch_size: {global: 256}`), or ""."""
+    value = (manifest or {}).get("batch_size")
+    if isinstance(value, dict):
+        value = value.get("global")
+    return "" if value is None or isinstance(value, (dict, list)) else str(value)
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+def metric_series(jobs):
+    """([{name, final: [value|None per job], series: [{job, points: [[step, value]], count, thinned}]}],
+    [metric names left out]).
+
+    One line per job: the job's lowest-numbered learner that reported the metric (rank 0 in a
+    distributed job, where every learner usually reports the same figure), its attempts joined on
+    step, a later attempt's value winning where a resumed run repeats steps. A point without a step
+    takes its place in the order it arrived."""
+    names = sorted(set(MetricPoint.objects.filter(job__in=jobs).values_list("name", flat=True).distinct()),
+                   key=lambda name: (0 if "loss" in name.lower() else 1, name))
+    shown, omitted = names[:MAX_METRICS], names[MAX_METRICS:]
+    metrics = []
+    for name in shown:
+        series, final = [], []
+        for job in jobs:
+            points = _joined_points(job, name)
+            final.append(points[-1][1] if points else None)
+            if points:
+                series.append({"job": job.id, "points": thin(points, MAX_POINTS), "count": len(points),
+                               "thinned": len(points) > MAX_POINTS})
+        metrics.append({"name": name, "final": final, "series": series})
+    return metrics, omitted
+
+
+def _joined_points(job, name):
+    points = MetricPoint.objects.filter(job=job, name=name)
+    learner = points.order_by("learner").values_list("learner", flat=True).first()
+    if learner is None:
+        return []
+    by_step, unstepped = {}, 0
+    for attempt, step, value in (points.filter(learner=learner).order_by("attempt", "id")
+                                 .values_list("attempt", "step", "value").iterator(chunk_size=5000)):
+        if step is None:
+            step, unstepped = unstepped, unstepped + 1
+        by_step[step] = value if value == value else None  # NaN is not JSON: a gap in the line
+    return sorted(by_step.items())
+
+
+def thin(points, limit):
+    """At most `limit` evenly spaced points, the first and last always among them."""
+    if len(points) <= limit:
+        return [list(point) for point in points]
+    last = len(points) - 1
+    return [list(points[round(i * last / (limit - 1))]) for i in range(limit)]

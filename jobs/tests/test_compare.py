@@ -1,0 +1,199 @@
+"""Compare runs (jobs.compare): the REST endpoint the compare page and `trainyard compare` read, and the page."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs import compare, sharing
+from jobs.models import MetricPoint
+from jobs.tests.builders import client_for, job, logged_in, member
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/jobs/compare/"
+
+
+def manifest(command, learners=1, memory="1GiB"):
+    return f"name: sweep\nlearners: {learners}\ncpus: 1\nmemory: {memory}\nframework: {{name: custom, command: {command}}}\n"
+
+
+def sweep_job(membership, name, command, *, losses=(), learners=1, **fields):
+    row = job(membership, name=name, learners=learners, manifest_yaml=manifest(command, learners), **fields)
+    report(row, "loss", losses)
+    return row
+
+
+def report(row, name, values, *, attempt=1, learner=0, first_step=1):
+    now = timezone.now()
+    MetricPoint.objects.bulk_create([
+        MetricPoint(job=row, attempt=attempt, learner=learner, name=name, step=first_step + i, value=value,
+                    time=now + timedelta(milliseconds=i)) for i, value in enumerate(values)])
+
+
+@pytest.fixture
+def alice():
+    return member("team-a", "alice")
+
+
+@pytest.fixture
+def sweep(alice):
+    return [sweep_job(alice, f"lr-{lr}", f"python train.py --lr {lr} --epochs 3 --batch-size 32",
+                      losses=[1.0, 0.5, loss]) for lr, loss in (("0.1", 0.3), ("0.03", 0.2), ("0.01", 0.4))]
+
+
+def get(client, ids):
+    return client.get(URL, {"ids": ",".join(ids)})
+
+
+def test_it_compares_jobs_with_one_series_per_job_and_only_the_rows_that_differ(alice, sweep):
+    for row in sweep[:2]:
+        report(row, "val_acc", [0.7, 0.9])
+    response = get(client_for(alice), [j.id for j in sweep])
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert [j["id"] for j in body["jobs"]] == [j.id for j in sweep]
+    rows = {row["key"]: row for row in body["rows"]}
+    assert rows["learning_rate"]["label"] == "learning rate"
+    assert rows["learning_rate"]["values"] == ["0.1", "0.03", "0.01"]
+    assert set(rows) == {"learning_rate", "command"}  # epochs, batch, framework, resources: all the same
+    same = {fact["key"]: fact["value"] for fact in body["same"]}
+    assert same["batch_size"] == "32" and same["flag:epochs"] == "3" and same["learners"] == "1"
+    metrics = {m["name"]: m for m in body["metrics"]}
+    assert [m["name"] for m in body["metrics"]] == ["loss", "val_acc"]  # loss-like first
+    assert [s["job"] for s in metrics["loss"]["series"]] == [j.id for j in sweep]
+    assert metrics["loss"]["series"][0]["points"] == [[1, 1.0], [2, 0.5], [3, 0.3]]
+    assert metrics["loss"]["final"] == [0.3, 0.2, 0.4]
+    assert metrics["val_acc"]["final"] == [0.9, 0.9, None] and len(metrics["val_acc"]["series"]) == 2
+
+
+def test_it_lines_up_lr_and_batch_however_the_command_spells_them(alice):
+    a = sweep_job(alice, "a", "python train.py --learning-rate=0.5 --batch_size 64 --amp")
+    b = sweep_job(alice, "b", "EPOCHS=4 python train.py --lr 0.5 --bs 128", learners=2)
+    rows = {row["key"]: row["values"] for row in get(client_for(alice), [a.id, b.id]).json()["rows"]}
+    assert "learning_rate" not in rows  # 0.5 both times
+    assert rows["batch_size"] == ["64", "128"]
+    assert rows["learners"] == ["1", "2"]
+    assert rows["flag:amp"] == ["true", ""] and rows["env:EPOCHS"] == ["", "4"]
+
+
+def test_a_resumed_attempt_continues_the_line_and_wins_the_steps_it_repeats(alice):
+    resumed = sweep_job(alice, "resumed", "python train.py", losses=[1.0, 0.8, 0.6])
+    report(resumed, "loss", [0.7, 0.5], attempt=2, first_step=3)
+    report(resumed, "loss", [9.0, 9.0, 9.0, 9.0], learner=1)  # another learner's copy: not this job's line
+    other = sweep_job(alice, "other", "python train.py", losses=[1.0])
+    loss = get(client_for(alice), [resumed.id, other.id]).json()["metrics"][0]
+    assert loss["series"][0]["points"] == [[1, 1.0], [2, 0.8], [3, 0.7], [4, 0.5]]
+    assert loss["final"] == [0.5, 1.0]
+
+
+def test_it_thins_long_series_to_the_point_cap_keeping_the_last(alice, monkeypatch):
+    monkeypatch.setattr(compare, "MAX_POINTS", 50)
+    long = sweep_job(alice, "long", "python train.py", losses=[float(i) for i in range(1000)])
+    short = sweep_job(alice, "short", "python train.py", losses=[1.0, 2.0])
+    series = get(client_for(alice), [long.id, short.id]).json()["metrics"][0]["series"]
+    assert len(series[0]["points"]) == 50 and series[0]["thinned"] and series[0]["count"] == 1000
+    assert series[0]["points"][0] == [1, 0.0] and series[0]["points"][-1] == [1000, 999.0]
+    assert not series[1]["thinned"]
+
+
+def test_it_charts_at_most_the_metric_cap_and_names_the_rest(alice, sweep, monkeypatch):
+    monkeypatch.setattr(compare, "MAX_METRICS", 2)
+    for name in ("acc", "zeta"):
+        report(sweep[0], name, [1.0])
+    body = get(client_for(alice), [j.id for j in sweep]).json()
+    assert [m["name"] for m in body["metrics"]] == ["loss", "acc"] and body["omitted_metrics"] == ["zeta"]
+
+
+@pytest.mark.parametrize("ids, words", [
+    (None, "give 2 to 8 job ids"),
+    ("", "give 2 to 8 job ids"),
+    ("training-a", "(got 1)"),
+    (",".join(f"training-{i}" for i in range(9)), "(got 9)"),
+    ("training-a,../etc/passwd", "is not a job id"),
+    ("training-a,training-b,training-a", "training-a is given twice"),
+])
+def test_it_refuses_too_few_too_many_or_malformed_ids_with_400_naming_ids(alice, ids, words):
+    response = client_for(alice).get(URL, {} if ids is None else {"ids": ids})
+    assert response.status_code == 400, response.json()
+    assert response.json()["field"] == "ids" and words in response.json()["detail"]
+
+
+def test_another_tenants_job_is_404_and_never_named(alice, sweep):
+    mallory = member("team-b", "mallory")
+    theirs = sweep_job(mallory, "secret-sweep", "python train.py --lr 9")
+    response = get(client_for(alice), [sweep[0].id, theirs.id])
+    assert response.status_code == 404
+    assert "team-b" not in response.content.decode() and "secret" not in response.content.decode()
+    # ...exactly as an id that does not exist at all
+    assert get(client_for(alice), [sweep[0].id, "training-nosuchjob"]).status_code == 404
+    # and from the other side: mallory cannot see alice's jobs either
+    assert get(client_for(mallory), [theirs.id, sweep[1].id]).status_code == 404
+
+
+def test_a_private_job_counts_only_for_those_who_may_see_it(alice, sweep):
+    bob = member("team-a", "bob")
+    private = sweep_job(bob, "bobs-private", "python train.py --lr 1", private=True)
+    ids = [sweep[0].id, private.id]
+    assert get(client_for(alice), ids).status_code == 404
+    sharing.share(private, "alice", "view")
+    assert get(client_for(alice), ids).status_code == 200
+    assert get(client_for(member("team-a", "admin", role="admin")), ids).status_code == 200
+
+
+def test_the_page_renders_the_differences_and_a_shareable_address(alice, sweep):
+    ids = ",".join(j.id for j in sweep)
+    response = logged_in(alice).get("/jobs/compare/", {"ids": ids})
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert html.count('data-testid="diff-row"') == 2 and 'data-key="learning_rate"' in html
+    assert html.count('data-testid="final-row"') == 1 and ">0.2</td>" in html
+    assert f'data-ids="{ids}"' in html
+
+
+def test_the_page_takes_the_ids_a_plain_form_sends(alice, sweep):
+    response = logged_in(alice).get("/jobs/compare/", {"ids": [j.id for j in sweep]})  # ?ids=a&ids=b&ids=c
+    assert response.status_code == 200 and response.context["comparison"].jobs == sweep
+
+
+def test_the_page_says_what_is_wrong_with_the_ids_and_hides_other_tenants(alice, sweep):
+    client = logged_in(alice)
+    bad = client.get("/jobs/compare/", {"ids": sweep[0].id})
+    assert bad.status_code == 400 and "give 2 to 8 job ids" in bad.content.decode()
+    theirs = sweep_job(member("team-b", "mallory"), "secret", "python train.py")
+    assert client.get("/jobs/compare/", {"ids": f"{sweep[0].id},{theirs.id}"}).status_code == 404
+
+
+def test_the_jobs_page_offers_a_box_per_job_and_the_compare_button(alice, sweep):
+    html = logged_in(alice).get("/").content.decode()
+    assert html.count('data-testid="select-job"') == 3 and 'data-testid="compare"' in html
+    assert 'form="compare-form"' in html and 'action="/jobs/compare/"' in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_cli_prints_the_table_of_differences_from_the_real_endpoint(live_server, monkeypatch, capsys):
+    from jobs.tests.builders import token_for
+    from trainyard import cli
+
+    alice = member("team-a", "alice")
+    sweep = [sweep_job(alice, f"lr-{lr}", f"python train.py --lr {lr} --epochs 3", losses=[1.0, loss])
+             for lr, loss in (("0.1", 0.25), ("0.03", 0.125), ("0.01", 0.5))]
+    monkeypatch.setenv("TRAINYARD_URL", live_server.url)
+    monkeypatch.setenv("TRAINYARD_TOKEN", token_for(alice))
+    monkeypatch.setenv("HOME", "/nonexistent")
+    assert cli.main(["compare", *(j.id for j in sweep)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == [j.id for j in sweep]
+    table = {line.split("  ")[0].strip(): line.split()[-3:] for line in lines[1:]}
+    assert table["name"] == ["lr-0.1", "lr-0.03", "lr-0.01"]
+    assert table["learning rate"] == ["0.1", "0.03", "0.01"]
+    assert table["final loss"] == ["0.25", "0.125", "0.5"]
+    assert "command" not in table  # the learning rate row says how the commands differ
+    assert lines[-1].startswith("same in all: framework custom") and "--epochs 3" in lines[-1]
+    with capsys.disabled():  # shown with -s: what a person sees
+        print("\n" + "\n".join(lines))
+
+    assert cli.main(["compare", sweep[0].id]) == 1  # the server's rule, in its words
+    assert "ids: give 2 to 8 job ids" in capsys.readouterr().err
+    mallory = member("team-b", "mallory")
+    assert cli.main(["compare", sweep[0].id, sweep_job(mallory, "x", "python train.py").id]) == 1
+    err = capsys.readouterr().err
+    assert "training-" in err and "team-b" not in err, err
