@@ -166,6 +166,7 @@ def test_the_jobs_page_offers_a_box_per_job_and_the_compare_button(alice, sweep)
     html = logged_in(alice).get("/").content.decode()
     assert html.count('data-testid="select-job"') == 3 and 'data-testid="compare"' in html
     assert 'form="compare-form"' in html and 'action="/jobs/compare/"' in html
+    assert "{#" not in html and "comment %}" not in html  # template comments stay out of the page
 
 
 @pytest.mark.django_db(transaction=True)
