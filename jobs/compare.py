@@ -27,6 +27,7 @@ JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 # `--lr` in one job and `--learning-rate` in another still lines up.
 LEARNING_RATE_FLAGS = ("lr", "learning-rate", "learning_rate", "base-lr", "base_lr", "lr0")
 BATCH_FLAGS = ("batch-size", "batch_size", "batch", "bs", "global-batch-size", "global_batch_size")
+# (an elastic manifest's elastic.batch_size.global is the batch size when the command names none)
 # (key, label, how to read it from a job): the manifest facts every comparison looks at, in table order.
 FACTS = (
     ("framework", "framework", lambda job: f"{job.framework} {job.runtime.get('framework_version', '')}".strip()),
@@ -35,6 +36,7 @@ FACTS = (
     ("cpus", "CPUs per learner", lambda job: f"{job.cpus:g}"),
     ("memory", "memory per learner", lambda job: format_bytes(job.memory_bytes)),
     ("priority", "priority", lambda job: job.priority),
+    ("elastic", "elastic", lambda job: _elastic_range(job)),
 )
 
 
@@ -145,12 +147,26 @@ def command_parameters(command):
     return env, flags
 
 
+def _elastic(manifest):
+    """The manifest's `elastic` block, or {} (a job of a fixed size)."""
+    block = (manifest or {}).get("elastic")
+    return block if isinstance(block, dict) else {}
+
+
 def _manifest_batch(manifest):
-    """A batch size the manifest itself declares (`batch_size: 256` or `batch_size: {global: 256}`), or ""."""
-    value = (manifest or {}).get("batch_size")
-    if isinstance(value, dict):
-        value = value.get("global")
-    return "" if value is None or isinstance(value, (dict, list)) else str(value)
+    """The global batch an elastic manifest declares (`elastic: {batch_size: {global: 256}}`), or ""."""
+    batch = _elastic(manifest).get("batch_size")
+    value = batch.get("global") if isinstance(batch, dict) else None
+    return "" if value is None else str(value)
+
+
+def _elastic_range(job):
+    """`1–4 learners, lr linear` for an elastic job, "" for a job of a fixed size."""
+    elastic = _elastic(job.manifest)
+    if not elastic:
+        return ""
+    return (f"{elastic.get('min_learners', '?')}–{elastic.get('max_learners', '?')} learners, "
+            f"lr {elastic.get('lr_scaling') or 'linear'}")
 
 
 # --- metrics ----------------------------------------------------------------------------------------

@@ -75,6 +75,14 @@ def test_it_lines_up_lr_and_batch_however_the_command_spells_them(alice):
     assert rows["flag:amp"] == ["true", ""] and rows["env:EPOCHS"] == ["", "4"]
 
 
+def test_an_elastic_manifests_batch_and_range_are_rows_too(alice):
+    fixed = sweep_job(alice, "fixed", "python train.py --batch-size 64")
+    elastic = job(alice, name="elastic", manifest={"elastic": {"min_learners": 1, "max_learners": 4, "batch_size": {
+        "global": 256, "min": 64, "max": 512}}}, manifest_yaml=manifest("python train.py"))
+    rows = {row["key"]: row["values"] for row in get(client_for(alice), [fixed.id, elastic.id]).json()["rows"]}
+    assert rows["batch_size"] == ["64", "256"] and rows["elastic"] == ["", "1–4 learners, lr linear"]
+
+
 def test_a_resumed_attempt_continues_the_line_and_wins_the_steps_it_repeats(alice):
     resumed = sweep_job(alice, "resumed", "python train.py", losses=[1.0, 0.8, 0.6])
     report(resumed, "loss", [0.7, 0.5], attempt=2, first_step=3)
