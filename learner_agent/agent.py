@@ -28,7 +28,7 @@ import threading
 import time
 from queue import SimpleQueue
 
-from learner_agent import archive, cgroups, procfs, sandbox
+from learner_agent import archive, cgroups, procfs, sandbox, tfevents
 from learner_agent.config import ConfigError, load_config
 from learner_agent.learner import LearnerProcess, iter_lines
 from learner_agent.metrics import MetricExtractor
@@ -77,6 +77,8 @@ class Agent:
         self._learner_ended = threading.Event()
         self._finished = False
         self._flush_deadline = None
+        self._tailer_stop = threading.Event()
+        self._tailer_thread = None
 
     # --- requests from outside (signal handlers, the shipper) ---
 
@@ -126,7 +128,13 @@ class Agent:
         _write_json_atomically(self.config.agent_file(LEARNER_PID_FILE), {
             "pid": self._learner.pid, "start": procfs.start_time(self._learner.pid), "sandboxed": sandboxed})
         self._record_status("running")
+        tailer = self._event_file_tailer()
+        if tailer is not None:
+            self._tailer_thread = threading.Thread(target=tailer.run, args=(self._tailer_stop,),
+                                                   name="tfevents", daemon=True)
+            self._tailer_thread.start()
         returncode = self._supervise(self._learner)
+        self._drain_event_files(tailer)
         exit_code = returncode if returncode >= 0 else 128 - returncode
         return self._finish(exit_code=exit_code, reason=self._exit_reason(returncode))
 
@@ -198,7 +206,8 @@ class Agent:
     def _dirs_to_create(self):
         env = self.config.env
         return [*self.config.writable_dirs,
-                *(env[k] for k in ("RESULT_DIR", "CHECKPOINT_DIR") if os.path.isabs(env.get(k, "")))]
+                *(env[k] for k in ("RESULT_DIR", "CHECKPOINT_DIR", "JOB_STATE_DIR", "LOG_DIR")
+                  if os.path.isabs(env.get(k, "")))]
 
     def _unpack_code(self):
         work_dir = self.config.work_dir
@@ -323,6 +332,45 @@ class Agent:
         self.shipper.close(timeout=1.0, discard_spool=delivered or self.shipper.stopped_reason is not None)
         return 0
 
+    # --- TensorBoard event files (learner_agent.tfevents) ---
+
+    def _event_file_tailer(self):
+        """The reader of the learner's event files, or None when the manifest asks for none."""
+        config = self.config
+        if not config.tensorboard_dir:
+            return None
+        try:
+            root, parts = tfevents.resolve_dir(config.tensorboard_dir, env=config.env, work_dir=config.work_dir)
+        except tfevents.PathError as e:
+            self._system_notice(f"TensorBoard event files are not read: {e}")
+            return None
+        return tfevents.EventFileTailer(root, parts, state_dir=config.agent_dir, ship=self._ship_event_records,
+                                        notice=self._system_notice)
+
+    def _ship_event_records(self, records):
+        self.shipper.wait_for_room()  # a full spool holds the reading back; the file keeps the rest
+        self.shipper.add_many(records, spool_now=True)
+
+    def _drain_event_files(self, tailer):
+        """Stop the timer's passes and read what the learner wrote last, before `exited` is recorded
+        (the platform takes nothing of an attempt after its last learner ended)."""
+        if tailer is None:
+            return
+        self._tailer_stop.set()
+        if self._tailer_thread is not None:
+            self._tailer_thread.join(READERS_DRAIN_TIMEOUT_S)
+        try:
+            tailer.drain()
+        except Exception:
+            log.exception("reading the last TensorBoard events failed")
+        if tailer.skipped:
+            log.info("tfevents: %d records skipped (over %d bytes, or failing their checksum)",
+                     tailer.skipped, tfevents.MAX_RECORD_BYTES)
+
+    def _system_notice(self, text):
+        log.warning("%s", text)
+        self.shipper.add({"kind": "log", "stream": "system", "line": f"learner agent: {text}"})
+
     # --- after an agent of this learner died ---
 
     def _resume(self):
@@ -344,6 +392,9 @@ class Agent:
                     self.shipper.last_seq, self.shipper.acked, ended)
         last = self.shipper.last_record()
         if not (last and last.get("kind") == "status" and last.get("state") == "exited"):
+            # The dead agent's learner may have written summaries it never read: the offsets it
+            # kept say where to continue (records it spooled again are dropped by the platform).
+            self._drain_event_files(self._event_file_tailer())
             self._record_status("exited", exit_code=ended.get("exit_code"), reason=ended.get("reason", ""))
         return self._deliver()
 

@@ -10,6 +10,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
+from learner_agent import tfevents
 from learner_agent.sandbox import MODES
 
 MIN_SPOOL_BYTES = 2**20  # below this a few long lines would fill it
@@ -38,6 +39,8 @@ class AgentConfig:
     readonly_dirs: tuple = ()
     hidden_dirs: tuple = ()
     metric_regexes: dict = field(default_factory=dict)
+    # The manifest's `evaluation_metrics.in` for `type: tensorboard` (learner_agent.tfevents), else "".
+    tensorboard_dir: str = ""
     sandbox: str = "auto"
     cpus: float = 1.0
     memory_bytes: int | None = None
@@ -110,6 +113,7 @@ def parse_config(data, *, path):
             raise ConfigError(f"{key}: must be a list of directory paths")
         values[key] = tuple(os.path.join(base, d) for d in dirs)
     values["metric_regexes"] = _regexes(data.get("metric_regexes") or {})
+    values["tensorboard_dir"] = _tensorboard_dir(data.get("tensorboard_dir") or "")
     sandbox = data.get("sandbox", "auto")
     if sandbox not in MODES:
         raise ConfigError(f"sandbox: must be one of {', '.join(MODES)}")
@@ -183,6 +187,17 @@ def _regexes(regexes):
         except re.error as e:
             raise ConfigError(f"metric_regexes.{group}: not a valid regex ({e})") from e
     return dict(regexes)
+
+
+def _tensorboard_dir(value):
+    if not isinstance(value, str):
+        raise ConfigError("tensorboard_dir: must be a path like $LOG_DIR/tb")
+    if value:
+        try:
+            tfevents.split_dir(value)
+        except tfevents.PathError as e:
+            raise ConfigError(f"tensorboard_dir: {e}") from e
+    return value
 
 
 def _signal_name(name):

@@ -85,8 +85,11 @@ class Shipper:
         """Queue one record (a dict); returns its seq. `time` defaults to now."""
         return self.add_many([record])[0]
 
-    def add_many(self, records):
-        """Queue records with consecutive seqs, so a log line and the metrics found in it stay together."""
+    def add_many(self, records, *, spool_now=False):
+        """Queue records with consecutive seqs, so a log line and the metrics found in it stay together.
+
+        `spool_now`: hand them to the kernel before returning, for a caller that records how far it
+        has read a file once they are safe (learner_agent.tfevents)."""
         now = time.time()
         encoded = []
         for record in records:
@@ -95,7 +98,10 @@ class Shipper:
             # Encode before taking a seq: a record that can't be encoded must not leave a gap.
             encoded.append(json.dumps(record, separators=(",", ":"), allow_nan=False).encode())
         with self._cond:
-            return self._append(encoded)
+            seqs = self._append(encoded)
+            if spool_now and self._stopped is None:
+                self._spool.flush()
+            return seqs
 
     def _append(self, encoded):
         """Number encoded records and spool them (the lock held); returns their seqs."""
