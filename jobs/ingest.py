@@ -12,13 +12,15 @@ from datetime import datetime, timezone as dt_timezone
 
 from django.db import transaction
 
-from jobs import bulk, credentials, lifecycle, live
+from jobs import bulk, credentials, lifecycle, live, tensorboard
 from jobs.models import Job, Learner, MetricPoint
 from jobs.serializers import metric_json
 
 MAX_RECORDS = 20000
 MAX_LINE = 64 * 1024
 AGENT_STREAMS = ("stdout", "stderr", "system")
+# `tfevent`: one record of a TensorBoard event file (learner_agent.tfevents, jobs.tensorboard).
+RECORD_KINDS = ("log", "metric", "status", "tfevent")
 
 
 class IngestError(Exception):
@@ -45,8 +47,8 @@ def parse_batch(payload):
     for record in records:
         if not isinstance(record, dict) or not isinstance(record.get("seq"), int) or record["seq"] < 1:
             raise IngestError(400, "every record needs an integer seq >= 1")
-        if record.get("kind") not in ("log", "metric", "status"):
-            raise IngestError(400, f"record {record['seq']}: kind must be log, metric or status")
+        if record.get("kind") not in RECORD_KINDS:
+            raise IngestError(400, f"record {record['seq']}: kind must be one of {', '.join(RECORD_KINDS)}")
     return Batch(attempt, learner, sorted(records, key=lambda r: r["seq"]))
 
 
@@ -112,7 +114,22 @@ def _store(job, learner, records):
         points.clear()
 
     job_pk, attempt, index = job.pk, learner.attempt, learner.index
+    events = tensorboard.LearnerEvents(learner.tensorboard)
+
+    def system_line(text):
+        job.log_seq += 1
+        iso = _time(None).isoformat()
+        rows.append((job_pk, job.log_seq, attempt, index, "system", iso, text))
+        stored_lines.append({"seq": job.log_seq, "learner": index, "stream": "system", "time": iso, "line": text})
+
     for record in records:
+        if record["kind"] == "tfevent":
+            try:
+                points.extend(_event_points(job, events, record, learner))
+            except tensorboard.MalformedEvent as e:
+                if (note := events.note(str(e))) is not None:
+                    system_line(note)
+            continue
         if record["kind"] == "log":
             # The hot path (one learner may send tens of thousands a second): no datetime objects.
             job.log_seq += 1
@@ -139,7 +156,10 @@ def _store(job, learner, records):
     flush()
     if records:
         learner.acked_seq = records[-1]["seq"]
-        Learner.objects.filter(pk=learner.pk).update(acked_seq=learner.acked_seq)
+        changed = {"acked_seq": learner.acked_seq}
+        if events.changed:
+            learner.tensorboard = changed["tensorboard"] = events.state
+        Learner.objects.filter(pk=learner.pk).update(**changed)
         Job.objects.filter(pk=job.pk).update(log_seq=job.log_seq)
     return stored_lines, stored_points
 
@@ -155,6 +175,13 @@ def _metric(record, learner, when):
     if not name or value != value:  # NaN is dropped: it cannot be charted or compared
         return None
     return MetricPoint(attempt=learner.attempt, learner=learner.index, name=name, step=step, value=value, time=when)
+
+
+def _event_points(job, events, record, learner):
+    """The metric points of one `tfevent` record: its scalars, at the event's own time."""
+    return [MetricPoint(job=job, attempt=learner.attempt, learner=learner.index, name=scalar.name[:100], step=scalar.step,
+                        value=scalar.value, time=_time(scalar.wall_time))
+            for scalar in events.scalars(record)]
 
 
 def _apply_status(job, learner, record, when):

@@ -85,7 +85,9 @@ def deploy_spec(job):
     learners = []
     for index in range(job.learners):
         placement = job.placement[index] if index < len(job.placement) else {"gpu_ids": []}
-        learner_env = {"LEARNER_ID": str(index)}
+        # FfDL's per-learner state folder; TensorBoard event files go to $LOG_DIR/tb by convention.
+        state_dir = storage.learner_dir(job.tenant.slug, job.id, job.attempt, index) / "state"
+        learner_env = {"LEARNER_ID": str(index), "JOB_STATE_DIR": str(state_dir), "LOG_DIR": str(state_dir / "logs")}
         if job.learners > 1:
             learner_env.update(RANK=str(index), WORLD_SIZE=str(job.learners), MASTER_ADDR="127.0.0.1",
                                MASTER_PORT=str(port))
@@ -99,7 +101,8 @@ def deploy_spec(job):
         memory_bytes=job.memory_bytes, gpus=job.gpus, env=env, metric_regexes=run.metric_regexes,
         checkpoint_signal=run.checkpoint_signal, grace_seconds=run.grace_seconds,
         ingest_url=f"{settings.PUBLIC_URL.rstrip('/')}/api/v1/ingest/{job.id}/", framework=run.framework,
-        framework_version=run.framework_version, image=framework.image_for(run.framework_version))
+        framework_version=run.framework_version, image=framework.image_for(run.framework_version),
+        tensorboard_dir=run.tensorboard_dir)
 
 
 def _attempt_shape(job):

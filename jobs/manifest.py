@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from jobs import elasticity, frameworks
+from learner_agent import tfevents
 from trainyard import units
 
 FRAMEWORKS = tuple(frameworks.REGISTRY)  # what jobs can run as (filters, forms); FfDL names map onto these
@@ -95,6 +96,15 @@ class Manifest:
         if metrics.get("type") != "regex_extractor":
             return {}
         return {name: spec["regex"] for name, spec in (metrics.get("groups") or {}).items()}
+
+    @property
+    def tensorboard_dir(self):
+        """Where the learner writes TensorBoard event files (`in`, default $LOG_DIR/tb) when the
+        manifest asks for them to be read; "" otherwise."""
+        metrics = self.evaluation_metrics or {}
+        if metrics.get("type") != "tensorboard":
+            return ""
+        return str(metrics.get("in") or tfevents.DEFAULT_DIR).strip()
 
 
 def parse_memory(value, field_name="memory"):
@@ -331,6 +341,8 @@ def _metric_ignored(metrics):
     if not isinstance(metrics, dict):
         return ()
     notes = _known_keys(metrics, "evaluation_metrics", "evaluation_metrics")
+    if metrics.get("type") == "tensorboard":  # `in` is the folder read (see _metric_notes)
+        notes = tuple(n for n in notes if not n.startswith("evaluation_metrics.in "))
     groups = metrics.get("groups")
     for group, spec in (groups.items() if isinstance(groups, dict) else ()):
         if isinstance(spec, dict):
@@ -427,8 +439,10 @@ def _data_store_notes(stores):
 
 def _metric_notes(metrics):
     if isinstance(metrics, dict) and metrics.get("type") == "tensorboard":
-        return ("evaluation_metrics: tensorboard event files are not read; print TRAINYARD_METRIC lines or use "
-                "a regex_extractor to chart metrics",)
+        folder = str(metrics.get("in") or tfevents.DEFAULT_DIR).strip()
+        return (f"evaluation_metrics: tensorboard scalar summaries are read from {folder} (each learner's own "
+                "JOB_STATE_DIR) while the job runs and charted as <run>/<tag>; images, histograms and "
+                "graphs are not read",)
     return ()
 
 
@@ -440,6 +454,14 @@ def _evaluation_metrics(value):
     kind = value.get("type")
     if kind not in METRIC_EXTRACTORS:
         raise ManifestError("evaluation_metrics.type", f"{kind!r} is not one of {', '.join(METRIC_EXTRACTORS)}")
+    if kind == "tensorboard":
+        folder = value.get("in")
+        if folder is not None and not isinstance(folder, str):
+            raise ManifestError("evaluation_metrics.in", "must be a folder path like $JOB_STATE_DIR/logs/tb")
+        try:
+            tfevents.split_dir(folder)
+        except tfevents.PathError as exc:
+            raise ManifestError("evaluation_metrics.in", str(exc)) from None
     if kind == "regex_extractor":
         groups = value.get("groups")
         if not isinstance(groups, dict) or not groups:

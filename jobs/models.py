@@ -115,6 +115,9 @@ class Learner(models.Model):
     reason = models.TextField(blank=True)
     # Highest agent sequence number stored: records at or below it are resends and are dropped.
     acked_seq = models.BigIntegerField(default=0)
+    # TensorBoard event files read so far (jobs.tensorboard): each file's last stored record offset
+    # (resends at or below it are dropped) and which of each run's tags are scalars.
+    tensorboard = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -28,6 +28,7 @@ class Runtime:
     grace_seconds: int = 60
     max_retries: int = 0
     metric_regexes: dict = field(default_factory=dict)
+    tensorboard_dir: str = ""  # where the learners write TensorBoard event files to read ("": none)
     # The manifest's data stores with every credential redacted (the credentials are sealed beside the job).
     data_stores: tuple = ()
     # The manifest's elastic block (jobs.elasticity.Elastic); None for a job of a fixed size.
@@ -43,7 +44,7 @@ def from_manifest(manifest):
     return {"version": VERSION, "command": manifest.command, "framework": manifest.framework,
             "framework_version": manifest.framework_version, "checkpoint_signal": manifest.checkpoint_signal,
             "grace_seconds": manifest.grace_seconds, "max_retries": manifest.max_retries,
-            "metric_regexes": dict(manifest.metric_regexes),
+            "metric_regexes": dict(manifest.metric_regexes), "tensorboard_dir": manifest.tensorboard_dir,
             "data_stores": datastores.redact({"data_stores": list(manifest.data_stores)})["data_stores"],
             "elastic": manifest.elastic.to_runtime() if manifest.elastic else None}
 
@@ -66,5 +67,6 @@ def of(job):
                    checkpoint_signal=stored.get("checkpoint_signal", "SIGTERM"),
                    grace_seconds=stored.get("grace_seconds", 60), max_retries=stored.get("max_retries", 0),
                    metric_regexes=dict(stored.get("metric_regexes") or {}),
+                   tensorboard_dir=stored.get("tensorboard_dir", ""),
                    data_stores=tuple(stored.get("data_stores") or ()),
                    elastic=elasticity.Elastic.from_runtime(stored.get("elastic")))

@@ -51,6 +51,7 @@ class DeploySpec:
     framework: str = "custom"
     framework_version: str = ""
     image: str = ""  # the learner image on container backends (from the framework registry)
+    tensorboard_dir: str = ""  # the manifest's TensorBoard folder (learner_agent.tfevents), "" for none
 
 
 class LearnerState(str, Enum):

@@ -85,7 +85,7 @@ class LocalBackend:
             "work_dir": str(work_dir),
             "env": env,
             # Earlier attempts' checkpoints are readable (RESUME_FROM), only this attempt's writable.
-            "writable_dirs": [str(work_dir), str(job_dir / "results"), env["CHECKPOINT_DIR"]],
+            "writable_dirs": [str(work_dir), str(job_dir / "results"), env["CHECKPOINT_DIR"], env["JOB_STATE_DIR"]],
             "readonly_dirs": [str(job_dir / "data"), str(job_dir / "checkpoints")],
             # The learner sees the machine read-only, minus everything Trainyard keeps: other
             # jobs, the database, the agent's own config with its ingest credential.
@@ -93,6 +93,7 @@ class LocalBackend:
             "ingest_url": spec.ingest_url,
             "ingest_token": learner.ingest_token,  # this learner's own; never in its env or argv
             "metric_regexes": spec.metric_regexes,
+            "tensorboard_dir": spec.tensorboard_dir,
             "sandbox": settings.SANDBOX,
             "cpus": spec.cpus,
             "memory_bytes": spec.memory_bytes,

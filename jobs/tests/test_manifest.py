@@ -22,9 +22,11 @@ framework: {name: pytorch, version: "2.13", command: python train.py}
 FFDL_VERDICTS = {
     "pytorch-model-manifest.yml": ("pytorch", ["version \"latest\"", "mount_cos is read as s3_datastore"]),
     "pytorch-launch-dist-manifest.yml": ("custom", ["'tomcli/pytorch:latest' is FfDL's custom image",
-                                                    "tensorboard event files are not read"]),
+                                                    "tensorboard scalar summaries are read from "
+                                                    "$JOB_STATE_DIR/logs/tb/test"]),
     "tf-model-manifest.yml": ("tensorflow", ["version '1.5.0-py3' is older than Trainyard runs",
-                                             "mount_cos is read as s3_datastore"]),
+                                             "mount_cos is read as s3_datastore",
+                                             "tensorboard scalar summaries are read from $JOB_STATE_DIR/logs/tb "]),
     "keras-test-manifest-py3.yml": ("tensorflow", ["version '1.5.0-py3' is older than Trainyard runs"]),
 }
 
@@ -230,6 +232,29 @@ def test_it_names_unknown_keys_in_every_section(line, field):
     text = BASE.replace("framework: {name: custom, command: sh run.sh}\n", "") if line.startswith("framework") else BASE
     error = _refusal(text + line + "\n")
     assert error.field == field and "unknown field" in error.rule
+
+
+@pytest.mark.parametrize("path", FFDL_EXAMPLES, ids=lambda p: p.name)
+def test_it_no_longer_says_tensorboard_metrics_are_not_read(path):
+    assert not any("not read;" in note or "evaluation_metrics.in" in note
+                   for note in parse_manifest(path.read_bytes()).notes)
+
+
+@pytest.mark.parametrize("folder, expected", [
+    (None, "$LOG_DIR/tb"), ("$JOB_STATE_DIR/logs/tb", "$JOB_STATE_DIR/logs/tb"), ("${LOG_DIR}/tb", "${LOG_DIR}/tb"),
+    ("logs/tb", "logs/tb")])
+def test_it_reads_tensorboard_from_the_folder_the_manifest_names(folder, expected):
+    line = "evaluation_metrics: {type: tensorboard" + (f", in: '{folder}'" if folder else "") + "}\n"
+    assert parse_manifest(BASE + line).tensorboard_dir == expected
+    assert parse_manifest(GOOD).tensorboard_dir == ""
+
+
+@pytest.mark.parametrize("folder, rule", [
+    ("/etc", "absolute path"), ("$HOME/tb", "starts with $HOME"), ("$LOG_DIR/../../other", "'..'"),
+    ("logs/$X", "further variables")])
+def test_it_refuses_a_tensorboard_folder_outside_the_learners_own(folder, rule):
+    error = _refusal(BASE + f"evaluation_metrics: {{type: tensorboard, in: '{folder}'}}\n")
+    assert error.field == "evaluation_metrics.in" and rule in error.rule
 
 
 def test_it_notes_the_ffdl_keys_it_ignores():

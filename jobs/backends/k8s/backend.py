@@ -173,13 +173,15 @@ class KubernetesBackend:
             "job_id": spec.job_id, "attempt": spec.attempt, "learner": learner.index,
             "command": spec.command, "code_archive": spec.code_archive,
             "work_dir": str(folder / "work"), "state_dir": str(folder), "env": env,
-            "writable_dirs": [str(folder / "work"), str(job_dir / "results"), env["CHECKPOINT_DIR"]],
+            "writable_dirs": [str(folder / "work"), str(job_dir / "results"), env["CHECKPOINT_DIR"],
+                              env["JOB_STATE_DIR"]],
             "readonly_dirs": [str(job_dir / "data"), str(job_dir / "checkpoints")],
             "hidden_dirs": [],
             "ingest_url": self._ingest_url(spec.ingest_url),
             "ingest_token_file": f"{objects.TOKEN_DIR}/{objects.TOKEN_KEY}",
             "halt_file": f"{objects.PODINFO_DIR}/annotations",
             "metric_regexes": spec.metric_regexes,
+            "tensorboard_dir": spec.tensorboard_dir,
             # The pod is the sandbox (own filesystem view, no privileges, network policy); bubblewrap
             # cannot create namespaces under the RuntimeDefault seccomp profile anyway.
             "sandbox": "none",
@@ -208,8 +210,8 @@ class KubernetesBackend:
         # a subPath the kubelet has to create would belong to root.
         job_dir = Path(spec.job_dir)
         folders = [job_dir / "results", Path(spec.env["CHECKPOINT_DIR"])]
-        folders += [storage.learner_dir(spec.tenant, spec.job_id, spec.attempt, lr.index) / "work"
-                    for lr in spec.learners]
+        folders += [storage.learner_dir(spec.tenant, spec.job_id, spec.attempt, lr.index) / sub
+                    for lr in spec.learners for sub in ("work", "state/logs")]
         try:
             for folder in folders:
                 folder.mkdir(parents=True, exist_ok=True)
