@@ -193,6 +193,18 @@ def test_the_tailer_reads_at_most_max_files(tmp_path, monkeypatch):
     assert len(shipped.notices) == 1 and "more than 3 TensorBoard event files" in shipped.notices[0]
 
 
+def test_the_final_read_stops_at_its_time_limit_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(tfevents, "MAX_READ_PER_POLL", 100)
+    root, state = tmp_path / "state", tmp_path / "agent"
+    state.mkdir()
+    root.mkdir()
+    (root / "events.out.tfevents.1").write_bytes(b"".join(tfevents.frame(b"x" * 50) for _ in range(20)))
+    shipped = Shipped()
+    shipped.tailer(root, [], state).drain(timeout=0)
+    assert 0 < len(shipped.records) < 20
+    assert len(shipped.notices) == 1 and "stopped reading" in shipped.notices[0]
+
+
 @pytest.mark.parametrize("raw, root, parts", [
     ("$JOB_STATE_DIR/logs/tb", "/s", ["logs", "tb"]), ("${LOG_DIR}/tb/test", "/s", ["logs", "tb", "test"]),
     (None, "/s", ["logs", "tb"]), ("runs/./x/", "/w", ["runs", "x"])])

@@ -95,3 +95,32 @@ def test_torch_summary_writers_scalars_become_metrics_exactly_once(live_platform
     assert lr == ["lr_group0/lr"] and len(series(points, lr[0])) == 25
     assert {p["name"] for p in points} == {"Loss/train", "lr_group0/lr"}  # no histogram, no text
     assert len(points) == 50
+
+
+# Keras' TensorBoard callback: epoch_* scalars in train/ and validation/, plus a graph event (not a scalar).
+KERAS_CALLBACK = """
+import os
+import numpy as np, keras
+rng = np.random.default_rng(0)
+x = rng.random((256, 8), dtype=np.float32)
+y = (x.sum(axis=1) > 4).astype("int32")
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+model.fit(x, y, epochs=3, validation_split=0.25, verbose=0,
+          callbacks=[keras.callbacks.TensorBoard(os.path.join(os.environ["LOG_DIR"], "tb"))])
+"""
+
+
+def test_keras_tensorboard_callbacks_epoch_scalars_become_metrics(live_platform, tmp_path):
+    needs("tensorflow", "frameworks")
+    code = tmp_path / "keras-callback"
+    code.mkdir()
+    (code / "fit.py").write_text(KERAS_CALLBACK)
+    job = live_platform.submit(str(code), manifest_text=(
+        "name: keras-callback\nframework: {name: keras, command: python fit.py}\nmemory: 3GiB\n"
+        "evaluation_metrics: {type: tensorboard, in: '$JOB_STATE_DIR/logs/tb'}\n"))
+    done = live_platform.wait_for(job["id"], timeout=240)
+    assert done["status"] == "COMPLETED", done["status_reason"]
+    points = metrics_of(live_platform, job["id"])
+    for name in ("train/epoch_loss", "train/epoch_accuracy", "validation/epoch_loss", "validation/epoch_accuracy"):
+        assert [step for step, _ in series(points, name)] == [0, 1, 2], name
