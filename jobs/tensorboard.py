@@ -12,7 +12,8 @@ agent restarted between spooling records and noting how far it had read) and is 
 
 Hostile records cost little and break nothing: each is at most MAX_RECORD_BYTES, a record that is not
 an Event is dropped with a note in the job's log (at most MAX_NOTES per learner), a tensor is decoded
-only when its shape holds one element, and the files and tags remembered per learner are bounded.
+only when its shape holds one element, and the files and tags (and their length) remembered per
+learner are bounded.
 """
 import base64
 import binascii
@@ -26,6 +27,7 @@ MAX_FILES = tfevents.MAX_FILES
 MAX_TAGS = 2000  # per learner, over all its runs
 MAX_NOTES = 20  # per learner: a broken writer must not flood the log
 MAX_PATH = 512
+MAX_TAG = 200  # characters; longer tags are not read (and not remembered: the JSON stays small)
 
 
 class MalformedEvent(ValueError):
@@ -106,6 +108,8 @@ def decode(data, tags, *, room=MAX_TAGS):
     event = data_compat.migrate_event(event)
     found = []
     for value in event.summary.value:
+        if len(value.tag) > MAX_TAG:
+            continue
         scalar = tags.get(value.tag)
         if scalar is None:
             if room <= 0:

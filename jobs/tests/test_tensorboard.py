@@ -126,17 +126,19 @@ def test_hostile_records_are_noted_and_break_nothing(running_job):
     huge_shape.metadata.plugin_data.plugin_name = "scalars"
     bomb = event_pb2.Event(step=1, summary=summary_pb2.Summary(value=[huge_shape])).SerializeToString()
     nan = simple("nan", float("nan"), 2).SerializeToString()
+    long_tag = simple("t" * (tensorboard.MAX_TAG + 1), 1.0, 3).SerializeToString()
 
     def record(seq, data, **extra):
         return {"seq": seq, "kind": "tfevent", "file": "f", "offset": seq * 100, "time": 1.0,
                 "data": base64.b64encode(data).decode(), **extra}
 
-    records = [record(1, b"\xff\xff\xff not a protobuf"), record(2, bomb), record(3, nan),
+    records = [record(1, b"\xff\xff\xff not a protobuf"), record(2, bomb), record(3, long_tag),
                {**record(4, b""), "data": "%%% not base64"}, {**record(5, b""), "file": None},
                {**record(6, b""), "data": "A" * (tensorboard.MAX_RECORD_BYTES * 2)},
-               record(7, simple("ok", 1.5, 7).SerializeToString())]
-    assert post(running_job, records).json() == {"acked": 7}
+               record(7, simple("ok", 1.5, 7).SerializeToString()), record(8, nan)]
+    assert post(running_job, records).json() == {"acked": 8}
     assert points() == [("ok", 7, 1.5)]
+    assert Learner.objects.get(job=running_job).tensorboard["tags"] == {"": {"bomb": True, "ok": True, "nan": True}}
     notes = list(LogLine.objects.filter(stream="system").values_list("line", flat=True))
     assert len(notes) == 4 and all(n.startswith("TensorBoard: ") for n in notes)
     assert "f byte 100: not an Event protobuf" in notes[0]
