@@ -6,7 +6,7 @@ import orjson
 from django.http import FileResponse, Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import generics, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -71,7 +71,9 @@ class JobCompare(TenantScoped, APIView):
     """GET ?ids=a,b,c: the jobs' metrics, one line per job, and what differs between their manifests
     (jobs.compare). 400 naming `ids` for too few, too many or malformed ids; 404 for any id not seen."""
 
-    @extend_schema(responses={200: OpenApiResponse(description="jobs, rows that differ, facts in common, "
+    @extend_schema(parameters=[OpenApiParameter("ids", str, required=True, description=(
+        "2 to 8 job ids, comma-separated (the parameter may also repeat)"))],
+                   responses={200: OpenApiResponse(description="jobs, rows that differ, facts in common, "
                                                                "metrics with one series per job and final values"),
                               400: OpenApiResponse(ERROR_BODY, description="`ids` missing, malformed, "
                                                                             "repeated, fewer than 2 or more than 8"),
