@@ -5,13 +5,16 @@ compare` both read) and the page's server-rendered table say the same thing. Eve
 through jobs.tenancy: an id the caller cannot see is "not found", exactly like an id that never existed.
 
 Bounds: at most MAX_JOBS jobs, MAX_METRICS metric names and MAX_POINTS points per job and metric (a
-longer series is thinned to evenly spaced points, its last point always kept, and says so), so one
-request costs the same whatever the runs logged.
+longer line is thinned to evenly spaced points, its last point kept, or for a very long one averaged
+over step buckets by the database; it says so), so the answer's size does not depend on what the runs
+logged, and a run of millions of points is never read into Python.
 """
+import math
 import re
 import shlex
 from dataclasses import dataclass
 
+from django.db.models import Avg, BigIntegerField, Count, ExpressionWrapper, F, Max, Min
 from django.http import Http404
 
 from jobs import tenancy
@@ -21,6 +24,7 @@ from trainyard.units import format_bytes
 MIN_JOBS, MAX_JOBS = 2, 8
 MAX_METRICS = 24
 MAX_POINTS = 1000
+AVERAGE_ABOVE = 20_000  # points in one line beyond which the database averages them (see job_line)
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 
 # Command-line flags that name the same hyperparameter, merged into one row so a sweep that spells it
@@ -171,13 +175,11 @@ def _elastic_range(job):
 
 # --- metrics ----------------------------------------------------------------------------------------
 def metric_series(jobs):
-    """([{name, final: [value|None per job], series: [{job, points: [[step, value]], count, thinned}]}],
-    [metric names left out]).
+    """([{name, final: [value|None per job], series: [{job, points: [[step, value]], count, thinned,
+    averaged}]}], [metric names left out]).
 
     One line per job: the job's lowest-numbered learner that reported the metric (rank 0 in a
-    distributed job, where every learner usually reports the same figure), its attempts joined on
-    step, a later attempt's value winning where a resumed run repeats steps. A point without a step
-    takes its place in the order it arrived."""
+    distributed job, where every learner usually reports the same figure)."""
     names = sorted(set(MetricPoint.objects.filter(job__in=jobs).values_list("name", flat=True).distinct()),
                    key=lambda name: (0 if "loss" in name.lower() else 1, name))
     shown, omitted = names[:MAX_METRICS], names[MAX_METRICS:]
@@ -185,27 +187,63 @@ def metric_series(jobs):
     for name in shown:
         series, final = [], []
         for job in jobs:
-            points = _joined_points(job, name)
-            final.append(points[-1][1] if points else None)
-            if points:
-                series.append({"job": job.id, "points": thin(points, MAX_POINTS), "count": len(points),
-                               "thinned": len(points) > MAX_POINTS})
+            line = job_line(job, name)
+            final.append(line["final"])
+            if line["count"]:
+                series.append({"job": job.id, "points": line["points"], "count": line["count"],
+                               "thinned": line["count"] > len(line["points"]), "averaged": line["averaged"]})
         metrics.append({"name": name, "final": final, "series": series})
     return metrics, omitted
 
 
-def _joined_points(job, name):
+def job_line(job, name):
+    """{points, count, final, averaged} of one job's line for one metric.
+
+    Up to AVERAGE_ABOVE points the line is exact: attempts joined on step, a later attempt's value
+    winning where a resumed run repeats steps, a point without a step placed in the order it arrived,
+    then thinned to MAX_POINTS evenly spaced points. Beyond that, reading every point into Python would
+    cost seconds per line, so the database averages the points into MAX_POINTS equal step buckets (as
+    the job page's chart does for long runs; a repeated step is then averaged with its repeat), and the
+    final value is read on its own: the highest step's, of the latest attempt."""
     points = MetricPoint.objects.filter(job=job, name=name)
-    learner = points.order_by("learner").values_list("learner", flat=True).first()
-    if learner is None:
-        return []
+    # One pass for the learner whose line it is, its count and its step range.
+    first = (points.values("learner").annotate(count=Count("id"), low=Min("step"), high=Max("step"))
+             .order_by("learner").first())
+    if first is None:
+        return {"points": [], "count": 0, "final": None, "averaged": False}
+    points, count = points.filter(learner=first["learner"]), first["count"]
+    if count <= AVERAGE_ABOVE:
+        joined = _joined(points)
+        return {"points": thin(joined, MAX_POINTS), "count": count, "final": joined[-1][1], "averaged": False}
+    last = points.order_by(F("step").desc(nulls_last=True), "-attempt", "-id").values_list("value", flat=True).first()
+    return {"points": _bucket_averages(points, first["low"], first["high"]), "count": count,
+            "final": _finite(last), "averaged": True}
+
+
+def _joined(points):
     by_step, unstepped = {}, 0
-    for attempt, step, value in (points.filter(learner=learner).order_by("attempt", "id")
-                                 .values_list("attempt", "step", "value").iterator(chunk_size=5000)):
+    for step, value in points.order_by("attempt", "id").values_list("step", "value").iterator(chunk_size=5000):
         if step is None:
             step, unstepped = unstepped, unstepped + 1
-        by_step[step] = value if value == value else None  # NaN is not JSON: a gap in the line
+        by_step[step] = _finite(value)
     return sorted(by_step.items())
+
+
+def _bucket_averages(points, low, high):
+    """[[last step of the bucket, mean value]] over MAX_POINTS equal buckets of steps low..high, in SQL
+    (points without a step are left out of such a line)."""
+    if low is None:
+        return []
+    width = max(1, math.ceil((high - low + 1) / MAX_POINTS))
+    bucket = ExpressionWrapper((F("step") - low) / width, output_field=BigIntegerField())
+    rows = (points.exclude(step=None).annotate(bucket=bucket).values("bucket").annotate(x=Max("step"), y=Avg("value"))
+            .order_by("bucket").values_list("x", "y"))
+    return [[x, _finite(y)] for x, y in rows]
+
+
+def _finite(value):
+    """NaN and infinity are not JSON: such a point is a gap in the line."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def thin(points, limit):

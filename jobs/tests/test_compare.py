@@ -103,6 +103,22 @@ def test_it_thins_long_series_to_the_point_cap_keeping_the_last(alice, monkeypat
     assert not series[1]["thinned"]
 
 
+def test_a_very_long_line_is_averaged_over_step_buckets_by_the_database(alice, monkeypatch):
+    monkeypatch.setattr(compare, "AVERAGE_ABOVE", 100)
+    monkeypatch.setattr(compare, "MAX_POINTS", 10)
+    long = sweep_job(alice, "long", "python train.py", losses=[float(i) for i in range(1, 1001)])  # step i holds i
+    report(long, "loss", [7.0], attempt=2, first_step=1000)  # a resumed attempt's last word on the last step
+    short = sweep_job(alice, "short", "python train.py", losses=[1.0, 2.0])
+    metric = get(client_for(alice), [long.id, short.id]).json()["metrics"][0]
+    line = metric["series"][0]
+    assert line["averaged"] and line["thinned"] and line["count"] == 1001
+    assert len(line["points"]) == 10
+    assert line["points"][0] == [100, 50.5]  # steps 1..100 hold 1..100
+    assert line["points"][-1][0] == 1000
+    assert metric["final"] == [7.0, 2.0]
+    assert not metric["series"][1]["averaged"]
+
+
 def test_it_charts_at_most_the_metric_cap_and_names_the_rest(alice, sweep, monkeypatch):
     monkeypatch.setattr(compare, "MAX_METRICS", 2)
     for name in ("acc", "zeta"):

@@ -44,8 +44,10 @@
         root.querySelector("[data-testid=charts-empty]"), byJob(comparison.jobs));
       charts.add(pointsOf(comparison));
       charts.draw();
-      const thinned = comparison.metrics.some((m) => m.series.some((s) => s.thinned));
-      status.textContent = thinned ? `long runs are thinned to ${comparison.limits.max_points} points per line` : "";
+      const lines = comparison.metrics.flatMap((m) => m.series);
+      const averaged = lines.some((s) => s.averaged);
+      status.textContent = lines.some((s) => s.thinned)
+        ? `long runs are ${averaged ? "averaged" : "thinned"} to ${comparison.limits.max_points} points per line` : "";
       root.dataset.loaded = "true";
     } catch (error) {
       status.textContent = `could not load the metrics: ${error.message}`;
