@@ -6,7 +6,7 @@ from pathlib import Path
 
 import bench
 
-EXCLUDED = {"report"}
+EXCLUDED = {"report", "timeline"}
 
 
 def available():

@@ -1,6 +1,6 @@
 """The `local` backend: each learner is a learner-agent process tree on this machine.
 
-The agent is started detached (its own session, reparented away from the Celery worker), so
+The agent is started detached (its own session, a child of init rather than of the Celery worker), so
 learners keep running when the worker, the web server or Redis restarts. Everything the backend
 knows is on disk in the learner's folder (agent.pid, exit.json), so a restarted worker finds it.
 
@@ -25,13 +25,15 @@ from django.conf import settings
 from jobs import frameworks, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
 from learner_agent import netns, sandbox, spool
+from learner_agent.agent import clean_environment
+from learner_agent.config import ConfigError, parse_config
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_GRACE_S = 60  # an agent that has not written its pid this long after deploy counts as missing
 AGENT_SPOOL = "spool"  # the agent's unacked records (learner_agent.spool)
 AGENT_RESTARTED = "agent.restarted"  # a second agent was started after the first died: never a third
+SETSID = shutil.which("setsid")  # util-linux: starts a program in a session of its own, detached
 
 
 class LocalBackend:
@@ -49,7 +51,14 @@ class LocalBackend:
         for learner in pending:
             folder = self._learner_folder(spec, learner)
             folder.mkdir(parents=True, exist_ok=True)
-            _write_private_json(folder / "agent.json", self._agent_config(spec, learner, folder, network))
+            config = self._agent_config(spec, learner, folder, network)
+            try:
+                # Checked here, as the agent would check it, since the agent starts detached and
+                # could only say so in its own log.
+                parse_config(config, path=str(folder / "agent.json"))
+            except ConfigError as exc:
+                raise BackendError(f"learner agent config: {exc}", permanent=True) from exc
+            _write_private_json(folder / "agent.json", config)
             self._start_agent(folder)
 
     def _learner_folder(self, spec, learner):
@@ -105,17 +114,22 @@ class LocalBackend:
         }
 
     def _start_agent(self, folder):
-        # A clean environment: the agent needs no platform secret beyond its own ingest token.
+        """Start the agent detached and return at once, with one Python start-up per learner.
+
+        `setsid --fork` does the detaching (its own session, a child of init), so neither a
+        detaching Python process nor the re-exec that clears the agent's environment runs first:
+        the agent gets its clean environment (learner_agent.agent.clean_environment) from here.
+        The deploy no longer waits for an interpreter, so a worker deploys many jobs a second
+        (bench concurrency). Without setsid the agent detaches itself (`--detach`)."""
         # The platform's own Python comes first on PATH: on the local backend, the frameworks a
         # learner's `python` imports are the ones installed beside Trainyard.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
-        env = {"PATH": path, "LANG": "C.UTF-8",
-               "PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}
+        env = clean_environment({"PATH": path, "LANG": "C.UTF-8"})
+        argv = [sys.executable, "-m", "learner_agent", "run", "--config", str(folder / "agent.json")]
+        argv = [SETSID, "--fork", *argv] if SETSID else [*argv, "--detach"]
         with open(folder / "agent.log", "ab") as log:
-            result = subprocess.run(
-                [sys.executable, "-m", "learner_agent", "run", "--config", str(folder / "agent.json"),
-                 "--detach"],
-                cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=30)
+            result = subprocess.run(argv, cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    timeout=30)
         if result.returncode != 0:
             raise BackendError(f"learner agent did not start (exit {result.returncode}); see {folder}/agent.log")
 

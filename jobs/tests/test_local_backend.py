@@ -1,0 +1,61 @@
+"""The local backend starting learner agents: detached, with a clean environment, one start-up each."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from jobs.backends import local
+from jobs.backends.base import BackendError, DeploySpec, LearnerSpec
+from learner_agent.agent import _CLEAN_ENV_MARK, AGENT_ENV_KEEP, clean_environment
+from learner_agent.tests.conftest import ingest, outside_tmp, wait_for, write_agent_config  # noqa: F401 - fixtures
+
+
+def _stat_fields(pid):
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _exit_record(folder):
+    path = folder / "exit.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.mark.parametrize("setsid", [local.SETSID, None], ids=["setsid", "agent-detaches-itself"])
+def test_it_starts_the_agent_detached_and_it_runs_the_learner(outside_tmp, ingest, monkeypatch, setsid):
+    if setsid is None and local.SETSID is None:
+        pytest.skip("no setsid here: the fallback is the only path")
+    monkeypatch.setattr(local, "SETSID", setsid)
+    folder = Path(write_agent_config(outside_tmp, ingest, command="sleep 1; echo done")).parent
+    local.LocalBackend()._start_agent(folder)
+    pid = wait_for(lambda: local._agent_pid(folder))
+    fields = _stat_fields(pid)
+    assert int(fields[1]) != os.getpid()  # not our child: it outlives a restarted worker
+    assert int(fields[3]) != os.getsid(0)  # a session of its own: stopping the worker's group spares it
+    assert wait_for(lambda: _exit_record(folder), timeout=20)["exit_code"] == 0
+    wait_for(lambda: any(r.get("state") == "exited" for r in ingest.stored()))
+    assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
+
+
+def test_it_refuses_an_agent_config_the_agent_would_refuse(outside_tmp, monkeypatch):
+    backend = local.LocalBackend()
+    monkeypatch.setattr(backend, "_agent_config", lambda *a, **k: {"job_id": "j"})  # no command, no token
+    monkeypatch.setattr(local, "_check_framework", lambda *a: None)
+    spec = DeploySpec(job_id="j-1", attempt=1, tenant="t", command="true", code_archive="/nowhere.zip",
+                            job_dir=str(outside_tmp), learners=(local_learner(),), cpus=1, memory_bytes=0, gpus=0,
+                            env={}, metric_regexes={}, checkpoint_signal="SIGTERM", grace_seconds=1,
+                            ingest_url="http://127.0.0.1:9/", framework="custom", framework_version="", image="")
+    monkeypatch.setattr(local.storage, "learner_dir", lambda *a: Path(outside_tmp) / "l0")
+    with pytest.raises(BackendError, match="learner agent config: .*required") as raised:
+        backend.deploy(spec)
+    assert raised.value.permanent
+    assert not (Path(outside_tmp) / "l0" / "agent.json").exists()
+
+
+def local_learner():
+    return LearnerSpec(index=0, env={}, gpu_ids=(), node="", ingest_token="t")
+
+
+def test_a_clean_environment_keeps_only_harmless_variables_and_is_marked():
+    env = clean_environment({"PATH": "/bin", "LANG": "C.UTF-8", "SECRET_KEY": "s", "DATABASE_URL": "postgres://x"})
+    assert set(env) == {"PATH", "LANG", "PYTHONPATH", _CLEAN_ENV_MARK}
+    assert set(env) - {"PYTHONPATH", _CLEAN_ENV_MARK} <= set(AGENT_ENV_KEEP)
