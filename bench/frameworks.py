@@ -7,7 +7,8 @@ Keras example under `framework: tensorflow` (the same program, so it shares kera
 `ddp_2_learner_speedup` is the training throughput (samples/s over all learners, as the example
 reports it) of the 2-learner PyTorch DDP job over the same job with 1 learner, both through the
 platform. Frameworks whose packages are missing are left out and listed as skipped. Each figure is
-the median of BENCH_FRAMEWORKS_RUNS runs (3), bare and platform runs alternating.
+the median of BENCH_FRAMEWORKS_RUNS runs (3), bare and platform runs alternating. `phases_s_<framework>`
+is the median timeline of its platform runs (bench.timeline): where the fixed cost goes.
 """
 import importlib.util
 import os
@@ -19,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import timeline
 from bench.report import median, publish
 from tests.support.harness import EXAMPLES, start_session
 
@@ -63,13 +65,16 @@ def bare_seconds(example, command):
         return time.monotonic() - started
 
 
-def platform_seconds(session, example, manifest):
-    started = time.monotonic()
+def platform_seconds(session, example, manifest, stamps=None):
+    """Submit → COMPLETED as the client sees it, and the job's id; its timeline goes to `stamps`."""
+    submitted_at, started = time.time(), time.monotonic()
     job = session.submit(example, manifest_text=manifest)
     done = session.wait_for(job["id"], timeout=600, poll=0.05)
     elapsed = time.monotonic() - started
     if done["status"] != "COMPLETED":
         raise RuntimeError(f"{example}: {job['id']} ended {done['status']}: {done['status_reason']}")
+    if stamps is not None:
+        stamps.append(timeline.job_timeline(session.data_dir, session.tenant, job["id"], submitted_at=submitted_at))
     return elapsed, job["id"]
 
 
@@ -88,7 +93,7 @@ def main():
     env_backup = {k: os.environ.pop(k) for k in ("DATABASE_URL", "REDIS_URL") if k in os.environ}
     session = start_session(data_dir, TRAINYARD_LOCAL_CPUS="4")
     os.environ.update(env_backup)
-    bare, through, ddp = {}, {}, {}
+    bare, through, ddp, stamps = {}, {}, {}, {}
     try:
         for name, (example, command, _) in available.items():
             key = (example, command)
@@ -101,7 +106,8 @@ def main():
             # Bare and platform runs alternate, so a change in the machine's load hits both sides.
             for _ in range(RUNS):
                 bare[key].append(bare_seconds(example, command))
-                through.setdefault(name, []).append(platform_seconds(session, example, manifest)[0])
+                through.setdefault(name, []).append(
+                    platform_seconds(session, example, manifest, stamps.setdefault(name, []))[0])
         for learners in (1, 2):
             runs = [throughput(session, platform_seconds(session, "pytorch-ddp", manifest_for(
                 "pytorch-ddp", DDP_COMMAND, learners=learners))[1]) for _ in range(RUNS)]
@@ -117,6 +123,10 @@ def main():
         figures[f"platform_wall_s_{name}"] = round(through_s, 3)
         rows.append((f"{name} ({example}): bare / through Trainyard (s)", f"{bare_s:.1f} / {through_s:.1f}", ""))
         rows.append((f"overhead_ratio_{name}", figures[f"overhead_ratio_{name}"], ""))
+        figures[f"phases_s_{name}"] = phases = timeline.summarise(stamps[name])
+        rows.append(("  submit → first line / last line → COMPLETED (median, s)",
+                     f"{phases.get('submit_to_first_line_s', 0):.2f} / {phases.get('last_line_to_completed_s', 0):.2f}",
+                     ""))
     figures["ddp_1_learner_samples_per_s"] = round(ddp[1], 1)
     figures["ddp_2_learner_samples_per_s"] = round(ddp[2], 1)
     figures["ddp_2_learner_speedup"] = round(ddp[2] / ddp[1], 4)

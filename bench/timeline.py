@@ -119,3 +119,13 @@ def summarise(timelines):
                                            if t.get("completed") and t.get("last_line")]}
     summary.update({key: round(median(values), 4) for key, values in totals.items() if values})
     return summary
+
+
+def rows(summary):
+    """publish() rows for a summarise() result: the two totals, each followed by its phases."""
+    out = []
+    for total, table in (("submit_to_first_line_s", START_PHASES), ("last_line_to_completed_s", END_PHASES)):
+        if total in summary:
+            out.append((f"{total} (median)", summary[total], ""))
+        out += [(f"  {name}", summary[name], "") for name, _ in table if name in summary]
+    return out

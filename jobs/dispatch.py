@@ -9,15 +9,29 @@ fail the request or the task that changed the state.
 import logging
 
 from celery import current_app
+from django.core.cache import cache
 from django.db import transaction
 from kombu.exceptions import OperationalError
 
 log = logging.getLogger(__name__)
 PREFIX = "jobs.tasks."
+# Tasks without arguments whose one run serves every request made before it starts (a scheduling
+# cycle reads the whole queue): a request while one is already waiting to start sends nothing.
+# A burst of submits and finishes then costs a few cycles instead of one each (bench concurrency).
+COALESCED = {"schedule"}
+# A waiting mark lives this long at most: if its message is lost, requests send again after it
+# (and the reconcile pass runs a cycle meanwhile).
+COALESCE_TTL_S = 30
+
+
+def _waiting_key(task):
+    return f"dispatch:waiting:{task}"
 
 
 def send(task, *args, countdown=None):
-    """Send jobs.tasks.<task>(*args) now."""
+    """Send jobs.tasks.<task>(*args) now; for a COALESCED task, only if none is waiting to start."""
+    if task in COALESCED and not args and countdown is None and not _mark_waiting(task):
+        return
     try:
         current_app.send_task(PREFIX + task, args=args, countdown=countdown)
     except (OperationalError, OSError) as exc:
@@ -27,3 +41,22 @@ def send(task, *args, countdown=None):
 def send_on_commit(task, *args):
     """Send jobs.tasks.<task>(*args) once the current transaction commits (at once outside one)."""
     transaction.on_commit(lambda: send(task, *args))
+
+
+def _mark_waiting(task):
+    """True if this request must send a message: no run of `task` was waiting to start."""
+    try:
+        return cache.add(_waiting_key(task), 1, timeout=COALESCE_TTL_S)
+    except Exception as exc:  # noqa: BLE001 - without the cache every request sends, as before
+        log.warning("could not mark %s as waiting (%s); sending anyway", task, exc)
+        return True
+
+
+def starting(task):
+    """Called by a COALESCED task before it reads anything: requests from now on need a run after
+    this one, so they send again. (A request made before this call committed its change first, so
+    this run sees it.)"""
+    try:
+        cache.delete(_waiting_key(task))
+    except Exception as exc:  # noqa: BLE001 - the mark then expires by itself
+        log.warning("could not clear the waiting mark of %s (%s)", task, exc)

@@ -64,7 +64,7 @@ def publish_records_on_commit(job_id, lines, points):
     messages = [{"type": "job.logs", "lines": lines[i:i + CHUNK]} for i in range(0, len(lines), CHUNK)]
     if points:
         messages.append({"type": "job.metrics", "points": points})
-    transaction.on_commit(lambda: [_send([job_group(job_id)], m) for m in messages])
+    transaction.on_commit(lambda: _send([job_group(job_id)], *messages))
 
 
 def recheck_user_on_commit(user_id):
@@ -73,15 +73,22 @@ def recheck_user_on_commit(user_id):
         transaction.on_commit(lambda: _send([user_group(user_id)], {"type": "access.recheck"}))
 
 
-def _send(groups, message):
+def _send(groups, *messages):
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        for group in groups:
-            async_to_sync(layer.group_send)(group, message)
+        # One trip into the event loop for every group and message: outside one (a Celery worker), each
+        # async_to_sync call starts a loop of its own in a thread.
+        async_to_sync(_group_send_all)(layer, groups, messages)
     except Exception:  # noqa: BLE001 - live updates are best effort; REST and the backlog are the record
         log.warning("could not publish to %s", groups, exc_info=True)
+
+
+async def _group_send_all(layer, groups, messages):
+    for message in messages:
+        for group in groups:
+            await layer.group_send(group, message)
 
 
 # --- what ends access: each receiver names the user whose sockets must check again --------------

@@ -21,6 +21,7 @@ RELEASES = {Kind.FINISH, Kind.TEARDOWN}
 @shared_task(name="jobs.tasks.schedule", ignore_result=True)
 def schedule():
     # Serialised by the admission lock inside run_cycle (jobs.admission): no second lock here.
+    dispatch.starting("schedule")  # coalesced (jobs.dispatch): later requests need a run of their own
     admission.run_cycle()
     dispatch.send("autoscale")  # elastic jobs grow onto what the cycle left idle
 

@@ -82,6 +82,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+    # A file, not a server: a connection is kept for the life of the thread that opened it, so a
+    # worker task or a request does not open (and set up) one of its own (bench concurrency).
+    DATABASES["default"]["CONN_MAX_AGE"] = None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: broker for Celery and the channel layer for websockets ----------------------------
