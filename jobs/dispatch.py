@@ -16,9 +16,10 @@ from kombu.exceptions import OperationalError
 log = logging.getLogger(__name__)
 PREFIX = "jobs.tasks."
 # Tasks without arguments whose one run serves every request made before it starts (a scheduling
-# cycle reads the whole queue): a request while one is already waiting to start sends nothing.
-# A burst of submits and finishes then costs a few cycles instead of one each (bench concurrency).
-COALESCED = {"schedule"}
+# cycle and the autoscaler read the whole queue): a request while one is already waiting to start
+# sends nothing. A burst of submits and finishes then costs a few cycles instead of one each
+# (bench concurrency).
+COALESCED = {"schedule", "autoscale"}
 # A waiting mark lives this long at most: if its message is lost, requests send again after it
 # (and the reconcile pass runs a cycle meanwhile).
 COALESCE_TTL_S = 30

@@ -29,6 +29,7 @@ def schedule():
 @shared_task(name="jobs.tasks.autoscale", ignore_result=True)
 def autoscale():
     # Under the admission lock too (jobs.autoscaler.run): never interleaved with a cycle.
+    dispatch.starting("autoscale")  # coalesced like schedule (jobs.dispatch)
     autoscaler.run()
 
 
