@@ -13,6 +13,7 @@ and likewise freed when the process dies.
 """
 import dataclasses
 import logging
+import time
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -21,7 +22,7 @@ from django.utils import timezone
 
 import gpu_scheduler as scheduler
 from gpu_scheduler.reasons import job_seen_by, position_prefix
-from jobs import elasticity, lifecycle
+from jobs import elasticity, lifecycle, metrics
 from jobs.backends import get_backend
 from jobs.models import ACTIVE, Job, Status
 from jobs.states import transition
@@ -40,12 +41,13 @@ WAIT_REASON_BATCH = 500
 
 def run_cycle():
     """One scheduling cycle; returns the ids of the jobs it admitted."""
+    started = time.perf_counter()
     nodes = tuple(get_backend().capacity().nodes)  # before the lock: may be a network call
     with transaction.atomic():
         take_admission_lock()
         queued = list(Job.objects.filter(status=Status.QUEUED).select_related("owner").order_by("created_at"))
         if not queued:
-            return []
+            return []  # not timed: idle cycles (every reconcile pass) would drown the ones that decide
         running = list(Job.objects.filter(status__in=ACTIVE).select_related("owner"))
         tenants = _policies({job.tenant_id for job in queued + running})
         attained = quotas.earlier_gpu_seconds([job.id for job in queued + running])
@@ -62,10 +64,12 @@ def run_cycle():
         for job_id, (placement, why) in shrinks.items():
             _shrink(by_id[job_id], placement, why)
         for job_id, reason in decisions.preempt.items():
-            _preempt(by_id[job_id], reason)
-        admitted = [job_id for job_id, placement in decisions.admitted.items() if _admit(by_id[job_id], placement)]
+            _preempt(by_id[job_id], reason, tenant=tenants[by_id[job_id].tenant_id].name)
+        admitted = [job_id for job_id, placement in decisions.admitted.items()
+                    if _admit(by_id[job_id], placement, tenant=tenants[by_id[job_id].tenant_id].name)]
         _record_wait_reasons({job_id: reason for job_id, reason in decisions.waiting.items()
                               if by_id[job_id].wait_reason != reason})
+    metrics.scheduling_cycle(time.perf_counter() - started)
     return admitted
 
 
@@ -131,9 +135,10 @@ def _workload(job, tenants, attained):
         attained_gpu_s=attained.get(job.id, 0.0))
 
 
-def _admit(job, placement):
+def _admit(job, placement, *, tenant):
     """QUEUED → PENDING; the transition writes the attempt's deploy (jobs.outbox). An elastic job
     whose start size did not fit is admitted with fewer learners (the scheduler's placement says how many)."""
+    queued_since = job.updated_at  # a queued job's last transition put it in the queue
     reason = "admitted"
     if len(placement) != job.learners:
         reason = f"admitted with {len(placement)} of its {job.learners} learners (the rest did not fit; it grows " \
@@ -141,6 +146,8 @@ def _admit(job, placement):
     moved = transition(job.id, Status.PENDING, actor=ACTOR, reason=reason, attempt=job.attempt,
                        placement=[{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in placement], wait_reason="",
                        learners=len(placement))
+    if moved is not None:
+        metrics.admitted(tenant, queued_since)
     return moved is not None
 
 
@@ -206,12 +213,13 @@ def _shrink(job, placement, why):
     lifecycle.resize(job, learners=len(placement), placement=placement, why=why, actor=ACTOR)
 
 
-def _preempt(job, reason):
+def _preempt(job, reason, *, tenant):
     """Halt a running job through its checkpoint to make room; it is queued again once halted. The
     transition writes the halt (jobs.outbox)."""
     moved = transition(job.id, Status.HALTING, actor=ACTOR, reason=f"preempted: {reason}", attempt=job.attempt,
                        preempted_reason=reason)
     if moved:
+        metrics.preempted(tenant)
         log.info("%s: preempted (%s)", job.id, reason)
 
 

@@ -6,7 +6,8 @@ class JobsConfig(AppConfig):
     name = "jobs"
 
     def ready(self):
-        from jobs import allocations, dispatch, live, sharing, states, transfers
+        from jobs import allocations, dispatch, live, metrics, sharing, states, transfers
+        from portal import metrics as exposition
         from jobs.models import ACTIVE, JobEvent
         from tenants import quotas
         from tenants.models import Membership, Quota
@@ -27,3 +28,4 @@ class JobsConfig(AppConfig):
         post_save.connect(transfers.on_job_event, sender=JobEvent, dispatch_uid="jobs.forget_credentials")
         # Open websockets check their access again whenever something that grants it changes.
         live.connect_access_signals()
+        exposition.register(metrics.COLLECTOR)  # Trainyard's series on /metrics

@@ -19,7 +19,7 @@ from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
-from jobs import live, tenancy
+from jobs import live, metrics, tenancy
 from portal import throttling
 from tenants import access
 from tenants.auth import user_for_key
@@ -32,6 +32,14 @@ CLOSE_UNAUTHORIZED = 4401
 class _ScopedConsumer(AsyncJsonWebsocketConsumer):
     groups_joined = ()
     tenant_slug = None  # the tenant the socket was opened in: every later check is about that one
+    stream = ""  # its name on /metrics (trainyard_websocket_connections)
+    counted = False
+
+    async def accept(self, subprotocol=None, headers=None):
+        await super().accept(subprotocol, headers)
+        if not self.counted:
+            self.counted = True
+            metrics.SOCKETS.opened(self.stream)
 
     async def refuse(self, code):
         # Accept-then-close, so the browser sees why (4401/4404) instead of an anonymous 1006;
@@ -49,6 +57,9 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
 
     async def disconnect(self, code):
+        if self.counted:
+            self.counted = False
+            metrics.SOCKETS.closed(self.stream)
         await self.leave()
 
     async def leave(self):
@@ -98,6 +109,7 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
 
 
 class JobConsumer(_ScopedConsumer):
+    stream = "job"
     async def connect(self):
         membership = await self._membership()
         if membership is None:
@@ -155,6 +167,7 @@ class JobConsumer(_ScopedConsumer):
 
 
 class JobListConsumer(_ScopedConsumer):
+    stream = "list"
     async def connect(self):
         membership = await self._membership()
         if membership is None:

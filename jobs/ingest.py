@@ -12,7 +12,7 @@ from datetime import datetime, timezone as dt_timezone
 
 from django.db import transaction
 
-from jobs import bulk, credentials, lifecycle, live, tensorboard
+from jobs import bulk, credentials, lifecycle, live, metrics, tensorboard
 from jobs.models import Job, Learner, MetricPoint
 from jobs.serializers import metric_json
 
@@ -85,7 +85,14 @@ def ingest(grant, payload):
         fresh = _fresh_records(batch.records, learner.acked_seq)
         lines, points = _store(job, learner, fresh)
     live.publish_records_on_commit(job.id, lines, points)
+    metrics.ingested(job.tenant.slug, lines=len(lines), oldest_time=_oldest_time(fresh))
     return learner.acked_seq
+
+
+def _oldest_time(records):
+    """The earliest agent time (Unix seconds) among `records`, for the ingest lag; None if none has one."""
+    times = [t for r in records if type(t := r.get("time")) in (int, float)]
+    return min(times) if times else None
 
 
 def _fresh_records(records, acked):

@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI served locally: the docs work offline
     "channels",
     "guardian",
+    "django_prometheus",
     "tenants",
     "jobs",
     "notifications",
@@ -41,6 +42,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First and last: django-prometheus times whole requests (/metrics, README "Operating Trainyard").
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -51,6 +54,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "portal.csp.ContentSecurityPolicyMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -174,6 +178,9 @@ K8S_UNSCHEDULABLE_TIMEOUT_S = env.number("TRAINYARD_K8S_UNSCHEDULABLE_TIMEOUT", 
 K8S_API_RETRIES = env.integer("TRAINYARD_K8S_API_RETRIES", 4, minimum=0)
 K8S_WATCH = env.boolean("TRAINYARD_K8S_WATCH", True)  # keep a pod cache fed by a watch in each worker
 K8S_RESYNC_S = env.number("TRAINYARD_K8S_RESYNC", 300.0, minimum=1)
+
+# --- monitoring: /metrics (portal.metrics) answers only this bearer token; unset, it does not exist ---
+METRICS_TOKEN = env.text("TRAINYARD_METRICS_TOKEN", "")
 
 # --- hosts and origins: derived from the public URL (portal.hosts) --------------------------------
 ALLOWED_HOSTS = hosts.allowed_hosts(PUBLIC_URL, extra=env.text("TRAINYARD_ALLOWED_HOSTS", ""),

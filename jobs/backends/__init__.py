@@ -6,6 +6,12 @@ from django.conf import settings
 
 @lru_cache(maxsize=None)
 def get_backend():
+    """The configured backend; its failing calls are counted for /metrics (jobs.metrics)."""
+    from jobs.metrics import CountingBackend
+    return CountingBackend(_build_backend())
+
+
+def _build_backend():
     if settings.BACKEND == "local":
         from jobs.backends.local import LocalBackend
         return LocalBackend()

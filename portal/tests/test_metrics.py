@@ -1,0 +1,123 @@
+"""/metrics: who may scrape it, and the Redis-shared series (portal.metrics, jobs.metrics) against a
+real Redis server (the embedded one `make demo` runs). The end-to-end scrape after real activity is
+tests/e2e/test_metrics.py."""
+import subprocess
+import time
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobs import metrics
+from jobs.backends.base import BackendError
+from portal import runner
+from portal import metrics as shared
+
+TOKEN = "s3cret-scrape-token"
+
+
+@pytest.fixture
+def redis_url(settings, tmp_path):
+    port = runner.free_port()
+    server = subprocess.Popen([str(runner.embedded_redis_binary()), "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                              stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    settings.REDIS_URL = url
+    settings.METRICS_TOKEN = TOKEN
+    try:
+        yield url
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def scrape(client, token=TOKEN):
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200, response.content
+    return {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+
+
+def samples(family, suffix=""):
+    return {tuple(sorted(s.labels.items())): s.value for s in family.samples if s.name == family.name + suffix}
+
+
+@pytest.mark.django_db
+def test_it_does_not_exist_without_a_token_configured(client, settings):
+    settings.METRICS_TOKEN = ""
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer anything").status_code == 404
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_missing_or_wrong_token(client, settings):
+    settings.METRICS_TOKEN = TOKEN
+    for header in ({}, {"HTTP_AUTHORIZATION": "Bearer wrong"}, {"HTTP_AUTHORIZATION": TOKEN},
+                   {"HTTP_AUTHORIZATION": f"Token {TOKEN}"}):
+        response = client.get("/metrics", **header)
+        assert response.status_code == 401 and b"trainyard_" not in response.content
+        assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.django_db
+def test_it_counts_failing_backend_calls_by_operation(client, redis_url, settings):
+    class Failing:
+        name = "local"
+
+        def deploy(self, spec):
+            raise BackendError("node gone")
+
+        def status(self, **kwargs):
+            return []
+
+    backend = metrics.CountingBackend(Failing())
+    for _ in range(2):
+        with pytest.raises(BackendError):
+            backend.deploy(None)
+    assert backend.status() == [] and backend.name == "local"
+    errors = samples(scrape(client)["trainyard_backend_errors"], "_total")
+    assert errors[(("backend", settings.BACKEND), ("operation", "deploy"))] == 2
+    # The other operations are shown at 0, so an alert on them has a series before the first error.
+    assert errors[(("backend", settings.BACKEND), ("operation", "status"))] == 0
+    assert len(errors) == len(metrics.BACKEND_OPERATIONS)
+
+
+@pytest.mark.django_db
+def test_its_histograms_are_cumulative_with_sum_and_count(client, redis_url):
+    for seconds in (0.5, 2, 2, 7200, 10 ** 6):
+        metrics.QUEUE_WAIT.observe(seconds, "team-a")
+    family = scrape(client)["trainyard_queue_wait_seconds"]
+    buckets = {dict(s.labels)["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert buckets["1.0"] == 1 and buckets["5.0"] == 3 and buckets["14400.0"] == 4 and buckets["+Inf"] == 5
+    assert samples(family, "_count") == {(("tenant", "team-a"),): 5}
+    assert samples(family, "_sum") == {(("tenant", "team-a"),): pytest.approx(0.5 + 4 + 7200 + 10 ** 6)}
+
+
+@pytest.mark.django_db
+def test_it_counts_the_sockets_of_live_processes_only(client, redis_url):
+    gauge = metrics.SocketGauge()
+    gauge.opened("job")
+    gauge.opened("job")
+    gauge.opened("list")
+    gauge.closed("job")
+    gauge.publish()
+    dead = shared.redis_client()
+    dead.hset(metrics.SocketGauge.KEY, mapping={"gone:1|job": 40})
+    dead.hset(metrics.SocketGauge.SEEN_KEY, "gone:1", time.time() - metrics.SocketGauge.STALE_S - 1)
+    sockets = samples(scrape(client)["trainyard_websocket_connections"])
+    assert sockets == {(("stream", "job"),): 1, (("stream", "list"),): 1}
+
+
+@pytest.mark.django_db
+def test_recording_without_redis_neither_fails_nor_blocks(settings):
+    settings.REDIS_URL = f"redis://127.0.0.1:{runner.free_port()}/0"
+    started = time.monotonic()
+    metrics.ADMISSIONS.inc("team-a")
+    metrics.INGEST_LAG.observe(1.0)
+    assert time.monotonic() - started < 2 * shared.REDIS_TIMEOUT_S + 0.5
