@@ -13,7 +13,7 @@ from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from jobs import compare, listing, submission, tenancy
+from jobs import allocations, compare, listing, submission, tenancy
 from jobs.manifest import FRAMEWORKS
 from jobs.models import Status
 from tenants import access
@@ -83,7 +83,8 @@ SORT_LABELS = {"-created": "Newest first", "created": "Oldest first", "name": "N
 @tenant_page
 def job_page(request, membership, job_id):
     job = tenancy.job_or_404(membership, job_id)
-    return render(request, "jobs/detail.html", {"job": job, "membership": membership})
+    return render(request, "jobs/detail.html", {"job": job, "membership": membership,
+                                                "elastic": allocations.summary(job)})
 
 
 @tenant_page

@@ -24,6 +24,14 @@
     return el("td", { className: "usage-cell" }, [meter, el("span", { className: "mono small", textContent: `${show(used)} / ${show(total)}` })]);
   }
 
+  /** An elastic job's whole size (not only this node's share): what it holds now and at most. */
+  function elasticSize(e) {
+    const badge = el("span", { className: "chip chip-elastic", textContent: `elastic ${e.learners}/${e.max_learners}` });
+    badge.dataset.testid = "elastic-size";
+    badge.title = `${e.learners} learner${e.learners === 1 ? "" : "s"} now; it may shrink to ${e.min_learners} or grow to ${e.max_learners}`;
+    return el("span", {}, [" ", badge]);
+  }
+
   function jobsCell(jobs) {
     if (!jobs.length) return el("td", { className: "muted", textContent: "—" });
     return el("td", {}, jobs.map((j) => {
@@ -33,6 +41,7 @@
         el("a", { href: `/jobs/${encodeURIComponent(j.id)}/`, className: "mono", textContent: j.id }), " ",
         el("span", { textContent: j.name }), " ", chip,
         el("span", { className: "muted small", textContent: ` ${j.gpus} GPU${j.gpus === 1 ? "" : "s"} · ${j.owner}` }),
+        ...(j.elastic ? [elasticSize(j.elastic)] : []),
       ]);
     }));
   }

@@ -76,6 +76,9 @@
     renderActions(status);
     document.title = `${status} · ${document.title.replace(/^[A-Z]+ · /, "")}`;
     if (changed) { loadTimeline(); loadArtifacts(); }
+    // A resize is a new attempt, and its allocation row fills in as the job moves: read it again.
+    if (elastic) elastic.setSummary(null, status);
+    if (elastic && changed) elastic.reload();
   }
 
   /** Apply a job snapshot: the REST detail ("job" messages and action answers) or the list form. */
@@ -83,10 +86,15 @@
     if (!detail) return;
     if ("started_at" in detail) job.startedAt = detail.started_at;
     if ("finished_at" in detail) job.finishedAt = detail.finished_at;
-    if ("attempt" in detail) { job.attempt = detail.attempt; ui.attempt.textContent = detail.attempt; }
+    if ("attempt" in detail) {
+      if (elastic && detail.attempt !== job.attempt) elastic.reload(); // a resize starts the next attempt
+      job.attempt = detail.attempt;
+      ui.attempt.textContent = detail.attempt;
+    }
     if ("retries" in detail) ui.retries.textContent = detail.retries;
     if ("exit_code" in detail) ui.exitCode.textContent = detail.exit_code ?? "—";
     if (detail.status) renderStatus(detail.status, reasonOf(detail));
+    if (elastic && "elastic" in detail) elastic.setSummary(detail.elastic, detail.status);
     renderElapsed();
   }
 
@@ -244,14 +252,20 @@
   const logIntake = new T.LogIntake(logView, jobId);
   const charts = new T.Charts(root.querySelector("[data-testid=charts]"), root.querySelector("[data-testid=charts-empty]"));
 
+  const elasticSection = root.querySelector("[data-testid=elastic]");
+  const elastic = elasticSection ? new T.ElasticChart(elasticSection, jobId) : null;
+
   // For the console and the browser tests, which feed the log and charts without a real job.
-  T.page = { logView, logIntake, charts };
+  T.page = { logView, logIntake, charts, elastic };
 
   function onMessage(message) {
     switch (message.type) {
       case "job": applyJob(message.job); break;
       case "logs": logIntake.receive(message.lines || []); break;
-      case "metrics": charts.add(message.points || []); break;
+      case "metrics":
+        charts.add(message.points || []);
+        if (elastic) elastic.addPoints(message.points || []);
+        break;
       case "status": applyStatusMessage(message); break;
       default: break; // newer servers may send more; ignoring them keeps old pages working
     }
@@ -272,6 +286,7 @@
     setInterval(() => { if (job.startedAt && !job.finishedAt) renderElapsed(); }, 1000);
     loadTimeline();
     loadArtifacts();
+    if (elastic) { elastic.reload(); setInterval(() => elastic.tick(), 5000); }
     new T.LiveSocket({
       url: () => T.wsUrl(`/ws/jobs/${encodeURIComponent(jobId)}/?since=${logIntake.lastSeq}`),
       onMessage,

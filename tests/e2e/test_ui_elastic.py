@@ -1,0 +1,169 @@
+"""The job page of an elastic job in a real Chromium against the real platform: the chart of learners,
+global batch and samples/s over its allocation timeline, kept live over the websocket, and the cluster
+page's elastic size.
+
+The platform side of resizing lands separately (issue 13); until a job really resizes here, the job is
+a real one that ran and its allocation rows and `samples` points are written into the platform's
+database the way a resize writes them (`manage.py shell`), and new ones are published through
+jobs.live as ingest and the state machine publish them.
+"""
+import json
+import re
+
+import pytest
+
+from tests.e2e.test_browser import SCREENSHOTS, log_in, shoot, wait_more
+from tests.support.harness import EXAMPLES
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+SECTION = "[data-testid=elastic]"
+
+# Three stretches: 2 learners at batch 256, grown to 4 at 512 (7.5 s resize), shrunk to 2 at 256 (6 s);
+# rank 0 reports cumulative samples every second at 250, 480 and 245 samples/s.
+MAKE_ELASTIC = """
+import json
+from datetime import timedelta
+from django.utils import timezone
+from jobs.models import Allocation, Job, MetricPoint
+job = Job.objects.get(pk=JOB_ID)
+job.runtime = dict(job.runtime, elastic={"min_learners": 1, "max_learners": 4, "lr_scaling": "linear",
+                                          "batch": {"global": 256, "min": 64, "max": 1024}})
+job.attempt, job.learners = 3, 2
+job.save(update_fields=["runtime", "attempt", "learners"])
+t0 = timezone.now() - timedelta(seconds=150)
+shapes = [(1, 2, 256, 1.0, 0, 60, 250, None, "admitted at 2 of 1-4 learners"),
+          (2, 4, 512, 2.0, 67.5, 107.5, 480, 7.5, "resized 2→4 learners, batch 256→512: idle GPUs"),
+          (3, 2, 256, 1.0, 113.5, 145, 245, 6.0, "resized 4→2 learners, batch 512→256: queued work of its tenant")]
+samples = 0
+for attempt, learners, batch, lr, start, end, rate, cost, reason in shapes:
+    first = samples
+    for second in range(int(end - start) + 1):
+        samples = first + rate * second
+        MetricPoint.objects.create(job=job, attempt=attempt, learner=0, name="samples", value=samples,
+                                   step=samples // batch, time=t0 + timedelta(seconds=start + second))
+    Allocation.objects.create(job=job, attempt=attempt, learners=learners, global_batch=batch,
+                              local_batch=batch // learners, lr_scale=lr, reason=reason, resize_cost_s=cost,
+                              resize_requested_at=t0 + timedelta(seconds=start - cost) if cost else None,
+                              started_at=t0 + timedelta(seconds=start), samples_start=first,
+                              ended_at=t0 + timedelta(seconds=end) if attempt < 3 else None,
+                              samples_end=samples if attempt < 3 else None)
+print(json.dumps({"samples": samples}))
+"""
+
+# A fourth stretch opens (grown to 3 learners) and rank 0 reports: published as the platform publishes.
+RESIZE_LIVE = """
+from datetime import timedelta
+from django.db import transaction
+from jobs import live
+from jobs.models import Allocation, Job, MetricPoint
+from jobs.serializers import metric_json
+job = Job.objects.get(pk=JOB_ID)
+last = MetricPoint.objects.filter(job=job, attempt=3, name="samples").latest("time").time
+start = last + timedelta(seconds=5)
+with transaction.atomic():
+    Allocation.objects.filter(job=job, attempt=3).update(ended_at=last, samples_end=SAMPLES)
+    Allocation.objects.create(job=job, attempt=4, learners=3, global_batch=384, local_batch=128, lr_scale=1.5,
+                              reason="resized 2→3 learners, batch 256→384: idle GPUs", resize_cost_s=5.0,
+                              resize_requested_at=last, started_at=start, samples_start=SAMPLES)
+    job.attempt, job.learners = 4, 3
+    job.save(update_fields=["attempt", "learners"])
+    points = [MetricPoint.objects.create(job=job, attempt=4, learner=0, name="samples", value=SAMPLES + 360 * s,
+                                         step=(SAMPLES + 360 * s) // 384, time=start + timedelta(seconds=s))
+              for s in range(6)]
+    live.publish_records_on_commit(job.id, [], [metric_json(p) for p in points])
+    live.publish_status_on_commit(job)
+"""
+
+
+def shell(platform, code, **values):
+    for name, value in values.items():
+        code = code.replace(name, json.dumps(value))
+    return platform.manage("shell", "-v", "0", "-c", code)
+
+
+@pytest.fixture
+def elastic_job(live_platform):
+    job = live_platform.submit("custom-shell")
+    live_platform.wait_for(job["id"])
+    made = json.loads(shell(live_platform, MAKE_ELASTIC, JOB_ID=job["id"]).splitlines()[-1])
+    return {"id": job["id"], **made}
+
+
+def test_the_job_page_charts_an_elastic_jobs_learners_batch_and_throughput_live(browser, live_platform,
+                                                                                elastic_job):
+    page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
+    page.goto(f"{live_platform.url}/jobs/{elastic_job['id']}/")
+    page.wait_for_selector("[data-testid=connection][data-state=live]")
+    page.wait_for_function(f"() => document.querySelector('{SECTION}').dataset.allocationCount === '3'")
+    wait_more(page, SECTION, "data-rate-points", 50)
+    # Three panels on one time axis, each a drawn uPlot canvas.
+    assert page.locator(f"{SECTION} .elastic-panel").count() == 3
+    assert page.locator(f"{SECTION} .elastic-panel canvas").count() == 3
+    assert page.locator("[data-testid=elastic-now]").inner_text() == (
+        "2 of 1–4 learners · batch 256 (128 each) · lr ×1 (linear)")
+    # The measured rate of the last stretch is what rank 0's reports say (245 samples/s), within rounding.
+    assert abs(float(page.get_attribute(SECTION, "data-latest-rate")) - 245) < 1
+    # The learners panel's legend reads the stretch under the cursor: hover the middle of the chart.
+    learners_panel = page.locator(f"{SECTION} .elastic-panel[data-panel=learners] .u-over")
+    box = learners_panel.bounding_box()
+    middle_of_second = page.evaluate("""() => {
+      const chart = window.Trainyard.page.elastic, row = chart.rows[1];
+      const t = (Date.parse(row.started_at) + Date.parse(row.ended_at)) / 2000;
+      return chart.plots[0].valToPos(t, 'x');
+    }""")
+    learners_panel.hover(position={"x": middle_of_second, "y": box["height"] / 2})
+    legend = page.locator(f"{SECTION} .elastic-panel[data-panel=learners] .u-legend").inner_text()
+    assert re.search(r"learners:?\s*4\b", legend), legend
+    page.mouse.move(0, 0)
+    page.locator(SECTION).scroll_into_view_if_needed()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator(SECTION).screenshot(path=str(SCREENSHOTS / "elastic-chart.png"))
+
+    # Live: the job grows to 3 learners; the page hears the attempt change and the new samples.
+    before = int(page.get_attribute(SECTION, "data-rate-points"))
+    shell(live_platform, RESIZE_LIVE, JOB_ID=elastic_job["id"], SAMPLES=elastic_job["samples"])
+    page.wait_for_function(f"() => document.querySelector('{SECTION}').dataset.allocationCount === '4'")
+    assert wait_more(page, SECTION, "data-rate-points", before) > before
+    page.wait_for_function("() => document.querySelector('[data-field=attempt]').textContent === '4'")
+    assert page.locator("[data-testid=elastic-now]").inner_text() == (
+        "3 of 1–4 learners · batch 384 (128 each) · lr ×1.5 (linear)")
+    assert page.locator("[data-field=learners]").inner_text() == "3"
+    shoot(page, "elastic-job-page.png")
+    page.close()
+
+
+MARK_ELASTIC = """
+from jobs.models import Job
+job = Job.objects.get(pk=JOB_ID)
+job.runtime = dict(job.runtime, elastic={"min_learners": 1, "max_learners": 4, "lr_scaling": "linear", "batch": None})
+job.save(update_fields=["runtime"])
+"""
+
+
+def test_the_cluster_page_shows_an_elastic_jobs_current_and_maximum_size(browser, live_platform):
+    manifest = (EXAMPLES / "custom-shell" / "manifest.yml").read_text().replace("bash run.sh", "STEPS=600 bash run.sh")
+    job = live_platform.submit("custom-shell", manifest_text=manifest)
+    live_platform.wait_for(job["id"], {"PROCESSING"}, timeout=90)
+    shell(live_platform, MARK_ELASTIC, JOB_ID=job["id"])
+    try:
+        page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
+        page.goto(f"{live_platform.url}/cluster/")
+        badge = page.locator(f"[data-testid=nodes] a:text('{job['id']}') >> xpath=.. >> [data-testid=elastic-size]")
+        badge.wait_for()
+        assert badge.inner_text() == "elastic 1/4"
+        assert "may shrink to 1 or grow to 4" in badge.get_attribute("title")
+        shoot(page, "elastic-cluster.png")
+        page.close()
+    finally:
+        live_platform.api("POST", f"/api/v1/jobs/{job['id']}/terminate/")
+        live_platform.wait_for(job["id"])
+
+
+def test_a_fixed_job_has_no_elastic_chart(browser, live_platform):
+    job = live_platform.submit("failing")
+    page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
+    page.goto(f"{live_platform.url}/jobs/{job['id']}/")
+    page.wait_for_selector("[data-testid=connection][data-state=live]")
+    assert page.locator(SECTION).count() == 0
+    page.close()
