@@ -28,8 +28,8 @@ SAMPLES_METRIC = "samples"
 
 
 def bounds(job):
-    """The manifest's elastic block as stored at submission, or None for a fixed-size job."""
-    return (job.runtime or {}).get("elastic") or None
+    """The job's elastic block as stored at submission (jobs.elasticity.Elastic), or None for a fixed-size job."""
+    return elasticity.of(job)
 
 
 def timeline(job):
@@ -46,24 +46,21 @@ def summary(job):
     """The job detail's `elastic`: None for a fixed-size job; else its bounds and the shape it runs at now
     (learners is `Job.learners`, what it holds; the batch fields come from its current allocation and
     are null until it has one)."""
-    stored = bounds(job)
-    if stored is None:
+    elastic = bounds(job)
+    if elastic is None:
         return None
     now = current(job)
-    return {"min_learners": stored.get("min_learners"), "max_learners": stored.get("max_learners"),
-            "batch": stored.get("batch"), "lr_scaling": stored.get("lr_scaling", "linear"),
-            "learners": job.learners,
+    return {**elastic.to_runtime(), "learners": job.learners,
             "global_batch": now.global_batch if now else None, "local_batch": now.local_batch if now else None,
             "lr_scale": now.lr_scale if now else None, "allocation_attempt": now.attempt if now else None}
 
 
 def size(job):
     """The cluster page's figure for an elastic job: {learners, min_learners, max_learners}; None if fixed."""
-    stored = bounds(job)
-    if stored is None:
+    elastic = bounds(job)
+    if elastic is None:
         return None
-    return {"learners": job.learners, "min_learners": stored.get("min_learners"),
-            "max_learners": stored.get("max_learners")}
+    return {"learners": job.learners, "min_learners": elastic.min_learners, "max_learners": elastic.max_learners}
 
 
 # --- keeping the timeline ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ job.runtime = dict(job.runtime, elastic={"min_learners": 1, "max_learners": 4, "
                                           "batch": {"global": 256, "min": 64, "max": 1024}})
 job.attempt, job.learners = 3, 2
 job.save(update_fields=["runtime", "attempt", "learners"])
+Allocation.objects.filter(job=job).delete()  # its one real fixed-size attempt: replaced by the resized story
 t0 = timezone.now() - timedelta(seconds=150)
 shapes = [(1, 2, 256, 1.0, 0, 60, 250, None, "admitted at 2 of 1-4 learners"),
           (2, 4, 512, 2.0, 67.5, 107.5, 480, 7.5, "resized 2→4 learners, batch 256→512: idle GPUs"),
@@ -133,25 +134,18 @@ def test_the_job_page_charts_an_elastic_jobs_learners_batch_and_throughput_live(
     page.close()
 
 
-MARK_ELASTIC = """
-from jobs.models import Job
-job = Job.objects.get(pk=JOB_ID)
-job.runtime = dict(job.runtime, elastic={"min_learners": 1, "max_learners": 4, "lr_scaling": "linear", "batch": None})
-job.save(update_fields=["runtime"])
-"""
-
-
 def test_the_cluster_page_shows_an_elastic_jobs_current_and_maximum_size(browser, live_platform):
-    manifest = (EXAMPLES / "custom-shell" / "manifest.yml").read_text().replace("bash run.sh", "STEPS=600 bash run.sh")
+    manifest = (EXAMPLES / "custom-shell" / "manifest.yml").read_text().replace(
+        "bash run.sh", "STEPS=600 bash run.sh") + "elastic: {min_learners: 1, max_learners: 4}\n"
     job = live_platform.submit("custom-shell", manifest_text=manifest)
     live_platform.wait_for(job["id"], {"PROCESSING"}, timeout=90)
-    shell(live_platform, MARK_ELASTIC, JOB_ID=job["id"])
     try:
         page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
         page.goto(f"{live_platform.url}/cluster/")
         badge = page.locator(f"[data-testid=nodes] a:text('{job['id']}') >> xpath=.. >> [data-testid=elastic-size]")
         badge.wait_for()
-        assert badge.inner_text() == "elastic 1/4"
+        # The autoscaler may have grown it meanwhile: whatever it holds, out of at most 4.
+        assert re.fullmatch(r"elastic [1-4]/4", badge.inner_text())
         assert "may shrink to 1 or grow to 4" in badge.get_attribute("title")
         shoot(page, "elastic-cluster.png")
         page.close()
