@@ -132,6 +132,7 @@ def test_it_charts_at_most_the_metric_cap_and_names_the_rest(alice, sweep, monke
     ("", "give 2 to 8 job ids"),
     ("training-a", "(got 1)"),
     (",".join(f"training-{i}" for i in range(9)), "(got 9)"),
+    (",".join(["x/"] * 20000), "(got 20000)"),  # too many is said first, before each id is looked at
     ("training-a,../etc/passwd", "is not a job id"),
     ("training-a,training-b,training-a", "training-a is given twice"),
 ])
