@@ -1,6 +1,7 @@
 /* The compare page (/jobs/compare/?ids=a,b,c): one chart per metric with one line per job, drawn by
  * the job page's chart code from GET /api/v1/jobs/compare/ (the same comparison whose table the
- * server rendered). Line colours follow the jobs' order, as the swatches in the table do. */
+ * server rendered). Line colours follow the jobs' order, as the swatches in the table do. While any of
+ * the jobs runs it asks again every few seconds and redraws, with the final values and statuses. */
 (function () {
   "use strict";
   const T = window.Trainyard;
@@ -36,24 +37,53 @@
     return points;
   }
 
-  async function start() {
+  /** Running or queued: its lines can still grow (HALTED waits for someone to resume it). */
+  const moving = (job) => !T.isFinal(job.status) && job.status !== "HALTED";
+
+  /** The table's cells that change while jobs run: each metric's final value, and the status row. */
+  function updateTable(comparison) {
+    for (const metric of comparison.metrics) {
+      const row = root.querySelector(`[data-testid=final-row][data-metric="${CSS.escape(metric.name)}"]`);
+      if (row) row.querySelectorAll("td").forEach((cell, i) => { cell.textContent = formatFinal(metric.final[i]); });
+    }
+    const statusRow = root.querySelector("[data-testid=diff-row][data-key=status]");
+    if (statusRow) statusRow.querySelectorAll("td").forEach((cell, i) => { cell.textContent = comparison.jobs[i].status; });
+  }
+
+  function formatFinal(value) {
+    return value == null ? "—" : String(Number(value.toPrecision(6)));
+  }
+
+  let charts = null;
+
+  async function refresh() {
     const status = root.querySelector("[data-testid=charts-status]");
     try {
       const comparison = await T.getJson("/api/v1/jobs/compare/" + location.search);
-      const charts = new T.Charts(root.querySelector("[data-testid=charts]"),
-        root.querySelector("[data-testid=charts-empty]"), byJob(comparison.jobs));
+      if (!charts) {
+        charts = new T.Charts(root.querySelector("[data-testid=charts]"),
+          root.querySelector("[data-testid=charts-empty]"), byJob(comparison.jobs));
+      }
+      charts.clear(); // thinned and averaged lines are chosen afresh each time: redraw, never merge
       charts.add(pointsOf(comparison));
       charts.draw();
+      updateTable(comparison);
       const lines = comparison.metrics.flatMap((m) => m.series);
       const averaged = lines.some((s) => s.averaged);
-      status.textContent = lines.some((s) => s.thinned)
-        ? `long runs are ${averaged ? "averaged" : "thinned"} to ${comparison.limits.max_points} points per line` : "";
+      const running = comparison.jobs.filter(moving).length;
+      status.textContent = [
+        lines.some((s) => s.thinned) ? `long runs are ${averaged ? "averaged" : "thinned"} to ${comparison.limits.max_points} points per line` : "",
+        running ? `${running} still running: updated every ${REFRESH_MS / 1000} s` : "",
+      ].filter(Boolean).join(" · ");
       root.dataset.loaded = "true";
+      root.dataset.running = String(running);
+      if (running) setTimeout(refresh, REFRESH_MS);
     } catch (error) {
       status.textContent = `could not load the metrics: ${error.message}`;
       root.dataset.loaded = "error";
     }
   }
 
-  start();
+  const REFRESH_MS = 3000;
+  refresh();
 })();

@@ -227,6 +227,16 @@
       return new window.uPlot(options, data, entry.body);
     }
 
+    /** Forget every point and chart (the compare page redraws from a fresh answer). */
+    clear() {
+      for (const entry of this.cards.values()) if (entry.plot) entry.plot.destroy();
+      this.cards.clear();
+      this.metrics.clear();
+      this.seen.clear();
+      this.dirty.clear();
+      this.container.replaceChildren();
+    }
+
     resizeAll() {
       for (const entry of this.cards.values()) {
         if (entry.plot) entry.plot.setSize({ width: Math.max(200, entry.body.clientWidth), height: CHART_HEIGHT });

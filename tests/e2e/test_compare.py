@@ -17,9 +17,9 @@ RATES = ("0.3", "0.1", "0.03")
 WAIT_MS = 60_000
 
 
-def manifest(lr):
+def manifest(lr, steps=8):
     return (f"name: sweep-lr-{lr}\ncpus: 0.5\nmemory: 128MiB\n"
-            f"framework: {{name: custom, command: bash run.sh --lr {lr} --steps 8}}\n")
+            f"framework: {{name: custom, command: bash run.sh --lr {lr} --steps {steps}}}\n")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,28 @@ def test_three_jobs_selected_on_the_jobs_page_are_compared_on_overlaid_charts(br
     assert "--steps 8" in page.get_by_test_id("compare-same").inner_text()
 
     page.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=True)
+
+
+def test_the_page_follows_jobs_that_are_still_running(browser, live_platform):
+    steps = 100  # 0.1 s each: the page is open long before they finish
+    ids = [live_platform.submit(str(SWEEP), manifest_text=manifest(lr, steps))["id"] for lr in ("0.02", "0.01")]
+    for job_id in ids:
+        live_platform.wait_for(job_id, {"PROCESSING", "COMPLETED"}, timeout=120)
+    page = log_in(browser, live_platform.url, live_platform.username, live_platform.password, timeout_ms=WAIT_MS)
+    page.goto(f"{live_platform.url}/jobs/compare/?ids={','.join(ids)}")
+    page.wait_for_function("() => document.getElementById('compare-page').dataset.loaded === 'true'")
+    loss = "[data-testid=chart][data-metric=loss]"
+    first = int(page.get_attribute(loss, "data-point-count") or 0)
+    assert page.get_attribute("#compare-page", "data-running") != "0" and first < 2 * steps, first
+    page.wait_for_function("([sel, n]) => document.querySelector(sel).dataset.pointCount === n",
+                           arg=[loss, str(2 * steps)])
+    page.wait_for_function("() => document.getElementById('compare-page').dataset.running === '0'")
+    # The table's final values followed too: they are the runs' last points now.
+    api = live_platform.api("GET", "/api/v1/jobs/compare/", params={"ids": ",".join(ids)}).json()
+    last = next(m for m in api["metrics"] if m["name"] == "loss")["final"]
+    shown = page.locator("[data-testid=final-row][data-metric=loss] td").all_inner_texts()
+    assert [float(v) for v in shown] == pytest.approx(last, rel=1e-5), (shown, last)
+    assert [job["status"] for job in api["jobs"]] == ["COMPLETED", "COMPLETED"]
 
 
 def test_the_cli_prints_the_same_differences(live_platform, sweep):
