@@ -1,0 +1,585 @@
+"""controlplane: the platform under many jobs at once, on the Kubernetes backend, PostgreSQL and Redis.
+
+The platform runs as a user runs it (daphne, a Celery worker and beat; TRAINYARD_BACKEND=kubernetes)
+against the emulated API server its Kubernetes tests use (kmock's KubernetesEmulator, in a process of
+its own, reached through a kubeconfig by the official client). This process plays the rest of the
+cluster: a kubelet that runs each learner pod the backend creates and ends it (Succeeded) JOB_S
+seconds later, and each pod's agent, posting through the real ingest endpoint with the credential
+from the attempt's Secret: its status records and 10 log lines a second, one batch per second per
+learner (lines pile up into the next batch while the server is slow, as learner_agent's shipper
+does). Jobs: 1 learner, 1 GPU.
+
+1. Small: nodes for SMALL_JOBS GPUs, QUEUED jobs seeded straight into the database (ready to deploy:
+   code archive on the storage, runtime fields, QUEUED event); once SMALL_JOBS run, a reconcile
+   pass is timed and its queries counted (in this process, with the same settings and pod cache).
+2. Large: nodes added up to CONCURRENT GPUs; admissions per second while the queue fills them, then
+   the same reconcile measurement at CONCURRENT running and QUEUED waiting.
+3. Under that load for STEADY_S seconds: jobs submitted through the REST API (latency), the agents'
+   ingest requests (latency), and WS_CLIENTS websocket clients (the `websockets` library) on
+   /ws/jobs/ timing each status change from the change (updated_at) to its arrival.
+
+Needs PostgreSQL (DATABASE_URL, default postgres://postgres@127.0.0.1:5432/postgres: a database of
+its own is created there and dropped after) and Redis (REDIS_URL, default redis://127.0.0.1:6379/0:
+a database number no client uses). Everything shares this machine's cores, so every figure is under
+that contention; the sizes can be lowered with BENCH_CP_* variables.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from datetime import datetime, timezone
+from pathlib import Path
+
+import requests
+
+from bench.report import median, percentile, publish
+from tests.support.harness import start_session
+
+CONCURRENT = int(os.environ.get("BENCH_CP_CONCURRENT", 1000))
+QUEUED = int(os.environ.get("BENCH_CP_QUEUED", 10_000))
+SMALL_JOBS = int(os.environ.get("BENCH_CP_SMALL", 100))
+JOB_S = float(os.environ.get("BENCH_CP_JOB_S", 150))
+STEADY_S = float(os.environ.get("BENCH_CP_STEADY_S", 120))
+SUBMITS = int(os.environ.get("BENCH_CP_SUBMITS", 100))
+WS_CLIENTS = int(os.environ.get("BENCH_CP_WS_CLIENTS", 100))
+AGENT_CONNECTIONS = int(os.environ.get("BENCH_CP_AGENT_CONNECTIONS", 8))
+# The phases wait at most this long, so the bench ends within 15 minutes whatever this machine
+# manages; what was reached is reported (`*_reached`) and every figure is measured at that.
+SMALL_TIMEOUT_S = float(os.environ.get("BENCH_CP_SMALL_TIMEOUT_S", 180))
+FILL_TIMEOUT_S = float(os.environ.get("BENCH_CP_FILL_TIMEOUT_S", 420))
+LINES_PER_S = 10
+GPUS_PER_NODE = 4
+TENANT = "team-a"
+NAMESPACE = f"trainyard-{TENANT}"
+MANIFEST = ("name: cp-{i}\nlearners: 1\ngpus: 1\ncpus: 1\nmemory: 1GiB\n"
+            "framework: {{name: custom, command: python train.py}}\n")
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+# --- backing services ----------------------------------------------------------------------------
+def require_services():
+    """PostgreSQL and Redis, or a clear refusal (this bench is about them, SQLite would not say much)."""
+    database = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    if not database.startswith("postgres"):
+        raise SystemExit(f"bench controlplane runs on PostgreSQL; DATABASE_URL={database!r} is not a postgres:// URL")
+    import psycopg2
+    import redis
+    try:
+        psycopg2.connect(database, connect_timeout=5).close()
+    except psycopg2.OperationalError as exc:
+        raise SystemExit(f"bench controlplane needs PostgreSQL at {database} (set DATABASE_URL): {exc}".strip())
+    url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=5).ping()
+    except redis.RedisError as exc:
+        raise SystemExit(f"bench controlplane needs Redis at {url} (set REDIS_URL): {exc}")
+    return database, url
+
+
+# --- the emulated API server, in a process of its own --------------------------------------------
+def serve_cluster(url_file):
+    """Entry point of the API server's process: run until SIGTERM."""
+    from jobs.tests.k8s_fake import FakeCluster
+    cluster = FakeCluster().start()
+    Path(url_file).write_text(cluster.url)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+    cluster.stop()
+
+
+class Cluster:
+    def __init__(self, work_dir):
+        url_file = work_dir / "cluster-url"
+        self.process = subprocess.Popen([sys.executable, "-c", f"from bench.controlplane import serve_cluster; "
+                                         f"serve_cluster({str(url_file)!r})"], cwd=Path(__file__).parent.parent)
+        deadline = time.monotonic() + 30
+        while not url_file.exists() or not url_file.read_text():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError("the emulated Kubernetes API server did not start")
+            time.sleep(0.1)
+        self.url = url_file.read_text()
+        self.kubeconfig = work_dir / "kubeconfig"
+        self.kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
+            "clusters": [{"name": "bench", "cluster": {"server": self.url}}],
+            "users": [{"name": "bench", "user": {}}],
+            "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}]}))
+        self.nodes = 0
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def add_nodes(self, count):
+        http = requests.Session()
+        for _ in range(count):
+            self.nodes += 1
+            http.post(f"{self.url}/api/v1/nodes", json={
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{self.nodes}"},
+                "spec": {"unschedulable": False},
+                "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": str(GPUS_PER_NODE)},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}).raise_for_status()
+
+
+# --- the kubelet and the agents ------------------------------------------------------------------
+class Pod:
+    def __init__(self, job_id, attempt, token):
+        self.job_id, self.attempt, self.token = job_id, attempt, token
+        self.seq = 0
+        self.records = []  # status records waiting for the next batch
+        self.last_post = time.monotonic()
+        self.exit_at = None
+        self.exit_sent = False
+        self.done = False
+
+
+class Fleet:
+    """A kubelet for every learner pod the backend creates, and an agent in each."""
+
+    def __init__(self, cluster, platform_url, tenant):
+        from jobs.backends.k8s import objects
+        self.objects = objects
+        self.cluster, self.platform_url, self.tenant = cluster, platform_url, tenant
+        self.pods = {}  # (job id, attempt) -> Pod
+        self.due = deque()  # pods in the order they are due to post
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.ingest_ms = []  # (monotonic time, latency ms)
+        self.errors = []
+        self.threads = [threading.Thread(target=self._kubelet, name="kubelet", daemon=True)]
+        self.threads += [threading.Thread(target=self._agent, name=f"agent-{i}", daemon=True)
+                         for i in range(AGENT_CONNECTIONS)]
+
+    def start(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def halt(self):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+
+    def running(self):
+        with self.lock:
+            return sum(1 for pod in self.pods.values() if not pod.done)
+
+    # The kubelet: pods of attempts that have learner rows (deploy made them) start running.
+    def _kubelet(self):
+        from django.db import connection
+        from jobs.models import ACTIVE, Learner
+        http = requests.Session()
+        while not self.stop.wait(0.5):
+            try:
+                rows = (Learner.objects.filter(state=Learner.State.DEPLOYING, job__status__in=ACTIVE)
+                        .values_list("job_id", "attempt"))
+                for job_id, attempt in rows:
+                    if (job_id, attempt) not in self.pods and not self.stop.is_set():
+                        self._run_pod(http, job_id, attempt)
+            except Exception as exc:  # noqa: BLE001 - recorded and reported; the bench goes on
+                self.errors.append(f"kubelet: {exc}")
+            finally:
+                connection.close()
+
+    def _run_pod(self, http, job_id, attempt):
+        name = self.objects.pod_name(job_id, attempt, 0)
+        base = f"{self.cluster.url}/api/v1/namespaces/{NAMESPACE}"
+        secret = http.get(f"{base}/secrets/{self.objects.secret_name(job_id, attempt)}")
+        if secret.status_code == 404:
+            return
+        secret.raise_for_status()
+        secret = secret.json()
+        key = self.objects.credential_key(0)
+        token = (secret.get("stringData") or {}).get(key)
+        if token is None:
+            import base64
+            token = base64.b64decode(secret["data"][key]).decode()
+        merge = {"Content-Type": "application/merge-patch+json"}
+        http.patch(f"{base}/pods/{name}", data=json.dumps({"spec": {"nodeName": "node-1"}}), headers=merge)
+        started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        http.patch(f"{base}/pods/{name}/status", headers=merge, data=json.dumps({"status": {
+            "phase": "Running", "containerStatuses": [{"name": "learner", "ready": True, "restartCount": 0,
+                                                       "image": "img", "imageID": "",
+                                                       "state": {"running": {"startedAt": started}}}]}}))
+        pod = Pod(job_id, attempt, token)
+        pod.records = [{"kind": "status", "state": "preparing"}, {"kind": "status", "state": "running"}]
+        pod.exit_at = time.monotonic() + JOB_S
+        with self.lock:
+            self.pods[(job_id, attempt)] = pod
+            self.due.append(pod)
+
+    def _terminate(self, http, pod):
+        name = self.objects.pod_name(pod.job_id, pod.attempt, 0)
+        finished = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        http.patch(f"{self.cluster.url}/api/v1/namespaces/{NAMESPACE}/pods/{name}/status",
+                   headers={"Content-Type": "application/merge-patch+json"}, data=json.dumps({"status": {
+                       "phase": "Succeeded", "containerStatuses": [{
+                           "name": "learner", "ready": False, "restartCount": 0, "image": "img", "imageID": "",
+                           "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": finished}}}]}}))
+
+    # An agent connection: takes the pod that posted longest ago, posts what it owes, puts it back.
+    def _agent(self):
+        from jobs import storage
+        http = requests.Session()
+        while not self.stop.is_set():
+            with self.lock:
+                pod = self.due.popleft() if self.due else None
+            if pod is None:
+                time.sleep(0.05)
+                continue
+            wait = pod.last_post + 1.0 - time.monotonic()
+            if wait > 0 and self.stop.wait(wait):
+                return
+            now = time.monotonic()
+            lines = int((now - pod.last_post) * LINES_PER_S)
+            records = [{"kind": "log", "stream": "stdout", "line": f"step {pod.seq + i} loss 0.{pod.seq + i:06d} "
+                        "lr 0.001 throughput 1234.5 samples/s"} for i in range(lines)]
+            if pod.exit_at <= now and not pod.exit_sent:
+                folder = storage.learner_dir(self.tenant, pod.job_id, pod.attempt, 0)
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "exit.json").write_text(json.dumps({"exit_code": 0, "reason": ""}))
+                pod.records.append({"kind": "status", "state": "exited", "exit_code": 0})
+            batch = pod.records + records
+            stamp = time.time()
+            for offset, record in enumerate(batch, start=1):
+                record.update(seq=pod.seq + offset, time=stamp)
+            started = time.monotonic()
+            try:
+                response = http.post(f"{self.platform_url}/api/v1/ingest/{pod.job_id}/", timeout=60,
+                                     data=json.dumps({"attempt": pod.attempt, "learner": 0, "records": batch}),
+                                     headers={"Authorization": f"Ingest {pod.token}",
+                                              "Content-Type": "application/json"})
+            except requests.RequestException as exc:
+                self.errors.append(f"ingest: {exc}")
+                response = None
+            ok = response is not None and response.status_code == 200
+            self.ingest_ms.append((started, (time.monotonic() - started) * 1000, len(records) if ok else 0))
+            if ok:
+                pod.seq += len(batch)
+                pod.last_post = now
+                pod.exit_sent = pod.exit_sent or any(r.get("state") == "exited" for r in pod.records)
+                pod.records = []
+                if pod.exit_sent:
+                    self._terminate(http, pod)
+                    pod.done = True
+            elif response is not None and response.status_code == 410:
+                pod.done = True  # the attempt is over
+            elif response is not None:
+                self.errors.append(f"ingest {response.status_code}: {response.text[:200]}")
+            if not pod.done:
+                with self.lock:
+                    self.due.append(pod)
+
+
+# --- websocket clients, in a process of their own ------------------------------------------------
+def ws_clients(url, token, count, seconds, out_file):
+    """Entry point of the clients' process: `count` sockets on /ws/jobs/ for `seconds`; writes the
+    delay of every status message (arrival - the change's updated_at), in ms, to `out_file`."""
+    import asyncio
+
+    import websockets
+
+    async def client(delays, ready):
+        async with websockets.connect(f"{url}/ws/jobs/?token={token}", max_size=None, open_timeout=60) as socket:
+            ready.append(1)
+            while True:
+                message = json.loads(await socket.recv())
+                if message.get("type") == "status":
+                    changed = datetime.fromisoformat(message["time"]).timestamp()
+                    delays.append((time.time(), (time.time() - changed) * 1000))
+
+    async def run():
+        delays, ready = [], []
+        tasks = [asyncio.create_task(client(delays, ready)) for _ in range(count)]
+        await asyncio.sleep(seconds)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        Path(out_file).write_text(json.dumps({"connected": len(ready), "delays": delays}))
+
+    asyncio.run(run())
+
+
+# --- the database --------------------------------------------------------------------------------
+def seed_queued(count, start_index):
+    """`count` QUEUED jobs as submission leaves them (code archive on the storage, runtime fields,
+    the QUEUED event), inserted in bulk: submitting 11,000 through the API would take this machine
+    longer than the whole bench may."""
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from jobs import runtime, storage
+    from jobs.manifest import parse_manifest
+    from jobs.models import Job, JobEvent
+    from jobs.tests.builders import tar_gz
+    from tenants.models import Tenant
+    tenant = Tenant.objects.get(slug=TENANT)
+    owner = get_user_model().objects.get(username="alice")
+    code = tar_gz({"train.py": b"print('hi')\n"})
+    now = timezone.now()
+    for first in range(start_index, start_index + count, 2000):
+        jobs = []
+        for i in range(first, min(first + 2000, start_index + count)):
+            text = MANIFEST.format(i=i)
+            manifest = parse_manifest(text.encode())
+            job = Job(tenant=tenant, owner=owner, name=manifest.name, framework=manifest.framework,
+                      manifest=manifest.raw, manifest_yaml=text, learners=1, gpus=1, cpus=1.0,
+                      memory_bytes=manifest.memory_bytes, code_sha256="0" * 64, code_bytes=len(code),
+                      runtime=runtime.from_manifest(manifest), created_at=now, updated_at=now)
+            (storage.create_job_dir(TENANT, job.id) / "code.tar.gz").write_bytes(code)
+            jobs.append(job)
+        Job.objects.bulk_create(jobs)
+        JobEvent.objects.bulk_create([JobEvent(job=job, time=now, to_status="QUEUED", attempt=1, actor="alice",
+                                               reason="submitted") for job in jobs])
+
+
+def counts():
+    from django.db import connection
+    from django.db.models import Count
+
+    from jobs.models import Job
+    try:
+        return dict(Job.objects.values_list("status").annotate(n=Count("id")))
+    finally:
+        connection.close()
+
+
+def measure_reconcile(passes=3):
+    """(median seconds, queries, active jobs) of `passes` reconcile passes run here."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs import reconcile
+    from jobs.models import ACTIVE, Job
+    seconds, queries, parts = [], [], {"backend_status": [], "admission_cycle": [], "queries": []}
+    backend, cycle = reconcile.get_backend(), reconcile.admission.run_cycle
+    status, spent = backend.status, {}
+
+    def timed(name, call):
+        def wrapper(*args, **kwargs):
+            started = time.monotonic()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.monotonic() - started
+        return wrapper
+    backend.status = timed("backend_status", status)
+    reconcile.admission.run_cycle = timed("admission_cycle", cycle)
+    try:
+        for _ in range(passes):
+            spent.clear()
+            with CaptureQueriesContext(connection) as captured:
+                started = time.monotonic()
+                reconcile.reconcile()
+                seconds.append(time.monotonic() - started)
+            queries.append(len(captured))
+            for name in ("backend_status", "admission_cycle"):
+                parts[name].append(spent.get(name, 0.0))
+            parts["queries"].append(sum(float(q["time"]) for q in captured.captured_queries))
+    finally:
+        backend.status, reconcile.admission.run_cycle = status, cycle
+    active = Job.objects.filter(status__in=ACTIVE).count()
+    connection.close()
+    return median(seconds), max(queries), active, {name: round(median(v), 3) for name, v in parts.items()}
+
+
+def wait_until(what, predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not reached within {timeout:.0f}s ({counts()})")
+        time.sleep(1)
+
+
+def reached(figures, phase, predicate, timeout):
+    """Wait for a phase like wait_until, but go on when it times out: the figures are then measured
+    at what this machine did reach, and `<phase>_reached` says what that was."""
+    try:
+        wait_until(phase, predicate, timeout)
+    except RuntimeError:
+        pass
+    figures[f"{phase}_reached"] = counts()
+
+
+def processing():
+    return counts().get("PROCESSING", 0)
+
+
+def admitted_since(moment):
+    from django.db import connection
+
+    from jobs.models import Job
+    try:
+        times = sorted(Job.objects.filter(admitted_at__gte=moment).values_list("admitted_at", flat=True))
+    finally:
+        connection.close()
+    return times
+
+
+# --- the run -------------------------------------------------------------------------------------
+def setup_django(session, cluster):
+    os.environ.update({key: session.env[key] for key in ("DATABASE_URL", "REDIS_URL", "TRAINYARD_DATA_DIR",
+                                                         "TRAINYARD_PUBLIC_URL")})
+    os.environ.update(DJANGO_SETTINGS_MODULE="portal.settings", **backend_env(cluster))
+    import django
+    django.setup()
+    from jobs.backends import get_backend
+    backend = get_backend()
+    wait_until("the pod cache", lambda: backend.watcher.fresh(), 60)
+
+
+def backend_env(cluster):
+    return {"TRAINYARD_BACKEND": "kubernetes", "KUBECONFIG": str(cluster.kubeconfig),
+            "TRAINYARD_K8S_STORAGE_VOLUME": json.dumps({"hostPath": {"path": "/srv/trainyard"}})}
+
+
+def submit_sampler(session, results, stop):
+    """Jobs submitted through the REST API at about 1/s while the load runs: their latency in ms."""
+    from tests.support.harness import EXAMPLES  # noqa: F401 - the harness's own examples folder
+    from trainyard.packing import code_upload
+    folder = Path(tempfile.mkdtemp(prefix="cp-code-"))
+    (folder / "train.py").write_text("print('hi')\n")
+    code = code_upload(str(folder))
+    with code.fileobj:
+        archive = code.fileobj.read()
+    http = requests.Session()
+    http.headers["Authorization"] = f"Token {session.token}"
+    for i in range(SUBMITS):
+        if stop.wait(1.0):
+            break
+        started = time.monotonic()
+        response = http.post(f"{session.url}/api/v1/jobs/", timeout=60, files={
+            "manifest": ("manifest.yml", MANIFEST.format(i=f"s{i}")), "code": (code.filename, archive)})
+        results.append(((time.monotonic() - started) * 1000, response.status_code))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def main():
+    database, redis_url = require_services()
+    os.environ["DATABASE_URL"], os.environ["REDIS_URL"] = database, redis_url
+    work_dir = Path(tempfile.mkdtemp(prefix="trainyard-bench-cp-"))
+    cluster = Cluster(work_dir)
+    session = None
+    try:
+        session = start_session(work_dir / "platform", **backend_env(cluster))
+        setup_django(session, cluster)
+        from jobs import dispatch
+        figures = run(session, cluster, lambda: dispatch.send("schedule"), work_dir)
+    finally:
+        if session is not None:
+            session.stop()
+        cluster.stop()
+        if os.environ.get("BENCH_CP_KEEP"):
+            print(f"kept {work_dir} (platform logs under platform/logs)")
+        else:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    report(figures)
+
+
+def run(session, cluster, schedule, work_dir):
+    figures = {"concurrent_target": CONCURRENT, "queued_target": QUEUED, "job_s": JOB_S}
+    started = time.monotonic()
+    cluster.add_nodes(-(-SMALL_JOBS // GPUS_PER_NODE))
+    seed_queued(CONCURRENT + QUEUED, 0)
+    figures["seed_s"] = round(time.monotonic() - started, 1)
+    fleet = Fleet(cluster, session.url, TENANT).start()
+    try:
+        schedule()
+        reached(figures, "small", lambda: processing() >= SMALL_JOBS, SMALL_TIMEOUT_S)
+        small_s, small_queries, small_active, small_parts = measure_reconcile()
+
+        moment = datetime.now().astimezone()
+        cluster.add_nodes(-(-CONCURRENT // GPUS_PER_NODE) - cluster.nodes)
+        fill_started = time.monotonic()
+        schedule()
+        reached(figures, "admitted", lambda: len(admitted_since(moment)) >= CONCURRENT - SMALL_JOBS, FILL_TIMEOUT_S)
+        admitted = admitted_since(moment)
+        admission_s = (admitted[-1] - moment).total_seconds() if admitted else 0.0
+        reached(figures, "running", lambda: processing() >= CONCURRENT * 0.9,
+                max(10.0, FILL_TIMEOUT_S - (time.monotonic() - fill_started)))
+        running_s = time.monotonic() - fill_started
+
+        ws_file = work_dir / "ws.json"
+        ws = subprocess.Popen([sys.executable, "-c", "from bench.controlplane import ws_clients; ws_clients("
+                               f"{session.url.replace('http', 'ws', 1)!r}, {session.token!r}, {WS_CLIENTS}, "
+                               f"{STEADY_S + 10}, {str(ws_file)!r})"], cwd=Path(__file__).parent.parent)
+        time.sleep(10)  # the sockets connect
+        steady_started = time.monotonic()
+        submits, stop = [], threading.Event()
+        sampler = threading.Thread(target=submit_sampler, args=(session, submits, stop), daemon=True)
+        sampler.start()
+        large_s, large_queries, large_active, large_parts = measure_reconcile()
+        during = counts()
+        stop.wait(max(0.0, STEADY_S - (time.monotonic() - steady_started)))
+        stop.set()
+        sampler.join(60)
+        ws.wait(STEADY_S + 60)
+        sockets = json.loads(ws_file.read_text())
+    finally:
+        fleet.halt()
+    steady_ingest = [ms for at, ms, _ in fleet.ingest_ms if at >= steady_started]
+    steady_lines = sum(lines for at, _, lines in fleet.ingest_ms if at >= steady_started)
+    submit_ms = [ms for ms, status in submits if status == 201]
+    fanout = [ms for _, ms in sockets["delays"]]
+    figures.update({
+        "submit_p50_ms": round(median(submit_ms), 1) if submit_ms else None,
+        "submit_p95_ms": round(percentile(submit_ms, 0.95), 1) if submit_ms else None,
+        "submits": len(submits), "submit_errors": len(submits) - len(submit_ms),
+        "admissions_per_s": round((len(admitted) - 1) / admission_s, 1) if admission_s > 0 else None,
+        "admitted_in_fill": len(admitted),
+        "fill_to_running_s": round(running_s, 1),
+        "reconcile_pass_s": round(large_s, 3), "reconcile_queries": large_queries, "reconcile_active_jobs": large_active,
+        "reconcile_pass_s_small": round(small_s, 3), "reconcile_queries_small": small_queries,
+        "reconcile_active_jobs_small": small_active,
+        "reconcile_split_s": large_parts, "reconcile_split_s_small": small_parts,
+        "statuses_during_steady": during,
+        "ingest_p50_ms": round(median(steady_ingest), 1) if steady_ingest else None,
+        "ingest_p95_ms": round(percentile(steady_ingest, 0.95), 1) if steady_ingest else None,
+        "ingest_requests_per_s": round(len(steady_ingest) / STEADY_S, 1),
+        "ingest_lines_per_s": round(steady_lines / STEADY_S, 1),
+        "ingest_lines_per_s_demanded": LINES_PER_S * during.get("PROCESSING", 0),
+        "agent_connections": AGENT_CONNECTIONS,
+        "ws_clients_connected": sockets["connected"], "ws_messages": len(fanout),
+        "ws_fanout_p50_ms": round(median(fanout), 1) if fanout else None,
+        "ws_fanout_p95_ms": round(percentile(fanout, 0.95), 1) if fanout else None,
+        "errors": fleet.errors[:20], "error_count": len(fleet.errors),
+        "total_s": round(time.monotonic() - started, 1),
+    })
+    return figures
+
+
+def report(figures):
+    f = figures
+    publish("controlplane", [
+        (f"submit p50 / p95 ms ({f['submits']} jobs via the API, under load)",
+         f"{f['submit_p50_ms']} / {f['submit_p95_ms']}", "target p95 ≤ 150"),
+        ("jobs running / queued under the load", f"{f['statuses_during_steady'].get('PROCESSING', 0)} / "
+         f"{f['statuses_during_steady'].get('QUEUED', 0)}", f"target {CONCURRENT} / {QUEUED}"),
+        ("admissions/s (nodes added for the queue's head)", f["admissions_per_s"], ""),
+        ("  admission → running, s", f["fill_to_running_s"], ""),
+        (f"reconcile pass s, queries ({f['reconcile_active_jobs']} active)",
+         f"{f['reconcile_pass_s']}, {f['reconcile_queries']}", "target ≤ 2 s"),
+        (f"reconcile pass s, queries ({f['reconcile_active_jobs_small']} active)",
+         f"{f['reconcile_pass_s_small']}, {f['reconcile_queries_small']}", "queries: no more per job"),
+        (f"ingest p50 / p95 ms ({f['agent_connections']} agent connections)",
+         f"{f['ingest_p50_ms']} / {f['ingest_p95_ms']}", "target p95 ≤ 100"),
+        ("ingest requests/s", f["ingest_requests_per_s"], ""),
+        (f"websocket fan-out p50 / p95 ms ({f['ws_clients_connected']} clients)",
+         f"{f['ws_fanout_p50_ms']} / {f['ws_fanout_p95_ms']}", "target p95 ≤ 250"),
+        ("errors", f["error_count"], "0"),
+    ], figures)
+
+
+if __name__ == "__main__":
+    main()
