@@ -1,0 +1,97 @@
+"""deploy/kubernetes: both overlays as `kubectl kustomize` renders them, valid against the Kubernetes
+schemas (strict: an unknown or misspelt field fails) of the oldest version README supports and the
+newest kubernetes-validate knows, and each overlay being what README says it is."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import skip_or_fail
+
+KUBERNETES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+OVERLAYS = ("dev", "production")
+VERSIONS = ("1.25.0", kubernetes_validate.utils.latest_version())  # README: "Kubernetes 1.25 or newer"
+PLATFORM = {"trainyard-web", "trainyard-worker", "trainyard-beat", "trainyard-migrate"}
+
+
+def render(overlay):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        skip_or_fail("kubectl is not installed (Debian package kubectl)")
+    result = subprocess.run([kubectl, "kustomize", str(KUBERNETES / "overlays" / overlay)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def by_kind(objects, kind):
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def containers(objects):
+    """{workload name: its container} of the platform's Deployments and the migration Job."""
+    workloads = {**by_kind(objects, "Deployment"), **by_kind(objects, "Job")}
+    return {name: w["spec"]["template"]["spec"]["containers"][0] for name, w in workloads.items() if name in PLATFORM}
+
+
+def env_of(container):
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_its_rendered_objects_are_valid_kubernetes(overlay, version):
+    objects = render(overlay)
+    assert objects
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{overlay}: {obj['kind']}/{obj['metadata']['name']} (Kubernetes {version}): "
+                        f"{'.'.join(map(str, error.path))}: {error.message}")
+
+
+def test_dev_runs_postgres_and_redis_in_the_cluster():
+    objects = render("dev")
+    assert {"trainyard-postgres", "trainyard-redis"} <= set(by_kind(objects, "StatefulSet"))
+    config = by_kind(objects, "ConfigMap")["trainyard-config"]["data"]
+    assert config["REDIS_URL"] == "redis://trainyard-redis.trainyard.svc:6379/0"
+    assert set(containers(objects)) == PLATFORM
+    assert by_kind(objects, "NetworkPolicy")["trainyard-datastores"]
+    assert all(d["spec"]["replicas"] == 1 for name, d in by_kind(objects, "Deployment").items() if name in PLATFORM)
+
+
+def test_production_uses_external_datastores_from_the_secret():
+    objects = render("production")
+    assert not by_kind(objects, "StatefulSet"), "production runs no PostgreSQL or Redis of its own"
+    assert "REDIS_URL" not in by_kind(objects, "ConfigMap")["trainyard-config"]["data"]
+    for name, container in containers(objects).items():
+        env = env_of(container)
+        for variable, key in (("REDIS_URL", "redis-url"), ("DATABASE_URL", "database-url")):
+            assert env[variable]["valueFrom"]["secretKeyRef"] == {"name": "trainyard-secrets", "key": key}, name
+
+
+def test_production_sizes_scales_and_protects_web_and_workers():
+    objects = render("production")
+    for name, container in containers(objects).items():
+        if name != "trainyard-migrate":
+            assert {"cpu", "memory"} <= set(container["resources"]["requests"]), name
+            assert {"cpu", "memory"} <= set(container["resources"]["limits"]), name
+    deployments = by_kind(objects, "Deployment")
+    for name in ("trainyard-web", "trainyard-worker"):
+        labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
+        budget = by_kind(objects, "PodDisruptionBudget")[name]["spec"]
+        assert budget["minAvailable"] >= 1 and budget["selector"]["matchLabels"].items() <= labels.items()
+        scaler = by_kind(objects, "HorizontalPodAutoscaler")[name]["spec"]
+        assert scaler["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+        assert 2 <= scaler["minReplicas"] < scaler["maxReplicas"]
+    assert "trainyard-beat" not in by_kind(objects, "HorizontalPodAutoscaler")  # exactly one beat, always
+
+
+def test_the_web_reads_the_metrics_token_from_the_secret():
+    for overlay in OVERLAYS:
+        token = env_of(containers(render(overlay))["trainyard-web"])["TRAINYARD_METRICS_TOKEN"]
+        assert token["valueFrom"]["secretKeyRef"]["key"] == "metrics-token"
