@@ -30,8 +30,8 @@ JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 # Command-line flags that name the same hyperparameter, merged into one row so a sweep that spells it
 # `--lr` in one job and `--learning-rate` in another still lines up.
 LEARNING_RATE_FLAGS = ("lr", "learning-rate", "learning_rate", "base-lr", "base_lr", "lr0")
+# When the command names no batch size, an elastic manifest's elastic.batch_size.global is the one.
 BATCH_FLAGS = ("batch-size", "batch_size", "batch", "bs", "global-batch-size", "global_batch_size")
-# (an elastic manifest's elastic.batch_size.global is the batch size when the command names none)
 # (key, label, how to read it from a job): the manifest facts every comparison looks at, in table order.
 FACTS = (
     ("framework", "framework", lambda job: f"{job.framework} {job.runtime.get('framework_version', '')}".strip()),
@@ -120,7 +120,7 @@ def facts_of(job):
 def differences(jobs):
     """([rows that differ], [facts every job shares]), in FACTS order then flags, env, command, status."""
     per_job = [facts_of(job) for job in jobs]
-    keys = list(dict.fromkeys(key for facts in per_job for key in facts))
+    keys = sorted({key for facts in per_job for key in facts}, key=_row_order)
     rows, same = [], []
     for key in keys:
         label = next(facts[key][0] for facts in per_job if key in facts)
@@ -130,6 +130,15 @@ def differences(jobs):
         elif values[0] != "":
             same.append({"key": key, "label": label, "value": values[0]})
     return rows, same
+
+
+ROW_GROUPS = [key for key, _, _ in FACTS] + ["learning_rate", "batch_size", "flag:", "env:", "command", "status"]
+
+
+def _row_order(key):
+    """Manifest facts, learning rate, batch size, other flags A-Z, environment A-Z, command, status."""
+    group = key.split(":", 1)[0] + ":" if ":" in key else key
+    return ROW_GROUPS.index(group), key
 
 
 def command_parameters(command):

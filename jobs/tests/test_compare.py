@@ -73,6 +73,8 @@ def test_it_lines_up_lr_and_batch_however_the_command_spells_them(alice):
     assert rows["batch_size"] == ["64", "128"]
     assert rows["learners"] == ["1", "2"]
     assert rows["flag:amp"] == ["true", ""] and rows["env:EPOCHS"] == ["", "4"]
+    body = get(client_for(alice), [a.id, b.id]).json()  # rows in table order, whichever job has them
+    assert [row["key"] for row in body["rows"]] == ["learners", "batch_size", "flag:amp", "env:EPOCHS", "command"]
 
 
 def test_an_elastic_manifests_batch_and_range_are_rows_too(alice):
