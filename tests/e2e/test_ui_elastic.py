@@ -2,22 +2,80 @@
 global batch and samples/s over its allocation timeline, kept live over the websocket, and the cluster
 page's elastic size.
 
-The platform side of resizing lands separately (issue 13); until a job really resizes here, the job is
-a real one that ran and its allocation rows and `samples` points are written into the platform's
-database the way a resize writes them (`manage.py shell`), and new ones are published through
-jobs.live as ingest and the state machine publish them.
+One test follows a real resize: a shell job on the local backend with 4 virtual GPUs starts at 1
+learner and the autoscaler grows it while the page is open. Another draws a known story exactly: a job
+that ran, with allocation rows and `samples` points written into the platform's database as a resize
+writes them (`manage.py shell`), and new ones published through jobs.live as ingest and the state
+machine publish them, so the rates the page measures can be checked against the figures written.
 """
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.test_browser import SCREENSHOTS, log_in, shoot, wait_more
-from tests.support.harness import EXAMPLES
+from tests.e2e.test_frameworks import submit_folder
+from tests.support.harness import EXAMPLES, start_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 SECTION = "[data-testid=elastic]"
+ELASTIC_SHELL = Path(__file__).parent / "jobs" / "elastic-shell"
+ELASTIC_SHELL_MANIFEST = """
+name: elastic-shell
+learners: 1
+gpus: 1
+cpus: 0.5
+memory: 128MiB
+framework: {name: custom, command: bash run.sh}
+elastic: {min_learners: 1, max_learners: 4, batch_size: {global: 64, min: 32, max: 256}, lr_scaling: linear}
+checkpoint: {signal: SIGTERM, grace_seconds: 10}
+"""
+RESIZE_WAIT_MS = 240_000
+
+
+@pytest.fixture
+def four_gpus(tmp_path):
+    """A platform of its own with 4 virtual GPUs and an autoscaler that looks every 2 s (and resizes a job
+    at most once in 10 minutes, so the one grow this test waits for is the only one)."""
+    session = start_session(tmp_path, TRAINYARD_LOCAL_GPUS="4", TRAINYARD_LOCAL_CPUS="8",
+                            TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_ELASTIC_INTERVAL="2",
+                            TRAINYARD_ELASTIC_MIN_INTERVAL="600", TRAINYARD_ELASTIC_HORIZON="600")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def test_the_chart_follows_a_real_resize_live(browser, four_gpus):
+    job = submit_folder(four_gpus, ELASTIC_SHELL, ELASTIC_SHELL_MANIFEST)
+    four_gpus.wait_for(job["id"], {"PROCESSING", "HALTING", "STORING", "PENDING", "DOWNLOADING"}, timeout=90)
+    page = log_in(browser, four_gpus.url, four_gpus.username, four_gpus.password)
+    try:
+        page.goto(f"{four_gpus.url}/jobs/{job['id']}/")
+        page.wait_for_selector("[data-testid=connection][data-state=live]")
+        # The autoscaler grows it onto the three idle GPUs once it has measured it; the page hears the
+        # new attempt over the websocket and draws its stretch, and rank 0's reports of it as rates.
+        page.wait_for_function(f"() => document.querySelector('{SECTION}').dataset.allocationCount === '2'",
+                               timeout=RESIZE_WAIT_MS)
+        page.wait_for_function("""() => window.Trainyard.page.elastic.points.some((p) => p.attempt === 2)
+                                  && Number(document.querySelector('[data-testid=elastic]').dataset.ratePoints) > 2""",
+                               timeout=RESIZE_WAIT_MS)
+        detail = four_gpus.job(job["id"])
+        first, second = four_gpus.api("GET", f"/api/v1/jobs/{job['id']}/allocations/").json()["results"][:2]
+        assert (first["learners"], second["learners"]) == (1, detail["elastic"]["learners"]) and second["learners"] > 1
+        assert second["reason"].startswith("resized 1→") and second["reason"].endswith(": idle GPUs")
+        assert page.locator("[data-testid=elastic-now]").inner_text().startswith(
+            f"{second['learners']} of 1–4 learners · batch {second['global_batch']}")
+        assert page.locator("[data-field=learners]").inner_text() == str(second["learners"])
+        page.locator(SECTION).scroll_into_view_if_needed()
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.locator(SECTION).screenshot(path=str(SCREENSHOTS / "elastic-chart-real.png"))
+    finally:
+        page.close()
+        four_gpus.api("POST", f"/api/v1/jobs/{job['id']}/terminate/")
+        four_gpus.wait_for(job["id"])
 
 # Three stretches: 2 learners at batch 256, grown to 4 at 512 (7.5 s resize), shrunk to 2 at 256 (6 s);
 # rank 0 reports cumulative samples every second at 250, 480 and 245 samples/s.
