@@ -72,6 +72,13 @@ def test_the_chart_follows_a_real_resize_live(browser, four_gpus):
         page.locator(SECTION).scroll_into_view_if_needed()
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.locator(SECTION).screenshot(path=str(SCREENSHOTS / "elastic-chart-real.png"))
+        # The CLI, against the same platform, prints the same timeline.
+        shown = four_gpus.cli("show", job["id"])
+        assert shown.returncode == 0, shown.stderr
+        timeline = shown.stdout.split("allocations\n", 1)[1].splitlines()
+        assert timeline[0].split()[:3] == ["ATTEMPT", "LEARNERS", "BATCH"]
+        assert timeline[2].split()[:3] == ["2", str(second["learners"]), str(second["global_batch"])]
+        assert second["reason"] in timeline[2]
     finally:
         page.close()
         four_gpus.api("POST", f"/api/v1/jobs/{job['id']}/terminate/")
