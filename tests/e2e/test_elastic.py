@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 RESUMABLE = Path(__file__).parent / "jobs" / "resumable"
 EXAMPLE = EXAMPLES / "pytorch-elastic"
-EPOCHS = 20
+EPOCHS = 12
 ELASTIC = f"""
 name: elastic-e2e
 learners: 2
