@@ -4,6 +4,7 @@ pod's annotations file (a downward-API volume) since nothing can send it a signa
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -56,6 +57,30 @@ def test_it_halts_when_the_pods_annotations_ask_for_it(outside_tmp, ingest):
     assert "saving checkpoint" in [r.get("line") for r in ingest.stored()]
     assert os.listdir(os.path.dirname(config)) == ["agent.json"]  # nothing written beside the config
     assert {"agent.log", "agent.pid", "exit.json"} <= set(os.listdir(state_dir))
+
+
+def test_a_learner_that_ignores_the_annotation_halt_is_killed_after_its_grace_period(outside_tmp, ingest):
+    # A resize on Kubernetes asks for the checkpoint this way too (jobs.lifecycle.resize → halt_learners).
+    command = "trap '' USR2; echo ready; while :; do sleep 0.1; done"
+    config, state_dir, halt_file = kubernetes_layout(outside_tmp, ingest, command=command,
+                                                     checkpoint_signal="SIGUSR2", grace_seconds=1)
+    agent = subprocess.Popen(agent_command(config), env=agent_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(r.get("line") == "ready" for r in ingest.stored()))
+        with open(halt_file, "a") as f:
+            f.write('trainyard.io/halt="2026-11-21T12:00:00+00:00"\n')
+        started = time.monotonic()
+        assert agent.wait(timeout=15) == 0  # the agent itself works: the pod succeeds
+        assert 1 <= time.monotonic() - started < 6  # the file is polled each second, then the grace
+    finally:
+        stop_process(agent)
+        os.chmod(os.path.dirname(config), 0o755)
+    with open(os.path.join(state_dir, "exit.json")) as f:
+        record = json.load(f)
+    assert (record["exit_code"], record["reason"]) == (137, "halted: grace period expired, killed")
+    exited = [r for r in ingest.stored() if r.get("kind") == "status" and r.get("state") == "exited"]
+    assert [(r["exit_code"], r["reason"]) for r in exited] == [(137, "halted: grace period expired, killed")]
 
 
 def test_the_learner_finds_no_credential_where_the_agent_read_it(outside_tmp, ingest):
