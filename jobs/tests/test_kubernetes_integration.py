@@ -107,7 +107,8 @@ class Agent:
 
     def __init__(self, cluster, target, index, attempt=1):
         self.job, self.index, self.attempt, self.seq = target, index, attempt, 0
-        secret = cluster.get(f"/api/v1/namespaces/{NS}/secrets/{objects.secret_name(target.id, attempt)}")
+        namespace = objects.namespace_name(CONFIG.namespace_prefix, target.tenant.slug)
+        secret = cluster.get(f"/api/v1/namespaces/{namespace}/secrets/{objects.secret_name(target.id, attempt)}")
         key = objects.credential_key(index)
         self.token = secret.get("stringData", {}).get(key) or base64.b64decode(secret["data"][key]).decode()
 
