@@ -25,6 +25,8 @@ from bench.report import median, publish
 from tests.support.harness import EXAMPLES, start_session
 
 RUNS = int(os.environ.get("BENCH_FRAMEWORKS_RUNS", 3))
+ONLY = [name for name in os.environ.get("BENCH_FRAMEWORKS", "").split(",") if name]  # e.g. "sklearn,jax"
+DDP = os.environ.get("BENCH_FRAMEWORKS_DDP", "1") == "1"
 # framework: (example, command, module it needs)
 CASES = {
     "pytorch": ("pytorch-digits", "python train.py --epochs 4", "torch"),
@@ -87,8 +89,12 @@ def throughput(session, job_id):
 
 
 def main():
-    available = {name: case for name, case in CASES.items() if case[2] is None or importlib.util.find_spec(case[2])}
-    skipped = sorted(set(CASES) - set(available))
+    unknown = set(ONLY) - set(CASES)
+    if unknown:
+        raise SystemExit(f"BENCH_FRAMEWORKS: no case {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
+    wanted = {name: case for name, case in CASES.items() if not ONLY or name in ONLY}
+    available = {name: case for name, case in wanted.items() if case[2] is None or importlib.util.find_spec(case[2])}
+    skipped = sorted(set(wanted) - set(available))
     data_dir = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
     env_backup = {k: os.environ.pop(k) for k in ("DATABASE_URL", "REDIS_URL") if k in os.environ}
     session = start_session(data_dir, TRAINYARD_LOCAL_CPUS="4")
@@ -108,7 +114,7 @@ def main():
                 bare[key].append(bare_seconds(example, command))
                 through.setdefault(name, []).append(
                     platform_seconds(session, example, manifest, stamps.setdefault(name, []))[0])
-        for learners in (1, 2):
+        for learners in (1, 2) if DDP else ():
             runs = [throughput(session, platform_seconds(session, "pytorch-ddp", manifest_for(
                 "pytorch-ddp", DDP_COMMAND, learners=learners))[1]) for _ in range(RUNS)]
             ddp[learners] = median(runs)
@@ -127,12 +133,15 @@ def main():
         rows.append(("  submit → first line / last line → COMPLETED (median, s)",
                      f"{phases.get('submit_to_first_line_s', 0):.2f} / {phases.get('last_line_to_completed_s', 0):.2f}",
                      ""))
-    figures["ddp_1_learner_samples_per_s"] = round(ddp[1], 1)
-    figures["ddp_2_learner_samples_per_s"] = round(ddp[2], 1)
-    figures["ddp_2_learner_speedup"] = round(ddp[2] / ddp[1], 4)
+    if ddp:
+        figures["ddp_1_learner_samples_per_s"] = round(ddp[1], 1)
+        figures["ddp_2_learner_samples_per_s"] = round(ddp[2], 1)
+        figures["ddp_2_learner_speedup"] = round(ddp[2] / ddp[1], 4)
     figures.update(runs=RUNS, skipped_frameworks=skipped, cpus=os.cpu_count(),
                    load_average_1m=round(os.getloadavg()[0], 2))
-    rows += [("PyTorch DDP throughput, 1 learner (samples/s)", figures["ddp_1_learner_samples_per_s"], ""),
-             ("PyTorch DDP throughput, 2 learners (samples/s)", figures["ddp_2_learner_samples_per_s"], ""),
-             ("ddp_2_learner_speedup", figures["ddp_2_learner_speedup"], f"{os.cpu_count()} CPUs on this machine")]
-    publish("frameworks", rows, figures)
+    if ddp:
+        rows += [("PyTorch DDP throughput, 1 learner (samples/s)", figures["ddp_1_learner_samples_per_s"], ""),
+                 ("PyTorch DDP throughput, 2 learners (samples/s)", figures["ddp_2_learner_samples_per_s"], ""),
+                 ("ddp_2_learner_speedup", figures["ddp_2_learner_speedup"], f"{os.cpu_count()} CPUs on this machine")]
+    # A partial run (some frameworks, no DDP) is kept apart from the full run's headline figures.
+    publish("frameworks" if not ONLY and DDP else "frameworks.partial", rows, figures)
