@@ -14,7 +14,11 @@ pass, under the admission lock (so it never races a scheduling cycle):
    its size; the plan is carried out only if its predicted gain over TRAINYARD_ELASTIC_HORIZON
    seconds beats the restarts it costs (hysteresis: no resize for a gain the restart eats);
 4. act: shrinks first, then grows onto GPUs idle now (a grow that would need a shrinking job's GPUs
-   waits for a later pass).
+   waits for a later pass). Grows also wait while GPUs are being released: until no attempt has
+   given GPUs back for TRAINYARD_ELASTIC_GROW_SETTLE seconds (a stabilisation window, as the
+   Kubernetes HPA has one), so jobs ending together free their GPUs into one resize — growing onto
+   the first of them would cost a second restart for the rest, or leave them idle for
+   TRAINYARD_ELASTIC_MIN_INTERVAL.
 
 Elastic jobs without GPUs (gpus: 0) are not resized by the autoscaler: the optimizer divides GPUs.
 """
@@ -33,6 +37,7 @@ from jobs import admission, allocations, elasticity, lifecycle
 from jobs.backends import get_backend
 from jobs.models import ACTIVE, Allocation, Job, MetricPoint, Status
 from tenants import quotas
+from tenants.models import UsageRecord
 
 log = logging.getLogger(__name__)
 ACTOR = "autoscaler"
@@ -76,6 +81,7 @@ def run(now=None):
         except ValueError as exc:  # the running jobs' minimums do not fit what they may use
             log.warning("autoscaler: no plan: %s", exc)
             return []
+        jobs_by_id = {c.job.id: c.job for c in candidates}
         changes = {c.job.id: targets[c.job.id] for c in candidates
                    if targets[c.job.id].learners and targets[c.job.id].learners != c.job.learners}
         if not changes:
@@ -84,6 +90,11 @@ def run(now=None):
         if gain <= 0:
             log.info("autoscaler: plan %s not carried out: its predicted gain does not beat its resize cost",
                      {job_id: t.learners for job_id, t in changes.items()})
+            return []
+        grows = any(t.learners > jobs_by_id[job_id].learners for job_id, t in changes.items())
+        if grows and _gpus_released_since(now - timedelta(seconds=settings.ELASTIC_GROW_SETTLE_S)):
+            log.info("autoscaler: plan %s waits: GPUs were released less than %.0f s ago",
+                     {job_id: t.learners for job_id, t in changes.items()}, settings.ELASTIC_GROW_SETTLE_S)
             return []
         return _carry_out(candidates, changes, held, {n.name: n.gpus for n in nodes})
 
@@ -105,6 +116,11 @@ def _candidate(job, now):
 def _held_gpus(active):
     """{(node, gpu id): job id} of every GPU an active job holds."""
     return {(p["node"], gpu): job.id for job in active for p in job.placement for gpu in p["gpu_ids"]}
+
+
+def _gpus_released_since(moment):
+    """Whether an attempt gave GPUs back after `moment` (its usage record closed then)."""
+    return UsageRecord.objects.filter(ended_at__gt=moment, gpus__gt=0).exists()
 
 
 def _tenant_gpus_left(active, mine):

@@ -115,6 +115,9 @@ SERVICE_LEVEL_GPU_HOURS = env.number("TRAINYARD_SERVICE_LEVEL_GPU_HOURS", 4.0, m
 # configured one until a resize has been measured), and a job not again within the minimum interval.
 ELASTIC_INTERVAL_S = env.number("TRAINYARD_ELASTIC_INTERVAL", 30.0, minimum=0.5)
 ELASTIC_MIN_INTERVAL_S = env.number("TRAINYARD_ELASTIC_MIN_INTERVAL", 300.0, minimum=0.0)
+# Grows wait until no attempt has released GPUs for this long: jobs ending together (a burst of
+# finishes, several terminates) become one resize onto all their GPUs, not one per job.
+ELASTIC_GROW_SETTLE_S = env.number("TRAINYARD_ELASTIC_GROW_SETTLE", 10.0, minimum=0.0)
 ELASTIC_HORIZON_S = env.number("TRAINYARD_ELASTIC_HORIZON", 600.0, minimum=0.0)
 ELASTIC_RESIZE_COST_S = env.number("TRAINYARD_ELASTIC_RESIZE_COST", 60.0, minimum=0.0)
 ELASTIC_POLICY = env.choice("TRAINYARD_ELASTIC_POLICY", "trainyard", ("gpu_only", "paper", "trainyard"))

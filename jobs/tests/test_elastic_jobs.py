@@ -226,6 +226,7 @@ def four_gpus(cluster, monkeypatch, settings):
     cluster(gpus=4)
     monkeypatch.setattr(autoscaler, "get_backend", admission.get_backend)
     settings.ELASTIC_HORIZON_S, settings.ELASTIC_MIN_INTERVAL_S, settings.ELASTIC_RESIZE_COST_S = 600.0, 300.0, 20.0
+    settings.ELASTIC_GROW_SETTLE_S = 0.0  # the settle window has its own tests
     return SimpleNamespace(run=autoscaler.run, settings=settings)
 
 
@@ -279,3 +280,27 @@ def test_it_uses_the_measured_resize_cost(four_gpus, sent):
     assert autoscaler._resize_cost_s(row) == 20.0  # nothing measured yet: the configured guess
     Allocation.objects.filter(job=row, attempt=1).update(resize_cost_s=7.5)
     assert autoscaler._resize_cost_s(row) == 7.5
+
+
+def test_a_grow_waits_until_gpus_stop_being_released_then_takes_them_all(four_gpus, sent):
+    """Two jobs ending a moment apart: no grow onto the first one's GPU alone (a second restart for the
+    other's, or an idle GPU for TRAINYARD_ELASTIC_MIN_INTERVAL), one grow onto both once it settles."""
+    four_gpus.settings.ELASTIC_GROW_SETTLE_S = 10.0
+    row = running(elastic_job(learners=1), gpus=[0, 1])
+    first, second = (running(job(member(), gpus=1, learners=1), gpus=[g]) for g in (2, 3))
+    reports(row, (20, 0), (0, 2000))
+    transition(first.id, Status.TERMINATED, actor="alice", reason="terminated")
+    assert four_gpus.run() == []  # a GPU was released just now: the plan waits
+    transition(second.id, Status.TERMINATED, actor="alice", reason="terminated")
+    assert four_gpus.run(now=timezone.now() + timezone.timedelta(seconds=5)) == []
+    resized, = four_gpus.run(now=timezone.now() + timezone.timedelta(seconds=11))
+    assert resized.learners == 4 and Job.objects.get(pk=row.pk).status == Status.HALTING
+
+
+def test_a_job_that_held_no_gpu_does_not_hold_a_grow_back(four_gpus, sent):
+    four_gpus.settings.ELASTIC_GROW_SETTLE_S = 3600.0
+    row = running(elastic_job(learners=1), gpus=[0])
+    reports(row, (20, 0), (0, 2000))
+    cpu_only = running(job(member(), gpus=0, learners=1), gpus=[])
+    transition(cpu_only.id, Status.TERMINATED, actor="alice", reason="terminated")
+    assert [r.learners for r in four_gpus.run()] == [4]

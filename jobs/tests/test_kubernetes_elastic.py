@@ -65,6 +65,7 @@ def autoscaling(backend, monkeypatch, settings):
     use(monkeypatch, backend)
     monkeypatch.setattr(autoscaler, "get_backend", lambda: backend)
     settings.ELASTIC_HORIZON_S, settings.ELASTIC_MIN_INTERVAL_S, settings.ELASTIC_RESIZE_COST_S = 600.0, 300.0, 20.0
+    settings.ELASTIC_GROW_SETTLE_S = 0.0  # the settle window has its own tests
     return autoscaler
 
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 RESUMABLE = Path(__file__).parent / "jobs" / "resumable"
 EXAMPLE = EXAMPLES / "pytorch-elastic"
-EPOCHS = 12
+EPOCHS = 20
 ELASTIC = f"""
 name: elastic-e2e
 learners: 2
@@ -44,10 +44,12 @@ def fixed(name, *, gpus=1, priority="normal", steps=1000):
 
 @pytest.fixture
 def four_gpus(tmp_path):
-    # The autoscaler may resize a job once a minute at most here: the one grow this test expects
-    # happens as soon as GPUs are idle, and nothing undoes the shrink before the job ends.
+    # The autoscaler may resize a job once in ten minutes at most here: the one grow this test expects
+    # happens once the three busy jobs' GPUs are all idle (5 s after the last is released), and
+    # nothing undoes the shrink before the job ends.
     session = start_session(tmp_path, TRAINYARD_LOCAL_GPUS="4", TRAINYARD_LOCAL_CPUS="8",
                             TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_ELASTIC_INTERVAL="2",
+                            TRAINYARD_ELASTIC_GROW_SETTLE="5",
                             TRAINYARD_ELASTIC_MIN_INTERVAL="600", TRAINYARD_ELASTIC_HORIZON="600")
     try:
         yield session
