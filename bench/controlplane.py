@@ -487,17 +487,26 @@ def main():
     report(figures)
 
 
+def progress(started, text):
+    """A line per phase, so a run that is slow shows where (the phases are bounded, setup is not)."""
+    print(f"[{time.monotonic() - started:7.1f} s] {text}", flush=True)
+
+
 def run(session, cluster, schedule, work_dir):
     figures = {"concurrent_target": CONCURRENT, "queued_target": QUEUED, "job_s": JOB_S}
     started = time.monotonic()
+    progress(started, f"seeding {CONCURRENT + QUEUED} queued jobs")
     cluster.add_nodes(-(-SMALL_JOBS // GPUS_PER_NODE))
     seed_queued(CONCURRENT + QUEUED, 0)
     figures["seed_s"] = round(time.monotonic() - started, 1)
     fleet = Fleet(cluster, session.url, TENANT).start()
     try:
+        progress(started, f"seeded in {figures['seed_s']} s; running the first {SMALL_JOBS}")
         schedule()
         reached(figures, "small", lambda: processing() >= SMALL_JOBS, SMALL_TIMEOUT_S)
+        progress(started, f"small: {figures['small_reached']}; timing reconcile passes")
         small_s, small_queries, small_active, small_parts = measure_reconcile()
+        progress(started, f"small reconcile pass {small_s:.2f} s, {small_queries} queries; filling to {CONCURRENT}")
 
         moment = datetime.now().astimezone()
         cluster.add_nodes(-(-CONCURRENT // GPUS_PER_NODE) - cluster.nodes)
@@ -509,6 +518,7 @@ def run(session, cluster, schedule, work_dir):
         reached(figures, "running", lambda: processing() >= CONCURRENT * 0.9,
                 max(10.0, FILL_TIMEOUT_S - (time.monotonic() - fill_started)))
         running_s = time.monotonic() - fill_started
+        progress(started, f"filled in {running_s:.0f} s: {figures['running_reached']}; steady load for {STEADY_S:.0f} s")
 
         ws_file = work_dir / "ws.json"
         ws = subprocess.Popen([sys.executable, "-c", "from bench.controlplane import ws_clients; ws_clients("
@@ -520,6 +530,7 @@ def run(session, cluster, schedule, work_dir):
         sampler = threading.Thread(target=submit_sampler, args=(session, submits, stop), daemon=True)
         sampler.start()
         large_s, large_queries, large_active, large_parts = measure_reconcile()
+        progress(started, f"large reconcile pass {large_s:.2f} s, {large_queries} queries")
         during = counts()
         stop.wait(max(0.0, STEADY_S - (time.monotonic() - steady_started)))
         stop.set()
