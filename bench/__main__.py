@@ -6,7 +6,7 @@ from pathlib import Path
 
 import bench
 
-EXCLUDED = {"report", "timeline"}
+EXCLUDED = {"baseline", "report", "timeline"}
 
 
 def available():

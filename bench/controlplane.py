@@ -466,6 +466,9 @@ def submit_sampler(session, results, stop):
 
 
 def main():
+    # A run stopped from outside (timeout, Ctrl-C's cousin) still stops the platform and the
+    # emulated cluster and drops its database: the finally blocks run on SIGTERM too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     database, redis_url = require_services()
     os.environ["DATABASE_URL"], os.environ["REDIS_URL"] = database, redis_url
     work_dir = Path(tempfile.mkdtemp(prefix="trainyard-bench-cp-"))

@@ -1,8 +1,10 @@
 """frameworks: what running through Trainyard costs for each framework, and what a second learner buys.
 
 For each framework's example the same command runs bare (the thread settings the agent gives a
-1-CPU learner) and then through a freshly started platform on the embedded defaults (submit →
-COMPLETED); the ratio of median wall times is `overhead_ratio_<framework>`. `tensorflow` runs the
+1-CPU learner, in a control group of the manifest's CPUs as its learner runs: bench.baseline) and
+then through a freshly started platform on the embedded defaults (submit → COMPLETED); the ratio of
+median wall times is `overhead_ratio_<framework>`; `overhead_ratio_vs_unlimited_<framework>` divides
+by a bare run without the CPU limit instead (it also counts the limit the manifest asked for). `tensorflow` runs the
 Keras example under `framework: tensorflow` (the same program, so it shares keras's bare timing).
 `ddp_2_learner_speedup` is the training throughput (samples/s over all learners, as the example
 reports it) of the 2-learner PyTorch DDP job over the same job with 1 learner, both through the
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from bench import timeline
+from bench.baseline import cpu_limited
 from bench.report import median, publish
 from tests.support.harness import EXAMPLES, start_session
 
@@ -52,8 +55,20 @@ def manifest_for(example, command, *, framework=None, learners=None):
     return text
 
 
-def bare_seconds(example, command):
-    """The example's command on its own, as a 1-CPU learner would run it."""
+def manifest_cpus(manifest):
+    return float(re.search(r"(?m)^cpus: *([0-9.]+)", manifest).group(1))
+
+
+def bare_seconds(example, command, cpus=None):
+    """The example's command on its own, with the thread settings of a 1-CPU learner and, given
+    `cpus`, held to that many CPUs as its learner would be."""
+    if cpus is not None:
+        with cpu_limited(cpus) as join:
+            return _bare_seconds(example, command, preexec_fn=join)
+    return _bare_seconds(example, command)
+
+
+def _bare_seconds(example, command, preexec_fn=None):
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "code"
         shutil.copytree(EXAMPLES / example, work)
@@ -63,7 +78,7 @@ def bare_seconds(example, command):
                    PYTHONPATH=str(EXAMPLES.parent), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
         started = time.monotonic()
         subprocess.run(command, shell=True, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+                       stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
         return time.monotonic() - started
 
 
@@ -99,7 +114,7 @@ def main():
     env_backup = {k: os.environ.pop(k) for k in ("DATABASE_URL", "REDIS_URL") if k in os.environ}
     session = start_session(data_dir, TRAINYARD_LOCAL_CPUS="4")
     os.environ.update(env_backup)
-    bare, through, ddp, stamps = {}, {}, {}, {}
+    bare, unlimited, through, ddp, stamps = {}, {}, {}, {}, {}
     try:
         for name, (example, command, _) in available.items():
             key = (example, command)
@@ -108,12 +123,13 @@ def main():
                 # One untimed run first: the first import of a framework reads it from disk, which
                 # would be charged to whichever side happened to run first.
                 bare_seconds(example, command)
-                bare[key] = []
+                bare[key], unlimited[key] = [], []
             # Bare and platform runs alternate, so a change in the machine's load hits both sides.
             for _ in range(RUNS):
-                bare[key].append(bare_seconds(example, command))
+                bare[key].append(bare_seconds(example, command, manifest_cpus(manifest)))
                 through.setdefault(name, []).append(
                     platform_seconds(session, example, manifest, stamps.setdefault(name, []))[0])
+                unlimited[key].append(bare_seconds(example, command))
         for learners in (1, 2) if DDP else ():
             runs = [throughput(session, platform_seconds(session, "pytorch-ddp", manifest_for(
                 "pytorch-ddp", DDP_COMMAND, learners=learners))[1]) for _ in range(RUNS)]
@@ -126,9 +142,12 @@ def main():
         bare_s, through_s = median(bare[(example, command)]), median(through[name])
         figures[f"overhead_ratio_{name}"] = round(through_s / bare_s, 4)
         figures[f"bare_wall_s_{name}"] = round(bare_s, 3)
+        figures[f"bare_cpus_{name}"] = manifest_cpus(manifest_for(example, command))
+        figures[f"overhead_ratio_vs_unlimited_{name}"] = round(through_s / median(unlimited[(example, command)]), 4)
         figures[f"platform_wall_s_{name}"] = round(through_s, 3)
         rows.append((f"{name} ({example}): bare / through Trainyard (s)", f"{bare_s:.1f} / {through_s:.1f}", ""))
-        rows.append((f"overhead_ratio_{name}", figures[f"overhead_ratio_{name}"], ""))
+        rows.append((f"overhead_ratio_{name}", figures[f"overhead_ratio_{name}"], "target ≤ 1.10"))
+        rows.append(("  ÷ the bare run without a CPU limit", figures[f"overhead_ratio_vs_unlimited_{name}"], ""))
         figures[f"phases_s_{name}"] = phases = timeline.summarise(stamps[name])
         rows.append(("  submit → first line / last line → COMPLETED (median, s)",
                      f"{phases.get('submit_to_first_line_s', 0):.2f} / {phases.get('last_line_to_completed_s', 0):.2f}",
