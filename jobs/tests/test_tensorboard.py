@@ -8,10 +8,9 @@ import base64
 import numpy as np
 import pytest
 
-from jobs import credentials, tensorboard
+from jobs import tensorboard
 from jobs.models import Learner, LogLine, MetricPoint
-from jobs.tests.builders import job, member
-from jobs.tests.test_ingest import post
+from jobs.tests.test_ingest import post, running_job  # noqa: F401 - a fixture shared with the ingest tests
 from learner_agent import tfevents
 
 tb = pytest.importorskip("tensorboard")
@@ -20,13 +19,6 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa
 from tensorboard.util import tensor_util  # noqa: E402
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def running_job():
-    target = job(member(), status="PENDING")
-    target.tokens = credentials.issue_for_attempt(target)
-    return target
 
 
 def simple(tag, value, step):

@@ -37,20 +37,32 @@ def kubernetes_layout(base, ingest, *, command, **overrides):
     return path, state_dir, halt_file
 
 
-def test_it_halts_when_the_pods_annotations_ask_for_it(outside_tmp, ingest):
-    command = "trap 'echo saving checkpoint; exit 0' USR2; echo ready; while :; do sleep 0.1; done"
-    config, state_dir, halt_file = kubernetes_layout(outside_tmp, ingest, command=command,
-                                                     checkpoint_signal="SIGUSR2", grace_seconds=10)
+def halted_through_annotations(config, ingest, halt_file):
+    """Start the agent, and once its learner says "ready", annotate the pod for a halt as the kubelet
+    would once the backend has (jobs.backends.k8s): the running agent process."""
     agent = subprocess.Popen(agent_command(config), env=agent_env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: any(r.get("line") == "ready" for r in ingest.stored()))
-        # What the kubelet writes once the backend has annotated the pod.
         with open(halt_file, "a") as f:
             f.write('trainyard.io/halt="2026-11-21T12:00:00+00:00"\n')
+    except BaseException:
+        stop_process(agent)
+        raise
+    return agent
+
+
+def test_it_halts_when_the_pods_annotations_ask_for_it(outside_tmp, ingest):
+    command = "trap 'echo saving checkpoint; exit 0' USR2; echo ready; while :; do sleep 0.1; done"
+    config, state_dir, halt_file = kubernetes_layout(outside_tmp, ingest, command=command,
+                                                     checkpoint_signal="SIGUSR2", grace_seconds=10)
+    agent = None
+    try:
+        agent = halted_through_annotations(config, ingest, halt_file)
         assert agent.wait(timeout=15) == 0
     finally:
-        stop_process(agent)
+        if agent is not None:
+            stop_process(agent)
         os.chmod(os.path.dirname(config), 0o755)
     with open(os.path.join(state_dir, "exit.json")) as f:
         assert json.load(f)["reason"] == "halted"
@@ -64,17 +76,15 @@ def test_a_learner_that_ignores_the_annotation_halt_is_killed_after_its_grace_pe
     command = "trap '' USR2; echo ready; while :; do sleep 0.1; done"
     config, state_dir, halt_file = kubernetes_layout(outside_tmp, ingest, command=command,
                                                      checkpoint_signal="SIGUSR2", grace_seconds=1)
-    agent = subprocess.Popen(agent_command(config), env=agent_env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    agent = None
     try:
-        wait_for(lambda: any(r.get("line") == "ready" for r in ingest.stored()))
-        with open(halt_file, "a") as f:
-            f.write('trainyard.io/halt="2026-11-21T12:00:00+00:00"\n')
+        agent = halted_through_annotations(config, ingest, halt_file)
         started = time.monotonic()
         assert agent.wait(timeout=15) == 0  # the agent itself works: the pod succeeds
         assert 1 <= time.monotonic() - started < 6  # the file is polled each second, then the grace
     finally:
-        stop_process(agent)
+        if agent is not None:
+            stop_process(agent)
         os.chmod(os.path.dirname(config), 0o755)
     with open(os.path.join(state_dir, "exit.json")) as f:
         record = json.load(f)
