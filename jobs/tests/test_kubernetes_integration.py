@@ -424,6 +424,103 @@ def test_the_cache_is_resynced_after_the_resync_period():
     assert not watcher.fresh() and watcher.due_for_resync()
 
 
+class EndlessWatchApi(ScriptedApi):
+    """A server that keeps one watch stream open for as long as the client reads (kmock does: it
+    does not honour timeoutSeconds), with an event every `step` seconds of the watcher's clock."""
+
+    def __init__(self, now, step):
+        super().__init__()
+        self.now, self.step = now, step
+
+    def watch(self, kind, *, resource_version, **_):
+        self.watches.append(resource_version)
+        version = int(resource_version)
+        for _ in range(20):  # "endless" for the test; bounded so a watcher that does not end it fails
+            self.now[0] += self.step
+            version += 1
+            yield "MODIFIED", {"metadata": {"namespace": "ns", "name": "p1", "resourceVersion": str(version)}}
+
+
+def test_a_followed_watch_keeps_the_cache_fresh_past_the_resync_period_and_the_watcher_ends_it_to_resync():
+    now = [0.0]
+    api = EndlessWatchApi(now, step=10.0)
+    watcher = PodWatcher(api, resync_s=60, clock=lambda: now[0])
+    fresh_while_following = []
+    watcher.on_change = lambda kind, pod: fresh_while_following.append(watcher.fresh())
+    watcher.run_once()  # list at 0, then follow the endless stream until the resync is due
+    assert all(fresh_while_following) and len(fresh_while_following) == 6  # 10 s ... 60 s
+    assert watcher.fresh()  # still following: run() goes straight on to the next pass
+    watcher.run_once()
+    assert api.lists == 2 and api.watches == ["100", "200"]
+
+
+def test_a_stopped_or_failed_watch_no_longer_keeps_the_cache_fresh_past_the_resync_period():
+    now = [0.0]
+    watcher = PodWatcher(ScriptedApi(), resync_s=60, clock=lambda: now[0])
+    watcher.sync()
+    watcher._following = True
+    now[0] = 61.0
+    assert watcher.fresh()
+    watcher.stop()
+    assert not watcher.fresh()
+
+
+def pod(name, job, attempt, phase="Pending", namespace=NS):
+    return {"metadata": {"namespace": namespace, "name": name, "labels": {
+        objects.LABEL_JOB: job, objects.LABEL_ATTEMPT: str(attempt), objects.LABEL_ROLE: "learner"}},
+        "status": {"phase": phase}}
+
+
+def test_the_cache_finds_a_jobs_pods_by_its_label_through_changes_and_deletes():
+    watcher = PodWatcher(ScriptedApi())
+    watcher.apply("ADDED", pod("a-1-0", "a", 1))
+    watcher.apply("ADDED", pod("a-1-1", "a", 1))
+    watcher.apply("ADDED", pod("a-2-0", "a", 2))
+    watcher.apply("ADDED", pod("b-1-0", "b", 1))
+    watcher.apply("ADDED", pod("a-1-0", "a", 1, namespace="other"))
+    watcher.apply("MODIFIED", pod("a-1-0", "a", 1, phase="Running"))
+    phases = lambda labels: sorted((p["metadata"]["namespace"], p["metadata"]["name"], p["status"]["phase"])
+                                   for p in watcher.pods(labels))
+    assert phases(objects.learner_selector("a", 1)) == [
+        ("other", "a-1-0", "Pending"), (NS, "a-1-0", "Running"), (NS, "a-1-1", "Pending")]
+    watcher.apply("DELETED", pod("a-1-1", "a", 1))
+    watcher.apply("MODIFIED", pod("b-1-0", "c", 1))  # relabelled: found under its new job only
+    assert phases(objects.learner_selector("a", 1)) == [("other", "a-1-0", "Pending"), (NS, "a-1-0", "Running")]
+    assert phases(objects.learner_selector("b", 1)) == []
+    assert phases(objects.learner_selector("c", 1)) == [(NS, "b-1-0", "Pending")]
+    assert len(watcher.pods({objects.LABEL_ROLE: "learner"})) == 4  # no job label: every pod looked at
+
+
+def test_a_quiet_watch_stream_that_outlasts_its_read_timeout_ends_without_an_error():
+    """A server that sends the response's head and then nothing (a quiet cluster, on a server that
+    ignores timeoutSeconds): the stream ends as a normal one does, so the cache is not thrown away."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(15)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api = KubeApi(api_client_for(f"http://127.0.0.1:{server.server_address[1]}"), retries=0)
+        started = time.monotonic()
+        assert list(api.watch("Pod", labels=objects.MANAGED_BY, resource_version="7", timeout_s=0)) == []
+        assert 9 < time.monotonic() - started < 14  # the read timeout (timeout_s + 10 s), not the server
+    finally:
+        server.shutdown()
+
+
 # --- wiring --------------------------------------------------------------------------------------
 def test_get_backend_builds_it_from_kubeconfig_and_settings(cluster, settings, tmp_path, monkeypatch):
     from jobs.backends import get_backend

@@ -174,6 +174,11 @@ class KubeApi:
                 response.release_conn()
         except k8s_client.ApiException as exc:
             raise _error(exc, f"watch {kind}") from exc
+        except urllib3.exceptions.ReadTimeoutError:
+            # Nothing arrived for longer than the stream was to last: nothing was missed either, so
+            # this ends the stream as the server's own timeout would, and the next one goes on from
+            # the same version. (A server that ignores timeoutSeconds ends a quiet stream this way.)
+            return
         except urllib3.exceptions.HTTPError as exc:
             raise KubeError(f"watch {kind}: connection failed: {exc}") from exc
         except ValueError as exc:
