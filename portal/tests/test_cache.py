@@ -1,0 +1,30 @@
+"""The cache's Redis connections are shared by every thread of a process (portal.cache)."""
+import threading
+
+import redis
+from django.core.cache.backends.redis import RedisCache
+
+import portal.settings as platform_settings
+from portal.tests.test_metrics import redis_url  # noqa: F401 - the fixture: an embedded Redis of the test's own
+
+
+def test_a_cache_object_per_thread_shares_one_connection_to_redis(redis_url):  # noqa: F811
+    """Django builds a cache object per thread and request context; under daphne each request's sync
+    code runs in a thread of its own. Forty of them, one after another, as forty requests would."""
+    options = platform_settings.CACHES["default"]["OPTIONS"]
+    accepted = lambda: redis.Redis.from_url(redis_url).info("stats")["total_connections_received"]
+    before = accepted()
+
+    def request(n):
+        cache = RedisCache(redis_url, {"OPTIONS": options})
+        cache.add(f"count-{n % 3}", 0, timeout=60)
+        cache.incr(f"count-{n % 3}")
+        assert cache.get(f"count-{n % 3}") >= 1
+
+    for n in range(40):
+        thread = threading.Thread(target=request, args=(n,))
+        thread.start()
+        thread.join()
+    # One for the shared pool, one for each `accepted()` call; a pool per cache object made 40.
+    assert accepted() - before <= 3
+    assert sum(RedisCache(redis_url, {"OPTIONS": options}).get(f"count-{i}") for i in range(3)) == 40
