@@ -409,6 +409,13 @@ def measure_reconcile(passes=3, profile=None):
     return median(seconds), min(queries), active, {name: round(median(v), 3) for name, v in parts.items()}
 
 
+def machine_cpu():
+    """(busy, total) jiffies of all cores so far (/proc/stat): everything, PostgreSQL and Redis too."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def wait_until(what, predicate, timeout):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -548,6 +555,7 @@ def run(session, cluster, schedule, work_dir):
         # stand-ins for the cluster (the API server, the kubelet and agents, the browsers).
         usage = Usage(dict(session.platform.pids(), apiserver=cluster.process.pid, fleet=os.getpgid(0),
                            browsers=ws.pid), work_dir).__enter__()
+        machine_before = machine_cpu()
         steady_started = time.monotonic()
         submits, stop = [], threading.Event()
         sampler = threading.Thread(target=submit_sampler, args=(session, submits, stop), daemon=True)
@@ -562,6 +570,8 @@ def run(session, cluster, schedule, work_dir):
         usage.__exit__(None, None, None)
         steady_cpu = {part: round(cpu / (time.monotonic() - steady_started), 2)
                       for part, cpu in sorted(usage.platform_cpu_by_part.items())}
+        busy, total = (after - before for after, before in zip(machine_cpu(), machine_before))
+        steady_cpu["whole machine"] = round(busy / total * (os.cpu_count() or 1), 2)
         ws.wait(STEADY_S + 60)
         sockets = json.loads(ws_file.read_text())
     finally:

@@ -64,6 +64,11 @@ class Platform:
             self.redis_port = redis_port or int(self.env.get("TRAINYARD_EMBEDDED_REDIS_PORT") or 6390)
             self.env["REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}/0"
         self.processes = {}
+        # More than one web process share one listening socket, opened here and handed to each
+        # daphne (--fd): the kernel spreads connections across them, and a restarted one takes up the
+        # same socket. One process (the default) binds its port itself, as before.
+        self.web_processes = _count(self.env, "TRAINYARD_WEB_PROCESSES")
+        self._web_socket = None
         # Supervised, a part that exits on its own is started again, as systemd or Kubernetes would
         # do in production: one part's outage can take another down with it (the Celery worker
         # exits on some Redis connection losses), and the platform must come back by itself.
@@ -82,7 +87,8 @@ class Platform:
         try:
             if self.embedded_redis:
                 self.start_redis()
-            self.start_web()
+            for name in self.web_names():
+                self.start_web(name)
             self.start_worker()
             self.start_beat()
             self.wait_ready(timeout)
@@ -102,6 +108,9 @@ class Platform:
             self._supervisor = None
         for name in reversed(list(self.processes)):
             self.stop_process(name, timeout=timeout)
+        if self._web_socket is not None:
+            self._web_socket.close()
+            self._web_socket = None
 
     def __enter__(self):
         return self.start()
@@ -128,9 +137,20 @@ class Platform:
             time.sleep(0.05)
         raise StartupError("embedded Redis did not start; see " + str(self.log_dir / "redis.log"))
 
-    def start_web(self):
-        self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                           "portal.asgi:application"])
+    def web_names(self):
+        return ["web"] + [f"web{i}" for i in range(2, self.web_processes + 1)]
+
+    def start_web(self, name="web"):
+        if self.web_processes == 1:
+            self.spawn(name, [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                              "portal.asgi:application"])
+            return
+        if self._web_socket is None:
+            self._web_socket = socket.create_server(("127.0.0.1", self.port), backlog=1024)
+            self._web_socket.set_inheritable(True)
+        fd = self._web_socket.fileno()
+        self.spawn(name, [sys.executable, "-m", "daphne", "--fd", str(fd), "portal.asgi:application"],
+                   pass_fds=(fd,))
 
     def start_worker(self):
         self.spawn("worker", [sys.executable, "-m", "celery", "-A", "portal.celery", "worker", "--loglevel=INFO",
@@ -141,11 +161,11 @@ class Platform:
         self.spawn("beat", [sys.executable, "-m", "celery", "-A", "portal.celery", "beat", "--loglevel=INFO",
                             "-s", str(self.data_dir / "celerybeat-schedule")])
 
-    def spawn(self, name, argv):
+    def spawn(self, name, argv, pass_fds=()):
         log = open(self.log_dir / f"{name}.log", "ab")
         output = dict(stdout=log, stderr=subprocess.STDOUT) if self.quiet else {}
         with self._lock:
-            self.processes[name] = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=self.env,
+            self.processes[name] = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=self.env, pass_fds=pass_fds,
                                                     stdin=subprocess.DEVNULL, start_new_session=True, **output)
             return self.processes[name]
 
@@ -168,7 +188,12 @@ class Platform:
     def restart(self, name):
         with self._lock:
             self.stop_process(name)
-            getattr(self, f"start_{name}")()
+            self._starter(name)()
+
+    def _starter(self, name):
+        if name.startswith("web"):
+            return lambda: self.start_web(name)
+        return getattr(self, f"start_{name}")
 
     def check_alive(self, name):
         """Raise if the part has exited and (when supervised) will not be started again."""
@@ -196,7 +221,7 @@ class Platform:
                       f"{process.returncode}; starting it again\n")
         del self.processes[name]
         try:
-            getattr(self, f"start_{name}")()
+            self._starter(name)()
         except StartupError as exc:  # e.g. its port still taken
             self.processes.setdefault(name, process)  # still dead: the next round tries again
             with open(self.log_dir / f"{name}.log", "a") as log:
@@ -222,6 +247,13 @@ class Platform:
 
     def pids(self):
         return {name: p.pid for name, p in self.processes.items() if p.poll() is None}
+
+
+def _count(env, name):
+    text = env.get(name) or "1"
+    if not text.isdigit() or int(text) < 1:
+        raise StartupError(f"{name} must be a whole number of at least 1, not {text!r}")
+    return int(text)
 
 
 def _signal_group(process, sig):

@@ -2,6 +2,8 @@
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -12,8 +14,8 @@ class Sleepers(Platform):
     def start_redis(self):
         self.spawn("redis", ["sleep", "60"])
 
-    def start_web(self):
-        self.spawn("web", ["sleep", "60"])
+    def start_web(self, name="web"):
+        self.spawn(name, ["sleep", "60"])
 
     def start_worker(self):
         self.spawn("worker", ["sleep", "60"])
@@ -78,3 +80,45 @@ def test_unsupervised_a_crash_is_reported_and_left_alone(platform):
         platform.check_alive("redis")
     time.sleep(0.6)
     assert "redis" not in platform.pids() and not platform.restarts
+
+
+class WebOnly(Sleepers):
+    """The real web processes (daphne), the rest sleeping."""
+    start_web = Platform.start_web
+
+    def wait_ready(self, timeout):
+        assert wait_for(lambda: served(self.url), timeout)
+
+
+def served(url):
+    try:
+        with urllib.request.urlopen(url + "/login/", timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code  # answered all the same
+    except OSError:
+        return None
+
+
+def test_two_web_processes_share_the_port_and_one_serves_while_the_other_restarts(tmp_path):
+    platform = WebOnly(data_dir=tmp_path, port=free_port(), supervise=True,
+                       env={"REDIS_URL": "", "TRAINYARD_WEB_PROCESSES": "2"}).start(timeout=60)
+    try:
+        first, second = platform.pids()["web"], platform.pids()["web2"]
+        killed = platform.processes["web"]
+        os.kill(first, signal.SIGKILL)
+        killed.wait(5)
+        # Nothing listens on the port but the socket both were given: the second answers alone.
+        assert all(served(platform.url) for _ in range(20))
+        assert wait_for(lambda: platform.pids().get("web") not in (None, first), timeout=10)
+        assert platform.pids()["web2"] == second and [p for p, _, _ in platform.restarts] == ["web"]
+        assert wait_for(lambda: served(platform.url), timeout=30)
+    finally:
+        platform.stop()
+    assert served(platform.url) is None  # the shared socket is closed with the last of them
+
+
+def test_a_malformed_web_process_count_is_refused_by_name(tmp_path):
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(StartupError, match=f"TRAINYARD_WEB_PROCESSES must be a whole number .*{bad!r}"):
+            Sleepers(data_dir=tmp_path, port=free_port(), env={"REDIS_URL": "", "TRAINYARD_WEB_PROCESSES": bad})
