@@ -69,6 +69,8 @@ def parse_args(argv):
     parser.add_argument("--width", type=int, default=1024, help="hidden units of the MLP")
     parser.add_argument("--report-every", type=int, default=10, help="steps between `samples`/`loss` reports")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds to pause after each step: a demo or test at a known pace on any machine")
     return parser.parse_args(argv)
 
 
@@ -216,6 +218,8 @@ def main(argv=None):
         print(f"samples epoch={epoch} step={state['step']} rank={rank} idx={index_ranges(mine.tolist())}", flush=True)
         # One collective per step: the stop flag travels with the loss, so every learner stops here.
         stop, chunk_loss = all_sum(float(STOP.requested), loss_sum.item())
+        if args.step_delay > 0 and not stop:
+            time.sleep(args.step_delay)
         chunk_loss /= len(chunk)
         state["epoch_loss"] += chunk_loss * len(chunk)
         since_report += 1

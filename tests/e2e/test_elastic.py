@@ -24,13 +24,16 @@ pytestmark = pytest.mark.e2e
 RESUMABLE = Path(__file__).parent / "jobs" / "resumable"
 EXAMPLE = EXAMPLES / "pytorch-elastic"
 EPOCHS = 20
+# 20 epochs took 4 s of training on one machine and over a minute on another: the steps are paced
+# (0.2 s each, ~90 s at 1 learner) so the grow and the shrink land mid-training on any of them.
+STEP_DELAY_S = 0.2
 ELASTIC = f"""
 name: elastic-e2e
 learners: 2
 gpus: 1
 cpus: 1
 memory: 1GiB
-framework: {{name: pytorch, version: "2.13", command: python train.py --epochs {EPOCHS}}}
+framework: {{name: pytorch, version: "2.13", command: python train.py --epochs {EPOCHS} --step-delay {STEP_DELAY_S}}}
 elastic: {{min_learners: 1, max_learners: 4, batch_size: {{global: 64, min: 32, max: 128}}, lr_scaling: linear}}
 checkpoint: {{signal: SIGTERM, grace_seconds: 60}}
 """
