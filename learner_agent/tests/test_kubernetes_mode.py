@@ -1,6 +1,7 @@
 """The agent as the Kubernetes backend runs it: config on a read-only mount (a ConfigMap), the ingest
 token in a file (the attempt's Secret), its own files in `state_dir`, and halt asked for through the
 pod's annotations file (a downward-API volume) since nothing can send it a signal."""
+import contextlib
 import json
 import os
 import subprocess
@@ -37,33 +38,31 @@ def kubernetes_layout(base, ingest, *, command, **overrides):
     return path, state_dir, halt_file
 
 
+@contextlib.contextmanager
 def halted_through_annotations(config, ingest, halt_file):
     """Start the agent, and once its learner says "ready", annotate the pod for a halt as the kubelet
-    would once the backend has (jobs.backends.k8s): the running agent process."""
-    agent = subprocess.Popen(agent_command(config), env=agent_env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    would once the backend has (jobs.backends.k8s); yields the running agent process. On the way
+    out the agent is stopped and the config folder made writable again (for tmp's cleanup)."""
+    agent = None
     try:
+        agent = subprocess.Popen(agent_command(config), env=agent_env(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
         wait_for(lambda: any(r.get("line") == "ready" for r in ingest.stored()))
         with open(halt_file, "a") as f:
             f.write('trainyard.io/halt="2026-11-21T12:00:00+00:00"\n')
-    except BaseException:
-        stop_process(agent)
-        raise
-    return agent
+        yield agent
+    finally:
+        if agent is not None:
+            stop_process(agent)
+        os.chmod(os.path.dirname(config), 0o755)
 
 
 def test_it_halts_when_the_pods_annotations_ask_for_it(outside_tmp, ingest):
     command = "trap 'echo saving checkpoint; exit 0' USR2; echo ready; while :; do sleep 0.1; done"
     config, state_dir, halt_file = kubernetes_layout(outside_tmp, ingest, command=command,
                                                      checkpoint_signal="SIGUSR2", grace_seconds=10)
-    agent = None
-    try:
-        agent = halted_through_annotations(config, ingest, halt_file)
+    with halted_through_annotations(config, ingest, halt_file) as agent:
         assert agent.wait(timeout=15) == 0
-    finally:
-        if agent is not None:
-            stop_process(agent)
-        os.chmod(os.path.dirname(config), 0o755)
     with open(os.path.join(state_dir, "exit.json")) as f:
         assert json.load(f)["reason"] == "halted"
     assert "saving checkpoint" in [r.get("line") for r in ingest.stored()]
@@ -76,16 +75,10 @@ def test_a_learner_that_ignores_the_annotation_halt_is_killed_after_its_grace_pe
     command = "trap '' USR2; echo ready; while :; do sleep 0.1; done"
     config, state_dir, halt_file = kubernetes_layout(outside_tmp, ingest, command=command,
                                                      checkpoint_signal="SIGUSR2", grace_seconds=1)
-    agent = None
-    try:
-        agent = halted_through_annotations(config, ingest, halt_file)
+    with halted_through_annotations(config, ingest, halt_file) as agent:
         started = time.monotonic()
         assert agent.wait(timeout=15) == 0  # the agent itself works: the pod succeeds
         assert 1 <= time.monotonic() - started < 6  # the file is polled each second, then the grace
-    finally:
-        if agent is not None:
-            stop_process(agent)
-        os.chmod(os.path.dirname(config), 0o755)
     with open(os.path.join(state_dir, "exit.json")) as f:
         record = json.load(f)
     assert (record["exit_code"], record["reason"]) == (137, "halted: grace period expired, killed")
