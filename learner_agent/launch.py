@@ -1,6 +1,6 @@
 """The first process of a sandboxed learner: it puts itself in the learner's place, then becomes bubblewrap.
 
-The agent starts `python -E -s -S -m learner_agent.launch PLAN_FD` with a fixed environment and the
+The agent starts `python -I -S .../learner_agent/launch.py PLAN_FD` with a fixed environment and the
 plan (JSON, built by learner_agent.sandbox.bwrap_plan) in an inherited memfd. In order, each step
 only when the plan asks for it:
 
@@ -15,9 +15,11 @@ only when the plan asks for it:
 6. exec bubblewrap with its arguments in a memfd (`--args`), so the learner's environment never
    appears on a command line other users of the machine can read.
 
-Until step 5 this process may be root, so nothing the job controls reaches it: `-E` ignores
-PYTHON* variables, `-S` skips site-packages and the environment is the agent's fixed one; the learner's own environment
-travels inside the plan and is set by bubblewrap (`--clearenv`, `--setenv`). A failure is printed to
+Until step 5 this process may be root, so nothing the job controls reaches it: `-I` ignores
+PYTHON* variables and puts no folder of anyone's on sys.path, `-S` skips site-packages, only the
+standard library is imported (not even this package) and the environment is the agent's fixed
+one; the learner's own environment travels inside the plan and is set by bubblewrap (`--clearenv`,
+`--setenv`). A failure is printed to
 stderr, which is the learner's, so the job's log says why it never started (exit status 126).
 """
 import ctypes

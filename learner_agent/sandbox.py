@@ -35,7 +35,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from learner_agent import netns
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +139,10 @@ def bwrap_problem():
 def build_argv(command, *, network_namespace=""):
     """argv running `/bin/sh -c command` without a sandbox, inside the job's shared network
     namespace when `network_namespace` (a /proc/<pid>/ns/net path) is given."""
-    join = netns.join_argv(network_namespace) if network_namespace else []
-    return [*join, "/bin/sh", "-c", command]
+    if not network_namespace:
+        return ["/bin/sh", "-c", command]
+    from learner_agent import netns  # only distributed jobs share one; a single learner's start skips it
+    return [*netns.join_argv(network_namespace), "/bin/sh", "-c", command]
 
 
 def bwrap_plan(command, *, work_dir, env, writable_dirs=(), readonly_dirs=(), hidden_dirs=(),
@@ -203,11 +204,16 @@ def _searchable(info, identity):
     return bool(info.st_mode & 0o001)
 
 
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
+
+
 def launcher_argv(plan_fd):
-    """How the agent starts learner_agent.launch: isolated from any PYTHON* variable and from
-    site-packages (`-S`: no .pth file runs while it may be root; it starts faster too), run from the
-    package's parent so `-m learner_agent.launch` finds this very package."""
-    return [sys.executable, "-E", "-s", "-S", "-m", "learner_agent.launch", str(plan_fd)]
+    """How the agent starts learner_agent.launch: isolated (`-I`: no PYTHON* variable, no user site, not
+    even the script's own folder on sys.path) and without site-packages (`-S`: no .pth file runs while
+    it may be root). Run as a script, not `-m`: launch.py needs only the standard library, and
+    importing this package first (its dataclass pulls in inspect, re, enum) was 21 ms of the
+    learner's start (47 ms against 26 ms for the launcher's start-up on this machine)."""
+    return [sys.executable, "-I", "-S", LAUNCHER, str(plan_fd)]
 
 
 def write_plan(plan):

@@ -22,7 +22,6 @@ paused learner loses nothing it cannot finish later while a dropped line is gone
 records are never held back, and two `system` log lines say when the spool filled and when it was
 below half full again.
 """
-import http.client
 import json
 import logging
 import os
@@ -46,8 +45,7 @@ class Shipper:
         url = urllib.parse.urlsplit(ingest_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"ingest_url must be an http(s) URL, not {ingest_url!r}")
-        self._connection_class = (http.client.HTTPSConnection if url.scheme == "https"
-                                  else http.client.HTTPConnection)
+        self._https = url.scheme == "https"
         self._host, self._port = url.hostname, url.port
         self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
         self._headers = {"Authorization": f"Ingest {token}", "Content-Type": "application/json"}
@@ -249,11 +247,15 @@ class Shipper:
 
     def _send(self, batch):
         """One request; returns ("progress" | "retry" | "stop", detail)."""
+        # Imported here, on the shipping thread, not with the module: http.client (with ssl and
+        # email) is a fifth of the agent's imports, and the learner's command can start without it.
+        import http.client
         body = self._body_head + b",".join(b for _, b in batch) + b"]}"
         reused = self._conn is not None and self._conn_requests > 0
         try:
             if self._conn is None:
-                self._conn = self._connection_class(self._host, self._port, timeout=self._http_timeout)
+                connection_class = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+                self._conn = connection_class(self._host, self._port, timeout=self._http_timeout)
                 self._conn_requests = 0
             self._conn.request("POST", self._path, body=body, headers=self._headers)
             response = self._conn.getresponse()

@@ -25,7 +25,7 @@ from django.conf import settings
 from jobs import frameworks, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
 from learner_agent import netns, sandbox, spool
-from learner_agent.agent import clean_environment
+from learner_agent.agent import agent_argv, clean_environment
 from learner_agent.config import ConfigError, parse_config
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class LocalBackend:
         # learner's `python` imports are the ones installed beside Trainyard.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
         env = clean_environment({"PATH": path, "LANG": "C.UTF-8"})
-        argv = [sys.executable, "-m", "learner_agent", "run", "--config", str(folder / "agent.json")]
+        argv = agent_argv(folder / "agent.json")
         argv = [SETSID, "--fork", *argv] if SETSID else [*argv, "--detach"]
         with open(folder / "agent.log", "ab") as log:
             result = subprocess.run(argv, cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
