@@ -13,6 +13,7 @@ import logging
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.utils import timezone
 
 from jobs.models import FINAL
 
@@ -45,11 +46,17 @@ def status_payload(job):
 
 
 def publish_status_on_commit(job):
-    message = {"type": "job.status", "status": {
-        "job": job.id, "status": job.status, "reason": job.status_reason, "attempt": job.attempt,
-        "exit_code": job.exit_code, "time": job.updated_at.isoformat()},
-        "job": status_payload(job)}
-    transaction.on_commit(lambda: _send([job_group(job.id), tenant_group(job.tenant_id)], message))
+    status = {"job": job.id, "status": job.status, "reason": job.status_reason, "attempt": job.attempt,
+              "exit_code": job.exit_code, "time": job.updated_at.isoformat()}
+    payload, groups = status_payload(job), [job_group(job.id), tenant_group(job.tenant_id)]
+
+    def send():
+        # `time` is when the change was made, inside a transaction that may have gone on for a while
+        # (an admission cycle's lasts as long as the cycle); `published` is when it became visible
+        # and left for the sockets, so a client can tell the two delays apart.
+        _send(groups, {"type": "job.status", "status": {**status, "published": timezone.now().isoformat()},
+                       "job": payload})
+    transaction.on_commit(send)
 
 
 def on_status_change(job, *, before, when):

@@ -136,12 +136,7 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", 
                       "KEY_PREFIX": "trainyard", "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2,
                                                                  "pool_class": "portal.cache.SharedConnectionPool"}}}
 
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000, "expiry": 30},
-    }
-}
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
 
 # --- jobs, storage and the learner backend --------------------------------------------------
 STORAGE_URL = env.url("TRAINYARD_STORAGE_URL", f"file://{DATA_DIR / 'storage'}", schemes=("file", "s3"))

@@ -1,11 +1,14 @@
 """The job websocket in-process (channels' communicator, in-memory channel layer): backlog from a
 seq, live fan-out, token auth, and refusal of outsiders."""
 import json
+import time
+from datetime import datetime
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import transaction
 from django.utils import timezone
 
 from jobs import live
@@ -142,3 +145,24 @@ def test_a_new_job_reaches_the_list_stream_as_soon_as_it_is_queued():
     assert len(messages) == 1
     # Another tenant's new job does not.
     assert session(f"/ws/jobs/?token={token_for(alice)}", then=submitter(bob)) == (None, [])
+
+
+def test_a_status_message_says_when_the_change_was_made_and_when_it_was_published():
+    """`time` is the change, `published` the commit that let it out: a transaction that went on after
+    the change (an admission cycle) shows as the gap between them, not as a slow fan-out."""
+    alice = member("team-a", "alice")
+    target = job(alice)
+
+    @database_sync_to_async
+    def change_in_a_long_transaction():
+        with transaction.atomic():
+            target.status, target.updated_at = "PROCESSING", timezone.now()
+            target.save(update_fields=["status", "updated_at"])
+            live.publish_status_on_commit(target)
+            time.sleep(0.3)
+
+    _, messages = session(f"/ws/jobs/?token={token_for(alice)}", then=change_in_a_long_transaction)
+    [message] = messages
+    changed, published = (datetime.fromisoformat(message[key]).timestamp() for key in ("time", "published"))
+    assert message["status"] == "PROCESSING"
+    assert 0.3 <= published - changed < 5
