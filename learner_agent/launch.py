@@ -19,8 +19,8 @@ Until step 5 this process may be root, so nothing the job controls reaches it: `
 PYTHON* variables and puts no folder of anyone's on sys.path, `-S` skips site-packages, only the
 standard library is imported (not even this package) and the environment is the agent's fixed
 one; the learner's own environment travels inside the plan and is set by bubblewrap (`--clearenv`,
-`--setenv`). A failure is printed to
-stderr, which is the learner's, so the job's log says why it never started (exit status 126).
+`--setenv`). A failure is printed to stderr, which is the learner's, so the job's log says why it
+never started (exit status 126).
 """
 import ctypes
 import json

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from portal import env, hosts
+from portal import env, fanout, hosts
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything Trainyard writes on this machine (SQLite file, stored jobs, runtime files) lives here.
@@ -136,7 +136,7 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", 
                       "KEY_PREFIX": "trainyard", "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2,
                                                                  "pool_class": "portal.cache.SharedConnectionPool"}}}
 
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+CHANNEL_LAYERS = fanout.channel_layers(REDIS_URL)
 
 # --- jobs, storage and the learner backend --------------------------------------------------
 STORAGE_URL = env.url("TRAINYARD_STORAGE_URL", f"file://{DATA_DIR / 'storage'}", schemes=("file", "s3"))

@@ -1,8 +1,9 @@
-"""The channel layer the websockets' fan-out runs on (settings.CHANNEL_LAYERS), against a real Redis
-server of the test's own, which it stops and starts again.
+"""The channel layer the websockets' fan-out runs on (portal.fanout, settings.CHANNEL_LAYERS), against a
+real Redis server of the test's own, which it stops and starts again.
 
 What jobs.live relies on: one message per event per web process (Redis pub/sub), however many of that
-process's sockets are in the group, and sockets that keep receiving after Redis comes back.
+process's sockets are in the group; sockets that keep receiving after Redis comes back; and platforms
+on other database numbers of the same server that never hear each other.
 """
 import asyncio
 import subprocess
@@ -10,10 +11,9 @@ import time
 
 import pytest
 import redis
-from django.conf import settings
 from django.utils.module_loading import import_string
 
-from portal import runner
+from portal import fanout, runner
 
 
 class RedisServer:
@@ -50,9 +50,9 @@ def server(tmp_path):
 
 
 def layer_on(url):
-    """The layer as settings configure it, pointed at this test's server."""
-    configured = settings.CHANNEL_LAYERS["default"]
-    return import_string(configured["BACKEND"])(**dict(configured.get("CONFIG", {}), hosts=[url]))
+    """The layer as a platform whose REDIS_URL is `url` configures it."""
+    configured = fanout.channel_layers(url)["default"]
+    return import_string(configured["BACKEND"])(**configured["CONFIG"])
 
 
 def test_one_publish_per_event_reaches_every_socket_of_the_process_in_the_group(server):
@@ -64,8 +64,8 @@ def test_one_publish_per_event_reaches_every_socket_of_the_process_in_the_group(
         # One subscription for the group however many sockets joined it: an event costs Redis one
         # message to this process, not one per socket (the list-based layer queued a copy per socket
         # and the process fetched them one round trip each).
-        assert redis.Redis.from_url(server.url).pubsub_numsub(f"asgi__group__tenant.1.jobs") == \
-            [(b"asgi__group__tenant.1.jobs", 1)]
+        subscribers = redis.Redis.from_url(server.url).pubsub_numsub("trainyard.db0.__group__tenant.1.jobs")
+        assert subscribers == [(b"trainyard.db0.__group__tenant.1.jobs", 1)]
         await layer.group_send("tenant.1.jobs", {"type": "job.status", "n": 1})
         received = await asyncio.wait_for(asyncio.gather(*(layer.receive(c) for c in channels)), 5)
         assert [m["n"] for m in received] == [1] * 50
@@ -99,4 +99,20 @@ def test_sockets_receive_again_once_redis_is_back(server):
             await asyncio.sleep(0.2)
         assert receiving.result()["n"] >= 1
         await layer.flush()
+    asyncio.run(scenario())
+
+
+def test_platforms_on_other_database_numbers_of_one_server_never_hear_each_other(server):
+    """Pub/sub channels are server-wide; every other key of a platform lives in its database number."""
+    async def scenario():
+        ours, theirs = layer_on(server.url), layer_on(server.url.rsplit("/", 1)[0] + "/7")
+        ours_socket, their_socket = await ours.new_channel(), await theirs.new_channel()
+        await ours.group_add("tenant.1.jobs", ours_socket)
+        await theirs.group_add("tenant.1.jobs", their_socket)
+        await theirs.group_send("tenant.1.jobs", {"type": "job.status", "job": "their-job"})
+        assert (await asyncio.wait_for(theirs.receive(their_socket), 5))["job"] == "their-job"
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(ours.receive(ours_socket), 1)
+        await ours.flush()
+        await theirs.flush()
     asyncio.run(scenario())
