@@ -49,10 +49,26 @@ _ISOLATION = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"
               "--die-with-parent", "--new-session", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
 # The learner gets a private, empty /tmp (a tmpfs, like every hidden dir), of a fixed size.
 _PRIVATE_DIRS = ("/tmp",)
+
+
+def _python_environment():
+    """The Python environment this interpreter runs in. That is sys.prefix, except that the agent
+    starts without site (-S, learner_agent.agent.agent_argv) and site is what applies a virtual
+    environment to sys.prefix; the environment's pyvenv.cfg, beside or above the executable (PEP
+    405), names it either way. Missing it left a virtual environment under a hidden dir (a checkout
+    in /tmp) out of the sandbox: the learner's `python` was not found."""
+    executable_dir = os.path.dirname(os.path.abspath(sys.executable))
+    for candidate in (executable_dir, os.path.dirname(executable_dir)):
+        if os.path.exists(os.path.join(candidate, "pyvenv.cfg")):
+            return candidate
+    return sys.prefix
+
+
 # What the learner runs with: the platform's Python environment (its `python` comes first on PATH)
 # and the learner_agent package. They stay visible, read-only, even when they live under a hidden
 # dir such as /tmp (a checkout in /tmp, a CI runner's work dir).
-_RUNTIME_DIRS = tuple(dict.fromkeys([sys.prefix, sys.base_prefix, sys.exec_prefix, PACKAGE_DIR]))
+_RUNTIME_DIRS = tuple(dict.fromkeys([_python_environment(), sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                     PACKAGE_DIR]))
 # A hidden dir's tmpfs only holds mount points; a small size keeps the learner from filling memory there.
 HIDDEN_TMPFS_BYTES = 1 << 20
 DEFAULT_TMP_BYTES = 1 << 30  # /tmp and /dev/shm when the learner has no memory limit

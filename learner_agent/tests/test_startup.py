@@ -4,12 +4,18 @@ Both run once per learner, in series, so what they import is paid on every job. 
 standard library (the agent also runs in any container image on Kubernetes), which lets them skip
 site-packages; these tests keep it that way.
 """
+import json
 import os
 import subprocess
 import sys
+import tempfile
+import venv
+
+import pytest
 
 from learner_agent import sandbox
 from learner_agent.agent import agent_argv, clean_environment
+from learner_agent.tests.conftest import ingest, outside_tmp, wait_for, write_agent_config  # noqa: F401 - fixtures
 
 
 def _imported(argv, *, env, cwd=None):
@@ -63,3 +69,23 @@ def test_the_launcher_ignores_python_variables_and_its_own_folder(tmp_path):
                             cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert "planted" not in result.stderr
     assert "trainyard sandbox: the learner could not be started" in result.stderr
+
+
+@pytest.mark.skipif(sandbox.bwrap_problem() is not None, reason=f"bubblewrap unusable here: {sandbox.bwrap_problem()}")
+def test_a_sandboxed_learner_finds_the_platforms_python_in_a_virtual_environment_under_tmp(outside_tmp, ingest):
+    """Without site (-S) sys.prefix is not the virtual environment; a checkout in /tmp (CI's) has its
+    environment under the dir the sandbox hides, and the learner's `python` went missing with it."""
+    with tempfile.TemporaryDirectory(prefix="trainyard-venv-", dir="/tmp") as environment:
+        os.chmod(environment, 0o755)  # like a checkout's: the learner's uid may enter it
+        venv.EnvBuilder(with_pip=False, system_site_packages=True).create(environment)
+        python = os.path.join(environment, "bin", "python")
+        config = write_agent_config(outside_tmp, ingest, command="python -c 'import sys; print(sys.prefix)'",
+                                    sandbox="bwrap")
+        env = clean_environment({"PATH": f"{os.path.dirname(python)}:{os.environ.get('PATH', os.defpath)}"})
+        subprocess.run([python, *agent_argv(config)[1:]], env=env, cwd=os.path.dirname(config), timeout=60,
+                       stdin=subprocess.DEVNULL, capture_output=True)
+        exit_file = os.path.join(os.path.dirname(config), "exit.json")
+        assert wait_for(lambda: os.path.exists(exit_file), timeout=30)
+        lines = [r["line"] for r in ingest.stored() if r["kind"] == "log"]
+        assert json.loads(open(exit_file).read())["exit_code"] == 0, lines
+        assert lines == [environment]
