@@ -6,45 +6,19 @@ process's sockets are in the group; sockets that keep receiving after Redis come
 on other database numbers of the same server that never hear each other.
 """
 import asyncio
-import subprocess
 import time
 
 import pytest
 import redis
 from django.utils.module_loading import import_string
 
-from portal import fanout, runner
-
-
-class RedisServer:
-    def __init__(self, directory):
-        self.port, self.directory, self.process = runner.free_port(), directory, None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self):
-        self.process = subprocess.Popen([str(runner.embedded_redis_binary()), "--port", str(self.port), "--bind",
-                                         "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
-                                        stdout=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self):
-        self.process.kill()
-        self.process.wait()
+from portal import fanout
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture
 def server(tmp_path):
-    server = RedisServer(tmp_path)
-    server.start()
+    server = RedisServer(tmp_path).start()
     yield server
     server.stop()
 

@@ -1,42 +1,29 @@
 """/metrics: who may scrape it, and the Redis-shared series (portal.metrics, jobs.metrics) against a
 real Redis server (the embedded one `make demo` runs). The end-to-end scrape after real activity is
 tests/e2e/test_metrics.py."""
-import subprocess
 import time
 
 import pytest
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs import metrics
 from jobs.backends.base import BackendError
 from portal import runner
 from portal import metrics as shared
+from tests.support.redis_server import RedisServer
 
 TOKEN = "s3cret-scrape-token"
 
 
 @pytest.fixture
 def redis_url(settings, tmp_path):
-    port = runner.free_port()
-    server = subprocess.Popen([str(runner.embedded_redis_binary()), "--port", str(port), "--bind", "127.0.0.1",
-                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                              stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    settings.REDIS_URL = url
+    server = RedisServer(tmp_path).start()
+    settings.REDIS_URL = server.url
     settings.METRICS_TOKEN = TOKEN
     try:
-        yield url
+        yield server.url
     finally:
-        server.terminate()
-        server.wait()
+        server.stop()
 
 
 def scrape(client, token=TOKEN):
