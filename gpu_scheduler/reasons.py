@@ -24,6 +24,15 @@ def position_prefix(position):
     return prefix
 
 
+def split_position(reason):
+    """(position, the rest) of a reason that begins with position_prefix; (None, reason) otherwise."""
+    head, sep, rest = reason.partition(" in tenant queue; ")
+    number = head.removeprefix("waiting: ")[:-2]  # "523rd" -> "523"
+    if sep and head.startswith("waiting: ") and number.isdigit():
+        return int(number), rest
+    return None, reason
+
+
 def job_seen_by(viewer_tenant, workload, kind=""):
     """`workload` as the tenant `viewer_tenant` may see it named, e.g. with kind="higher-priority ":
     'higher-priority job X' for its own job, 'a higher-priority job of another tenant' otherwise."""

@@ -114,6 +114,9 @@ RECONCILE_INTERVAL_S = env.number("TRAINYARD_RECONCILE_INTERVAL", 10.0, minimum=
 # GPU-hours of service after which a job yields to fresh jobs of its priority (gpu_scheduler: service
 # levels); 0 turns service levels off.
 SERVICE_LEVEL_GPU_HOURS = env.number("TRAINYARD_SERVICE_LEVEL_GPU_HOURS", 4.0, minimum=0.0)
+# A queued job's place in its tenant queue, past the head, is written at most this often (jobs.admission:
+# one admission moves every job behind it); 0 writes every change at once.
+QUEUE_POSITION_REFRESH_S = env.integer("TRAINYARD_QUEUE_POSITION_REFRESH", 5, minimum=0)
 # Elastic jobs (jobs.autoscaler): besides after each scheduling cycle, the autoscaler runs this often;
 # it resizes a job only if the predicted gain over the horizon beats the measured resize cost (the
 # configured one until a resize has been measured), and a job not again within the minimum interval.

@@ -52,7 +52,8 @@ def job_usage(job, now=None):
 
 def earlier_gpu_seconds(job_ids):
     """{job id: GPU-seconds its ended attempts held} (the scheduler's attained service; an attempt
-    still running is counted by the scheduler itself from its start)."""
+    still running is counted by the scheduler itself from its start). `job_ids`: a list, or a query
+    of ids."""
     attained = {}
     for record in UsageRecord.objects.filter(job_id__in=job_ids, ended_at__isnull=False).only(
             "job_id", "gpus", "started_at", "ended_at"):

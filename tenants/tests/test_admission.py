@@ -1,6 +1,7 @@
 """Admission against quotas: jobs over a quota wait in QUEUED with the reason, budgets per period,
 soft limits, quota changes taking effect at once — and exactly N admitted under real concurrency."""
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -223,3 +224,57 @@ def test_a_wait_reason_is_not_written_on_a_job_no_longer_queued(cluster, sent):
     admission._record_wait_reasons({big.id: "waiting: 1st", job(alice, status="TERMINATED").id: "waiting: 2nd"})
     assert reason(big) == "waiting: 1st"
     assert Job.objects.filter(status="TERMINATED", wait_reason="").count() == 1
+
+
+def positions(jobs):
+    """Each job's place in its queue as its written reason says it."""
+    from gpu_scheduler.reasons import split_position
+    return [split_position(reason(j))[0] for j in jobs]
+
+
+def test_positions_behind_the_head_are_refreshed_on_an_interval_the_head_at_once(cluster, sent, settings):
+    # One admission moves every job behind it: rewriting all their reasons each cycle was half of a
+    # cycle's time at 10,000 queued jobs (bench controlplane).
+    settings.QUEUE_POSITION_REFRESH_S = 1
+    cluster(gpus=4)
+    alice = member()
+    first, second, *waiting = [job(alice, gpus=8) for _ in range(admission.QUEUE_HEAD + 10)]  # none ever fits
+    admission.run_cycle()
+    assert positions([first, second, *waiting]) == list(range(1, admission.QUEUE_HEAD + 11))
+    Job.objects.filter(pk=first.pk).update(status=Status.TERMINATED)  # everyone moves up one
+    admission.run_cycle()  # the first move since the last refresh: written, and the next refresh is in 1 s
+    assert positions(waiting) == list(range(2, admission.QUEUE_HEAD + 10))
+    Job.objects.filter(pk=second.pk).update(status=Status.TERMINATED)  # and up one again
+    admission.run_cycle()
+    head, tail = waiting[:admission.QUEUE_HEAD], waiting[admission.QUEUE_HEAD:]
+    assert positions(head) == list(range(1, admission.QUEUE_HEAD + 1))  # written at once
+    assert positions(tail) == list(range(admission.QUEUE_HEAD + 2, admission.QUEUE_HEAD + 10))  # not yet
+    time.sleep(1.05)
+    admission.run_cycle()
+    assert positions(tail) == list(range(admission.QUEUE_HEAD + 1, admission.QUEUE_HEAD + 9))
+
+
+def test_a_reason_that_changes_more_than_its_position_is_written_at_once_anywhere_in_the_queue(cluster, sent,
+                                                                                                 settings):
+    settings.QUEUE_POSITION_REFRESH_S = 3600
+    cluster(gpus=4)
+    alice = member()
+    first, *waiting = [job(alice, gpus=8) for _ in range(admission.QUEUE_HEAD + 10)]
+    admission.run_cycle()
+    Job.objects.filter(pk=first.pk).update(status=Status.TERMINATED)
+    admission.run_cycle()  # the refresh is spent: the tail's positions wait an hour
+    quotas.set_quota(alice.tenant, gpus=2)
+    admission.run_cycle()
+    last = reason(waiting[-1])
+    assert "more than the tenant GPU quota of 2" in last and positions([waiting[-1]]) == [admission.QUEUE_HEAD + 9]
+
+
+def test_every_position_is_written_at_once_when_the_refresh_interval_is_0(cluster, sent, settings):
+    settings.QUEUE_POSITION_REFRESH_S = 0
+    cluster(gpus=4)
+    alice = member()
+    first, *waiting = [job(alice, gpus=8) for _ in range(admission.QUEUE_HEAD + 5)]
+    admission.run_cycle()
+    Job.objects.filter(pk=first.pk).update(status=Status.TERMINATED)
+    admission.run_cycle()
+    assert positions(waiting) == list(range(1, admission.QUEUE_HEAD + 5))
