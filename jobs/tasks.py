@@ -6,6 +6,8 @@ A broker may deliver twice and a worker may die mid-task: `follow_up` claims its
 compare-and-swap (a second delivery finds it taken or done), and the reconcile pass sends again
 every row nobody works on.
 """
+import time
+
 from celery import shared_task
 
 from jobs import admission, autoscaler, dispatch, lifecycle, outbox, reconcile as reconciling
@@ -21,8 +23,14 @@ RELEASES = {Kind.FINISH, Kind.TEARDOWN}
 @shared_task(name="jobs.tasks.schedule", ignore_result=True)
 def schedule():
     # Serialised by the admission lock inside run_cycle (jobs.admission): no second lock here.
+    rest = dispatch.rest_left("schedule")  # paced (jobs.dispatch): the last cycle's rest is not over
+    if rest > 0:
+        dispatch.defer("schedule", rest)
+        return
     dispatch.starting("schedule")  # coalesced (jobs.dispatch): later requests need a run of their own
+    started = time.monotonic()
     admission.run_cycle()
+    dispatch.ran("schedule", time.monotonic() - started)
     dispatch.send("autoscale")  # elastic jobs grow onto what the cycle left idle
 
 

@@ -1,4 +1,6 @@
 """Waking workers (jobs.dispatch): coalesced scheduling requests."""
+import time
+
 import pytest
 
 from jobs import dispatch
@@ -41,3 +43,51 @@ def test_it_sends_anyway_when_the_cache_cannot_be_reached(broker, monkeypatch):
     dispatch.send("schedule")
     dispatch.send("schedule")
     assert broker == [("jobs.tasks.schedule", ())] * 2
+
+
+@pytest.fixture
+def cycles(monkeypatch):
+    """Scheduling cycles that take 0.2 s each; returns the list of their start times."""
+    from jobs import tasks
+    started = []
+
+    def cycle():
+        started.append(time.monotonic())
+        time.sleep(0.2)
+    monkeypatch.setattr(tasks.admission, "run_cycle", cycle)
+    return started
+
+
+def test_a_cycle_rests_as_long_as_the_last_one_took_and_a_request_meanwhile_is_deferred_to_its_end(
+        monkeypatch, cycles):
+    from jobs import tasks
+    sent = []
+    monkeypatch.setattr(dispatch.current_app, "send_task",
+                        lambda name, args=(), countdown=None: sent.append((name, countdown)))
+    tasks.schedule()
+    assert len(cycles) == 1 and sent == [("jobs.tasks.autoscale", None)]
+    sent.clear()
+    tasks.schedule()  # during the rest: no cycle, the task is sent again for the rest's end
+    assert len(cycles) == 1
+    [(name, countdown)] = sent
+    assert name == "jobs.tasks.schedule" and 0.1 < countdown < 0.3
+    dispatch.send("schedule")  # a request meanwhile is served by the deferred run
+    assert len(sent) == 1
+    time.sleep(countdown)
+    tasks.schedule()
+    assert len(cycles) == 2
+
+
+def test_a_cycle_is_not_paced_when_the_cache_cannot_be_reached(monkeypatch, cycles):
+    from jobs import tasks
+
+    class Unreachable:
+        def __getattr__(self, name):
+            def fail(*args, **kwargs):
+                raise ConnectionError("redis down")
+            return fail
+    monkeypatch.setattr(dispatch, "cache", Unreachable())
+    monkeypatch.setattr(dispatch.current_app, "send_task", lambda *args, **kwargs: None)
+    tasks.schedule()
+    tasks.schedule()
+    assert len(cycles) == 2
