@@ -44,7 +44,7 @@ framework:
 
 
 # --- what the processes used -----------------------------------------------------------------------
-def _proc_stat(pid):
+def proc_stat(pid):
     """(process group, CPU seconds incl. reaped children, RSS MB) of a process, None if it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -103,7 +103,7 @@ class Usage:
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
-            stat = _proc_stat(proc.name)
+            stat = proc_stat(proc.name)
             if stat is None:
                 continue
             group, cpu, rss = stat

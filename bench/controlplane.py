@@ -39,7 +39,7 @@ from pathlib import Path
 
 import requests
 
-from bench.concurrency import Usage
+from bench.concurrency import Usage, proc_stat
 from bench.report import median, percentile, publish
 from tests.support.harness import start_session
 
@@ -51,6 +51,7 @@ STEADY_S = float(os.environ.get("BENCH_CP_STEADY_S", 120))
 SUBMITS = int(os.environ.get("BENCH_CP_SUBMITS", 100))
 WS_CLIENTS = int(os.environ.get("BENCH_CP_WS_CLIENTS", 100))
 AGENT_CONNECTIONS = int(os.environ.get("BENCH_CP_AGENT_CONNECTIONS", 8))
+INGEST_WEB = os.environ.get("BENCH_CP_INGEST_WEB", "") not in ("", "0")  # agents post to a web process of their own
 # The phases wait at most this long, so the bench ends within 15 minutes whatever this machine
 # manages; what was reached is reported (`*_reached`) and every figure is measured at that.
 SMALL_TIMEOUT_S = float(os.environ.get("BENCH_CP_SMALL_TIMEOUT_S", 180))
@@ -423,6 +424,26 @@ def machine_cpu():
     return sum(fields) - idle, sum(fields)
 
 
+SERVICES = {"postgresql": "postgres", "redis": "redis-server"}  # part -> process name (comm)
+
+
+def services_cpu():
+    """{part: CPU seconds so far} of the backing services (SERVICES): every process of that name,
+    reaped children included (a PostgreSQL backend that exits leaves its time with the postmaster).
+    They are not in a process group of the platform's (each backend starts a session of its own)."""
+    used = dict.fromkeys(SERVICES, 0.0)
+    parts = {name: part for part, name in SERVICES.items()}
+    for proc in Path("/proc").iterdir():
+        try:
+            part = parts.get((proc / "comm").read_text().strip()) if proc.name.isdigit() else None
+        except OSError:
+            continue
+        stat = proc_stat(proc.name) if part else None
+        if stat is not None:
+            used[part] += stat[1]
+    return used
+
+
 def wait_until(what, predicate, timeout):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -542,6 +563,28 @@ def main():
     report(figures)
 
 
+def ingest_url(session):
+    """Where the agents post: the platform's web server, or with INGEST_WEB a web process of its own
+    (a deployment points its agents there with TRAINYARD_K8S_INGEST_URL), so browsers and users
+    are served by a process that parses no log batches."""
+    if not INGEST_WEB:
+        return session.url
+    from portal.runner import free_port
+    port = free_port()
+    session.platform.spawn("ingest-web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                          "portal.asgi:application"])
+    url = f"http://127.0.0.1:{port}"
+    wait_until("the ingest web process", lambda: _answers(url), 60)
+    return url
+
+
+def _answers(url):
+    try:
+        return requests.get(f"{url}/login/", timeout=2).status_code < 500
+    except requests.RequestException:
+        return False
+
+
 def progress(started, text):
     """A line per phase, so a run that is slow shows where (the phases are bounded, setup is not)."""
     print(f"[{time.monotonic() - started:7.1f} s] {text}", flush=True)
@@ -554,7 +597,7 @@ def run(session, cluster, schedule, work_dir):
     cluster.add_nodes(-(-SMALL_JOBS // GPUS_PER_NODE))
     seed_queued(CONCURRENT + QUEUED, 0)
     figures["seed_s"] = round(time.monotonic() - started, 1)
-    fleet = Fleet(cluster, session.url, TENANT).start()
+    fleet = Fleet(cluster, ingest_url(session), TENANT).start()
     try:
         progress(started, f"seeded in {figures['seed_s']} s; running the first {SMALL_JOBS}")
         schedule()
@@ -584,7 +627,7 @@ def run(session, cluster, schedule, work_dir):
         # stand-ins for the cluster (the API server, the kubelet and agents) and its users.
         usage = Usage(dict(session.platform.pids(), apiserver=cluster.process.pid, fleet=os.getpgid(0),
                            browsers=ws.pid, submitter=submitter.pid), work_dir).__enter__()
-        machine_before = machine_cpu()
+        machine_before, services_before = machine_cpu(), services_cpu()
         steady_started = time.monotonic()
         large_s, large_queries, large_active, large_parts = measure_reconcile(
             profile=os.environ.get("BENCH_CP_PROFILE"))
@@ -592,8 +635,9 @@ def run(session, cluster, schedule, work_dir):
         during = counts()
         submitter.wait(STEADY_S + 120)
         usage.__exit__(None, None, None)
+        services = {part: cpu - services_before[part] for part, cpu in services_cpu().items()}
         steady_cpu = {part: round(cpu / (time.monotonic() - steady_started), 2)
-                      for part, cpu in sorted(usage.platform_cpu_by_part.items())}
+                      for part, cpu in sorted({**usage.platform_cpu_by_part, **services}.items())}
         busy, total = (after - before for after, before in zip(machine_cpu(), machine_before))
         steady_cpu["whole machine"] = round(busy / total * (os.cpu_count() or 1), 2)
         ws.wait(STEADY_S + 60)
