@@ -13,12 +13,13 @@ def ordinal(n):
 
 
 _PREFIXES = {}
+_WAITING, _IN_QUEUE = "waiting: ", " in tenant queue; "  # a position prefix is _WAITING + "2nd" + _IN_QUEUE
 
 
 def position_prefix(position):
     prefix = _PREFIXES.get(position)
     if prefix is None:
-        prefix = f"waiting: {ordinal(position)} in tenant queue; "
+        prefix = f"{_WAITING}{ordinal(position)}{_IN_QUEUE}"
         if len(_PREFIXES) < 100_000:
             _PREFIXES[position] = prefix
     return prefix
@@ -26,9 +27,9 @@ def position_prefix(position):
 
 def split_position(reason):
     """(position, the rest) of a reason that begins with position_prefix; (None, reason) otherwise."""
-    head, sep, rest = reason.partition(" in tenant queue; ")
-    number = head.removeprefix("waiting: ")[:-2]  # "523rd" -> "523"
-    if sep and head.startswith("waiting: ") and number.isdigit():
+    head, sep, rest = reason.partition(_IN_QUEUE)
+    number = head.removeprefix(_WAITING)[:-2]  # "523rd" -> "523"
+    if sep and head.startswith(_WAITING) and number.isdigit():
         return int(number), rest
     return None, reason
 

@@ -232,20 +232,29 @@ def positions(jobs):
     return [split_position(reason(j))[0] for j in jobs]
 
 
+def ranked_queue(owner, count):
+    """`count` queued jobs that never fit the 4-GPU cluster, each given its place by a cycle."""
+    jobs = [job(owner, gpus=8) for _ in range(count)]
+    admission.run_cycle()
+    return jobs
+
+
+def leave_queue(gone):
+    """`gone` ends, moving every job behind it up one; a cycle follows."""
+    Job.objects.filter(pk=gone.pk).update(status=Status.TERMINATED)
+    admission.run_cycle()
+
+
 def test_positions_behind_the_head_are_refreshed_on_an_interval_the_head_at_once(cluster, sent, settings):
     # One admission moves every job behind it: rewriting all their reasons each cycle was half of a
     # cycle's time at 10,000 queued jobs (bench controlplane).
     settings.QUEUE_POSITION_REFRESH_S = 1
     cluster(gpus=4)
-    alice = member()
-    first, second, *waiting = [job(alice, gpus=8) for _ in range(admission.QUEUE_HEAD + 10)]  # none ever fits
-    admission.run_cycle()
+    first, second, *waiting = ranked_queue(member(), admission.QUEUE_HEAD + 10)
     assert positions([first, second, *waiting]) == list(range(1, admission.QUEUE_HEAD + 11))
-    Job.objects.filter(pk=first.pk).update(status=Status.TERMINATED)  # everyone moves up one
-    admission.run_cycle()  # the first move since the last refresh: written, and the next refresh is in 1 s
+    leave_queue(first)  # the first move since the last refresh: written, and the next refresh is in 1 s
     assert positions(waiting) == list(range(2, admission.QUEUE_HEAD + 10))
-    Job.objects.filter(pk=second.pk).update(status=Status.TERMINATED)  # and up one again
-    admission.run_cycle()
+    leave_queue(second)  # and up one again
     head, tail = waiting[:admission.QUEUE_HEAD], waiting[admission.QUEUE_HEAD:]
     assert positions(head) == list(range(1, admission.QUEUE_HEAD + 1))  # written at once
     assert positions(tail) == list(range(admission.QUEUE_HEAD + 2, admission.QUEUE_HEAD + 10))  # not yet
@@ -259,10 +268,8 @@ def test_a_reason_that_changes_more_than_its_position_is_written_at_once_anywher
     settings.QUEUE_POSITION_REFRESH_S = 3600
     cluster(gpus=4)
     alice = member()
-    first, *waiting = [job(alice, gpus=8) for _ in range(admission.QUEUE_HEAD + 10)]
-    admission.run_cycle()
-    Job.objects.filter(pk=first.pk).update(status=Status.TERMINATED)
-    admission.run_cycle()  # the refresh is spent: the tail's positions wait an hour
+    first, *waiting = ranked_queue(alice, admission.QUEUE_HEAD + 10)
+    leave_queue(first)  # the refresh is spent: the tail's positions wait an hour
     quotas.set_quota(alice.tenant, gpus=2)
     admission.run_cycle()
     last = reason(waiting[-1])
@@ -272,9 +279,6 @@ def test_a_reason_that_changes_more_than_its_position_is_written_at_once_anywher
 def test_every_position_is_written_at_once_when_the_refresh_interval_is_0(cluster, sent, settings):
     settings.QUEUE_POSITION_REFRESH_S = 0
     cluster(gpus=4)
-    alice = member()
-    first, *waiting = [job(alice, gpus=8) for _ in range(admission.QUEUE_HEAD + 5)]
-    admission.run_cycle()
-    Job.objects.filter(pk=first.pk).update(status=Status.TERMINATED)
-    admission.run_cycle()
+    first, *waiting = ranked_queue(member(), admission.QUEUE_HEAD + 5)
+    leave_queue(first)
     assert positions(waiting) == list(range(1, admission.QUEUE_HEAD + 5))
