@@ -42,6 +42,7 @@ WAIT_REASON_BATCH = 500
 # (_reasons_to_write).
 QUEUE_HEAD = 20
 POSITIONS_REFRESHED_KEY = "admission:positions-refreshed"
+CYCLE_STARTED_KEY = "admission:cycle-started"  # when the latest cycle began (started_within)
 # What a cycle reads of the jobs it loads: every queued and active one, each cycle. At 10,000 queued
 # and 1,000 running (bench controlplane) building the rows was most of a cycle's own time: whole
 # rows (the manifest as sent and as parsed) and an owner object per job, for its username.
@@ -52,6 +53,7 @@ CYCLE_FIELDS = ("id", "tenant_id", "status", "attempt", "learners", "gpus", "cpu
 def run_cycle():
     """One scheduling cycle; returns the ids of the jobs it admitted."""
     started = time.perf_counter()
+    _mark_started()
     nodes = tuple(get_backend().capacity().nodes)  # before the lock: may be a network call
     with transaction.atomic():
         take_admission_lock()
@@ -81,6 +83,25 @@ def run_cycle():
         _record_wait_reasons(_reasons_to_write(decisions.waiting, by_id))
     metrics.scheduling_cycle(time.perf_counter() - started)
     return admitted
+
+
+def _mark_started():
+    # Before the lock and the reads: a cycle started at this time sees every change committed before it.
+    try:
+        cache.set(CYCLE_STARTED_KEY, time.time(), timeout=None)
+    except Exception as exc:  # noqa: BLE001 - started_within then answers False: the pass runs its own
+        log.warning("could not record the cycle's start in the cache (%s)", exc)
+
+
+def started_within(seconds):
+    """True if a cycle started in the last `seconds` (on any worker); False if none did, or the
+    cache cannot tell."""
+    try:
+        started = cache.get(CYCLE_STARTED_KEY)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not read the cycle's start from the cache (%s)", exc)
+        return False
+    return started is not None and time.time() - started < seconds
 
 
 def _cycle_rows(jobs):

@@ -1,8 +1,11 @@
 """reconcile() against a backend double (the project's own interface): it settles learners the
 backend knows more about, and re-drives steps whose tasks were lost."""
-import pytest
+import time
 
-from jobs import lifecycle, reconcile
+import pytest
+from django.core.cache import cache
+
+from jobs import admission, lifecycle, reconcile
 from jobs.backends.base import Capacity, LearnerState, LearnerStatus, Node
 from jobs.models import Learner
 from jobs.tests.builders import job, member, open_follow_ups, record_sends
@@ -113,7 +116,11 @@ def reconcile_queries(monkeypatch, jobs_of_each_kind):
         job(tenant, status="QUEUED", gpus=1, wait_reason="stale")  # no GPU anywhere: it waits
     use_backend(monkeypatch, {})
     monkeypatch.setattr(reconcile.admission, "get_backend", lambda: BackendDouble({}))
-    reconcile.reconcile()  # the first pass writes every wait reason; the one measured sees them settled
+    # Both passes run a cycle of their own (no earlier cycle counts): the first writes every wait
+    # reason; the one measured sees them settled.
+    cache.delete(admission.CYCLE_STARTED_KEY)
+    reconcile.reconcile()
+    cache.delete(admission.CYCLE_STARTED_KEY)
     with CaptureQueriesContext(connection) as queries:
         reconcile.reconcile()
     return len(queries)
@@ -134,3 +141,50 @@ def test_a_pass_settles_learners_and_adds_missing_steps_in_one_go(monkeypatch, s
     assert ("deploy", 1) in open_follow_ups(pending)
     reconcile.reconcile()  # open already: nothing added twice (one open row per step, else IntegrityError)
     assert len(open_follow_ups(ended)) == 1
+
+
+# --- the pass's scheduling cycle: its own only when no worker's cycle started within the interval ---
+def queued_job(monkeypatch):
+    """A queued job the double's node has room for, as a pass over no running job finds it."""
+    use_backend(monkeypatch, {})
+    monkeypatch.setattr(reconcile.admission, "get_backend", lambda: BackendDouble({}))
+    return job(member(), status="QUEUED", gpus=0, cpus=1)
+
+
+def test_a_pass_runs_a_cycle_when_none_started_within_the_interval(monkeypatch, sent):
+    waiting = queued_job(monkeypatch)
+    reconcile.reconcile()
+    waiting.refresh_from_db()
+    assert waiting.status == "PENDING"
+    assert ("schedule", ()) not in sent
+
+
+def test_after_a_recent_cycle_a_pass_asks_for_one_instead_of_running_its_own(monkeypatch, sent):
+    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 1)  # a worker's cycle, a second ago
+    waiting = queued_job(monkeypatch)
+    reconcile.reconcile()
+    waiting.refresh_from_db()
+    assert waiting.status == "QUEUED"  # the requested cycle admits it
+    assert sent == [("schedule", ())]
+
+
+def test_a_cycle_older_than_the_interval_does_not_count(monkeypatch, sent, settings):
+    settings.RECONCILE_INTERVAL_S = 10.0
+    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 11)
+    waiting = queued_job(monkeypatch)
+    reconcile.reconcile()
+    waiting.refresh_from_db()
+    assert waiting.status == "PENDING"
+
+
+def test_a_pass_runs_its_own_cycle_when_the_cache_cannot_tell(monkeypatch, sent):
+    class Unreachable:
+        def get(self, *args, **kwargs):
+            raise ConnectionError("redis down")
+        set = get
+
+    monkeypatch.setattr(admission, "cache", Unreachable())
+    waiting = queued_job(monkeypatch)
+    reconcile.reconcile()
+    waiting.refresh_from_db()
+    assert waiting.status == "PENDING"
