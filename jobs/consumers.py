@@ -14,6 +14,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.consumer import get_handler_name
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
@@ -46,6 +47,18 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         # nothing is sent in between.
         await self.accept()
         await self.close(code=code)
+
+    async def dispatch(self, message):
+        # Channels (4.2 on) first hops into the web process's one thread for synchronous code to close
+        # stale database connections, for every message of every socket: a status change reaching 100
+        # sockets queued 100 turns behind the requests that thread serves (ingest, submits), and the
+        # fan-out fell seconds behind (bench controlplane; py-spy put a third of the event loop there).
+        # Every database access here goes through database_sync_to_async, which closes stale
+        # connections around its own call, so a message that reads nothing does not hop at all.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     def query(self, name):
         values = parse_qs(self.scope.get("query_string", b"").decode()).get(name)

@@ -1,11 +1,13 @@
 """The job websocket in-process (channels' communicator, in-memory channel layer): backlog from a
 seq, live fan-out, token auth, and refusal of outsiders."""
+import asyncio
 import json
+import threading
 import time
 from datetime import datetime
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import transaction
@@ -108,6 +110,34 @@ def status_change(target):
             "type": "job.status", "status": {"job": target.id, "status": "PROCESSING"},
             "job": await database_sync_to_async(lambda: JobSerializer(target).data)()})
     return publish
+
+
+def test_a_status_change_does_not_wait_for_the_thread_of_synchronous_code():
+    """That one thread of a web process serves its requests (an ingest batch, a submit): 100 sockets
+    each waiting a turn there for every change put the fan-out seconds behind (bench controlplane)."""
+    alice = member()
+    target = job(alice)
+    change = {"type": "job.status", "status": {"job": target.id, "status": "PROCESSING"},
+              "job": live.status_payload(target)}
+    path = f"/ws/jobs/?token={token_for(alice)}"
+
+    @async_to_sync
+    async def received_while_busy():
+        from channels.layers import get_channel_layer
+        communicator = WebsocketCommunicator(application, path,
+                                             headers=[(b"host", b"testserver"), (b"origin", b"http://testserver")])
+        assert (await communicator.connect())[0]
+        release = threading.Event()
+        busy = asyncio.ensure_future(sync_to_async(release.wait, thread_sensitive=True)(10))  # a slow request
+        try:
+            await get_channel_layer().group_send(live.tenant_group(target.tenant_id), change)
+            return await communicator.receive_json_from(timeout=2)
+        finally:
+            release.set()
+            await busy
+            await communicator.disconnect()
+
+    assert received_while_busy()["job"] == target.id
 
 
 def test_the_job_list_stream_carries_only_the_callers_tenant():
