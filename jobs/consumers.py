@@ -26,6 +26,17 @@ from tenants import access
 from tenants.auth import user_for_key
 
 BACKLOG_LINES = 5000
+
+
+def _db(function):
+    """database_sync_to_async, on any of the event loop's pool threads rather than the one thread
+    channels gives synchronous code by default: 100 browsers opening their sockets at once checked
+    their credentials there one after the other, and under load half of them waited past daphne's
+    5 s limit for a handshake and were dropped (bench controlplane). A call shares nothing with
+    another one (each socket awaits its own in turn), and it closes the connection it opened in that
+    thread when it ends, as database_sync_to_async does."""
+    return database_sync_to_async(function, thread_sensitive=False)
+
 CLOSE_NOT_FOUND = 4404
 CLOSE_UNAUTHORIZED = 4401
 
@@ -53,7 +64,7 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         # stale database connections, for every message of every socket: a status change reaching 100
         # sockets queued 100 turns behind the requests that thread serves (ingest, submits), and the
         # fan-out fell seconds behind (bench controlplane; py-spy put a third of the event loop there).
-        # Every database access here goes through database_sync_to_async, which closes stale
+        # Every database access here goes through _db (database_sync_to_async), which closes stale
         # connections around its own call, so a message that reads nothing does not hop at all.
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
@@ -85,7 +96,7 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         await self.leave()
         await self.close(code=code)
 
-    @database_sync_to_async
+    @_db
     def _membership(self):
         """The membership this socket acts through now, or None. Authenticates afresh on every call, so a
         revoked token, a logout, a password change or a deactivation is seen at the next check."""
@@ -148,14 +159,14 @@ class JobConsumer(_ScopedConsumer):
         elif await self._job(membership, self.job_id) is None:
             await self.end(CLOSE_NOT_FOUND)
 
-    @database_sync_to_async
+    @_db
     def _job(self, membership, job_id):
         try:
             return tenancy.job_or_404(membership, job_id)
         except Http404:
             return None
 
-    @database_sync_to_async
+    @_db
     def _backlog(self, job, since):
         from jobs.serializers import JobDetailSerializer, log_line_json, metric_json
         job.refresh_from_db()
@@ -204,7 +215,7 @@ class JobListConsumer(_ScopedConsumer):
             return
         await self.send_json({"type": "status", **event["status"], "job_detail": event["job"]})
 
-    @database_sync_to_async
+    @_db
     def _may_see(self, job_id):
         return tenancy.jobs_of(self.membership).filter(pk=job_id).exists()
 

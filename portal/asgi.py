@@ -7,13 +7,16 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.sessions import SessionMiddlewareStack  # noqa: E402
 
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 from portal.hosts import WebsocketOriginValidator  # noqa: E402
 
+# The session's cookie only, no AuthMiddleware: the consumers authenticate afresh from the session key
+# or token at every check (jobs.consumers), and AuthMiddleware loaded a user nobody read, for every
+# socket opening, in the one thread channels gives synchronous code by default.
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": WebsocketOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": WebsocketOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

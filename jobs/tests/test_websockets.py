@@ -140,6 +140,27 @@ def test_a_status_change_does_not_wait_for_the_thread_of_synchronous_code():
     assert received_while_busy()["job"] == target.id
 
 
+def test_a_socket_opens_while_the_thread_of_synchronous_code_is_busy():
+    """Its credential check runs on a thread of its own, not queued behind that thread's work."""
+    path = f"/ws/jobs/?token={token_for(member())}"
+
+    @async_to_sync
+    async def opened_while_busy():
+        communicator = WebsocketCommunicator(application, path,
+                                             headers=[(b"host", b"testserver"), (b"origin", b"http://testserver")])
+        release = threading.Event()
+        busy = asyncio.ensure_future(sync_to_async(release.wait, thread_sensitive=True)(10))  # a slow request
+        try:
+            connected, _ = await communicator.connect(timeout=3)
+            return connected
+        finally:
+            release.set()
+            await busy
+            await communicator.disconnect()
+
+    assert opened_while_busy()
+
+
 def test_the_job_list_stream_carries_only_the_callers_tenant():
     target = job(member("team-a", "alice"))
     outsider = member("team-b", "bob")
