@@ -33,6 +33,9 @@ COALESCE_TTL_S = 30
 # most half of the time, and each admits what ended during the rest; a cycle over a short queue
 # (milliseconds) rests milliseconds. (Volcano schedules in sessions a second apart, likewise.)
 PACE_MAX_REST_S = 5.0
+# A run asked for this long ago and not started is stuck behind other work in the broker's queue
+# (overdue): longer than a rest and a cycle under load (bench controlplane: up to 3 s).
+OVERDUE_S = 10.0
 
 
 def _waiting_key(task):
@@ -59,9 +62,10 @@ def send_on_commit(task, *args):
 
 
 def _mark_waiting(task):
-    """True if this request must send a message: no run of `task` was waiting to start."""
+    """True if this request must send a message: no run of `task` was waiting to start. The mark
+    holds when the first request it stands for was made (overdue)."""
     try:
-        return cache.add(_waiting_key(task), 1, timeout=COALESCE_TTL_S)
+        return cache.add(_waiting_key(task), time.time(), timeout=COALESCE_TTL_S)
     except Exception as exc:  # noqa: BLE001 - without the cache every request sends, as before
         log.warning("could not mark %s as waiting (%s); sending anyway", task, exc)
         return True
@@ -75,6 +79,17 @@ def starting(task):
         cache.delete(_waiting_key(task))
     except Exception as exc:  # noqa: BLE001 - the mark then expires by itself
         log.warning("could not clear the waiting mark of %s (%s)", task, exc)
+
+
+def overdue(task):
+    """True if a run of a COALESCED task was asked for over OVERDUE_S ago and has not started (its
+    message waits behind other work, or was lost); False if none waits, or the cache cannot tell."""
+    try:
+        since = cache.get(_waiting_key(task))
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not read the waiting mark of %s (%s)", task, exc)
+        return False
+    return since is not None and time.time() - since > OVERDUE_S
 
 
 def rest_left(task):

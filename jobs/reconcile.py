@@ -33,14 +33,15 @@ def reconcile():
 
 
 def _see_a_cycle_runs():
-    """The pass's cycle is the safety net under scheduling requests, whose messages can be lost. A
-    cycle that started within the interval read everything committed before it; one is then only
-    asked for (coalesced: nothing is sent while a cycle waits to start), and if that request is lost
-    too, the next pass finds no recent cycle and runs its own. Under churn the workers' cycles run
-    every few seconds, and a cycle of the pass's own read the whole queue again for nothing after
-    waiting for their admission lock: two thirds of a pass at 1,000 running and 10,000 queued jobs
-    (bench controlplane)."""
-    if admission.started_within(settings.RECONCILE_INTERVAL_S):
+    """The pass's cycle is the safety net under scheduling requests, whose messages wait in the
+    broker's queue behind other work and can be lost. A cycle that started within the interval read
+    everything committed before it; then, unless a request has waited overdue (behind hundreds of
+    deploys while a queue's head is admitted, say), one is only asked for (coalesced: nothing is sent
+    while one waits), and if that is lost too, the next pass finds no recent cycle and runs its own.
+    Under churn the workers' cycles run every few seconds, and a cycle of the pass's own read the
+    whole queue again for nothing after waiting for their admission lock: two thirds of a pass at
+    1,000 running and 10,000 queued jobs (bench controlplane)."""
+    if admission.started_within(settings.RECONCILE_INTERVAL_S) and not dispatch.overdue("schedule"):
         dispatch.send("schedule")
     else:
         admission.run_cycle()

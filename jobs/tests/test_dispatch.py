@@ -91,3 +91,13 @@ def test_a_cycle_is_not_paced_when_the_cache_cannot_be_reached(monkeypatch, cycl
     tasks.schedule()
     tasks.schedule()
     assert len(cycles) == 2
+
+
+def test_a_waiting_run_is_overdue_only_once_it_waited_past_the_limit(broker, monkeypatch):
+    asked = time.time()
+    dispatch.send("schedule")
+    assert not dispatch.overdue("schedule")
+    monkeypatch.setattr(dispatch.time, "time", lambda: asked + dispatch.OVERDUE_S + 1)
+    assert dispatch.overdue("schedule")
+    dispatch.starting("schedule")  # it started: nothing waits
+    assert not dispatch.overdue("schedule")

@@ -168,6 +168,26 @@ def test_after_a_recent_cycle_a_pass_asks_for_one_instead_of_running_its_own(mon
     assert sent == [("schedule", ())]
 
 
+def test_a_pass_runs_its_own_cycle_when_a_requested_one_is_overdue(monkeypatch, sent):
+    from jobs import dispatch
+    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 1)
+    cache.set(dispatch._waiting_key("schedule"), time.time() - dispatch.OVERDUE_S - 1)  # stuck behind deploys
+    waiting = queued_job(monkeypatch)
+    reconcile.reconcile()
+    waiting.refresh_from_db()
+    assert waiting.status == "PENDING"
+
+
+def test_a_request_waiting_less_than_overdue_is_left_to_its_cycle(monkeypatch, sent):
+    from jobs import dispatch
+    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 1)
+    cache.set(dispatch._waiting_key("schedule"), time.time() - 1)
+    waiting = queued_job(monkeypatch)
+    reconcile.reconcile()
+    waiting.refresh_from_db()
+    assert waiting.status == "QUEUED"
+
+
 def test_a_cycle_older_than_the_interval_does_not_count(monkeypatch, sent, settings):
     settings.RECONCILE_INTERVAL_S = 10.0
     cache.set(admission.CYCLE_STARTED_KEY, time.time() - 11)
