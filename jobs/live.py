@@ -8,9 +8,12 @@ unshared, a membership removed or its role changed). Each socket joins its user'
 signals below send that group an `access.recheck` once the change commits, whichever path made it
 (API, page, admin console, manage.py), and the consumers re-run their access check (jobs.consumers).
 """
+import asyncio
 import logging
+import os
+import weakref
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
@@ -84,12 +87,53 @@ def _send(groups, *messages):
     layer = get_channel_layer()
     if layer is None:
         return
+    loop = _serving_loop()
+    if loop is not None:
+        # A web request's thread: the process's event loop publishes, and the request goes on. Waiting
+        # for it was half of an ingest request's time under load (bench controlplane, py-spy): the loop
+        # is busy with the sockets when many changes fan out.
+        loop.call_soon_threadsafe(_enqueue, layer, groups, messages)
+        return
     try:
         # One trip into the event loop for every group and message: outside one (a Celery worker), each
         # async_to_sync call starts a loop of its own in a thread.
         async_to_sync(_group_send_all)(layer, groups, messages)
     except Exception:  # noqa: BLE001 - live updates are best effort; REST and the backlog are the record
         log.warning("could not publish to %s", groups, exc_info=True)
+
+
+def _serving_loop():
+    """The running event loop of the ASGI server whose synchronous code this thread runs (asgiref
+    records it in each such thread), or None (a Celery worker, a management command)."""
+    local = SyncToAsync.threadlocal
+    loop = getattr(local, "main_event_loop", None)
+    if loop is None or getattr(local, "main_event_loop_pid", None) != os.getpid() or not loop.is_running():
+        return None
+    return loop
+
+
+# One queue and one publishing task per event loop: messages leave in the order they were sent (a job's
+# log lines by seq; concurrent publishes could take different Redis connections and overtake).
+_queues = weakref.WeakKeyDictionary()
+
+
+def _enqueue(layer, groups, messages):
+    """Runs in the event loop (call_soon_threadsafe)."""
+    loop = asyncio.get_running_loop()
+    queue = _queues.get(loop)
+    if queue is None:
+        queue = _queues[loop] = asyncio.Queue()
+        loop.create_task(_publish_forever(queue))
+    queue.put_nowait((layer, groups, messages))
+
+
+async def _publish_forever(queue):
+    while True:
+        layer, groups, messages = await queue.get()
+        try:
+            await _group_send_all(layer, groups, messages)
+        except Exception:  # noqa: BLE001 - as above: best effort, the next message is tried anyway
+            log.warning("could not publish to %s", groups, exc_info=True)
 
 
 async def _group_send_all(layer, groups, messages):

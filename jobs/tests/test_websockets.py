@@ -217,3 +217,36 @@ def test_a_status_message_says_when_the_change_was_made_and_when_it_was_publishe
     changed, published = (datetime.fromisoformat(message[key]).timestamp() for key in ("time", "published"))
     assert message["status"] == "PROCESSING"
     assert 0.3 <= published - changed < 5
+
+
+def test_a_request_thread_hands_its_publishes_to_the_event_loop_and_they_leave_in_order(monkeypatch):
+    """A web request does not wait while the loop publishes (it may be busy with many sockets); what
+    it sends still leaves in the order sent (a job's log lines, by seq)."""
+    published = []
+
+    @async_to_sync
+    async def scenario():
+        from channels.layers import get_channel_layer
+        gate = asyncio.Event()
+
+        async def slow_group_send(group, message):
+            await gate.wait()
+            published.append(message["n"])
+        monkeypatch.setattr(get_channel_layer(), "group_send", slow_group_send)
+
+        def request():  # a view's thread, publishing after its commit
+            for n in range(5):
+                live._send(["job.1"], {"type": "job.logs", "n": n})
+            return list(published)
+        try:
+            published_before_returning = await asyncio.wait_for(sync_to_async(request, thread_sensitive=False)(), 2)
+        finally:
+            gate.set()
+        for _ in range(100):
+            if len(published) == 5:
+                break
+            await asyncio.sleep(0.01)
+        return published_before_returning
+
+    assert scenario() == []
+    assert published == [0, 1, 2, 3, 4]
