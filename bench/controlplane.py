@@ -302,11 +302,14 @@ def ws_clients(url, token, count, seconds, out_file):
             ready.append(1)
             while True:
                 message = json.loads(await socket.recv())
-                if message.get("type") == "status":
-                    now = time.time()
-                    changed = datetime.fromisoformat(message["time"]).timestamp()
-                    published = datetime.fromisoformat(message["published"]).timestamp()
-                    delays.append((now, (now - published) * 1000, (now - changed) * 1000, message["status"]))
+                now = time.time()
+                # The list stream sends changes within a moment of each other together (jobs.consumers).
+                changes = message["changes"] if message.get("type") == "statuses" else [message]
+                for change in changes:
+                    if change.get("type") == "status":
+                        changed = datetime.fromisoformat(change["time"]).timestamp()
+                        published = datetime.fromisoformat(change["published"]).timestamp()
+                        delays.append((now, (now - published) * 1000, (now - changed) * 1000, change["status"]))
 
     priority = _raised_priority()
 

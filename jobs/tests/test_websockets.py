@@ -250,3 +250,41 @@ def test_a_request_thread_hands_its_publishes_to_the_event_loop_and_they_leave_i
 
     assert scenario() == []
     assert published == [0, 1, 2, 3, 4]
+
+
+def test_the_list_stream_sends_changes_within_a_moment_of_each_other_together():
+    """The first change of a burst at once, the rest of it as one message; after a quiet moment the
+    next change goes out alone, at once again."""
+    alice = member()
+    targets = [job(alice) for _ in range(4)]
+    changes = [{"type": "job.status", "status": {"job": t.id, "status": "COMPLETED"}, "job": live.status_payload(t)}
+               for t in targets]
+    path, group = f"/ws/jobs/?token={token_for(alice)}", live.tenant_group(alice.tenant_id)
+
+    @async_to_sync
+    async def received():
+        from channels.layers import get_channel_layer
+        from jobs.consumers import COALESCE_S
+        layer = get_channel_layer()
+        communicator = WebsocketCommunicator(application, path,
+                                             headers=[(b"host", b"testserver"), (b"origin", b"http://testserver")])
+        assert (await communicator.connect())[0]
+        for change in changes[:3]:
+            await layer.group_send(group, change)
+        messages = [await communicator.receive_json_from(timeout=2), await communicator.receive_json_from(timeout=2)]
+        await asyncio.sleep(COALESCE_S * 3)  # quiet
+        sent = time.monotonic()
+        await layer.group_send(group, changes[3])
+        messages.append(await communicator.receive_json_from(timeout=2))
+        alone_after = time.monotonic() - sent
+        await communicator.disconnect()
+        return messages, alone_after
+
+    (first, burst, alone), alone_after = received()
+    assert first["type"] == "status" and first["job"] == targets[0].id
+    assert burst["type"] == "statuses"
+    assert [c["job"] for c in burst["changes"]] == [targets[1].id, targets[2].id]
+    assert all(c["type"] == "status" and c["job_detail"]["id"] == c["job"] for c in burst["changes"])
+    assert alone["type"] == "status" and alone["job"] == targets[3].id
+    from jobs.consumers import COALESCE_S
+    assert alone_after < COALESCE_S  # not held for a window

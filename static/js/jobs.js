@@ -107,7 +107,11 @@
     setInterval(tickDurations, 1000);
     new T.LiveSocket({
       url: () => T.wsUrl("/ws/jobs/"),
-      onMessage: (message) => { if (message.type === "status") applyStatus(message); },
+      onMessage: (message) => {
+        if (message.type === "status") applyStatus(message);
+        // Changes that came within a moment of each other arrive together (jobs.consumers).
+        if (message.type === "statuses") message.changes.forEach(applyStatus);
+      },
       onState: (state, reason) => T.showConnectionState(indicator, state, reason),
     }).start();
   }
