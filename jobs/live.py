@@ -92,8 +92,11 @@ def _send(groups, *messages):
         # A web request's thread: the process's event loop publishes, and the request goes on. Waiting
         # for it was half of an ingest request's time under load (bench controlplane, py-spy): the loop
         # is busy with the sockets when many changes fan out.
-        loop.call_soon_threadsafe(_enqueue, layer, groups, messages)
-        return
+        try:
+            loop.call_soon_threadsafe(_enqueue, layer, groups, messages)
+            return
+        except RuntimeError:  # the loop closed meanwhile (the process is stopping): send from here
+            pass
     try:
         # One trip into the event loop for every group and message: outside one (a Celery worker), each
         # async_to_sync call starts a loop of its own in a thread.
