@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 BACKLOG_LINES = 5000
 # The list stream's coalescing window (JobListConsumer.job_status).
 COALESCE_S = 0.05
+CLOSE_NOT_FOUND = 4404
+CLOSE_UNAUTHORIZED = 4401
 
 
 def _db(function):
@@ -41,9 +43,6 @@ def _db(function):
     another one (each socket awaits its own in turn), and it closes the connection it opened in that
     thread when it ends, as database_sync_to_async does."""
     return database_sync_to_async(function, thread_sensitive=False)
-
-CLOSE_NOT_FOUND = 4404
-CLOSE_UNAUTHORIZED = 4401
 
 
 class _ScopedConsumer(AsyncJsonWebsocketConsumer):

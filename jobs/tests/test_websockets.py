@@ -1,6 +1,7 @@
 """The job websocket in-process (channels' communicator, in-memory channel layer): backlog from a
 seq, live fan-out, token auth, and refusal of outsiders."""
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -43,10 +44,27 @@ async def receive_all(communicator):
     return messages, None
 
 
+def communicator_for(path, headers=()):
+    return WebsocketCommunicator(application, path,
+                                 headers=[(b"host", b"testserver"), (b"origin", b"http://testserver"), *headers])
+
+
+@contextlib.asynccontextmanager
+async def sync_thread_held():
+    """The one thread channels gives synchronous code, busy (as with a slow request) while inside."""
+    release = threading.Event()
+    busy = asyncio.ensure_future(sync_to_async(release.wait, thread_sensitive=True)(10))
+    try:
+        yield
+    finally:
+        release.set()
+        await busy
+
+
 @async_to_sync
 async def session(path, then=None, headers=()):
     """Connect, read everything, optionally do `then()` and read again; return (close code, messages)."""
-    communicator = WebsocketCommunicator(application, path, headers=[(b"host", b"testserver"), (b"origin", b"http://testserver"), *headers])
+    communicator = communicator_for(path, headers)
     connected, code = await communicator.connect()
     if not connected:
         return code, []
@@ -124,17 +142,13 @@ def test_a_status_change_does_not_wait_for_the_thread_of_synchronous_code():
     @async_to_sync
     async def received_while_busy():
         from channels.layers import get_channel_layer
-        communicator = WebsocketCommunicator(application, path,
-                                             headers=[(b"host", b"testserver"), (b"origin", b"http://testserver")])
+        communicator = communicator_for(path)
         assert (await communicator.connect())[0]
-        release = threading.Event()
-        busy = asyncio.ensure_future(sync_to_async(release.wait, thread_sensitive=True)(10))  # a slow request
         try:
-            await get_channel_layer().group_send(live.tenant_group(target.tenant_id), change)
-            return await communicator.receive_json_from(timeout=2)
+            async with sync_thread_held():
+                await get_channel_layer().group_send(live.tenant_group(target.tenant_id), change)
+                return await communicator.receive_json_from(timeout=2)
         finally:
-            release.set()
-            await busy
             await communicator.disconnect()
 
     assert received_while_busy()["job"] == target.id
@@ -146,16 +160,12 @@ def test_a_socket_opens_while_the_thread_of_synchronous_code_is_busy():
 
     @async_to_sync
     async def opened_while_busy():
-        communicator = WebsocketCommunicator(application, path,
-                                             headers=[(b"host", b"testserver"), (b"origin", b"http://testserver")])
-        release = threading.Event()
-        busy = asyncio.ensure_future(sync_to_async(release.wait, thread_sensitive=True)(10))  # a slow request
+        communicator = communicator_for(path)
         try:
-            connected, _ = await communicator.connect(timeout=3)
-            return connected
+            async with sync_thread_held():
+                connected, _ = await communicator.connect(timeout=3)
+                return connected
         finally:
-            release.set()
-            await busy
             await communicator.disconnect()
 
     assert opened_while_busy()
@@ -267,8 +277,7 @@ def test_the_list_stream_sends_changes_within_a_moment_of_each_other_together(mo
     async def received():
         from channels.layers import get_channel_layer
         layer = get_channel_layer()
-        communicator = WebsocketCommunicator(application, path,
-                                             headers=[(b"host", b"testserver"), (b"origin", b"http://testserver")])
+        communicator = communicator_for(path)
         assert (await communicator.connect())[0]
         for change in changes[:3]:
             await layer.group_send(group, change)
