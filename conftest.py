@@ -22,6 +22,9 @@ def _isolated_storage(request, tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
     settings.DATA_DIR = data
     settings.STORAGE_URL = f"file://{data / 'storage'}"
+    # Nothing stops the agents of a unit test's deploys, so none waits as a spare after it either
+    # (the platforms the end-to-end tests start keep one and stop it with their agents).
+    settings.SPARE_AGENTS = 0
     # A cache of each test's own (throttling counters), not the platform's Redis, which unit tests do not start.
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                                    "LOCATION": f"test-{data.name}"}}

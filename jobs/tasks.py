@@ -9,8 +9,11 @@ every row nobody works on.
 import time
 
 from celery import shared_task
+from celery.signals import worker_ready
+from django.conf import settings
 
 from jobs import admission, autoscaler, dispatch, lifecycle, outbox, reconcile as reconciling
+from jobs.backends import get_backend
 from jobs.models import FollowUp
 
 Kind = FollowUp.Kind
@@ -18,6 +21,13 @@ HANDLERS = {Kind.DEPLOY: lifecycle.deploy, Kind.HALT: lifecycle.halt_learners,
             Kind.FINISH: lifecycle.finish_attempt, Kind.TEARDOWN: lifecycle.teardown}
 # Work after which resources may be free for queued jobs.
 RELEASES = {Kind.FINISH, Kind.TEARDOWN}
+
+
+@worker_ready.connect
+def start_spare_agents(**_):
+    """The local backend's first deploy finds a spare agent too (learner_agent.spare)."""
+    if settings.BACKEND == "local":
+        get_backend().replenish_spares()
 
 
 @shared_task(name="jobs.tasks.schedule", ignore_result=True)

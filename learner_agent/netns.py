@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from learner_agent import procfs
+
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PID_FILE = "netns.pid"
@@ -107,22 +109,12 @@ def _learners_done(attempt_dir, learners, started):
     folders = [os.path.join(attempt_dir, f"learner-{i}") for i in range(learners)]
     if all(os.path.exists(os.path.join(f, "exit.json")) for f in folders):
         return True
-    alive = [_agent_alive(f) for f in folders]
+    alive = [procfs.agent_running(f) for f in folders]
     if any(alive):
         return False
     # None runs: either they have not started yet (deploy in progress) or they all died.
     return time.monotonic() - started > AGENT_START_GRACE_S or all(
         os.path.exists(os.path.join(f, "agent.pid")) for f in folders)
-
-
-def _agent_alive(folder):
-    try:
-        pid = int(open(os.path.join(folder, "agent.pid")).read().strip())
-        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0]
-    except (OSError, ValueError, IndexError):
-        return False
-    return state != "Z" and os.path.join(folder, "agent.json").encode() in cmdline
 
 
 def hold(attempt_dir, learners):

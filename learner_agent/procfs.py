@@ -88,3 +88,40 @@ def start_time(pid):
         return int(stat[stat.rfind(b")") + 2:].split()[19])  # stat field 22
     except (OSError, IndexError, ValueError):
         return None
+
+
+def agent_running(folder):
+    """Whether the agent of the learner folder `folder` runs: the process its agent.pid names is alive,
+    not a zombie, and is that agent, so a recycled pid does not fool us. A cold-started agent's
+    command line names the folder's agent.json; a spare that was handed the learner
+    (learner_agent.spare) names only its FIFO, and counts if it started before it wrote the pid file
+    (a process that took the pid over later started after that)."""
+    pid_file = os.path.join(folder, "agent.pid")
+    try:
+        with open(pid_file) as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        written_at = os.stat(pid_file).st_mtime
+    except (OSError, ValueError):
+        return False
+    if stat[stat.rfind(b")") + 2:].split()[:1] == [b"Z"]:
+        return False
+    command = argv(pid)
+    if os.path.join(folder, "agent.json") in " ".join(command):
+        return True
+    return command[1:5] == ["-S", "-m", "learner_agent", "spare"] and _started_before(pid, written_at)
+
+
+def _started_before(pid, moment):
+    """Whether the process started no later than `moment` (Unix seconds). The boot time /proc gives
+    is whole seconds, hence the second of slack."""
+    ticks = start_time(pid)
+    if ticks is None:
+        return False
+    try:
+        with open("/proc/stat") as f:
+            booted = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return booted + ticks / os.sysconf("SC_CLK_TCK") <= moment + 1.0

@@ -166,6 +166,8 @@ LOCAL_MEMORY_MB = env.integer("TRAINYARD_LOCAL_MEMORY_MB", 0)  # 0: the machine'
 # How many complete checkpoints each attempt keeps once it ends (0 keeps them all).
 CHECKPOINTS_KEPT_PER_ATTEMPT = env.integer("TRAINYARD_CHECKPOINTS_KEPT", 5, minimum=0)
 SANDBOX = env.choice("TRAINYARD_SANDBOX", "auto", ("auto", "bwrap", "none"))
+# Learner agents the local backend keeps started ahead of deploys (learner_agent.spare); 0: none.
+SPARE_AGENTS = env.integer("TRAINYARD_SPARE_AGENTS", 1, minimum=0)
 
 # The `kubernetes` backend (README, "Run on Kubernetes"); read only when TRAINYARD_BACKEND=kubernetes, where
 # jobs.backends.k8s checks the values that need more than a type (the volume JSON, the URL).

@@ -24,7 +24,7 @@ from django.conf import settings
 
 from jobs import frameworks, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
-from learner_agent import netns, sandbox, spool
+from learner_agent import netns, procfs, sandbox, spare, spool
 from learner_agent.agent import agent_argv, clean_environment
 from learner_agent.config import ConfigError, parse_config
 
@@ -60,6 +60,7 @@ class LocalBackend:
                 raise BackendError(f"learner agent config: {exc}", permanent=True) from exc
             _write_private_json(folder / "agent.json", config)
             self._start_agent(folder)
+        self.replenish_spares()  # after this job's agents: starting one must not delay them
 
     def _learner_folder(self, spec, learner):
         return storage.learner_dir(spec.tenant, spec.job_id, spec.attempt, learner.index)
@@ -114,7 +115,30 @@ class LocalBackend:
         }
 
     def _start_agent(self, folder):
-        """Start the agent detached and return at once, with one Python start-up per learner.
+        """Start the learner's agent, detached, and return at once: a spare one if one is ready
+        (learner_agent.spare: the interpreter and the agent's imports already paid for), else a new one."""
+        if settings.SPARE_AGENTS and spare.hand_over(self.spare_dir, folder / "agent.json"):
+            return
+        self._launch(agent_argv(folder / "agent.json"), cwd=folder, log_path=folder / "agent.log")
+
+    def replenish_spares(self):
+        """Keep SPARE_AGENTS spare agents ready for the next deploys; a failure costs only speed.
+        Only with setsid: a spare is started detached, it does not detach itself."""
+        if not settings.SPARE_AGENTS or not SETSID:
+            return
+        directory = self.spare_dir
+        try:
+            spare.replenish(directory, settings.SPARE_AGENTS, lambda fifo: self._launch(
+                spare.spare_argv(fifo), cwd=directory, log_path=directory / "spares.log"))
+        except (BackendError, OSError, subprocess.SubprocessError) as exc:
+            log.warning("could not start a spare learner agent in %s: %s", directory, exc)
+
+    @property
+    def spare_dir(self):
+        return Path(settings.DATA_DIR) / "spare-agents"
+
+    def _launch(self, argv, *, cwd, log_path):
+        """Start an agent (or a spare) detached with one Python start-up.
 
         `setsid --fork` does the detaching (its own session, a child of init), so neither a
         detaching Python process nor the re-exec that clears the agent's environment runs first:
@@ -125,13 +149,12 @@ class LocalBackend:
         # learner's `python` imports are the ones installed beside Trainyard.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
         env = clean_environment({"PATH": path, "LANG": "C.UTF-8"})
-        argv = agent_argv(folder / "agent.json")
         argv = [SETSID, "--fork", *argv] if SETSID else [*argv, "--detach"]
-        with open(folder / "agent.log", "ab") as log:
-            result = subprocess.run(argv, cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    timeout=30)
+        with open(log_path, "ab") as log_file:
+            result = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                                    stderr=log_file, timeout=30)
         if result.returncode != 0:
-            raise BackendError(f"learner agent did not start (exit {result.returncode}); see {folder}/agent.log")
+            raise BackendError(f"learner agent did not start (exit {result.returncode}); see {log_path}")
 
     # --- observe -----------------------------------------------------------------------------------
     def status(self, *, tenant, job_id, attempt, learners):
@@ -253,17 +276,7 @@ def _agent_pid(folder):
 
 
 def _agent_alive(folder):
-    """Whether this folder's agent runs, checked against /proc so a reused pid does not fool us."""
-    pid = _agent_pid(folder)
-    if pid is None:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    zombie = stat.rsplit(")", 1)[-1].split()[0] == "Z"
-    return not zombie and str(folder / "agent.json").encode() in cmdline
+    return procfs.agent_running(str(folder))
 
 
 def _signal_agent(folder, signum):

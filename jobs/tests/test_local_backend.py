@@ -36,6 +36,51 @@ def test_it_starts_the_agent_detached_and_it_runs_the_learner(outside_tmp, inges
     assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
 
 
+def _spare_pids(directory):
+    marker = str(directory).encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"spare" in (cmdline := (proc / "cmdline").read_bytes()) and marker in cmdline:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.skipif(local.SETSID is None, reason="spares are started with setsid")
+def test_a_learner_goes_to_a_ready_spare_and_a_platform_stop_ends_the_spares(outside_tmp, ingest, settings):
+    from portal.runner import stop_learner_agents
+    settings.SPARE_AGENTS = 1
+    backend = local.LocalBackend()
+    try:
+        backend.replenish_spares()
+        wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
+        [spare_pid] = _spare_pids(backend.spare_dir)
+        folder = Path(write_agent_config(outside_tmp, ingest, command="sleep 1; echo done")).parent
+        backend._start_agent(folder)
+        assert wait_for(lambda: local._agent_pid(folder)) == spare_pid
+        assert local._agent_alive(folder)
+        assert wait_for(lambda: _exit_record(folder), timeout=20)["exit_code"] == 0
+        assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
+        backend.replenish_spares()  # what the deploy does after its learners
+        wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
+        assert _spare_pids(backend.spare_dir) and spare_pid not in _spare_pids(backend.spare_dir)
+    finally:
+        stop_learner_agents(settings.DATA_DIR, wait_s=5)
+    assert _spare_pids(backend.spare_dir) == []
+
+
+def test_without_spares_each_learner_gets_an_agent_of_its_own(outside_tmp, ingest, settings):
+    settings.SPARE_AGENTS = 0
+    backend = local.LocalBackend()
+    backend.replenish_spares()
+    assert not backend.spare_dir.exists()
+    folder = Path(write_agent_config(outside_tmp, ingest, command="echo done")).parent
+    backend._start_agent(folder)
+    assert wait_for(lambda: _exit_record(folder), timeout=20)["exit_code"] == 0
+
+
 def test_it_refuses_an_agent_config_the_agent_would_refuse(outside_tmp, monkeypatch):
     backend = local.LocalBackend()
     monkeypatch.setattr(backend, "_agent_config", lambda *a, **k: {"job_id": "j"})  # no command, no token

@@ -1,0 +1,201 @@
+"""Spare agents: agent processes started before their learner exists, so that a deploy on the local
+backend hands the learner to an interpreter that has already started and imported the agent.
+
+A cold start costs each learner about 50 ms before its command can begin (the interpreter, then the
+agent's modules: "agent config → agent running" in bench frameworks' timeline), which is 5% of a
+1-second job. A spare pays it ahead of time, while no job is waiting.
+
+The spares live in one directory of the backend's (0700, under the platform's data directory,
+which learners never see): one FIFO each, moved between names by atomic renames, so any number of
+deploying workers and the spares themselves agree on who owns which (only one rename of a name wins):
+
+    <id>.starting  made by the backend (`replenish`), which then starts `python -m learner_agent spare`
+                   on it;
+    <id>.ready     the spare opened it (for reading and writing, so it never sees end-of-file) and
+                   imported and probed everything a run needs;
+    <id>.taken     a deploy renamed it (`hand_over`), wrote the config's path into it and removed it;
+                   the spare reads the path and becomes that learner's agent (agent.run_agent) in the
+                   learner's folder, with its stdout and stderr on the learner's agent.log;
+    <id>.expired   the spare waited IDLE_S without a learner: it takes its own FIFO the same way and
+                   exits. One that loses that race to a deploy reads the path and runs it.
+
+`replenish` removes what a spare left behind: a `.ready` FIFO nobody holds open (its spare was killed,
+as a platform stop does) and one still `.starting` after STALE_S (its spare never came up).
+A spare holds nothing of any job until it is handed one, and its environment is the clean one a
+cold-started agent gets (agent.clean_environment).
+"""
+import os
+import select
+import sys
+import time
+import uuid
+
+STARTING, READY, TAKEN, EXPIRED = ".starting", ".ready", ".taken", ".expired"
+IDLE_S = 600.0  # then it exits, so an upgraded platform's code reaches every agent within this
+STALE_S = 30.0
+HANDOFF_WAIT_S = 10.0  # a deploy that took the FIFO writes the path at once; this is for a stuck one
+MAX_MESSAGE = 4096  # PIPE_BUF: a write this size reaches the reader whole
+
+
+def spare_argv(fifo, *, idle_s=IDLE_S):
+    """The command line of a spare waiting on `fifo` (`-S` as for a cold start: agent.agent_argv)."""
+    return [sys.executable, "-S", "-m", "learner_agent", "spare", "--fifo", str(fifo), "--idle-s", f"{idle_s:g}"]
+
+
+# --- the backend's side --------------------------------------------------------------------------
+
+def hand_over(directory, config_path):
+    """Give the learner whose config is `config_path` to a ready spare; False if none took it (then
+    the caller starts an agent itself)."""
+    message = os.fsencode(os.path.abspath(config_path)) + b"\n"
+    if len(message) > MAX_MESSAGE:
+        return False
+    for ready in _named(directory, READY):
+        taken = ready[:-len(READY)] + TAKEN
+        try:
+            os.rename(ready, taken)
+        except FileNotFoundError:
+            continue  # another deploy, or its own idle timeout, took this one first
+        try:
+            fd = os.open(taken, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # ENXIO: nobody holds it open any more, its spare died
+            _remove(taken)
+            continue
+        try:
+            written = os.write(fd, message)
+        except OSError:  # EPIPE: it died just now
+            written = 0
+        finally:
+            os.close(fd)
+            _remove(taken)  # the path stays in the pipe for the spare, which still holds it open
+        if written == len(message):
+            return True
+    return False
+
+
+def replenish(directory, count, start):
+    """Make sure `count` spares are ready or starting in `directory`; `start(fifo)` starts one on a
+    FIFO made for it. Returns how many were started."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    now = time.time()
+    live = 0
+    for path in _named(directory, STARTING, READY, TAKEN):
+        if path.endswith(READY):
+            gone = not _held_open(path)  # its spare was killed (a platform stop, SIGKILL)
+        else:
+            gone = now - _mtime(path, now) > STALE_S  # its spare never came up, or a deploy died
+        if gone:
+            _remove(path)
+        elif not path.endswith(TAKEN):
+            live += 1
+    started = 0
+    for _ in range(count - live):
+        fifo = os.path.join(directory, uuid.uuid4().hex + STARTING)
+        os.mkfifo(fifo, 0o600)
+        try:
+            start(fifo)
+        except BaseException:
+            _remove(fifo)
+            raise
+        started += 1
+    return started
+
+
+# --- the spare's side ----------------------------------------------------------------------------
+
+def serve(fifo, *, idle_s=IDLE_S):
+    """Wait on `fifo` for a learner and run its agent; the exit code (0 when none came)."""
+    try:
+        fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0  # removed as stale before this process got here
+    _warm_up()
+    ready = fifo[:-len(STARTING)] + READY
+    try:
+        os.rename(fifo, ready)
+    except FileNotFoundError:
+        return 0
+    config_path = _read_path(fd, idle_s)
+    if config_path is None:
+        try:
+            os.rename(ready, ready[:-len(READY)] + EXPIRED)
+        except FileNotFoundError:  # a deploy took it meanwhile: its path is on the way
+            config_path = _read_path(fd, HANDOFF_WAIT_S)
+        else:
+            _remove(ready[:-len(READY)] + EXPIRED)
+    os.close(fd)
+    if config_path is None:
+        return 0
+    return _become_agent(config_path)
+
+
+def _warm_up():
+    """Everything a run imports or probes before its command starts, done while no job waits."""
+    from learner_agent import agent, sandbox  # noqa: F401 - the imports are the point
+    sandbox.bwrap_problem()
+
+
+def _read_path(fd, timeout):
+    readable, _, _ = select.select([fd], [], [], timeout)
+    if not readable:
+        return None
+    message = os.read(fd, MAX_MESSAGE)
+    if not message.endswith(b"\n"):
+        print(f"learner_agent spare {os.getpid()}: ignoring a malformed hand-over {message[:80]!r}",
+              file=sys.stderr, flush=True)
+        return None
+    return os.fsdecode(message[:-1])
+
+
+def _become_agent(config_path):
+    """What `python -m learner_agent run --config PATH` started by setsid would do, in this process."""
+    from learner_agent.agent import run_agent
+    from learner_agent.config import ConfigError, load_config
+
+    folder = os.path.dirname(config_path)
+    os.chdir(folder)
+    log = os.open(os.path.join(folder, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        print(f"learner_agent: {e}", file=sys.stderr, flush=True)
+        return 2
+    return run_agent(config)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+def _named(directory, *suffixes):
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    return [os.path.join(directory, name) for name in names if name.endswith(suffixes)]
+
+
+def _held_open(fifo):
+    """Whether some process has the FIFO open for reading (opening it to write fails otherwise)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError:
+        return False
+    return True
+
+
+def _mtime(path, default):
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return default
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,149 @@
+"""Spare agents (learner_agent.spare): started ahead of a learner, handed one through a FIFO, and
+exactly one deploy gets each; an idle or dead spare costs nothing but speed."""
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from learner_agent import procfs, spare
+from learner_agent.tests.conftest import (  # noqa: F401 - fixtures
+    agent_env, ingest, outside_tmp, read_exit, stop_process, wait_for, write_agent_config)
+
+
+@pytest.fixture
+def spare_dir(outside_tmp):
+    path = os.path.join(outside_tmp, "spares")
+    os.makedirs(path, mode=0o700)
+    return path
+
+
+def start_spare(directory, *, idle_s=60):
+    """A real spare process on a fresh FIFO, as the backend starts one; (process, fifo)."""
+    started = []
+    spare.replenish(directory, 1, lambda fifo: started.append(subprocess.Popen(
+        spare.spare_argv(fifo, idle_s=idle_s), cwd=directory, env=agent_env(), stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+    return started[0]
+
+
+def names(directory):
+    return sorted(name.rsplit(".", 1)[1] for name in os.listdir(directory))
+
+
+def test_a_spare_becomes_the_agent_of_the_learner_it_is_handed(outside_tmp, ingest, spare_dir):
+    process = start_spare(spare_dir)
+    try:
+        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
+        config = write_agent_config(outside_tmp, ingest, command="sleep 1; echo done")
+        folder = os.path.dirname(config)
+        assert spare.hand_over(spare_dir, config)
+        assert names(spare_dir) == []  # nobody else can take it now
+        assert wait_for(lambda: procfs.agent_running(folder))
+        assert int(open(os.path.join(folder, "agent.pid")).read()) == process.pid
+        assert process.wait(timeout=30) == 0
+        assert read_exit(config)["exit_code"] == 0
+        assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
+        assert not procfs.agent_running(folder)
+        assert "agent %d for training-test0001" % process.pid in open(os.path.join(folder, "agent.log")).read()
+    finally:
+        stop_process(process)
+
+
+def test_hand_over_declines_when_no_spare_is_ready_and_clears_a_dead_ones_fifo(outside_tmp, spare_dir):
+    config = os.path.join(outside_tmp, "agent.json")
+    assert not spare.hand_over(spare_dir, config)  # none at all
+    os.mkfifo(os.path.join(spare_dir, "a" + spare.STARTING))  # still starting: not offered
+    dead = os.path.join(spare_dir, "b" + spare.READY)
+    os.mkfifo(dead)  # ready once, but nothing holds it open any more
+    assert not spare.hand_over(spare_dir, config)
+    assert names(spare_dir) == ["starting"]
+
+
+def test_of_two_deploys_racing_for_one_spare_exactly_one_gets_it(outside_tmp, spare_dir):
+    fifo = os.path.join(spare_dir, "only" + spare.READY)
+    os.mkfifo(fifo, 0o600)
+    held = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # the spare's end
+    try:
+        barrier, results = threading.Barrier(2), []
+
+        def deploy(name):
+            barrier.wait()
+            results.append((name, spare.hand_over(spare_dir, os.path.join(outside_tmp, name, "agent.json"))))
+        threads = [threading.Thread(target=deploy, args=(name,)) for name in ("one", "two")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        winners = [name for name, took in results if took]
+        assert len(winners) == 1
+        assert os.read(held, 4096) == os.path.join(outside_tmp, winners[0], "agent.json").encode() + b"\n"
+        with pytest.raises(BlockingIOError):
+            os.read(held, 4096)  # the loser wrote nothing
+    finally:
+        os.close(held)
+
+
+def test_an_idle_spare_takes_its_fifo_and_exits(spare_dir):
+    process = start_spare(spare_dir, idle_s=0.5)
+    try:
+        assert process.wait(timeout=20) == 0
+        assert names(spare_dir) == []
+    finally:
+        stop_process(process)
+
+
+def test_replenish_tops_up_to_the_count_and_clears_fifos_whose_spare_never_came(spare_dir):
+    started = []
+    assert spare.replenish(spare_dir, 2, started.append) == 2
+    assert spare.replenish(spare_dir, 2, started.append) == 0  # starting ones count
+    assert [os.path.dirname(f) for f in started] == [spare_dir] * 2
+    long_ago = time.time() - spare.STALE_S - 1
+    os.utime(started[0], (long_ago, long_ago))
+    assert spare.replenish(spare_dir, 2, started.append) == 1
+    assert not os.path.exists(started[0])
+    assert names(spare_dir) == ["starting", "starting"]
+
+
+def test_replenish_replaces_a_ready_spare_that_was_killed(spare_dir):
+    process = start_spare(spare_dir)
+    try:
+        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
+        assert spare.replenish(spare_dir, 1, lambda fifo: None) == 0  # alive: it counts
+        stop_process(process)  # SIGKILL: it could not tidy up
+        assert names(spare_dir) == ["ready"]
+        assert spare.replenish(spare_dir, 1, lambda fifo: None) == 1
+        assert names(spare_dir) == ["starting"]
+    finally:
+        stop_process(process)
+
+
+def test_a_failed_start_leaves_no_fifo(spare_dir):
+    def fail(fifo):
+        raise OSError("no")
+    with pytest.raises(OSError):
+        spare.replenish(spare_dir, 1, fail)
+    assert names(spare_dir) == []
+
+
+def test_an_agent_pid_counts_only_for_the_process_that_wrote_it(outside_tmp, spare_dir):
+    """agent_running: a spare counts as the folder's agent only if it started before agent.pid was
+    written; a process that took the pid over later, or any other program, does not."""
+    process = start_spare(spare_dir)
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
+        pid_file = os.path.join(outside_tmp, "agent.pid")
+        with open(pid_file, "w") as f:
+            f.write(f"{process.pid}\n")
+        assert procfs.agent_running(outside_tmp)
+        an_hour_ago = time.time() - 3600  # written before this process existed: a recycled pid
+        os.utime(pid_file, (an_hour_ago, an_hour_ago))
+        assert not procfs.agent_running(outside_tmp)
+        with open(pid_file, "w") as f:
+            f.write(f"{other.pid}\n")
+        assert not procfs.agent_running(outside_tmp)
+    finally:
+        stop_process(process)
+        stop_process(other)
