@@ -2,7 +2,8 @@
 
 For each framework's example the same command runs bare (the thread settings the agent gives a
 1-CPU learner, in a control group of the manifest's CPUs as its learner runs: bench.baseline) and
-then through a freshly started platform on the embedded defaults (submit → COMPLETED); the ratio of
+then through a freshly started platform on the embedded defaults (submit → COMPLETED, as a script
+waiting with `trainyard.Client.wait` sees it); the ratio of
 median wall times is `overhead_ratio_<framework>`; `overhead_ratio_vs_unlimited_<framework>` divides
 by a bare run without the CPU limit instead (it also counts the limit the manifest asked for). `tensorflow` runs the
 Keras example under `framework: tensorflow` (the same program, so it shares keras's bare timing).
@@ -83,15 +84,17 @@ def _bare_seconds(example, command, preexec_fn=None):
 
 
 def platform_seconds(session, example, manifest, stamps=None):
-    """Submit → COMPLETED as the client sees it, and the job's id; its timeline goes to `stamps`."""
+    """Submit → COMPLETED as a script sees it (trainyard.Client.wait), and the job's id; its
+    timeline goes to `stamps`."""
     submitted_at, started = time.time(), time.monotonic()
     job = session.submit(example, manifest_text=manifest)
-    done = session.wait_for(job["id"], timeout=600, poll=0.05)
-    elapsed = time.monotonic() - started
+    done = session.sdk().wait(job["id"], timeout=600)
+    elapsed, seen_at = time.monotonic() - started, time.time()
     if done["status"] != "COMPLETED":
         raise RuntimeError(f"{example}: {job['id']} ended {done['status']}: {done['status_reason']}")
     if stamps is not None:
-        stamps.append(timeline.job_timeline(session.data_dir, session.tenant, job["id"], submitted_at=submitted_at))
+        stamps.append(timeline.job_timeline(session.data_dir, session.tenant, job["id"], submitted_at=submitted_at,
+                                            seen_at=seen_at))
     return elapsed, job["id"]
 
 

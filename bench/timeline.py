@@ -26,6 +26,7 @@ END_PHASES = (
     ("exit written → exit recorded (ingest)", "exit_recorded"),
     ("exit recorded → STORING (worker woken)", "storing"),
     ("STORING → COMPLETED (results stored)", "completed"),
+    ("COMPLETED → the client knows (Client.wait)", "seen"),
 )
 
 
@@ -44,9 +45,10 @@ def _mtime(path):
         return None
 
 
-def job_timeline(data_dir, tenant, job_id, *, submitted_at):
+def job_timeline(data_dir, tenant, job_id, *, submitted_at, seen_at=None):
     """{stamp: Unix seconds} for the first attempt's learner 0 of `job_id`; `submitted_at` is the
-    client's clock just before the POST (the same machine's clock as every other stamp)."""
+    client's clock just before the POST and `seen_at` when its wait returned (the same machine's
+    clock as every other stamp)."""
     data_dir = Path(data_dir)
     db = sqlite3.connect(f"file:{data_dir / 'trainyard.sqlite3'}?mode=ro", uri=True, timeout=30)
     try:
@@ -84,6 +86,7 @@ def job_timeline(data_dir, tenant, job_id, *, submitted_at):
         "exit_recorded": _epoch(follow_ups.get("finish", (None, None))[0]),
         "storing": _epoch(events.get("STORING")),
         "completed": _epoch(events.get("COMPLETED")),
+        "seen": seen_at,
     }
 
 

@@ -143,6 +143,8 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
 
 class JobConsumer(_ScopedConsumer):
     stream = "job"
+    status_only = False
+
     async def connect(self):
         membership = await self._membership()
         if membership is None:
@@ -157,8 +159,11 @@ class JobConsumer(_ScopedConsumer):
         # client drops the duplicates by seq.
         await self.join(live.job_group(self.job_id), live.user_group(membership.user_id))
         await self.accept()
+        # `?only=status`: a script waiting for the job's end (trainyard.Client.wait) gets the job
+        # and its status changes, not its logs and metrics.
+        self.status_only = self.query("only") == "status"
         since = _int(self.query("since"), 0)
-        for message in await self._backlog(job, since):
+        for message in await self._backlog(job, since, with_output=not self.status_only):
             await self.send_json(message)
 
     async def access_recheck(self, event):
@@ -176,10 +181,12 @@ class JobConsumer(_ScopedConsumer):
             return None
 
     @_db
-    def _backlog(self, job, since):
+    def _backlog(self, job, since, *, with_output=True):
         from jobs.serializers import JobDetailSerializer, log_line_json, metric_json
         job.refresh_from_db()
         messages = [{"type": "job", "job": JobDetailSerializer(job).data}]
+        if not with_output:
+            return messages
         lines = job.log_lines.filter(seq__gt=since).order_by("-seq")[:BACKLOG_LINES]
         lines = [log_line_json(line) for line in reversed(list(lines))]
         for start in range(0, len(lines), live.CHUNK):
@@ -193,10 +200,12 @@ class JobConsumer(_ScopedConsumer):
         await self.send_json({"type": "status", **event["status"], "job_detail": event["job"]})
 
     async def job_logs(self, event):
-        await self.send_json({"type": "logs", "lines": event["lines"]})
+        if not self.status_only:
+            await self.send_json({"type": "logs", "lines": event["lines"]})
 
     async def job_metrics(self, event):
-        await self.send_json({"type": "metrics", "points": event["points"]})
+        if not self.status_only:
+            await self.send_json({"type": "metrics", "points": event["points"]})
 
 
 class JobListConsumer(_ScopedConsumer):

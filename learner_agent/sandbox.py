@@ -26,8 +26,8 @@ unsharing an empty one of its own, so the learners reach each other on 127.0.0.1
 """
 import functools
 import hashlib
-import json
 import logging
+import marshal
 import math
 import os
 import shutil
@@ -233,9 +233,10 @@ def launcher_argv(plan_fd):
 
 
 def write_plan(plan):
-    """The plan in an inheritable memfd for the launcher (it closes it after reading)."""
+    """The plan in an inheritable memfd for the launcher (it closes it after reading), in marshal's
+    format (see learner_agent.launch)."""
     fd = os.memfd_create("trainyard-launch-plan", 0)
-    os.write(fd, json.dumps(plan).encode())
+    os.write(fd, marshal.dumps(plan))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 

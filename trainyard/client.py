@@ -9,8 +9,10 @@
 
 Jobs, log lines, metric points and artifacts are the API's own JSON objects (dicts), so nothing here
 hides a field the server adds. Failures are `trainyard.errors` exceptions with one-line messages.
-Stdlib and `requests` only: it starts fast and never imports Django.
+Stdlib and `requests` (and `websockets`, for `wait`, when it is there): it starts fast and never
+imports Django.
 """
+import contextlib
 import hashlib
 import io
 import json
@@ -37,6 +39,9 @@ FINAL_STATUSES = ("COMPLETED", "FAILED", "TERMINATED")
 RESTING_STATUSES = ("HALTED",)  # not final (resume is possible), but nothing more happens on its own
 LOG_PAGE = 1000
 POLL_SECONDS = 0.5
+# A waiting client reads the job again this often even while its websocket is quiet: a change
+# published while the server's fan-out was down is never heard.
+RECHECK_SECONDS = 30.0
 FOLLOW_PATIENCE_SECONDS = 60.0
 TIMEOUT = (10, 60)          # connect, read
 UPLOAD_TIMEOUT = (10, 600)  # the server inspects the whole archive before it answers
@@ -98,23 +103,36 @@ class Client:
         return self.get("/api/v1/jobs/", status=status, user=user, limit=limit).get("results") or []
 
     def wait(self, job_id, *, statuses=FINAL_STATUSES + RESTING_STATUSES, timeout=None, poll=1.0):
-        """Poll until the job's status is one of `statuses`; the job. WaitTimeout after `timeout`
-        seconds (None: no limit). A server restart meanwhile is ridden out, like `logs(follow=True)`."""
+        """Wait until the job's status is one of `statuses`; the job. Its status changes arrive over
+        the job's websocket as they happen (StatusWatch); where that cannot be opened (no `websockets`
+        package, a proxy that refuses upgrades) or drops, the job is polled every `poll` seconds
+        instead. WaitTimeout after `timeout` seconds (None: no limit). A server restart meanwhile is
+        ridden out, like `logs(follow=True)`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         patience = Patience(self.notify)
-        while True:
-            try:
-                job = self.job(job_id)
-            except TrainyardError as error:
-                patience.wait(error)
-                continue
-            patience.recovered()
-            if job.get("status") in statuses:
-                return job
-            if deadline is not None and time.monotonic() > deadline:
-                raise WaitTimeout(f"{job_id} still {job.get('status')} after {timeout:g}s "
-                                  f"(waiting for {'/'.join(statuses)})", job=job)
-            time.sleep(poll)
+        watch = StatusWatch.open(self, job_id)  # before the first read: no change can fall in between
+        try:
+            while True:
+                try:
+                    job = self.job(job_id)
+                except TrainyardError as error:
+                    patience.wait(error)
+                    continue
+                patience.recovered()
+                if job.get("status") in statuses:
+                    return job
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WaitTimeout(f"{job_id} still {job.get('status')} after {timeout:g}s "
+                                      f"(waiting for {'/'.join(statuses)})", job=job)
+                if watch is not None and not watch.until(statuses, RECHECK_SECONDS if left is None
+                                                         else min(RECHECK_SECONDS, left)):
+                    watch = None  # dropped: poll from here on
+                if watch is None:
+                    time.sleep(poll if left is None else min(poll, left))
+        finally:
+            if watch is not None:
+                watch.close()
 
     def logs(self, job_id, *, since=0, follow=False):
         """Yield the job's log lines after `since` ({seq, learner, stream, time, line}), in order.
@@ -358,6 +376,63 @@ def api_error(response):
         message = f"server error (HTTP {status}): {message}"
     return error_class(message, status=status, detail=detail, field=field,
                        transient=True if status == 429 else None)
+
+
+class StatusWatch:
+    """A job's status changes as they happen: its websocket with `?only=status` (the job first, then
+    each change; no logs or metrics). `open` gives None where no socket can be had."""
+
+    def __init__(self, socket, closing):
+        self.socket, self.closing = socket, closing
+
+    @classmethod
+    def open(cls, client, job_id):
+        try:
+            from websockets.sync.client import connect
+        except ImportError:
+            return None
+        scheme, netloc, path, _, _ = urlsplit(client.url)
+        query = {"only": "status", "token": client.config.token}
+        if client.config.tenant:
+            query["tenant"] = client.config.tenant
+        url = (f"{'wss' if scheme == 'https' else 'ws'}://{netloc}{path.rstrip('/')}/ws/jobs/{quote(job_id, safe='')}/?"
+               + "&".join(f"{k}={quote(str(v), safe='')}" for k, v in query.items()))
+        closing = contextlib.ExitStack()
+        try:
+            return cls(closing.enter_context(connect(url, open_timeout=5, close_timeout=1, max_size=2**24)), closing)
+        except Exception as error:  # refused, unreachable, not upgraded: polling still works
+            closing.close()
+            log.debug("no websocket for %s (%s); polling instead", job_id, error)
+            return None
+
+    def until(self, statuses, seconds):
+        """Read changes for up to `seconds`, returning early at one to a status in `statuses`; False if
+        the socket closed (access ended, the server went away)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                message = json.loads(self.socket.recv(timeout=left))
+            except TimeoutError:
+                return True
+            except Exception:  # closed, or not JSON
+                self.close()
+                return False
+            if _status_in(message) in statuses:
+                return True
+        return True
+
+    def close(self):
+        try:
+            self.closing.close()
+        except Exception:  # already gone: nothing to tidy
+            pass
+
+
+def _status_in(message):
+    """The status a job stream message carries: the job's own first, then each change's."""
+    if message.get("type") == "job":
+        return (message.get("job") or {}).get("status")
+    return message.get("status") if message.get("type") == "status" else None
 
 
 class Patience:

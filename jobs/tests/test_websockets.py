@@ -105,6 +105,27 @@ def test_it_forwards_live_records_published_after_connect():
                                                        "line": "hi"}]}
 
 
+def test_a_status_only_socket_gets_the_job_and_its_changes_but_no_logs_or_metrics():
+    alice = member()
+    target = job(alice)
+    lines(target, 3)
+    MetricPoint.objects.create(job=target, name="loss", value=0.5, step=1, time=timezone.now())
+
+    async def publish():
+        from channels.layers import get_channel_layer
+        layer = get_channel_layer()
+        await layer.group_send(live.job_group(target.id), {
+            "type": "job.logs", "lines": [{"seq": 4, "learner": 0, "stream": "stdout", "time": "t", "line": "hi"}]})
+        await layer.group_send(live.job_group(target.id), {"type": "job.metrics", "points": [{"name": "loss"}]})
+        await layer.group_send(live.job_group(target.id), {
+            "type": "job.status", "status": {"job": target.id, "status": "COMPLETED"}, "job": {"id": target.id}})
+
+    code, messages = session(f"/ws/jobs/{target.id}/?only=status&token={token_for(alice)}", then=publish)
+    assert code is None
+    assert [m["type"] for m in messages] == ["job", "status"]
+    assert messages[0]["job"]["id"] == target.id and messages[1]["status"] == "COMPLETED"
+
+
 @pytest.mark.parametrize("path_of", [lambda j: f"/ws/jobs/{j.id}/", lambda j: "/ws/jobs/"])
 def test_it_refuses_a_connection_without_credentials(path_of):
     target = job(member())

@@ -3,10 +3,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 import trainyard
+import trainyard.client
 from portal.runner import PROJECT_ROOT
 from trainyard import BadRequest, Client, Conflict, ConfigError, NotFound, WaitTimeout
 
@@ -84,6 +86,24 @@ def test_wait_gives_up_after_its_timeout(client):
         assert late.value.job["id"] == job["id"]
     finally:
         client.terminate(job["id"])
+
+
+def test_wait_hears_the_end_over_the_jobs_websocket_without_polling(client, monkeypatch):
+    opened = []
+    original = trainyard.client.StatusWatch.open
+    monkeypatch.setattr(trainyard.client.StatusWatch, "open",
+                        classmethod(lambda cls, *a: opened.append(original(*a)) or opened[-1]))
+    job = client.submit(slow_manifest(2), EXAMPLE)
+    started = time.monotonic()
+    assert client.wait(job["id"], timeout=60, poll=120)["status"] == "COMPLETED"  # a poll would take 120 s
+    assert time.monotonic() - started < 60
+    assert opened and opened[0] is not None
+
+
+def test_wait_polls_where_no_websocket_can_be_opened(client, monkeypatch):
+    monkeypatch.setattr(trainyard.client.StatusWatch, "open", classmethod(lambda cls, *a: None))
+    job = client.submit(slow_manifest(2), EXAMPLE)
+    assert client.wait(job["id"], timeout=60, poll=0.2)["status"] == "COMPLETED"
 
 
 def test_explicit_arguments_win_and_missing_ones_are_a_config_error(platform, monkeypatch, tmp_path):

@@ -68,6 +68,11 @@ class PlatformSession:
         """Create (or update) a tenant member; return an API token of theirs."""
         return create_account(self.env, tenant=tenant, username=username, password=password, role=role)
 
+    def sdk(self):
+        """A trainyard.Client of this session's user, as a script would make one."""
+        from trainyard import Client
+        return Client(self.url, self.token, self.tenant)
+
     def wait_for(self, job_id, statuses=FINAL, timeout=120, poll=0.1, *, token=None):
         return wait_for_status(lambda i: self.job(i, token=token), job_id, statuses, timeout=timeout, poll=poll)
 
