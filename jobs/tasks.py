@@ -25,9 +25,10 @@ RELEASES = {Kind.FINISH, Kind.TEARDOWN}
 
 @worker_ready.connect
 def start_spare_agents(**_):
-    """The local backend's first deploy finds a spare agent too (learner_agent.spare)."""
+    """The local backend's first deploy finds a spare agent too (learner_agent.spare), one of the
+    code this worker runs."""
     if settings.BACKEND == "local":
-        get_backend().replenish_spares()
+        get_backend().restart_spares()
 
 
 @shared_task(name="jobs.tasks.schedule", ignore_result=True)

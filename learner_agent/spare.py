@@ -19,6 +19,9 @@ deploying workers and the spares themselves agree on who owns which (only one re
     <id>.expired   the spare waited IDLE_S without a learner: it takes its own FIFO the same way and
                    exits. One that loses that race to a deploy reads the path and runs it.
 
+A worker that starts `retire`s the ready spares (an empty line instead of a path: exit), so those of
+the code it replaced (an upgrade) never run a learner.
+
 `replenish` removes what a spare left behind: a `.ready` FIFO nobody holds open (its spare was killed,
 as a platform stop does) and one still `.starting` after STALE_S (its spare never came up).
 A spare holds nothing of any job until it is handed one, and its environment is the clean one a
@@ -35,6 +38,7 @@ IDLE_S = 600.0  # then it exits, so an upgraded platform's code reaches every ag
 STALE_S = 30.0
 HANDOFF_WAIT_S = 10.0  # a deploy that took the FIFO writes the path at once; this is for a stuck one
 MAX_MESSAGE = 4096  # PIPE_BUF: a write this size reaches the reader whole
+RETIRE = b"\n"  # instead of a config path: exit
 
 
 def spare_argv(fifo, *, idle_s=IDLE_S):
@@ -48,29 +52,43 @@ def hand_over(directory, config_path):
     """Give the learner whose config is `config_path` to a ready spare; False if none took it (then
     the caller starts an agent itself)."""
     message = os.fsencode(os.path.abspath(config_path)) + b"\n"
-    if len(message) > MAX_MESSAGE:
-        return False
+    return len(message) <= MAX_MESSAGE and any(_send(taken, message) for taken in _take_ready(directory))
+
+
+def retire(directory):
+    """Tell every ready spare to exit (an empty line instead of a path): a restarted worker, maybe
+    of an upgraded platform, starts its spares afresh from the code now on disk. How many were told."""
+    return sum(_send(taken, RETIRE) for taken in _take_ready(directory))
+
+
+def _take_ready(directory):
+    """Ready FIFOs, each renamed to taken just before it is yielded (only one rename of a name wins:
+    another deploy, or a spare's own idle timeout, may take one first); a caller that stops asking
+    leaves the rest ready."""
     for ready in _named(directory, READY):
         taken = ready[:-len(READY)] + TAKEN
         try:
             os.rename(ready, taken)
         except FileNotFoundError:
-            continue  # another deploy, or its own idle timeout, took this one first
-        try:
-            fd = os.open(taken, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:  # ENXIO: nobody holds it open any more, its spare died
-            _remove(taken)
             continue
-        try:
-            written = os.write(fd, message)
-        except OSError:  # EPIPE: it died just now
-            written = 0
-        finally:
-            os.close(fd)
-            _remove(taken)  # the path stays in the pipe for the spare, which still holds it open
-        if written == len(message):
-            return True
-    return False
+        yield taken
+
+
+def _send(taken, message):
+    """Write `message` into a taken FIFO and remove it; False if its spare is gone."""
+    try:
+        fd = os.open(taken, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # ENXIO: nobody holds it open any more, its spare died
+        _remove(taken)
+        return False
+    try:
+        written = os.write(fd, message)
+    except OSError:  # EPIPE: it died just now
+        written = 0
+    finally:
+        os.close(fd)
+        _remove(taken)  # the message stays in the pipe for the spare, which still holds it open
+    return written == len(message)
 
 
 def replenish(directory, count, start):
@@ -124,7 +142,7 @@ def serve(fifo, *, idle_s=IDLE_S):
         else:
             _remove(ready[:-len(READY)] + EXPIRED)
     os.close(fd)
-    if config_path is None:
+    if not config_path:  # none came, or told to retire
         return 0
     return _become_agent(config_path)
 

@@ -133,6 +133,15 @@ class LocalBackend:
         except (BackendError, OSError, subprocess.SubprocessError) as exc:
             log.warning("could not start a spare learner agent in %s: %s", directory, exc)
 
+    def restart_spares(self):
+        """At a worker's start: the ready spares exit (they may run the code this worker replaced)
+        and fresh ones start."""
+        try:
+            spare.retire(self.spare_dir)
+        except OSError as exc:
+            log.warning("could not retire the spare learner agents in %s: %s", self.spare_dir, exc)
+        self.replenish_spares()
+
     @property
     def spare_dir(self):
         return Path(settings.DATA_DIR) / "spare-agents"

@@ -71,6 +71,24 @@ def test_a_learner_goes_to_a_ready_spare_and_a_platform_stop_ends_the_spares(out
     assert _spare_pids(backend.spare_dir) == []
 
 
+@pytest.mark.skipif(local.SETSID is None, reason="spares are started with setsid")
+def test_a_starting_worker_replaces_the_spares_it_finds(settings):
+    """They may be of the code an upgrade replaced (jobs.tasks.start_spare_agents)."""
+    from portal.runner import stop_learner_agents
+    settings.SPARE_AGENTS = 1
+    backend = local.LocalBackend()
+    try:
+        backend.replenish_spares()
+        wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
+        [old] = _spare_pids(backend.spare_dir)
+        backend.restart_spares()
+        wait_for(lambda: not Path(f"/proc/{old}").exists(), timeout=20)
+        wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
+        assert len(_spare_pids(backend.spare_dir)) == 1
+    finally:
+        stop_learner_agents(settings.DATA_DIR, wait_s=5)
+
+
 def test_without_spares_each_learner_gets_an_agent_of_its_own(outside_tmp, ingest, settings):
     settings.SPARE_AGENTS = 0
     backend = local.LocalBackend()

@@ -19,13 +19,18 @@ def spare_dir(outside_tmp):
     return path
 
 
-def start_spare(directory, *, idle_s=60):
-    """A real spare process on a fresh FIFO, as the backend starts one; (process, fifo)."""
+def start_spares(directory, count, *, idle_s=60):
+    """Real spare processes on fresh FIFOs, as the backend starts them."""
     started = []
-    spare.replenish(directory, 1, lambda fifo: started.append(subprocess.Popen(
+    spare.replenish(directory, count, lambda fifo: started.append(subprocess.Popen(
         spare.spare_argv(fifo, idle_s=idle_s), cwd=directory, env=agent_env(), stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-    return started[0]
+    return started
+
+
+def start_spare(directory, *, idle_s=60):
+    [process] = start_spares(directory, 1, idle_s=idle_s)
+    return process
 
 
 def names(directory):
@@ -92,6 +97,18 @@ def test_an_idle_spare_takes_its_fifo_and_exits(spare_dir):
         assert names(spare_dir) == []
     finally:
         stop_process(process)
+
+
+def test_retired_spares_exit_without_running_anything(spare_dir):
+    processes = start_spares(spare_dir, 2)
+    try:
+        wait_for(lambda: names(spare_dir) == ["ready", "ready"], timeout=20)
+        assert spare.retire(spare_dir) == 2
+        assert [process.wait(timeout=20) for process in processes] == [0, 0]
+        assert names(spare_dir) == []
+    finally:
+        for process in processes:
+            stop_process(process)
 
 
 def test_replenish_tops_up_to_the_count_and_clears_fifos_whose_spare_never_came(spare_dir):
