@@ -48,45 +48,45 @@ def _spare_pids(directory):
     return pids
 
 
-@pytest.mark.skipif(local.SETSID is None, reason="spares are started with setsid")
-def test_a_learner_goes_to_a_ready_spare_and_a_platform_stop_ends_the_spares(outside_tmp, ingest, settings):
+@pytest.fixture
+def with_a_spare(settings):
+    """A local backend with one spare agent ready: (backend, the spare's pid). Every agent and spare
+    under the test's data dir is stopped afterwards, as a platform stop does."""
     from portal.runner import stop_learner_agents
+    if local.SETSID is None:
+        pytest.skip("spares are started with setsid")
     settings.SPARE_AGENTS = 1
     backend = local.LocalBackend()
     try:
         backend.replenish_spares()
         wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
-        [spare_pid] = _spare_pids(backend.spare_dir)
-        folder = Path(write_agent_config(outside_tmp, ingest, command="sleep 1; echo done")).parent
-        backend._start_agent(folder)
-        assert wait_for(lambda: local._agent_pid(folder)) == spare_pid
-        assert local._agent_alive(folder)
-        assert wait_for(lambda: _exit_record(folder), timeout=20)["exit_code"] == 0
-        assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
-        backend.replenish_spares()  # what the deploy does after its learners
-        wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
-        assert _spare_pids(backend.spare_dir) and spare_pid not in _spare_pids(backend.spare_dir)
+        [pid] = _spare_pids(backend.spare_dir)
+        yield backend, pid
     finally:
         stop_learner_agents(settings.DATA_DIR, wait_s=5)
     assert _spare_pids(backend.spare_dir) == []
 
 
-@pytest.mark.skipif(local.SETSID is None, reason="spares are started with setsid")
-def test_a_starting_worker_replaces_the_spares_it_finds(settings):
+def test_a_learner_goes_to_a_ready_spare_and_the_next_one_starts(outside_tmp, ingest, with_a_spare):
+    backend, spare_pid = with_a_spare
+    folder = Path(write_agent_config(outside_tmp, ingest, command="sleep 1; echo done")).parent
+    backend._start_agent(folder)
+    assert wait_for(lambda: local._agent_pid(folder)) == spare_pid
+    assert local._agent_alive(folder)
+    assert wait_for(lambda: _exit_record(folder), timeout=20)["exit_code"] == 0
+    assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
+    backend.replenish_spares()  # what the deploy does after its learners
+    wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
+    assert _spare_pids(backend.spare_dir) and spare_pid not in _spare_pids(backend.spare_dir)
+
+
+def test_a_starting_worker_replaces_the_spares_it_finds(with_a_spare):
     """They may be of the code an upgrade replaced (jobs.tasks.start_spare_agents)."""
-    from portal.runner import stop_learner_agents
-    settings.SPARE_AGENTS = 1
-    backend = local.LocalBackend()
-    try:
-        backend.replenish_spares()
-        wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
-        [old] = _spare_pids(backend.spare_dir)
-        backend.restart_spares()
-        wait_for(lambda: not Path(f"/proc/{old}").exists(), timeout=20)
-        wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
-        assert len(_spare_pids(backend.spare_dir)) == 1
-    finally:
-        stop_learner_agents(settings.DATA_DIR, wait_s=5)
+    backend, old = with_a_spare
+    backend.restart_spares()
+    wait_for(lambda: not Path(f"/proc/{old}").exists(), timeout=20)
+    wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
+    assert len(_spare_pids(backend.spare_dir)) == 1
 
 
 def test_without_spares_each_learner_gets_an_agent_of_its_own(outside_tmp, ingest, settings):
