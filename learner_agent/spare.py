@@ -167,7 +167,7 @@ def _read_path(fd, timeout):
 
 def _become_agent(config_path):
     """What `python -m learner_agent run --config PATH` started by setsid would do, in this process."""
-    from learner_agent.agent import run_agent
+    from learner_agent.agent import _drop_inherited_environment, run_agent
     from learner_agent.config import ConfigError, load_config
 
     folder = os.path.dirname(config_path)
@@ -183,6 +183,9 @@ def _become_agent(config_path):
     except ConfigError as e:
         print(f"learner_agent: {e}", file=sys.stderr, flush=True)
         return 2
+    # The backend starts spares with the agent's clean environment; one started otherwise becomes a
+    # cold-started agent instead (a re-exec) rather than hand its environment to the learner's agent.
+    _drop_inherited_environment(config)
     return run_agent(config)
 
 

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from learner_agent import procfs, spare
+from learner_agent.agent import clean_environment
 from learner_agent.tests.conftest import (  # noqa: F401 - fixtures
     agent_env, ingest, outside_tmp, read_exit, stop_process, wait_for, write_agent_config)
 
@@ -19,17 +20,18 @@ def spare_dir(outside_tmp):
     return path
 
 
-def start_spares(directory, count, *, idle_s=60):
-    """Real spare processes on fresh FIFOs, as the backend starts them."""
+def start_spares(directory, count, *, idle_s=60, env=None):
+    """Real spare processes on fresh FIFOs, as the backend starts them (its clean environment)."""
     started = []
+    env = env or clean_environment({"PATH": os.environ["PATH"], "LANG": "C.UTF-8"})
     spare.replenish(directory, count, lambda fifo: started.append(subprocess.Popen(
-        spare.spare_argv(fifo, idle_s=idle_s), cwd=directory, env=agent_env(), stdin=subprocess.DEVNULL,
+        spare.spare_argv(fifo, idle_s=idle_s), cwd=directory, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
     return started
 
 
-def start_spare(directory, *, idle_s=60):
-    [process] = start_spares(directory, 1, idle_s=idle_s)
+def start_spare(directory, *, idle_s=60, env=None):
+    [process] = start_spares(directory, 1, idle_s=idle_s, env=env)
     return process
 
 
@@ -52,6 +54,21 @@ def test_a_spare_becomes_the_agent_of_the_learner_it_is_handed(outside_tmp, inge
         assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
         assert not procfs.agent_running(folder)
         assert "agent %d for training-test0001" % process.pid in open(os.path.join(folder, "agent.log")).read()
+    finally:
+        stop_process(process)
+
+
+def test_a_spare_started_with_secrets_in_its_environment_drops_them_before_it_runs_a_learner(
+        outside_tmp, ingest, spare_dir):
+    process = start_spare(spare_dir, env=agent_env(PLATFORM_SECRET="s3cret"))
+    try:
+        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
+        config = write_agent_config(outside_tmp, ingest, command="sleep 2")
+        assert spare.hand_over(spare_dir, config)
+        wait_for(lambda: procfs.argv(process.pid)[-2:] == ["--config", config])  # re-executed as a cold agent
+        assert b"PLATFORM_SECRET" not in open(f"/proc/{process.pid}/environ", "rb").read()
+        assert process.wait(timeout=30) == 0
+        assert read_exit(config)["exit_code"] == 0
     finally:
         stop_process(process)
 
