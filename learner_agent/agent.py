@@ -527,7 +527,7 @@ def _open_private(path):
 # --- process plumbing: the CLI entry point ---
 
 def main(argv=None):
-    """`python -m learner_agent run --config PATH [--detach]`, or `spare --fifo PATH` (learner_agent.spare)."""
+    """`python -m learner_agent run --config PATH [--detach]`."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m learner_agent")
@@ -536,13 +536,7 @@ def main(argv=None):
     run_parser.add_argument("--config", required=True, help="path to agent.json")
     run_parser.add_argument("--detach", action="store_true",
                             help="detach from the caller (double fork); the caller returns at once")
-    spare_parser = commands.add_parser("spare", help="wait for a learner to be handed over, then run it")
-    spare_parser.add_argument("--fifo", required=True, help="the FIFO the platform made for this spare")
-    spare_parser.add_argument("--idle-s", type=float, default=None, help="exit after this long without a learner")
     args = parser.parse_args(argv)
-    if args.command == "spare":
-        from learner_agent import spare
-        return spare.serve(args.fifo, idle_s=spare.IDLE_S if args.idle_s is None else args.idle_s)
     try:
         # Checked before detaching, so whoever starts the agent gets a bad config as an error.
         config = load_config(args.config)

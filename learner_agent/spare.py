@@ -121,6 +121,18 @@ def replenish(directory, count, start):
 
 # --- the spare's side ----------------------------------------------------------------------------
 
+def main(argv):
+    """`python -m learner_agent spare --fifo PATH [--idle-s S]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m learner_agent spare",
+                                     description="wait for a learner to be handed over, then run its agent")
+    parser.add_argument("--fifo", required=True, help="the FIFO the platform made for this spare")
+    parser.add_argument("--idle-s", type=float, default=IDLE_S, help="exit after this long without a learner")
+    args = parser.parse_args(argv)
+    return serve(args.fifo, idle_s=args.idle_s)
+
+
 def serve(fifo, *, idle_s=IDLE_S):
     """Wait on `fifo` for a learner and run its agent; the exit code (0 when none came)."""
     try:
