@@ -35,10 +35,15 @@ def revoke_all_tokens(user):
         token.save()
 
 
-def test_it_closes_a_job_socket_when_its_token_is_revoked():
+# A script waiting for a job's end (trainyard.Client.wait) opens the status-only mode: it loses access the same way.
+JOB_SOCKET_MODES = pytest.mark.parametrize("mode", ["", "only=status&"], ids=["full", "status-only"])
+
+
+@JOB_SOCKET_MODES
+def test_it_closes_a_job_socket_when_its_token_is_revoked(mode):
     alice = member()
     target = job(alice)
-    code, messages = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}",
+    code, messages = session(f"/ws/jobs/{target.id}/?{mode}token={token_for(alice)}",
                              then=change(lambda: revoke_all_tokens(alice.user)))
     assert code == 4401 and messages[0]["type"] == "job"
 
@@ -68,11 +73,12 @@ def test_it_closes_when_the_user_is_deactivated():
     assert code == 4401
 
 
-def test_it_closes_a_shared_private_job_when_it_is_unshared():
+@JOB_SOCKET_MODES
+def test_it_closes_a_shared_private_job_when_it_is_unshared(mode):
     alice, bob = member("team-a", "alice"), member("team-a", "bob")
     secret = job(alice, private=True)
     sharing.share(secret, "bob", "view")
-    code, messages = session(f"/ws/jobs/{secret.id}/?token={token_for(bob)}",
+    code, messages = session(f"/ws/jobs/{secret.id}/?{mode}token={token_for(bob)}",
                              then=change(lambda: sharing.unshare(secret, "bob")))
     assert code == 4404 and messages[0]["job"]["id"] == secret.id
 

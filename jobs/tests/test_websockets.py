@@ -132,11 +132,12 @@ def test_it_refuses_a_connection_without_credentials(path_of):
     assert session(path_of(target)) == (4401, [])
 
 
-def test_an_outsider_is_refused_with_not_found_and_gets_no_data():
+@pytest.mark.parametrize("mode", ["", "only=status&"], ids=["full", "status-only"])
+def test_an_outsider_is_refused_with_not_found_and_gets_no_data(mode):
     target = job(member("team-a", "alice"))
     lines(target, 3)
     outsider = member("team-b", "bob")
-    assert session(f"/ws/jobs/{target.id}/?token={token_for(outsider)}") == (4404, [])
+    assert session(f"/ws/jobs/{target.id}/?{mode}token={token_for(outsider)}") == (4404, [])
 
 
 def status_change(target):

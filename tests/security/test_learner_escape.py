@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 HOSTILE = PROJECT_ROOT / "tests" / "security" / "jobs" / "hostile"
 ATTEMPTS = ("capeff", "remount_root_rw", "umount_tmp", "mount_proc", "unhide_mounts", "ptrace_agent",
             "host_proc_environ", "read_platform_files", "read_other_tenants_result", "write_host_file",
-            "raw_socket", "nested_userns", "setuid_root")
+            "hand_spare_a_config", "raw_socket", "nested_userns", "setuid_root")
 
 
 def submit_hostile(platform, command, *, token=None, cpus=0.5, memory="256MiB"):

@@ -48,14 +48,15 @@ def mount_attempts():
 
 
 def agent_pids():
-    """Processes outside the sandbox we can see: the learner agents (python -m learner_agent run)."""
+    """Processes outside the sandbox we can see: the learner agents (python -m learner_agent run, or
+    a spare agent that was handed a learner: python -m learner_agent spare)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"learner_agent" in argv and b"run" in argv:
+        if b"learner_agent" in argv and (b"run" in argv or b"spare" in argv):
             found.append(int(pid))
     return found
 
@@ -119,6 +120,30 @@ def platform_files():
         report("write_host_file", False, e.strerror)
 
 
+def hand_a_spare_agent_a_config():
+    """A spare agent (learner_agent.spare) runs whatever agent.json path its FIFO is given, as root:
+    find one and give it a config of our own writing."""
+    config = os.path.join(os.environ["RESULT_DIR"], "agent.json")
+    with open(config, "w") as f:
+        f.write('{"job_id": "escape", "command": "id > /tmp/escaped"}')
+    written = []
+    try:
+        fifos = [os.path.join(PLATFORM_DATA, "spare-agents", name)
+                 for name in os.listdir(os.path.join(PLATFORM_DATA, "spare-agents"))]
+    except OSError as e:
+        report("hand_spare_a_config", False, e.strerror)
+        return
+    for fifo in fifos:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, config.encode() + b"\n")
+            os.close(fd)
+            written.append(fifo)
+        except OSError:
+            pass
+    report("hand_spare_a_config", bool(written), f"fifos seen={len(fifos)} written={written}")
+
+
 def raw_socket():
     opened = []
     for family, kind, proto in ((socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
@@ -141,7 +166,8 @@ def regain_privileges():
         report("setuid_root", False, e.strerror)
 
 
-for attempt in (capabilities, mount_attempts, ptrace_and_environ, platform_files, raw_socket, regain_privileges):
+for attempt in (capabilities, mount_attempts, ptrace_and_environ, platform_files, hand_a_spare_agent_a_config,
+                raw_socket, regain_privileges):
     try:
         attempt()
     except Exception as e:  # an attempt that crashes is one that did not get through
