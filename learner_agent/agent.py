@@ -632,19 +632,26 @@ def _detach(config):
         os.setsid()  # no controlling terminal, not in the caller's process group
         if os.fork():
             os._exit(0)
-        # The agent, now a child of init (or the nearest subreaper). Its own stdout/stderr go to
-        # agent.log so even a crash before logging is set up leaves a trace.
-        os.chdir(config.agent_dir)
-        null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(config.agent_file("agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(null)
-        os.close(out)
+        settle_in(config.agent_dir)  # the agent, now a child of init (or the nearest subreaper)
         return True
     except BaseException:
         os._exit(1)
+
+
+def settle_in(agent_dir):
+    """Work in the learner's folder, with stdin on /dev/null and stdout and stderr on its agent.log,
+    so even a crash before logging is set up leaves a trace there (a detaching agent, a spare that
+    was handed a learner: learner_agent.spare)."""
+    os.chdir(agent_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(os.path.join(agent_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(null)
+    os.close(out)
 
 
 def _drop_inherited_environment(config):

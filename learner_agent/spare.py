@@ -179,17 +179,10 @@ def _read_path(fd, timeout):
 
 def _become_agent(config_path):
     """What `python -m learner_agent run --config PATH` started by setsid would do, in this process."""
-    from learner_agent.agent import _drop_inherited_environment, run_agent
+    from learner_agent.agent import _drop_inherited_environment, run_agent, settle_in
     from learner_agent.config import ConfigError, load_config
 
-    folder = os.path.dirname(config_path)
-    os.chdir(folder)
-    log = os.open(os.path.join(folder, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    settle_in(os.path.dirname(config_path))
     try:
         config = load_config(config_path)
     except ConfigError as e:

@@ -9,6 +9,8 @@ from jobs.backends import local
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec
 from learner_agent.agent import _CLEAN_ENV_MARK, AGENT_ENV_KEEP, clean_environment
 from learner_agent.tests.conftest import ingest, outside_tmp, wait_for, write_agent_config  # noqa: F401 - fixtures
+# The spares' command lines name their FIFO, in the spare dir: found the way a platform stop finds agents.
+from portal.runner import _agent_pids as spare_pids, stop_learner_agents
 
 
 def _stat_fields(pid):
@@ -36,23 +38,10 @@ def test_it_starts_the_agent_detached_and_it_runs_the_learner(outside_tmp, inges
     assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
 
 
-def _spare_pids(directory):
-    marker = str(directory).encode()
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and b"spare" in (cmdline := (proc / "cmdline").read_bytes()) and marker in cmdline:
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
 @pytest.fixture
 def with_a_spare(settings):
     """A local backend with one spare agent ready: (backend, the spare's pid). Every agent and spare
     under the test's data dir is stopped afterwards, as a platform stop does."""
-    from portal.runner import stop_learner_agents
     if local.SETSID is None:
         pytest.skip("spares are started with setsid")
     settings.SPARE_AGENTS = 1
@@ -60,11 +49,11 @@ def with_a_spare(settings):
     try:
         backend.replenish_spares()
         wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
-        [pid] = _spare_pids(backend.spare_dir)
+        [pid] = spare_pids(backend.spare_dir)
         yield backend, pid
     finally:
         stop_learner_agents(settings.DATA_DIR, wait_s=5)
-    assert _spare_pids(backend.spare_dir) == []
+    assert spare_pids(backend.spare_dir) == []
 
 
 def test_a_learner_goes_to_a_ready_spare_and_the_next_one_starts(outside_tmp, ingest, with_a_spare):
@@ -77,7 +66,7 @@ def test_a_learner_goes_to_a_ready_spare_and_the_next_one_starts(outside_tmp, in
     assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
     backend.replenish_spares()  # what the deploy does after its learners
     wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
-    assert _spare_pids(backend.spare_dir) and spare_pid not in _spare_pids(backend.spare_dir)
+    assert spare_pids(backend.spare_dir) and spare_pid not in spare_pids(backend.spare_dir)
 
 
 def test_a_starting_worker_replaces_the_spares_it_finds(with_a_spare):
@@ -86,7 +75,7 @@ def test_a_starting_worker_replaces_the_spares_it_finds(with_a_spare):
     backend.restart_spares()
     wait_for(lambda: not Path(f"/proc/{old}").exists(), timeout=20)
     wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
-    assert len(_spare_pids(backend.spare_dir)) == 1
+    assert len(spare_pids(backend.spare_dir)) == 1
 
 
 def test_without_spares_each_learner_gets_an_agent_of_its_own(outside_tmp, ingest, settings):
