@@ -379,8 +379,8 @@ def measure_reconcile(passes=3, profile=None):
 
     from jobs import reconcile
     from jobs.models import ACTIVE, Job
-    seconds, queries, parts = [], [], {"backend_status": [], "admission_cycle": [], "queries": []}
-    backend, cycle = reconcile.get_backend(), reconcile.admission.run_cycle
+    seconds, queries, parts = [], [], {"backend_status": [], "admission_cycle": [], "outbox_sweep": [], "queries": []}
+    backend, cycle, sweep = reconcile.get_backend(), reconcile.admission.run_cycle, reconcile.outbox.sweep
     status, spent = backend.status, {}
 
     def timed(name, call):
@@ -393,6 +393,7 @@ def measure_reconcile(passes=3, profile=None):
         return wrapper
     backend.status = timed("backend_status", status)
     reconcile.admission.run_cycle = timed("admission_cycle", cycle)
+    reconcile.outbox.sweep = timed("outbox_sweep", sweep)
     profiler = None
     if profile:
         import cProfile
@@ -409,11 +410,11 @@ def measure_reconcile(passes=3, profile=None):
                     profiler.disable()
                 seconds.append(time.monotonic() - started)
             queries.append(len(captured))
-            for name in ("backend_status", "admission_cycle"):
+            for name in ("backend_status", "admission_cycle", "outbox_sweep"):
                 parts[name].append(spent.get(name, 0.0))
             parts["queries"].append(sum(float(q["time"]) for q in captured.captured_queries))
     finally:
-        backend.status, reconcile.admission.run_cycle = status, cycle
+        backend.status, reconcile.admission.run_cycle, reconcile.outbox.sweep = status, cycle, sweep
         if profiler:
             profiler.dump_stats(profile)
     active = Job.objects.filter(status__in=ACTIVE).count()

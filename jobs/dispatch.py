@@ -13,7 +13,7 @@ import time
 from celery import current_app
 from django.core.cache import cache
 from django.db import transaction
-from kombu.exceptions import OperationalError
+from kombu.exceptions import ChannelError, OperationalError
 
 log = logging.getLogger(__name__)
 PREFIX = "jobs.tasks."
@@ -116,3 +116,17 @@ def defer(task, seconds):
     request marks it), so requests meanwhile are served by that run instead of sending their own."""
     _mark_waiting(task)
     send(task, countdown=seconds)
+
+
+def backlog():
+    """How many messages wait in the workers' queue for a worker to take them (None: the broker
+    cannot tell). The outbox sweep asks before it sends rows again (jobs.outbox.sweep)."""
+    try:
+        with current_app.connection_for_read() as connection:
+            queue = current_app.conf.task_default_queue
+            return connection.default_channel.queue_declare(queue=queue, passive=True).message_count
+    except ChannelError:  # no such queue yet: nothing was ever sent, or the broker lost it all
+        return 0
+    except Exception as exc:  # noqa: BLE001 - unknown: the sweep then sends as if none waited
+        log.warning("could not read the length of the workers' queue (%s)", exc)
+        return None

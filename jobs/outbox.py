@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobs import dispatch
@@ -33,6 +34,10 @@ TASK = "follow_up"  # jobs.tasks.follow_up(row id)
 CLAIM_TTL_S = 10.0
 # A row just written is woken by its own on-commit message; the sweep leaves it alone this long.
 SEND_GRACE_S = 2.0
+# ... unless messages wait in the workers' queue: then this long (see _sweep_table).
+BACKLOG_TRUST_S = 120.0
+# A row sent again is not sent again before this (or its age, if longer) has passed.
+RESEND_MIN_S = 20.0
 RETRY_MAX_S = 60.0
 KEEP_DONE = timedelta(days=7)
 # Other apps keep outbox rows of their own (same fields: created, due_at, claimed_at, claimed_by,
@@ -166,18 +171,34 @@ def sweep(now=None):
     """Send again every open row nobody works on (never sent, message lost, worker died); returns
     their ids. Run by every reconcile pass."""
     now = now or timezone.now()
+    waiting = dispatch.backlog()
     rows = []
     for model, task in _tables:
-        rows += _sweep_table(model, task, now)
+        rows += _sweep_table(model, task, now, backlog=waiting)
     return rows
 
 
-def _sweep_table(model, task, now):
+def _sweep_table(model, task, now, *, backlog=None):
+    """A row never claimed is sent again once SEND_GRACE_S old, unless messages wait in the workers'
+    queue (`backlog`): its own is most likely among them, so it is left until BACKLOG_TRUST_S old.
+    Each send pushes the row's due_at back by its age (RESEND_MIN_S at least), so a row whose
+    messages keep getting lost is sent at ever longer intervals instead of on every pass. A claim
+    gone stale (its worker died: live ones renew theirs) is sent again at once.
+
+    Before, every pass sent every row older than SEND_GRACE_S again (up to 500): when a burst of
+    admissions queued hundreds of deploys, each pass added hundreds of messages behind them, every
+    one a task that found its row taken, and the queue only grew (bench controlplane: a quarter of
+    the follow-up tasks a worker ran, and about half of the reconcile pass's time, spent sending)."""
     stale = now - timedelta(seconds=CLAIM_TTL_S)
-    unsent = Q(claimed_at=None, created__lt=now - timedelta(seconds=SEND_GRACE_S))
+    grace = SEND_GRACE_S if not backlog else BACKLOG_TRUST_S
+    unsent = Q(claimed_at=None, created__lt=now - timedelta(seconds=grace))
     rows = list(model.objects.filter(unsent | Q(claimed_at__lt=stale), done_at=None, due_at__lte=now)
                 .order_by("due_at").values_list("pk", flat=True)[:500])
     for row_id in rows:
         dispatch.send(task, row_id)
+    # One statement for them all: due_at = now + max(RESEND_MIN_S, now - created).
+    model.objects.filter(pk__in=rows).update(due_at=Greatest(
+        Value(now + timedelta(seconds=RESEND_MIN_S)),
+        ExpressionWrapper(Value(now) + (Value(now) - F("created")), output_field=DateTimeField())))
     model.objects.filter(done_at__lt=now - KEEP_DONE).delete()
     return rows

@@ -101,3 +101,27 @@ def test_a_waiting_run_is_overdue_only_once_it_waited_past_the_limit(broker, mon
     assert dispatch.overdue("schedule")
     dispatch.starting("schedule")  # it started: nothing waits
     assert not dispatch.overdue("schedule")
+
+
+def test_backlog_counts_the_messages_waiting_in_the_workers_queue(tmp_path, monkeypatch):
+    """Against a real Redis server of the test's own, as the broker."""
+    from kombu import Connection
+
+    from tests.support.redis_server import RedisServer
+    server = RedisServer(tmp_path).start()
+    try:
+        monkeypatch.setattr(dispatch.current_app, "connection_for_read", lambda: Connection(server.url))
+        assert dispatch.backlog() == 0  # no such queue yet
+        with Connection(server.url) as connection, connection.SimpleQueue("celery") as queue:
+            for _ in range(3):
+                queue.put({"task": "nothing"})
+        assert dispatch.backlog() == 3
+    finally:
+        server.stop()
+
+
+def test_backlog_is_unknown_when_the_broker_cannot_be_reached(monkeypatch):
+    def unreachable(*args, **kwargs):
+        raise OSError("connection refused")
+    monkeypatch.setattr(dispatch.current_app, "connection_for_read", unreachable)
+    assert dispatch.backlog() is None

@@ -88,7 +88,15 @@ def test_done_work_is_marked_done_and_a_failure_stays_on_the_row(sent):
     assert sent == [("follow_up", (failing.pk,))]  # tried again after the backoff
 
 
-def test_the_sweep_sends_again_what_nobody_works_on_final_jobs_included(sent):
+@pytest.fixture
+def backlog(monkeypatch):
+    """The number of messages the sweep finds waiting in the workers' queue (0 unless a test sets it)."""
+    waiting = {"messages": 0}
+    monkeypatch.setattr("jobs.dispatch.backlog", lambda: waiting["messages"])
+    return waiting
+
+
+def test_the_sweep_sends_again_what_nobody_works_on_final_jobs_included(sent, backlog):
     finished = job(member(), status="TERMINATED")
     lost = outbox.add(finished.id, 1, Kind.TEARDOWN)  # its message was lost
     dead = outbox.add(job(member()).id, 1, Kind.FINISH)
@@ -99,6 +107,37 @@ def test_the_sweep_sends_again_what_nobody_works_on_final_jobs_included(sent):
     FollowUp.objects.filter(pk=dead.pk).update(claimed_at=old, claimed_by="a worker that was killed")
     FollowUp.objects.filter(pk=busy.pk).update(claimed_at=timezone.now(), claimed_by="a live worker")
     assert sorted(outbox.sweep()) == sorted([lost.pk, dead.pk])
+
+
+
+def aged(row, seconds):
+    FollowUp.objects.filter(pk=row.pk).update(created=timezone.now() - timedelta(seconds=seconds))
+    return row
+
+
+def test_a_row_sent_again_is_not_sent_again_by_the_next_passes_until_it_is_as_old_again(sent, backlog):
+    lost = aged(outbox.add(job(member()).id, 1, Kind.DEPLOY), 5)
+    assert outbox.sweep() == [lost.pk]
+    assert outbox.sweep() == []  # the next pass: not again
+    later = timezone.now() + timedelta(seconds=outbox.RESEND_MIN_S + 1)
+    assert outbox.sweep(now=later) == [lost.pk]  # its message was lost again: sent again
+    lost.refresh_from_db()
+    # ... and after that only once it is twice as old (its age then was RESEND_MIN_S + 6 s)
+    assert lost.due_at - later >= timedelta(seconds=outbox.RESEND_MIN_S + 5)
+    assert outbox.sweep(now=later + timedelta(seconds=outbox.RESEND_MIN_S + 1)) == []
+
+
+def test_while_messages_wait_for_the_workers_a_row_that_is_not_claimed_yet_is_left_to_its_own(sent, backlog):
+    backlog["messages"] = 300  # a burst of deploys ahead of it
+    queued = aged(outbox.add(job(member()).id, 1, Kind.DEPLOY), 30)
+    dead = aged(outbox.add(job(member()).id, 1, Kind.FINISH), 30)
+    stale = timezone.now() - timedelta(seconds=outbox.CLAIM_TTL_S + 5)
+    FollowUp.objects.filter(pk=dead.pk).update(claimed_at=stale, claimed_by="a worker that was killed")
+    assert outbox.sweep() == [dead.pk]  # a dead worker's claim is not waiting in the queue
+    aged(queued, outbox.BACKLOG_TRUST_S + 1)
+    assert outbox.sweep() == [queued.pk]  # waited too long to be only behind the others
+    backlog["messages"] = None  # the broker cannot say: sent as before
+    assert sorted(outbox.sweep(now=timezone.now() + timedelta(days=1))) == sorted([queued.pk, dead.pk])
 
 
 class Backend:
