@@ -6,12 +6,16 @@ process's sockets are in the group; sockets that keep receiving after Redis come
 on other database numbers of the same server that never hear each other.
 """
 import asyncio
+import multiprocessing
+import os
+import threading
 import time
 
 import pytest
 import redis
 from django.utils.module_loading import import_string
 
+from jobs import live
 from portal import fanout
 from tests.support.redis_server import RedisServer
 
@@ -90,3 +94,53 @@ def test_platforms_on_other_database_numbers_of_one_server_never_hear_each_other
         await ours.flush()
         await theirs.flush()
     asyncio.run(scenario())
+
+
+def received_from(server, publish, count):
+    """The messages a socket in group job.j-1 receives while `publish()` runs in this thread (the
+    socket's loop runs in a thread of its own: a process forked from here must not copy a running one)."""
+    subscribed, received = threading.Event(), []
+
+    async def listen():
+        layer = layer_on(server.url)
+        channel = await layer.new_channel()
+        await layer.group_add("job.j-1", channel)
+        subscribed.set()
+        for _ in range(count):
+            received.append(await asyncio.wait_for(layer.receive(channel), 5))
+        await layer.flush()
+    listener = threading.Thread(target=asyncio.run, args=(listen(),))
+    listener.start()
+    assert subscribed.wait(5)
+    publish()
+    listener.join(15)
+    return received
+
+
+def test_code_outside_the_web_server_publishes_in_order_through_one_loop_of_its_process(server, monkeypatch):
+    """A Celery worker's status changes: jobs.live publishes them from its own loop, kept for the
+    process, and each publication has left when the call returns."""
+    layer = layer_on(server.url)
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+
+    def publish():
+        for n in range(20):
+            live._send(["job.j-1"], {"type": "job.status", "n": n})
+    assert [m["n"] for m in received_from(server, publish, 20)] == list(range(20))
+    assert live._publisher[0] == os.getpid() and live._publisher[1].is_running()
+
+
+def test_a_forked_process_publishes_from_a_loop_of_its_own(server, monkeypatch):
+    """Celery's pool forks its worker processes: the parent's loop thread does not exist in a child,
+    which must neither wait on it forever nor lose its messages."""
+    layer = layer_on(server.url)
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    live._send(["job.j-0"], {"type": "job.status"})  # the parent's loop exists before the fork
+
+    def publish_from_a_child():
+        child = multiprocessing.get_context("fork").Process(
+            target=live._send, args=(["job.j-1"], {"type": "job.status", "from": "child"}))
+        child.start()
+        child.join(20)
+        assert child.exitcode == 0
+    assert received_from(server, publish_from_a_child, 1)[0]["from"] == "child"
