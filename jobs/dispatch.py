@@ -23,8 +23,8 @@ PREFIX = "jobs.tasks."
 # (bench concurrency).
 COALESCED = {"schedule", "autoscale"}
 # A waiting mark lives this long at most: if its message is lost, requests send again after it
-# (and the reconcile pass runs a cycle meanwhile).
-COALESCE_TTL_S = 30
+# (and the reconcile pass runs a cycle meanwhile). Longer than OVERDUE_S, or nothing is ever overdue.
+COALESCE_TTL_S = 60
 # Pacing (rest_left, ran, defer; jobs.tasks.schedule): a scheduling cycle rests after each run as
 # long as the run took (at most PACE_MAX_REST_S) before the next starts. A cycle reads and ranks the
 # whole queue, most of a second at 10,000 queued jobs; while jobs end every moment, requests came
@@ -34,8 +34,11 @@ COALESCE_TTL_S = 30
 # (milliseconds) rests milliseconds. (Volcano schedules in sessions a second apart, likewise.)
 PACE_MAX_REST_S = 5.0
 # A run asked for this long ago and not started is stuck behind other work in the broker's queue
-# (overdue): longer than a rest and a cycle under load (bench controlplane: up to 3 s).
-OVERDUE_S = 10.0
+# (overdue): longer than a cycle and its rest under load. At 10 s, paced runs were taken for stuck
+# ones whenever a cycle took over 5 s (bench controlplane, 1,000 running and 10,000 queued jobs on
+# 2 busy cores: 7.7 s), and the reconcile pass ran a cycle of its own that first waited for theirs
+# (its pass took 8.5 s).
+OVERDUE_S = 30.0
 
 
 def _waiting_key(task):
@@ -84,12 +87,21 @@ def starting(task):
 def overdue(task):
     """True if a run of a COALESCED task was asked for over OVERDUE_S ago and has not started (its
     message waits behind other work, or was lost); False if none waits, or the cache cannot tell."""
+    since = _waiting_since(task)
+    return since is not None and time.time() - since > OVERDUE_S
+
+
+def waiting(task):
+    """True if a run of a COALESCED task was asked for and has not started yet (overdue or not)."""
+    return _waiting_since(task) is not None
+
+
+def _waiting_since(task):
     try:
-        since = cache.get(_waiting_key(task))
+        return cache.get(_waiting_key(task))
     except Exception as exc:  # noqa: BLE001
         log.warning("could not read the waiting mark of %s (%s)", task, exc)
-        return False
-    return since is not None and time.time() - since > OVERDUE_S
+        return None
 
 
 def rest_left(task):

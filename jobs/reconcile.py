@@ -35,13 +35,17 @@ def reconcile():
 def _see_a_cycle_runs():
     """The pass's cycle is the safety net under scheduling requests, whose messages wait in the
     broker's queue behind other work and can be lost. A cycle that started within the interval read
-    everything committed before it; then, unless a request has waited overdue (behind hundreds of
-    deploys while a queue's head is admitted, say), one is only asked for (coalesced: nothing is sent
-    while one waits), and if that is lost too, the next pass finds no recent cycle and runs its own.
+    everything committed before it, and a request waiting for its run will be served by it; then,
+    unless that request has waited overdue (behind hundreds of deploys while a queue's head is
+    admitted, say, or lost), one is only asked for (coalesced: nothing is sent while one waits). If
+    that is lost too, it becomes overdue and a later pass runs its own cycle.
     Under churn the workers' cycles run every few seconds, and a cycle of the pass's own read the
     whole queue again for nothing after waiting for their admission lock: two thirds of a pass at
-    1,000 running and 10,000 queued jobs (bench controlplane)."""
-    if admission.started_within(settings.RECONCILE_INTERVAL_S) and not dispatch.overdue("schedule"):
+    1,000 running and 10,000 queued jobs (bench controlplane). A run deferred to the end of its
+    rest (pacing, jobs.dispatch) waits longer than the interval when cycles take seconds; it is
+    waited for too."""
+    recent = admission.started_within(settings.RECONCILE_INTERVAL_S) or dispatch.waiting("schedule")
+    if recent and not dispatch.overdue("schedule"):
         dispatch.send("schedule")
     else:
         admission.run_cycle()

@@ -188,6 +188,19 @@ def test_a_request_waiting_less_than_overdue_is_left_to_its_cycle(monkeypatch, s
     assert waiting.status == "QUEUED"
 
 
+def test_a_paced_run_waiting_past_the_interval_is_left_to_its_cycle(monkeypatch, sent, settings):
+    """Cycles of seconds each, with a rest as long after each: the requested run waits longer than
+    the interval for its turn, and is not overdue yet."""
+    from jobs import dispatch
+    settings.RECONCILE_INTERVAL_S = 10.0
+    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 12)
+    cache.set(dispatch._waiting_key("schedule"), time.time() - 11)
+    waiting = queued_job(monkeypatch)
+    reconcile.reconcile()
+    waiting.refresh_from_db()
+    assert waiting.status == "QUEUED"
+
+
 def test_a_cycle_older_than_the_interval_does_not_count(monkeypatch, sent, settings):
     settings.RECONCILE_INTERVAL_S = 10.0
     cache.set(admission.CYCLE_STARTED_KEY, time.time() - 11)
