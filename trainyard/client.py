@@ -125,9 +125,12 @@ class Client:
                 if left is not None and left <= 0:
                     raise WaitTimeout(f"{job_id} still {job.get('status')} after {timeout:g}s "
                                       f"(waiting for {'/'.join(statuses)})", job=job)
-                if watch is not None and not watch.until(statuses, RECHECK_SECONDS if left is None
-                                                         else min(RECHECK_SECONDS, left)):
-                    watch = None  # dropped: poll from here on
+                if watch is not None:
+                    seen = watch.until(statuses, RECHECK_SECONDS if left is None else min(RECHECK_SECONDS, left))
+                    if isinstance(seen, dict):
+                        return seen  # the job as the REST API shows it, sent with the change
+                    if not seen:
+                        watch = None  # dropped: poll from here on
                 if watch is None:
                     time.sleep(poll if left is None else min(poll, left))
         finally:
@@ -406,8 +409,10 @@ class StatusWatch:
             return None
 
     def until(self, statuses, seconds):
-        """Read changes for up to `seconds`, returning early at one to a status in `statuses`; False if
-        the socket closed (access ended, the server went away)."""
+        """Read changes for up to `seconds`, returning early at one to a status in `statuses`: the job
+        the change came with (its REST detail, read after the change) if it is in one of `statuses`,
+        else True (read it again); True after `seconds`; False if the socket closed (access ended, the
+        server went away)."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             try:
@@ -418,7 +423,9 @@ class StatusWatch:
                 self.close()
                 return False
             if _status_in(message) in statuses:
-                return True
+                job = message.get("detail") if message.get("type") == "status" else None
+                # A server without it (older), or a job that moved on since: read it again.
+                return job if isinstance(job, dict) and job.get("status") in statuses else True
         return True
 
     def close(self):

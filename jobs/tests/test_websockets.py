@@ -15,7 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs import live
-from jobs.models import LogLine, MetricPoint
+from jobs.models import Job, LogLine, MetricPoint
+from jobs.serializers import JobDetailSerializer
 from jobs.tests.builders import MANIFEST, client_for, job, member, tar_gz, token_for, upload
 from portal.asgi import application
 
@@ -124,6 +125,25 @@ def test_a_status_only_socket_gets_the_job_and_its_changes_but_no_logs_or_metric
     assert code is None
     assert [m["type"] for m in messages] == ["job", "status"]
     assert messages[0]["job"]["id"] == target.id and messages[1]["status"] == "COMPLETED"
+    # Each change comes with the job as the REST API shows it, read after the change: a waiting
+    # script returns that instead of asking again.
+    detail = json.loads(json.dumps(JobDetailSerializer(Job.objects.get(pk=target.id)).data, default=str))
+    assert messages[1]["detail"] == detail and "latest_metrics" in detail
+
+
+def test_a_full_socket_gets_changes_without_the_jobs_rest_detail():
+    """Reading the job for every change is for waiting scripts only, not for every open job page."""
+    alice = member()
+    target = job(alice)
+
+    async def publish():
+        from channels.layers import get_channel_layer
+        await get_channel_layer().group_send(live.job_group(target.id), {
+            "type": "job.status", "status": {"job": target.id, "status": "COMPLETED"}, "job": {"id": target.id}})
+
+    _, messages = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}", then=publish)
+    statuses = [m for m in messages if m["type"] == "status"]
+    assert len(statuses) == 1 and "detail" not in statuses[0] and statuses[0]["job_detail"] == {"id": target.id}
 
 
 @pytest.mark.parametrize("path_of", [lambda j: f"/ws/jobs/{j.id}/", lambda j: "/ws/jobs/"])

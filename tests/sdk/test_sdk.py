@@ -100,6 +100,18 @@ def test_wait_hears_the_end_over_the_jobs_websocket_without_polling(client, monk
     assert opened and opened[0] is not None
 
 
+def test_wait_returns_the_job_the_end_came_with_without_reading_it_again(client, monkeypatch):
+    job = client.submit(slow_manifest(2), EXAMPLE)
+    reads = []
+    original = client.job
+    monkeypatch.setattr(client, "job", lambda job_id: reads.append(job_id) or original(job_id))
+    done = client.wait(job["id"], timeout=60, poll=120)
+    assert done["status"] == "COMPLETED" and done["exit_code"] == 0
+    assert reads == [job["id"]]  # the first read only: the rest came over the socket
+    again = client.job(job["id"])  # as the REST API shows it
+    assert done.keys() == again.keys() and all(done[k] == again[k] for k in ("id", "status", "finished_at", "manifest"))
+
+
 def test_wait_polls_where_no_websocket_can_be_opened(client, monkeypatch):
     monkeypatch.setattr(trainyard.client.StatusWatch, "open", classmethod(lambda cls, *a: None))
     job = client.submit(slow_manifest(2), EXAMPLE)
