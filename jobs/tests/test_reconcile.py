@@ -168,37 +168,33 @@ def test_after_a_recent_cycle_a_pass_asks_for_one_instead_of_running_its_own(mon
     assert sent == [("schedule", ())]
 
 
-def test_a_pass_runs_its_own_cycle_when_a_requested_one_is_overdue(monkeypatch, sent):
+def status_after_a_pass(monkeypatch, *, cycle_started_ago, asked_ago):
+    """A queued job's status after a pass, the last cycle having started `cycle_started_ago` seconds
+    ago and a scheduling request waiting for its run since `asked_ago` seconds ago."""
     from jobs import dispatch
-    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 1)
-    cache.set(dispatch._waiting_key("schedule"), time.time() - dispatch.OVERDUE_S - 1)  # stuck behind deploys
+    cache.set(admission.CYCLE_STARTED_KEY, time.time() - cycle_started_ago)
+    cache.set(dispatch._waiting_key("schedule"), time.time() - asked_ago)
     waiting = queued_job(monkeypatch)
     reconcile.reconcile()
     waiting.refresh_from_db()
-    assert waiting.status == "PENDING"
+    return waiting.status
+
+
+def test_a_pass_runs_its_own_cycle_when_a_requested_one_is_overdue(monkeypatch, sent):
+    from jobs import dispatch
+    # stuck behind deploys
+    assert status_after_a_pass(monkeypatch, cycle_started_ago=1, asked_ago=dispatch.OVERDUE_S + 1) == "PENDING"
 
 
 def test_a_request_waiting_less_than_overdue_is_left_to_its_cycle(monkeypatch, sent):
-    from jobs import dispatch
-    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 1)
-    cache.set(dispatch._waiting_key("schedule"), time.time() - 1)
-    waiting = queued_job(monkeypatch)
-    reconcile.reconcile()
-    waiting.refresh_from_db()
-    assert waiting.status == "QUEUED"
+    assert status_after_a_pass(monkeypatch, cycle_started_ago=1, asked_ago=1) == "QUEUED"
 
 
 def test_a_paced_run_waiting_past_the_interval_is_left_to_its_cycle(monkeypatch, sent, settings):
     """Cycles of seconds each, with a rest as long after each: the requested run waits longer than
     the interval for its turn, and is not overdue yet."""
-    from jobs import dispatch
     settings.RECONCILE_INTERVAL_S = 10.0
-    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 12)
-    cache.set(dispatch._waiting_key("schedule"), time.time() - 11)
-    waiting = queued_job(monkeypatch)
-    reconcile.reconcile()
-    waiting.refresh_from_db()
-    assert waiting.status == "QUEUED"
+    assert status_after_a_pass(monkeypatch, cycle_started_ago=12, asked_ago=11) == "QUEUED"
 
 
 def test_a_cycle_older_than_the_interval_does_not_count(monkeypatch, sent, settings):
