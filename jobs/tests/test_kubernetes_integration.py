@@ -18,7 +18,8 @@ import yaml
 from jobs import admission, lifecycle, outbox, reconcile, storage, tasks
 from jobs.backends.base import BackendError
 from jobs.backends.k8s import objects
-from jobs.backends.k8s.api import Gone, KubeApi, api_client_for
+from jobs.backends.k8s import backend as k8s_backend
+from jobs.backends.k8s.api import Gone, KubeApi, NotFound, api_client_for
 from jobs.backends.k8s.backend import K8sConfig, KubernetesBackend
 from jobs.backends.k8s.watcher import PodWatcher
 from jobs.ingest import authenticate, ingest
@@ -330,6 +331,63 @@ def test_the_namespace_quota_follows_the_tenants_quota(cluster):
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     assert_schema_valid(namespace)
     assert_schema_valid(cluster.get("/api/v1/namespaces/trainyard-team-b/limitranges/learner-limits"))
+
+
+def requests_of(backend, monkeypatch):
+    """What `backend` asks the API server from now on, as the API's own descriptions ("create Pod ns/name")."""
+    sent, call = [], backend.api._call
+    monkeypatch.setattr(backend.api, "_call", lambda what, *args, **kwargs: sent.append(what) or call(what, *args, **kwargs))
+    return sent
+
+
+def kinds(sent, verb):
+    return [what.split()[1] for what in sent if what.startswith(f"{verb} ")]
+
+
+def test_a_deploy_makes_sure_of_the_namespace_only_when_this_process_has_not_lately(cluster, worker, monkeypatch):
+    quota = {"gpus": 4, "cpus": 16, "memory_bytes": 64 * 2**30, "jobs": 3}
+    chosen = use(monkeypatch, new_backend(cluster, quota=None))
+    chosen.quota_for = lambda slug: dict(quota)
+    sent = requests_of(chosen, monkeypatch)
+    first, second, third = (submitted(learners=1) for _ in range(3))
+    admission.run_cycle()
+
+    lifecycle.deploy(first.id, 1)
+    assert {"Namespace", "LimitRange", "NetworkPolicy", "ResourceQuota"} <= set(kinds(sent, "create") + kinds(sent, "read"))
+    sent.clear()
+    lifecycle.deploy(second.id, 1)  # the same tenant, the same quota, a moment later: its own objects only
+    assert sent and all(what.startswith("create ") for what in sent)
+    assert kinds(sent, "create") == ["ConfigMap", "Secret", "Service", "NetworkPolicy", "Pod"]
+
+    quota["gpus"] = 6  # the tenant's quota changed: mirrored at the next deploy
+    sent.clear()
+    lifecycle.deploy(third.id, 1)
+    assert "ResourceQuota" in kinds(sent, "patch")
+    assert cluster.get(f"/api/v1/namespaces/{NS}/resourcequotas/tenant-quota")["spec"]["hard"]["requests.nvidia.com/gpu"] == "6"
+
+    monkeypatch.setattr(k8s_backend, "NAMESPACE_FRESH_S", 0.0)  # a minute on: made sure of again
+    sent.clear()
+    lifecycle.deploy(third.id, 1)
+    assert "Namespace" in kinds(sent, "create")
+
+
+def test_a_namespace_gone_behind_the_platforms_back_is_made_again_when_the_deploy_is_re_driven(cluster, backend, worker, monkeypatch):
+    first, second = submitted(learners=1), submitted(learners=1)
+    admission.run_cycle()
+    lifecycle.deploy(first.id, 1)
+    create = backend.api.create
+
+    def namespace_deleted(obj):  # what an API server answers for a create in a namespace that is gone
+        raise NotFound(f"create {obj['kind']}: namespaces \"{NS}\" not found (HTTP 404)", status=404)
+
+    monkeypatch.setattr(backend.api, "create", namespace_deleted)
+    with pytest.raises(NotFound):  # transient: the outbox runs the deploy again
+        lifecycle.deploy(second.id, 1)
+    monkeypatch.setattr(backend.api, "create", create)
+    sent = requests_of(backend, monkeypatch)
+    lifecycle.deploy(second.id, 1)
+    assert kinds(sent, "create")[0] == "Namespace"
+    assert sorted(cluster.names("pods", NS)) == sorted(objects.pod_name(j.id, 1, 0) for j in (first, second))
 
 
 def test_capacity_counts_schedulable_nodes_only(cluster):
