@@ -470,6 +470,21 @@ def services_cpu():
     return used
 
 
+def sessions_opened():
+    """PostgreSQL sessions opened so far, in every database (pg_stat_database.sessions, PostgreSQL 14
+    on; None before): each is a server process forked and set up for a client."""
+    import psycopg2
+    connection = psycopg2.connect(os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT sum(sessions) FROM pg_stat_database")
+            return int(cursor.fetchone()[0] or 0)
+    except psycopg2.Error:
+        return None
+    finally:
+        connection.close()
+
+
 def wait_until(what, predicate, timeout):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -653,7 +668,7 @@ def run(session, cluster, schedule, work_dir):
         # stand-ins for the cluster (the API server, the kubelet and agents) and its users.
         usage = Usage(dict(session.platform.pids(), apiserver=cluster.process.pid, fleet=os.getpgid(0),
                            browsers=ws.pid, submitter=submitter.pid), work_dir).__enter__()
-        machine_before, services_before = machine_cpu(), services_cpu()
+        machine_before, services_before, sessions_before = machine_cpu(), services_cpu(), sessions_opened()
         steady_started = time.monotonic()
         large_s, large_queries, large_active, large_parts = measure_reconcile_apart(
             work_dir, profile=os.environ.get("BENCH_CP_PROFILE"))
@@ -666,6 +681,9 @@ def run(session, cluster, schedule, work_dir):
                       for part, cpu in sorted({**usage.platform_cpu_by_part, **services}.items())}
         busy, total = (after - before for after, before in zip(machine_cpu(), machine_before))
         steady_cpu["whole machine"] = round(busy / total * (os.cpu_count() or 1), 2)
+        sessions_after = sessions_opened()
+        sessions_per_s = (round((sessions_after - sessions_before) / (time.monotonic() - steady_started), 1)
+                          if None not in (sessions_before, sessions_after) else None)
         ws.wait(STEADY_S + 60)
         sockets = json.loads(ws_file.read_text())
         sampled = json.loads(submits_file.read_text())
@@ -705,6 +723,7 @@ def run(session, cluster, schedule, work_dir):
         "ws_change_to_socket_p95_ms": round(percentile(from_change, 0.95), 1) if from_change else None,
         "ws_change_to_socket_p95_ms_by_status": _p95_by_status(sockets["delays"]),
         "cores_used_during_steady": steady_cpu,
+        "db_sessions_opened_per_s": sessions_per_s,
         "errors": fleet.errors[:20], "error_count": len(fleet.errors),
         "total_s": round(time.monotonic() - started, 1),
     })
@@ -741,6 +760,7 @@ def report(figures):
          f"{f['ws_change_to_socket_p50_ms']} / {f['ws_change_to_socket_p95_ms']}", ""),
         ("cores used under the load (of this machine's)", ", ".join(
             f"{part} {cores}" for part, cores in f["cores_used_during_steady"].items()), str(os.cpu_count())),
+        ("PostgreSQL sessions opened per second under the load", f["db_sessions_opened_per_s"], ""),
         ("errors", f["error_count"], "0"),
     ], figures)
 
