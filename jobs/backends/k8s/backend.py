@@ -1,8 +1,9 @@
 """The `kubernetes` backend: each learner is a pod in its tenant's namespace.
 
 deploy() makes sure the tenant's namespace exists (with its quota, limits and network policy; at most
-once a minute per process and tenant, NAMESPACE_FRESH_S), then creates the attempt's objects root-first: the root ConfigMap, then what it owns (ingest Secret,
-headless Service, peers NetworkPolicy, pods). Every name is deterministic, so a repeated deploy finds
+once a minute per process and tenant, NAMESPACE_FRESH_S), then creates the attempt's objects
+root-first: the root ConfigMap, then what it owns (ingest Secret, headless Service, peers
+NetworkPolicy, pods). Every name is deterministic, so a repeated deploy finds
 its objects there already and moves on. halt() annotates the pods; the agent in each one sees the
 annotation through a downward-API file and checkpoints. delete() removes the root and, explicitly,
 everything it owns (the cluster's garbage collector would too, but explicit deletes also work where
