@@ -85,8 +85,9 @@ def ingest(grant, payload):
             raise IngestError(410, f"job is {job.status} (attempt {job.attempt}); stop the learner")
         if batch.learner >= job.learners:
             raise IngestError(400, f"learner {batch.learner} does not exist (job has {job.learners})")
-        learner, _ = Learner.objects.get_or_create(job=job, attempt=grant.attempt, index=batch.learner)
-        learner = Learner.objects.select_for_update().get(pk=learner.pk)
+        # Locked as read (one query): what the batch writes to the row must not undo a worker's change.
+        learner, _ = Learner.objects.select_for_update().get_or_create(job=job, attempt=grant.attempt,
+                                                                       index=batch.learner)
         fresh = _fresh_records(batch.records, learner.acked_seq)
         lines, points = _store(job, learner, fresh)
     live.publish_records_on_commit(job.id, lines, points)

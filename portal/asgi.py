@@ -10,6 +10,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.sessions import SessionMiddlewareStack  # noqa: E402
 
+from jobs.ingest_asgi import IngestRoute  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 from portal.hosts import WebsocketOriginValidator  # noqa: E402
 
@@ -17,6 +18,7 @@ from portal.hosts import WebsocketOriginValidator  # noqa: E402
 # or token at every check (jobs.consumers), and AuthMiddleware loaded a user nobody read, for every
 # socket opening, in the one thread channels gives synchronous code by default.
 application = ProtocolTypeRouter({
-    "http": django_asgi_app,
+    # Agents' posts go straight to their view, past the middleware a browser's request needs.
+    "http": IngestRoute(django_asgi_app, django_asgi_app),
     "websocket": WebsocketOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

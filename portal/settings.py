@@ -162,6 +162,8 @@ MAX_CODE_BYTES = env.integer("TRAINYARD_MAX_CODE_MB", 100, minimum=1) * 1024 * 1
 MAX_UNPACKED_BYTES = env.integer("TRAINYARD_MAX_UNPACKED_MB", 1024, minimum=1) * 1024 * 1024
 MAX_ARCHIVE_MEMBERS = env.integer("TRAINYARD_MAX_ARCHIVE_FILES", 20000, minimum=1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
+# Threads of each web process that serve agents' ingest posts (jobs.ingest_asgi); one on SQLite.
+INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 LOCAL_GPUS = env.integer("TRAINYARD_LOCAL_GPUS", -1)  # -1: the GPUs nvidia-smi reports

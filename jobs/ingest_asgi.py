@@ -1,0 +1,72 @@
+"""The ingest endpoint served beside Django's request stack, on threads of its own.
+
+Every agent posts here about once a second, so at hundreds of learners it is most of what a web
+process does (bench controlplane: 112 posts a second at 250 running jobs, web process 0.9 of a core,
+the one core its interpreter can use). Through Django's ASGI handler a post ran the whole middleware
+stack (sessions, CSRF, messages, the audit actor, CSP, django-prometheus) and hopped between the
+event loop and the one thread Django gives synchronous code, where it also waited, one post at a
+time, on each of its queries: every other post, submission and page of the process queued behind it.
+
+Here a post to /api/v1/ingest/<job id>/ goes straight to the same view (jobs.api.ingest_view: its
+throttling, credential check and batch), in a pool of INGEST_THREADS threads: posts overlap each
+other's waits on PostgreSQL and Redis, and the rest of the portal no longer waits behind them. What
+the skipped middleware gave it is done here: the Host is validated (a request for a name the
+platform does not answer as gets a 400), the request signals run (they hand the thread's database
+connection back), and an error is answered as Django answers it. The route in portal/urls.py stays,
+for the test client and `reverse`; both reach the one view.
+"""
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core import signals
+from django.core.handlers.exception import response_for_exception
+from django.core.exceptions import RequestAborted
+
+PATH = re.compile(r"/api/v1/ingest/(?P<job_id>[^/]+)/")
+
+
+def ingest_threads():
+    """PostgreSQL takes concurrent batches (each locks only its own job's row); SQLite has one writer
+    at a time, so its posts take turns in one thread rather than in its busy timeout."""
+    return 1 if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3") else settings.INGEST_THREADS
+
+
+class IngestRoute:
+    """ASGI: ingest posts on the pool's threads, everything else to `application` (Django)."""
+
+    def __init__(self, application, django_handler):
+        self.application = application
+        self.django = django_handler  # an ASGIHandler: reads bodies, builds requests, sends responses
+        self.executor = ThreadPoolExecutor(max_workers=ingest_threads(), thread_name_prefix="ingest")
+
+    async def __call__(self, scope, receive, send):
+        match = PATH.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None:
+            return await self.application(scope, receive, send)
+        try:
+            body = await self.django.read_body(receive)
+        except RequestAborted:  # the agent went away; it posts the batch again
+            return
+        request, error = self.django.create_request(scope, body)
+        response = error or await sync_to_async(respond, thread_sensitive=False, executor=self.executor)(
+            request, match["job_id"])
+        body.close()
+        await self.django.send_response(response, send)
+
+
+def respond(request, job_id):
+    """One post, as Django would serve it: request signals around the view (they reset and close this
+    thread's database connection, which the process keeps for its next request), the Host checked
+    as CommonMiddleware checks it, and an exception answered by Django's own handling."""
+    from jobs.api import ingest_view
+    signals.request_started.send(sender=IngestRoute)
+    try:
+        request.get_host()  # DisallowedHost: a 400, as for every other request to a name not ours
+        return ingest_view(request, job_id)
+    except Exception as exc:  # noqa: BLE001 - Django turns it into the response it would send
+        return response_for_exception(request, exc)
+    finally:
+        signals.request_finished.send(sender=IngestRoute)
+
