@@ -12,6 +12,7 @@ Trainyard"). Gauges of what the database holds are read at scrape time instead (
 Recording never fails the caller: with Redis unreachable the increment is dropped and logged once a
 minute (Redis down also stops Celery, so little is lost that anything else would have counted).
 """
+import contextlib
 import hmac
 import json
 import logging
@@ -49,6 +50,20 @@ def dropped(what):
         log.warning("metrics: could not record %s (Redis unreachable); dropped", what, exc_info=True)
 
 
+@contextlib.contextmanager
+def one_trip(what):
+    """A pipeline for several metric writes, sent in one round trip when the block ends (ingest
+    records two series on every post); with Redis unreachable they are dropped as one."""
+    pipe = redis_client().pipeline(transaction=False)
+    yield pipe
+    try:
+        pipe.execute()
+    except redis.RedisError:
+        dropped(what)
+    finally:
+        pipe.reset()
+
+
 def _field(labels):
     return json.dumps(list(labels))
 
@@ -67,8 +82,12 @@ class SharedCounter:
     def key(self):
         return KEY_PREFIX + self.name
 
-    def inc(self, *label_values, amount=1.0):
+    def inc(self, *label_values, amount=1.0, trip=None):
+        """`trip`: a one_trip() pipeline to add the write to, instead of a round trip of its own."""
         assert len(label_values) == len(self.labels), (self.name, label_values)
+        if trip is not None:
+            trip.hincrbyfloat(self.key, _field(label_values), amount)
+            return
         try:
             redis_client().hincrbyfloat(self.key, _field(label_values), amount)
         except redis.RedisError:
@@ -97,16 +116,13 @@ class SharedHistogram:
     def key(self):
         return KEY_PREFIX + self.name
 
-    def observe(self, value, *label_values):
+    def observe(self, value, *label_values, trip=None):
+        """`trip`: as for SharedCounter.inc."""
         assert len(label_values) == len(self.labels), (self.name, label_values)
         bucket = next((floatToGoString(b) for b in self.buckets if value <= b), "+Inf")
-        try:
-            with redis_client().pipeline(transaction=False) as pipe:
-                pipe.hincrbyfloat(self.key, _field([*label_values, "bucket", bucket]), 1)
-                pipe.hincrbyfloat(self.key, _field([*label_values, "sum"]), value)
-                pipe.execute()
-        except redis.RedisError:
-            dropped(self.name)
+        with one_trip(self.name) if trip is None else contextlib.nullcontext(trip) as pipe:
+            pipe.hincrbyfloat(self.key, _field([*label_values, "bucket", bucket]), 1)
+            pipe.hincrbyfloat(self.key, _field([*label_values, "sum"]), value)
 
     def collect(self, client):
         family = HistogramMetricFamily(self.name, self.help, labels=list(self.labels))

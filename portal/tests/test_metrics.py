@@ -87,6 +87,20 @@ def test_its_histograms_are_cumulative_with_sum_and_count(client, redis_url):
 
 
 @pytest.mark.django_db
+def test_an_ingest_post_records_its_lines_and_lag_together(client, redis_url, monkeypatch):
+    sent = []
+    execute = shared.redis.client.Pipeline.execute
+    monkeypatch.setattr(shared.redis.client.Pipeline, "execute",
+                        lambda pipe, *a, **kw: sent.append(len(pipe.command_stack)) or execute(pipe, *a, **kw))
+    metrics.ingested("team-a", lines=7, oldest_time=time.time() - 0.3)
+    metrics.ingested("team-a", lines=0, oldest_time=None)  # nothing to record (redis-py sends no empty pipeline)
+    assert sent == [3, 0]  # one round trip: the counter and the histogram's bucket and sum
+    families = scrape(client)
+    assert samples(families["trainyard_ingest_lines"], "_total") == {(("tenant", "team-a"),): 7}
+    assert sum(samples(families["trainyard_ingest_lag_seconds"], "_count").values()) == 1
+
+
+@pytest.mark.django_db
 def test_it_counts_the_sockets_of_live_processes_only(client, redis_url):
     gauge = metrics.SocketGauge()
     gauge.opened("job")

@@ -83,7 +83,38 @@ def test_bad_ingest_credentials_from_one_address_get_429():
     assert ingest("forged", address="10.0.0.2").status_code in throttling.INGEST_REFUSED
 
 
-def test_one_credential_posting_too_fast_gets_429(monkeypatch):
+@pytest.fixture(params=["in-memory", "redis"])
+def any_cache(request, settings, tmp_path):
+    """Each test's own cache: the unit tests' in-memory one, or a Redis server as the platform runs
+    (its counters take one round trip; see throttling._count)."""
+    if request.param == "in-memory":
+        yield None
+        return
+    from tests.support.redis_server import RedisServer
+    server = RedisServer(tmp_path).start()
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": server.url,
+                                   "KEY_PREFIX": "trainyard"}}
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_counter_counts_within_its_window_and_then_starts_again(any_cache, monkeypatch):
+    rule = throttling.Rule("probe", limit=3, window_s=1, lockout_s=1)
+    assert [throttling.record(rule, "key") for _ in range(3)] == [0, 0, 1]
+    assert throttling.retry_after(rule, "key") == 1
+    if any_cache is not None:  # the counter carries the window's expiry, as the cache sets it
+        from django.core.cache import cache, caches
+        client = caches["default"]._cache.get_client(write=True)
+        counter = cache.make_and_validate_key(throttling._key(rule, ("key",), "count"))
+        assert 0 < client.pttl(counter) <= 1000 and cache.get(throttling._key(rule, ("key",), "count")) == 3
+    import time
+    time.sleep(1.1)
+    assert throttling.record(rule, "key") == 0 and throttling.retry_after(rule, "key") == 0
+
+
+def test_one_credential_posting_too_fast_gets_429(any_cache, monkeypatch):
     monkeypatch.setattr(throttling, "INGEST_POSTS", throttling.Rule("ingest", limit=3, window_s=10, lockout_s=10))
     monkeypatch.setattr(throttling, "INGEST_FAILURES", throttling.Rule("ingest-bad", limit=100, window_s=60,
                                                                        lockout_s=60))
