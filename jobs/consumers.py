@@ -8,7 +8,6 @@ group an `access.recheck`): a socket whose credential, membership or job access 
 with the code an outsider gets at connect (4401 or 4404), and the list socket stops forwarding
 private jobs its user may no longer see.
 """
-import asyncio
 import logging
 from importlib import import_module
 from types import SimpleNamespace
@@ -22,7 +21,7 @@ from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
-from jobs import live, metrics, tenancy
+from jobs import listhub, live, metrics, tenancy
 from jobs.models import Job
 from portal import throttling
 from tenants import access
@@ -30,8 +29,6 @@ from tenants.auth import user_for_key
 
 log = logging.getLogger(__name__)
 BACKLOG_LINES = 5000
-# The list stream's coalescing window (JobListConsumer.job_status).
-COALESCE_S = 0.05
 CLOSE_NOT_FOUND = 4404
 CLOSE_UNAUTHORIZED = 4401
 
@@ -86,13 +83,13 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
 
     async def disconnect(self, code):
-        self.stop_forwarding()
         if self.counted:
             self.counted = False
             metrics.SOCKETS.closed(self.stream)
         await self.leave()
 
     async def leave(self):
+        """Stop everything sent to this socket (a subclass with other sources leaves them too)."""
         groups, self.groups_joined = self.groups_joined, ()
         for group in groups:
             await self.channel_layer.group_discard(group, self.channel_name)
@@ -100,11 +97,7 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
     async def end(self, code):
         """Access ended while open: stop forwarding at once, then close as an outsider is refused."""
         await self.leave()
-        self.stop_forwarding()
         await self.close(code=code)
-
-    def stop_forwarding(self):
-        """Drop what is held for sending (a subclass that holds messages says how)."""
 
     @_db
     def _membership(self):
@@ -222,15 +215,28 @@ class JobConsumer(_ScopedConsumer):
 
 
 class JobListConsumer(_ScopedConsumer):
+    """Status changes of the tenant's jobs, from the web process's one subscription for the tenant
+    (jobs.listhub: it sends each burst of changes as one message, and a private job's only to the
+    sockets that may see it)."""
     stream = "list"
+    tenant_id = None
+
     async def connect(self):
         membership = await self._membership()
         if membership is None:
             await self.refuse(CLOSE_UNAUTHORIZED)
             return
         self.membership = membership
-        await self.join(live.tenant_group(membership.tenant_id), live.user_group(membership.user_id))
+        await self.join(live.user_group(membership.user_id))
         await self.accept()
+        self.tenant_id = membership.tenant_id
+        await listhub.join(self.tenant_id, self)
+
+    async def leave(self):
+        await super().leave()
+        if self.tenant_id is not None:
+            tenant_id, self.tenant_id = self.tenant_id, None
+            await listhub.leave(tenant_id, self)
 
     async def access_recheck(self, event):
         # A changed role is picked up here, so private jobs are forwarded by the role held now.
@@ -239,47 +245,6 @@ class JobListConsumer(_ScopedConsumer):
             await self.end(CLOSE_UNAUTHORIZED)
         else:
             self.membership = membership
-
-    held = None  # changes waiting for the coalescing window to close; None when no window is open
-    flusher = None
-
-    async def job_status(self, event):
-        """A change goes out at once if the socket was quiet, and opens a window of COALESCE_S: changes
-        within it go out together when it closes, as {"type": "statuses", "changes": [...]}, each as a
-        "status" message alone would be. When jobs that started together end together a tenant's
-        changes come in bursts, and each message costs the web process a frame, a write and two
-        epoll calls per socket: bursts above ~1,500 socket messages a second built a backlog of
-        seconds (bench controlplane)."""
-        # The tenant's group carries every job's changes; a private job's only reach who may see it.
-        if event["job"].get("private") and not await self._may_see(event["job"]["id"]):
-            return
-        change = {"type": "status", **event["status"], "job_detail": event["job"]}
-        if self.held is not None:
-            self.held.append(change)
-            return
-        self.held = []
-        self.flusher = asyncio.ensure_future(self._send_held())
-        await self.send_json(change)
-
-    async def _send_held(self):
-        try:
-            while True:
-                await asyncio.sleep(COALESCE_S)
-                held, self.held = self.held, []
-                if not held:
-                    self.held = None  # quiet for a whole window: the next change goes out at once
-                    return
-                await self.send_json(held[0] if len(held) == 1 else {"type": "statuses", "changes": held})
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - the socket went away meanwhile; its disconnect cleans up
-            log.debug("could not send held status changes", exc_info=True)
-            self.held = None
-
-    def stop_forwarding(self):
-        if self.flusher is not None:
-            self.flusher.cancel()
-        self.held = self.flusher = None
 
     @_db
     def _may_see(self, job_id):

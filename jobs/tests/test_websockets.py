@@ -307,8 +307,8 @@ def test_a_request_thread_hands_its_publishes_to_the_event_loop_and_they_leave_i
 def test_the_list_stream_sends_changes_within_a_moment_of_each_other_together(monkeypatch):
     """The first change of a burst at once, the rest of it as one message; after a quiet moment the
     next change goes out alone, at once again."""
-    from jobs import consumers
-    monkeypatch.setattr(consumers, "COALESCE_S", 0.5)  # wide enough that a busy machine keeps the burst in one window
+    from jobs import listhub
+    monkeypatch.setattr(listhub, "COALESCE_S", 0.5)  # wide enough that a busy machine keeps the burst in one window
     alice = member()
     targets = [job(alice) for _ in range(4)]
     changes = [{"type": "job.status", "status": {"job": t.id, "status": "COMPLETED"}, "job": live.status_payload(t)}
@@ -324,7 +324,7 @@ def test_the_list_stream_sends_changes_within_a_moment_of_each_other_together(mo
         for change in changes[:3]:
             await layer.group_send(group, change)
         messages = [await communicator.receive_json_from(timeout=2), await communicator.receive_json_from(timeout=2)]
-        await asyncio.sleep(consumers.COALESCE_S * 2)  # quiet
+        await asyncio.sleep(listhub.COALESCE_S * 2)  # quiet
         sent = time.monotonic()
         await layer.group_send(group, changes[3])
         messages.append(await communicator.receive_json_from(timeout=2))
@@ -338,4 +338,69 @@ def test_the_list_stream_sends_changes_within_a_moment_of_each_other_together(mo
     assert [c["job"] for c in burst["changes"]] == [targets[1].id, targets[2].id]
     assert all(c["type"] == "status" and c["job_detail"]["id"] == c["job"] for c in burst["changes"])
     assert alone["type"] == "status" and alone["job"] == targets[3].id
-    assert alone_after < consumers.COALESCE_S  # not held for a window
+    assert alone_after < listhub.COALESCE_S  # not held for a window
+
+
+def test_the_sockets_of_a_tenant_share_one_subscription_and_each_gets_every_change(monkeypatch):
+    """jobs.listhub: one channel in the tenant's group however many list sockets the process has; gone
+    with the last of them."""
+    from channels.layers import get_channel_layer
+    from jobs import listhub
+    monkeypatch.setattr(listhub, "COALESCE_S", 0.5)
+    alice, bob = member("team-a", "alice"), member("team-a", "bob")
+    targets = [job(alice) for _ in range(3)]
+    group = live.tenant_group(alice.tenant_id)
+    paths = [f"/ws/jobs/?token={token_for(who)}" for who in (alice, bob, alice)]
+
+    @async_to_sync
+    async def scenario():
+        layer = get_channel_layer()
+        sockets = [communicator_for(path) for path in paths]
+        for socket in sockets:
+            assert (await socket.connect())[0]
+        members = len(layer.groups.get(group, {}))
+        for target in targets:
+            await layer.group_send(group, {"type": "job.status", "status": {"job": target.id, "status": "FAILED"},
+                                           "job": live.status_payload(target)})
+        received = []
+        for socket in sockets:
+            first, burst = await socket.receive_json_from(timeout=2), await socket.receive_json_from(timeout=2)
+            received.append([first["job"]] + [c["job"] for c in burst["changes"]])
+        for socket in sockets:
+            await socket.disconnect()
+        return members, received, len(layer.groups.get(group, {}))
+
+    members, received, members_after = scenario()
+    assert members == 1
+    assert received == [[t.id for t in targets]] * 3
+    assert members_after == 0
+
+
+def test_a_burst_with_a_private_job_reaches_each_socket_with_what_it_may_see(monkeypatch):
+    from channels.layers import get_channel_layer
+    from jobs import listhub
+    monkeypatch.setattr(listhub, "COALESCE_S", 0.5)
+    alice, bob = member("team-a", "alice"), member("team-a", "bob")
+    public, secret, later = job(alice), job(alice, private=True), job(alice)
+    group = live.tenant_group(alice.tenant_id)
+    paths = {who.user.username: f"/ws/jobs/?token={token_for(who)}" for who in (alice, bob)}
+
+    @async_to_sync
+    async def scenario():
+        layer = get_channel_layer()
+        sockets = {name: communicator_for(path) for name, path in paths.items()}
+        for socket in sockets.values():
+            assert (await socket.connect())[0]
+        for target in (public, secret, later):
+            await layer.group_send(group, {"type": "job.status", "status": {"job": target.id, "status": "FAILED"},
+                                           "job": live.status_payload(target)})
+        seen = {}
+        for name, socket in sockets.items():
+            first, burst = await socket.receive_json_from(timeout=2), await socket.receive_json_from(timeout=2)
+            seen[name] = [first["job"]] + ([c["job"] for c in burst["changes"]] if burst["type"] == "statuses"
+                                           else [burst["job"]])
+            assert await socket.receive_nothing(timeout=0.6)
+            await socket.disconnect()
+        return seen
+
+    assert scenario() == {"alice": [public.id, secret.id, later.id], "bob": [public.id, later.id]}
