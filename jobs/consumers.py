@@ -25,6 +25,7 @@ from jobs import listhub, live, metrics, tenancy
 from jobs.models import Job
 from portal import throttling
 from tenants import access
+from tenants.models import Membership
 from tenants.auth import user_for_key
 
 log = logging.getLogger(__name__)
@@ -248,7 +249,11 @@ class JobListConsumer(_ScopedConsumer):
 
     @_db
     def _may_see(self, job_id):
-        return tenancy.jobs_of(self.membership).filter(pk=job_id).exists()
+        """Asked by the tenant's hub for each private job's change. The membership is read again here:
+        the hub's changes and this socket's access.recheck arrive on different channels, so a change
+        may be checked before the socket has heard of a demotion."""
+        membership = Membership.objects.select_related("tenant", "user").filter(pk=self.membership.pk).first()
+        return membership is not None and tenancy.jobs_of(membership).filter(pk=job_id).exists()
 
 
 def _int(value, default):
