@@ -14,7 +14,7 @@ from conftest import skip_or_fail
 KUBERNETES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 OVERLAYS = ("dev", "production")
 VERSIONS = ("1.25.0", kubernetes_validate.utils.latest_version())  # README: "Kubernetes 1.25 or newer"
-PLATFORM = {"trainyard-web", "trainyard-worker", "trainyard-beat", "trainyard-migrate"}
+PLATFORM = {"trainyard-web", "trainyard-ingest", "trainyard-worker", "trainyard-beat", "trainyard-migrate"}
 
 
 def render(overlay):
@@ -81,7 +81,7 @@ def test_production_sizes_scales_and_protects_web_and_workers():
             assert {"cpu", "memory"} <= set(container["resources"]["requests"]), name
             assert {"cpu", "memory"} <= set(container["resources"]["limits"]), name
     deployments = by_kind(objects, "Deployment")
-    for name in ("trainyard-web", "trainyard-worker"):
+    for name in ("trainyard-web", "trainyard-ingest", "trainyard-worker"):
         labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
         budget = by_kind(objects, "PodDisruptionBudget")[name]["spec"]
         assert budget["minAvailable"] >= 1 and budget["selector"]["matchLabels"].items() <= labels.items()
@@ -95,3 +95,30 @@ def test_the_web_reads_the_metrics_token_from_the_secret():
     for overlay in OVERLAYS:
         token = env_of(containers(render(overlay))["trainyard-web"])["TRAINYARD_METRICS_TOKEN"]
         assert token["valueFrom"]["secretKeyRef"]["key"] == "metrics-token"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agents_post_to_ingest_servers_their_network_policy_lets_them_reach(overlay):
+    """TRAINYARD_K8S_INGEST_URL names the ingest Service; its pods, and only platform pods, are what the
+    learners' default policy (jobs.backends.k8s.objects) opens egress to. The ingest servers do not
+    talk to the Kubernetes API."""
+    from urllib.parse import urlsplit
+
+    from jobs.backends.k8s import objects as k8s_objects
+    rendered = render(overlay)
+    config = by_kind(rendered, "ConfigMap")["trainyard-config"]["data"]
+    host = urlsplit(config["TRAINYARD_K8S_INGEST_URL"]).hostname
+    service_name, namespace = host.split(".")[:2]
+    service = by_kind(rendered, "Service")[service_name]
+    assert service["metadata"]["namespace"] == namespace == config["TRAINYARD_K8S_PLATFORM_NAMESPACE"]
+    selected = [d for d in by_kind(rendered, "Deployment").values()
+                if service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    assert [d["metadata"]["name"] for d in selected] == ["trainyard-ingest"]
+    platform = k8s_objects.Platform(namespace=namespace, ingest_port=int(config["TRAINYARD_K8S_INGEST_PORT"]))
+    rule = k8s_objects.learners_default_policy("trainyard-team-a", platform)["spec"]["egress"][1]
+    selector = rule["to"][0]["podSelector"]
+    labels = selected[0]["spec"]["template"]["metadata"]["labels"]
+    assert selector["matchLabels"].items() <= labels.items()
+    assert all(labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"])
+    assert rule["ports"] == [{"protocol": "TCP", "port": service["spec"]["ports"][0]["port"]}]
+    assert selected[0]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False

@@ -98,7 +98,7 @@ def parse_ingest_url(text):
     parsed = urlparse(text)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(f"TRAINYARD_K8S_INGEST_URL={text!r} must be an http(s) URL like "
-                          "http://trainyard-web.trainyard.svc:8000")
+                          "http://trainyard-ingest.trainyard.svc:8000")
     return text.rstrip("/")
 
 

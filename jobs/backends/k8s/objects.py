@@ -109,7 +109,7 @@ def cpu_quantity(cpus):
 @dataclass(frozen=True)
 class Platform:
     """Where the platform runs, as far as the learners' network policy needs to know."""
-    namespace: str  # the platform's own namespace (web pods serve the ingest endpoint)
+    namespace: str  # the platform's own namespace (its web and ingest pods serve the ingest endpoint)
     ingest_port: int
     pod_security: str = "restricted"
 
@@ -153,6 +153,10 @@ def limit_range(namespace_):
                 "maxLimitRequestRatio": {"cpu": "1", "memory": "1"}}]}}
 
 
+# Platform pods that serve the ingest endpoint (deploy/kubernetes/base: 50-web.yaml, 53-ingest.yaml).
+INGEST_COMPONENTS = ("web", "ingest")
+
+
 def learners_default_policy(namespace_, platform):
     """Learner pods get no traffic in and none out, except DNS and the platform's ingest endpoint.
 
@@ -172,8 +176,11 @@ def learners_default_policy(namespace_, platform):
                      "ports": dns_ports},
                     {"to": [{"namespaceSelector": {"matchLabels": {
                                 "kubernetes.io/metadata.name": platform.namespace}},
-                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "trainyard",
-                                                             "app.kubernetes.io/component": "web"}}}],
+                             # The web servers, and the ingest servers the base deploys for agents apart.
+                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "trainyard"},
+                                             "matchExpressions": [{"key": "app.kubernetes.io/component",
+                                                                   "operator": "In",
+                                                                   "values": list(INGEST_COMPONENTS)}]}}],
                      "ports": [{"protocol": "TCP", "port": platform.ingest_port}]},
                 ]}}
 
