@@ -248,7 +248,7 @@ class JobListConsumer(_ScopedConsumer):
             self.membership = membership
 
     @_db
-    def _may_see(self, job_id):
+    def may_see(self, job_id):
         """Asked by the tenant's hub for each private job's change. The membership is read again here:
         the hub's changes and this socket's access.recheck arrive on different channels, so a change
         may be checked before the socket has heard of a demotion."""

@@ -34,17 +34,17 @@ def ingest_threads():
 
 
 class IngestRoute:
-    """ASGI: ingest posts on the pool's threads, everything else to `application` (Django)."""
+    """ASGI: ingest posts on the pool's threads, everything else to `django` (its ASGIHandler, whose
+    body reading, request building and response sending serve the posts too)."""
 
-    def __init__(self, application, django_handler):
-        self.application = application
-        self.django = django_handler  # an ASGIHandler: reads bodies, builds requests, sends responses
+    def __init__(self, django):
+        self.django = django
         self.executor = ThreadPoolExecutor(max_workers=ingest_threads(), thread_name_prefix="ingest")
 
     async def __call__(self, scope, receive, send):
         match = PATH.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
         if match is None:
-            return await self.application(scope, receive, send)
+            return await self.django(scope, receive, send)
         try:
             body = await self.django.read_body(receive)
         except RequestAborted:  # the agent went away; it posts the batch again

@@ -114,7 +114,7 @@ class TenantHub:
         shared = None  # the message for a socket that sees every change, encoded once
         for socket in list(self.sockets):
             try:
-                visible = [c for c in changes if not c["job_detail"].get("private") or await socket._may_see(c["job"])]
+                visible = [c for c in changes if not c["job_detail"].get("private") or await socket.may_see(c["job"])]
                 if not visible:
                     continue
                 if len(visible) == len(changes):

@@ -19,6 +19,6 @@ from portal.hosts import WebsocketOriginValidator  # noqa: E402
 # socket opening, in the one thread channels gives synchronous code by default.
 application = ProtocolTypeRouter({
     # Agents' posts go straight to their view, past the middleware a browser's request needs.
-    "http": IngestRoute(django_asgi_app, django_asgi_app),
+    "http": IngestRoute(django_asgi_app),
     "websocket": WebsocketOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
