@@ -222,6 +222,15 @@ def test_a_flood_of_forged_ingest_credentials_gets_429(platform, quiet_job):
     assert status == 429 and int(headers["Retry-After"]) > 0
 
 
+def test_the_ingest_route_refuses_a_host_the_platform_was_not_given(platform, quiet_job):
+    """Agents' posts skip Django's middleware (jobs.ingest_asgi), not its Host check."""
+    path = f"/api/v1/ingest/{quiet_job['id']}/"
+    for host in ("evil.example", "127.0.0.1.evil.example"):
+        status, _, _ = from_address(platform, "127.0.0.6", "POST", path, body=b"{}", headers={
+            "Host": host, "Authorization": "Ingest forged", "Content-Type": "application/json"})
+        assert status == 400, host
+
+
 # --- `make demo` stops everything it started ---------------------------------------------------------
 def processes_of(data_dir):
     """pids of every process running with this TRAINYARD_DATA_DIR (Redis, daphne, the worker and
