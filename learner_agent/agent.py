@@ -46,9 +46,15 @@ LAST_CALL_FLUSH_S = 5.0
 AGENT_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR")
 _CLEAN_ENV_MARK = "LEARNER_AGENT_CLEAN_ENV"
 HALT_FILE_POLL_S = 1.0
+PREPARING_QUIET_S = 0.25  # a learner still preparing after this is shown as such (Agent._hold_status)
 HALT_ANNOTATION = "trainyard.io/halt="
 SPOOL_DIR = "spool"
 LEARNER_PID_FILE = "learner.pid"  # {"pid", "start", "sandboxed"}: for an agent that has to end it after us
+
+
+def _end(process):
+    process.kill()
+    process.wait()
 
 
 class PrepareError(Exception):
@@ -56,8 +62,9 @@ class PrepareError(Exception):
 
 
 class Agent:
-    def __init__(self, config, *, shipper=None):
+    def __init__(self, config, *, shipper=None, launcher=None):
         self.config = config
+        self._launcher = launcher  # a sandbox launcher started ahead by a spare agent (Popen), or None
         self.shipper = shipper or Shipper(
             config.ingest_url, config.ingest_token, attempt=config.attempt, learner=config.learner,
             # On Kubernetes the learner shares our uid and sees our folder (state_dir), and nothing
@@ -68,6 +75,8 @@ class Agent:
         self._extractor = MetricExtractor(config.metric_regexes)
         self._requests = SimpleQueue()  # reentrant put(): safe from signal handlers
         self._lock = threading.Lock()
+        self._status_lock = threading.Lock()
+        self._held_statuses = []  # status records waiting to leave with the next one (_hold_status)
         self._learner = None
         self._stop_kind = None  # "halt" | "terminate" | "gone", the strongest requested so far
         self._killed_after_grace = False
@@ -101,21 +110,16 @@ class Agent:
             return self._resume()
         if self.config.halt_file:
             threading.Thread(target=self._watch_halt_file, name="halt-file", daemon=True).start()
-        self._record_status("preparing")
+        # Usually over in milliseconds: then `preparing` leaves with `running` (see _hold_status).
+        self._hold_status("preparing", PREPARING_QUIET_S)
         try:
-            argv, env, plan_fd = self._prepare()
-            sandboxed = plan_fd is not None
+            argv, env, plan = self._prepare()
+            sandboxed = plan is not None
             with self._lock:
-                try:
-                    if self._stop_kind is not None:  # stopped while unpacking: never start it
-                        raise PrepareError(self._stop_reason(killed=False))
-                    # The launcher moves the learner into its work_dir itself (see sandbox.launcher_argv).
-                    self._learner = LearnerProcess.start(
-                        argv, env=env, cwd=sandbox.PACKAGE_PARENT if sandboxed else self.config.work_dir,
-                        sandboxed=sandboxed, pass_fds=(plan_fd,) if sandboxed else ())
-                finally:
-                    if sandboxed:
-                        os.close(plan_fd)
+                if self._stop_kind is not None:  # stopped while unpacking: never start it
+                    raise PrepareError(self._stop_reason(killed=False))
+                self._learner = (self._launch(plan) if sandboxed else
+                                 LearnerProcess.start(argv, env=env, cwd=self.config.work_dir, sandboxed=False))
         except PrepareError as e:
             log.warning("not starting the command: %s", e)
             return self._finish(exit_code=None, reason=str(e))
@@ -159,6 +163,7 @@ class Agent:
                                "(its holder ended); the learners cannot reach each other")
         env = sandbox.build_env(work_dir=config.work_dir, cpus=config.cpus, learner_env=config.env)
         if mode == "none":
+            self.discard_launcher()
             return sandbox.build_argv(config.command, network_namespace=config.network_namespace), env, None
         identity = sandbox.learner_identity(config.job_id)
         if identity is not None:
@@ -179,10 +184,33 @@ class Agent:
             rlimit_nproc=config.max_processes if identity is not None and self._cgroup is None else None)
         log.info("learner uid %s; cgroup %s", identity.uid if identity else os.getuid(),
                  self._cgroup.procs_files if self._cgroup else "none")
-        # The launcher's environment is fixed: it may be root, and the job's variables (LD_PRELOAD,
-        # PYTHONPATH) must not reach it; the learner's own travel in the plan.
+        return None, None, plan
+
+    def _launch(self, plan):
+        """The sandboxed learner: the launcher (learner_agent.launch) given its plan, the one started
+        ahead by a spare agent if there is one (its interpreter's start-up then is not the learner's
+        to wait for), else a new one. It moves the learner into its work_dir itself."""
+        launcher, self._launcher = self._launcher, None
+        if launcher is not None:
+            try:
+                return LearnerProcess.hand_plan(launcher, sandbox.encode_plan(plan), sandboxed=True)
+            except OSError as e:  # it died meanwhile (EPIPE): start one as if there had been none
+                log.warning("the launcher started ahead is gone (%s); starting another", e)
+                _end(launcher)
         plan_fd = sandbox.write_plan(plan)
-        return sandbox.launcher_argv(plan_fd), {"PATH": os.defpath, "LANG": "C.UTF-8"}, plan_fd
+        try:
+            # The launcher's environment is fixed (sandbox.LAUNCHER_ENV): it may be root, and the
+            # job's variables (LD_PRELOAD, PYTHONPATH) must not reach it; the learner's own travel in the plan.
+            return LearnerProcess.start(sandbox.launcher_argv(plan_fd), env=sandbox.LAUNCHER_ENV,
+                                        cwd=sandbox.PACKAGE_PARENT, sandboxed=True, pass_fds=(plan_fd,))
+        finally:
+            os.close(plan_fd)
+
+    def discard_launcher(self):
+        """End a launcher started ahead that no learner took (no sandbox after all, a resumed learner)."""
+        launcher, self._launcher = self._launcher, None
+        if launcher is not None:
+            _end(launcher)
 
     def _make_cgroup(self):
         config = self.config
@@ -483,7 +511,30 @@ class Agent:
         return "terminated"
 
     def _record_status(self, state, **fields):
-        self.shipper.add({"kind": "status", "state": state, **fields})
+        """Record a status change, after any held back (_hold_status), in the same batch."""
+        with self._status_lock:
+            held, self._held_statuses = self._held_statuses, []
+            self.shipper.add_many([*held, {"kind": "status", "state": state, **fields}])
+
+    def _hold_status(self, state, seconds):
+        """Record `state` (as of now) with the next status change, or on its own after `seconds`.
+
+        Recorded at once, `preparing` went out in a request of its own just as the command was being
+        started, and the agent's and the platform's work on it took the very milliseconds the
+        learner's start waited for (bench frameworks' timeline, "agent running → command started").
+        Held back, it leaves with `running` in one request, in order and with its own time, so the
+        job's events say the same; an unpack that takes longer is still shown while it lasts."""
+        with self._status_lock:
+            self._held_statuses.append({"kind": "status", "state": state, "time": time.time()})
+        timer = threading.Timer(seconds, self._release_held_statuses)
+        timer.daemon = True
+        timer.start()
+
+    def _release_held_statuses(self):
+        with self._status_lock:
+            held, self._held_statuses = self._held_statuses, []
+            if held:
+                self.shipper.add_many(held)
 
 
 def format_bytes(n):
@@ -549,14 +600,17 @@ def main(argv=None):
     return run_agent(config)
 
 
-def run_agent(config):
-    """Run the agent in this process (signal handlers, pid file, agent.log) and return its exit code."""
+def run_agent(config, *, launcher=None):
+    """Run the agent in this process (signal handlers, pid file, agent.log) and return its exit code.
+    `launcher`: a sandbox launcher a spare agent started ahead (Agent._launch)."""
     if not _claim_learner(config):
+        if launcher is not None:
+            _end(launcher)
         return 0
     _guard_credential(config)
     _log_to_file(config.agent_file("agent.log"))
     _write_text_atomically(config.agent_file("agent.pid"), f"{os.getpid()}\n")
-    agent = Agent(config)
+    agent = Agent(config, launcher=launcher)
     agent.install_signal_handlers()
     log.info("agent %d for %s attempt %d learner %d", os.getpid(), config.job_id, config.attempt,
              config.learner)
@@ -565,6 +619,8 @@ def run_agent(config):
     except Exception:
         log.exception("the agent failed")
         return 1
+    finally:
+        agent.discard_launcher()
 
 
 def _claim_learner(config):

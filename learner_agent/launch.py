@@ -3,7 +3,8 @@
 The agent starts `python -I -S .../learner_agent/launch.py PLAN_FD` with a fixed environment and the
 plan (built by learner_agent.sandbox.bwrap_plan) in an inherited memfd, in `marshal`'s format: built
 into the interpreter, where importing json (and with it `re`) cost 8 ms of every learner's start.
-Only the agent writes it, before the learner exists. In order, each step
+Only the agent writes it, before the learner exists. A spare agent starts its launcher ahead, as
+`launch.py -`, and hands it the plan through its stdin (see _read_plan). In order, each step
 only when the plan asks for it:
 
 1. join the learner's control groups, so everything started from here on is counted and limited;
@@ -44,8 +45,7 @@ class LaunchError(RuntimeError):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
-        with os.fdopen(int(argv[0]), "rb") as f:
-            plan = marshal.loads(f.read())
+        plan = marshal.loads(_read_plan(argv[0]))
         launch(plan)
     except (LaunchError, OSError, ValueError, IndexError, EOFError, TypeError, KeyError) as e:
         print(f"trainyard sandbox: the learner could not be started: {e}", file=sys.stderr, flush=True)
@@ -74,6 +74,21 @@ def launch(plan):
     args_fd = _memfd("bwrap-args", b"".join(a.encode() + b"\0" for a in plan["bwrap_args"]))
     bwrap = plan["bwrap"]
     os.execve(bwrap, [bwrap, "--args", str(args_fd), "--", *plan["command"]], {"PATH": os.defpath})
+
+
+def _read_plan(source):
+    """The plan's bytes from the memfd numbered `source`, or with "-" from stdin: a launcher started
+    ahead of its learner (learner_agent.spare) waits there until the agent writes the plan and closes
+    the pipe; the learner's stdin is then /dev/null, as for a launcher started with its plan."""
+    if source != "-":
+        with os.fdopen(int(source), "rb") as f:
+            return f.read()
+    with os.fdopen(os.dup(0), "rb") as f:
+        data = f.read()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return data
 
 
 def _step(what, action, *args):

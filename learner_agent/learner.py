@@ -31,6 +31,23 @@ class LearnerProcess:
                                  start_new_session=True, close_fds=True, pass_fds=pass_fds)
         return cls(popen, sandboxed=sandboxed)
 
+    @classmethod
+    def start_ahead(cls, argv, *, env, cwd):
+        """A process started before its learner exists, waiting on its stdin for what it is to run
+        (a sandbox launcher: learner_agent.launch `-`); `hand_plan` makes it the learner."""
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, close_fds=True)
+
+    @classmethod
+    def hand_plan(cls, popen, plan, *, sandboxed):
+        """The learner `popen` (from start_ahead) becomes once it reads `plan` (bytes) to its end;
+        OSError if it is gone."""
+        with popen.stdin:
+            popen.stdin.write(plan)
+        popen.stdin = None
+        return cls(popen, sandboxed=sandboxed)
+
     def wait(self):
         return self._popen.wait()
 

@@ -232,11 +232,25 @@ def launcher_argv(plan_fd):
     return [sys.executable, "-I", "-S", LAUNCHER, str(plan_fd)]
 
 
+# The launcher's whole environment: it may be root, and nothing of the job's or the agent's reaches it.
+LAUNCHER_ENV = {"PATH": os.defpath, "LANG": "C.UTF-8"}
+
+
+def launcher_ahead_argv():
+    """A launcher started before its learner exists (learner_agent.spare): it reads the plan from its
+    stdin (launch.py `-`)."""
+    return [sys.executable, "-I", "-S", LAUNCHER, "-"]
+
+
+def encode_plan(plan):
+    """The plan as the launcher reads it: marshal's format (see learner_agent.launch)."""
+    return marshal.dumps(plan)
+
+
 def write_plan(plan):
-    """The plan in an inheritable memfd for the launcher (it closes it after reading), in marshal's
-    format (see learner_agent.launch)."""
+    """The plan in an inheritable memfd for the launcher (it closes it after reading)."""
     fd = os.memfd_create("trainyard-launch-plan", 0)
-    os.write(fd, marshal.dumps(plan))
+    os.write(fd, encode_plan(plan))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 

@@ -34,6 +34,11 @@ import time
 import uuid
 
 STARTING, READY, TAKEN, EXPIRED = ".starting", ".ready", ".taken", ".expired"
+# A spare is started by the deploy that took the last one, just as that deploy's learner starts: it
+# waits this long before its imports (about 40 ms of CPU), so they do not compete with that
+# learner's start on a small machine (bench frameworks' timeline). Until then it is not ready, and
+# a deploy starts an agent of its own, as without a spare.
+SETTLE_S = 0.5
 IDLE_S = 600.0  # then it exits, so an upgraded platform's code reaches every agent within this
 STALE_S = 30.0
 HANDOFF_WAIT_S = 10.0  # a deploy that took the FIFO writes the path at once; this is for a stuck one
@@ -41,9 +46,10 @@ MAX_MESSAGE = 4096  # PIPE_BUF: a write this size reaches the reader whole
 RETIRE = b"\n"  # instead of a config path: exit
 
 
-def spare_argv(fifo, *, idle_s=IDLE_S):
+def spare_argv(fifo, *, idle_s=IDLE_S, settle_s=SETTLE_S):
     """The command line of a spare waiting on `fifo` (`-S` as for a cold start: agent.agent_argv)."""
-    return [sys.executable, "-S", "-m", "learner_agent", "spare", "--fifo", str(fifo), "--idle-s", f"{idle_s:g}"]
+    return [sys.executable, "-S", "-m", "learner_agent", "spare", "--fifo", str(fifo), "--idle-s", f"{idle_s:g}",
+            "--settle-s", f"{settle_s:g}"]
 
 
 # --- the backend's side --------------------------------------------------------------------------
@@ -129,17 +135,29 @@ def main(argv):
                                      description="wait for a learner to be handed over, then run its agent")
     parser.add_argument("--fifo", required=True, help="the FIFO the platform made for this spare")
     parser.add_argument("--idle-s", type=float, default=IDLE_S, help="exit after this long without a learner")
+    parser.add_argument("--settle-s", type=float, default=0.0, help="wait this long before warming up")
     args = parser.parse_args(argv)
-    return serve(args.fifo, idle_s=args.idle_s)
+    return serve(args.fifo, idle_s=args.idle_s, settle_s=args.settle_s)
 
 
-def serve(fifo, *, idle_s=IDLE_S):
+def serve(fifo, *, idle_s=IDLE_S, settle_s=0.0):
     """Wait on `fifo` for a learner and run its agent; the exit code (0 when none came)."""
     try:
         fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         return 0  # removed as stale before this process got here
+    time.sleep(settle_s)
     _warm_up()
+    launcher = _start_launcher()
+    try:
+        return _wait_and_serve(fifo, fd, idle_s, launcher)
+    finally:
+        if launcher is not None and launcher.returncode is None and launcher.stdin is not None:
+            launcher.kill()  # not handed to a learner
+            launcher.wait()
+
+
+def _wait_and_serve(fifo, fd, idle_s, launcher):
     ready = fifo[:-len(STARTING)] + READY
     try:
         os.rename(fifo, ready)
@@ -156,13 +174,30 @@ def serve(fifo, *, idle_s=IDLE_S):
     os.close(fd)
     if not config_path:  # none came, or told to retire
         return 0
-    return _become_agent(config_path)
+    return _become_agent(config_path, launcher)
 
 
 def _warm_up():
     """Everything a run imports or probes before its command starts, done while no job waits."""
     from learner_agent import agent, sandbox  # noqa: F401 - the imports are the point
     sandbox.bwrap_problem()
+
+
+def _start_launcher():
+    """The sandbox launcher of the learner this spare will run, started now (Agent._launch): its
+    interpreter's start-up is then not the learner's to wait for. None where no learner would get a
+    sandbox, or where this spare will re-execute itself first (_become_agent)."""
+    from learner_agent import sandbox
+    from learner_agent.agent import _CLEAN_ENV_MARK
+    from learner_agent.learner import LearnerProcess
+    if sandbox.bwrap_problem() is not None or not os.environ.get(_CLEAN_ENV_MARK):
+        return None
+    try:
+        return LearnerProcess.start_ahead(sandbox.launcher_ahead_argv(), env=sandbox.LAUNCHER_ENV,
+                                          cwd=sandbox.PACKAGE_PARENT)
+    except OSError as e:
+        print(f"learner_agent spare {os.getpid()}: no launcher started ahead ({e})", file=sys.stderr, flush=True)
+        return None
 
 
 def _read_path(fd, timeout):
@@ -177,7 +212,7 @@ def _read_path(fd, timeout):
     return os.fsdecode(message[:-1])
 
 
-def _become_agent(config_path):
+def _become_agent(config_path, launcher=None):
     """What `python -m learner_agent run --config PATH` started by setsid would do, in this process."""
     from learner_agent.agent import _drop_inherited_environment, run_agent, settle_in
     from learner_agent.config import ConfigError, load_config
@@ -191,7 +226,7 @@ def _become_agent(config_path):
     # The backend starts spares with the agent's clean environment; one started otherwise becomes a
     # cold-started agent instead (a re-exec) rather than hand its environment to the learner's agent.
     _drop_inherited_environment(config)
-    return run_agent(config)
+    return run_agent(config, launcher=launcher)
 
 
 # --- helpers -------------------------------------------------------------------------------------

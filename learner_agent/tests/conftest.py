@@ -30,6 +30,7 @@ class IngestServer:
     def __init__(self, *, drop_rate=0.0, seed=0, token=TOKEN):
         self.records = defaultdict(list)  # (attempt, learner) -> stored records, in seq order
         self.requests = 0
+        self.batches = []  # the seqs each request carried, in order of arrival
         self.body_sizes = []
         self.dropped = 0
         self.gone = False
@@ -77,6 +78,7 @@ class IngestServer:
             if self.scripted:
                 return self.scripted.pop(0), {"acked": acked}
             records = data["records"]
+            self.batches.append([record["seq"] for record in records])
             if records and records[0]["seq"] > acked + 1:
                 return 409, {"acked": acked}
             len_before = acked

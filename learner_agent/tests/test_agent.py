@@ -60,6 +60,39 @@ def test_it_runs_a_learner_and_reports_everything_in_order(outside_tmp, ingest, 
     assert os.path.isdir(os.path.join(outside_tmp, "job", "results"))
 
 
+def test_a_quick_start_reports_preparing_with_running_in_one_request(outside_tmp, ingest):
+    # Not a request of its own in the milliseconds the learner's start waits for (Agent._hold_status).
+    config = write_agent_config(outside_tmp, ingest, command="echo hi")
+    assert run_agent(config).returncode == 0
+    records = ingest.stored()
+    assert kinds(records)[:2] == [("status", "preparing"), ("status", "running")]
+    assert ingest.batches[0][:2] == [1, 2]
+    assert records[0]["time"] <= records[1]["time"]  # preparing keeps the time it began
+
+
+class RecordingShipper:
+    def __init__(self):
+        self.batches = []
+
+    def add_many(self, records):
+        self.batches.append([(r["state"], r.get("time")) for r in records])
+
+
+def test_a_slow_preparation_is_reported_while_it_lasts(outside_tmp, ingest):
+    from learner_agent.agent import Agent
+    from learner_agent.config import load_config
+    shipper = RecordingShipper()
+    agent = Agent(load_config(write_agent_config(outside_tmp, ingest, command="true")), shipper=shipper)
+    began = time.time()
+    agent._hold_status("preparing", 0.05)
+    assert shipper.batches == []
+    wait_for(lambda: shipper.batches, timeout=5)
+    (state, when), = shipper.batches[0]
+    assert state == "preparing" and began <= when < began + 0.05
+    agent._record_status("running")
+    assert [[state for state, _ in batch] for batch in shipper.batches] == [["preparing"], ["running"]]
+
+
 def test_it_detaches_and_leaves_no_zombie(outside_tmp, ingest):
     config = write_agent_config(outside_tmp, ingest, command="sleep 2; echo done")
     started = time.monotonic()

@@ -1,5 +1,6 @@
 """Spare agents (learner_agent.spare): started ahead of a learner, handed one through a FIFO, and
 exactly one deploy gets each; an idle or dead spare costs nothing but speed."""
+import json
 import os
 import subprocess
 import threading
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from learner_agent import procfs, spare
+from learner_agent import procfs, sandbox, spare
 from learner_agent.agent import clean_environment
 from learner_agent.tests.conftest import (  # noqa: F401 - fixtures
     agent_env, ingest, outside_tmp, read_exit, stop_process, wait_for, write_agent_config)
@@ -181,3 +182,58 @@ def test_an_agent_pid_counts_only_for_the_process_that_wrote_it(outside_tmp, spa
     finally:
         stop_process(process)
         stop_process(other)
+
+
+needs_bwrap = pytest.mark.skipif(sandbox.bwrap_problem() is not None, reason=f"no sandbox: {sandbox.bwrap_problem()}")
+
+
+def launcher_of(process):
+    """The launcher a spare started ahead: its one child, waiting on its stdin."""
+    children = wait_for(lambda: procfs.descendants(process.pid), timeout=20)
+    assert len(children) == 1
+    assert procfs.argv(children[0])[-2:] == [sandbox.LAUNCHER, "-"]
+    return children[0]
+
+
+@needs_bwrap
+def test_a_spare_starts_its_learners_launcher_ahead_and_hands_it_the_plan(outside_tmp, ingest, spare_dir):
+    process = start_spare(spare_dir)
+    try:
+        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
+        launcher = launcher_of(process)
+        # Started before any job: the fixed environment, nothing of the spare's.
+        assert open(f"/proc/{launcher}/environ", "rb").read().split(b"\0")[:-1] == [
+            f"{key}={value}".encode() for key, value in sandbox.LAUNCHER_ENV.items()]
+        config = write_agent_config(outside_tmp, ingest, command="echo inside $TRAINYARD_JOB_ID", sandbox="bwrap")
+        assert spare.hand_over(spare_dir, config)
+        assert process.wait(timeout=30) == 0
+        assert json.load(open(os.path.join(os.path.dirname(config), "learner.pid")))["pid"] == launcher
+        assert read_exit(config)["exit_code"] == 0
+        assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["inside training-test0001"]
+    finally:
+        stop_process(process)
+
+
+@needs_bwrap
+def test_a_launcher_started_ahead_that_no_learner_takes_is_ended(outside_tmp, ingest, spare_dir):
+    # Handed a learner without a sandbox:
+    process = start_spare(spare_dir)
+    try:
+        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
+        launcher = launcher_of(process)
+        config = write_agent_config(outside_tmp, ingest, command="echo plain", sandbox="none")
+        assert spare.hand_over(spare_dir, config)
+        assert process.wait(timeout=30) == 0
+        assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["plain"]
+        assert not os.path.exists(f"/proc/{launcher}")
+    finally:
+        stop_process(process)
+    # ... and a spare that expires:
+    process = start_spare(spare_dir, idle_s=1.5)
+    try:
+        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
+        launcher = launcher_of(process)
+        assert process.wait(timeout=30) == 0
+        assert not os.path.exists(f"/proc/{launcher}")
+    finally:
+        stop_process(process)
