@@ -30,12 +30,21 @@ def _write_log(job, folder):
 
 
 def _record_artifacts(job):
-    seen = set()
+    """Record every file as an Artifact: one query for what is recorded already, one insert for what
+    is new, an update only for what changed. (Two queries per file before: a quarter of the time from
+    STORING to COMPLETED for a job with a dozen checkpoints, in bench frameworks' timeline.)"""
+    recorded = {artifact.name: artifact for artifact in job.artifacts.only("id", "name", "size", "sha256")}
+    fresh = []
     for name, kind, path in storage.list_artifacts(job.tenant.slug, job.id):
-        seen.add(name)
         values = {"kind": kind, "size": path.stat().st_size, "sha256": storage.sha256_of(path),
                   "complete": kind != Artifact.Kind.CHECKPOINT or checkpoints.is_complete(path)}
-        artifact, created = Artifact.objects.get_or_create(job=job, name=name, defaults=dict(values, attempt=job.attempt))
-        if not created and (artifact.size, artifact.sha256) != (values["size"], values["sha256"]):
+        artifact = recorded.pop(name, None)
+        if artifact is None:
+            fresh.append(Artifact(job=job, name=name, attempt=job.attempt, **values))
+        elif (artifact.size, artifact.sha256) != (values["size"], values["sha256"]):
             Artifact.objects.filter(pk=artifact.pk).update(**values)
-    job.artifacts.exclude(name__in=seen).delete()  # removed by retention
+    # Only the worker holding the job's finish writes here (jobs.outbox claims it); a row another
+    # wrote meanwhile regardless is kept, as get_or_create kept it.
+    Artifact.objects.bulk_create(fresh, ignore_conflicts=True)
+    if recorded:  # files retention removed
+        Artifact.objects.filter(pk__in=[artifact.pk for artifact in recorded.values()]).delete()
