@@ -110,7 +110,7 @@ class Client:
         ridden out, like `logs(follow=True)`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         patience = Patience(self.notify)
-        watch = StatusWatch.open(self, job_id)  # before the first read: no change can fall in between
+        watch = StatusWatch.open(self, job_id, statuses)  # before the first read: no change can fall in between
         try:
             while True:
                 try:
@@ -389,13 +389,16 @@ class StatusWatch:
         self.socket, self.closing = socket, closing
 
     @classmethod
-    def open(cls, client, job_id):
+    def open(cls, client, job_id, statuses=None):
+        """`statuses`: those the caller waits for; only a change to one of them carries the job."""
         try:
             from websockets.sync.client import connect
         except ImportError:
             return None
         scheme, netloc, path, _, _ = urlsplit(client.url)
         query = {"only": "status", "token": client.config.token}
+        if statuses:
+            query["until"] = ",".join(statuses)
         if client.config.tenant:
             query["tenant"] = client.config.tenant
         url = (f"{'wss' if scheme == 'https' else 'ws'}://{netloc}{path.rstrip('/')}/ws/jobs/{quote(job_id, safe='')}/?"

@@ -131,6 +131,23 @@ def test_a_status_only_socket_gets_the_job_and_its_changes_but_no_logs_or_metric
     assert messages[1]["detail"] == detail and "latest_metrics" in detail
 
 
+def test_a_status_only_socket_reads_the_job_only_for_the_statuses_it_waits_until():
+    alice = member()
+    target = job(alice)
+
+    async def publish():
+        from channels.layers import get_channel_layer
+        for status in ("STORING", "COMPLETED"):
+            await get_channel_layer().group_send(live.job_group(target.id), {
+                "type": "job.status", "status": {"job": target.id, "status": status}, "job": {"id": target.id}})
+
+    _, messages = session(f"/ws/jobs/{target.id}/?only=status&until=COMPLETED,FAILED&token={token_for(alice)}",
+                          then=publish)
+    storing, completed = [m for m in messages if m["type"] == "status"]
+    assert storing["status"] == "STORING" and "detail" not in storing
+    assert completed["status"] == "COMPLETED" and completed["detail"]["id"] == target.id
+
+
 def test_a_full_socket_gets_changes_without_the_jobs_rest_detail():
     """Reading the job for every change is for waiting scripts only, not for every open job page."""
     alice = member()
