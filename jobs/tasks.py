@@ -31,6 +31,12 @@ def start_spare_agents(**_):
         get_backend().restart_spares()
 
 
+@shared_task(name="jobs.tasks.spare_agents", ignore_result=True)
+def spare_agents():
+    """Top the local backend's spare agents up (sent by its deploys, a moment after their learners)."""
+    get_backend().replenish_spares()
+
+
 @shared_task(name="jobs.tasks.schedule", ignore_result=True)
 def schedule():
     # Serialised by the admission lock inside run_cycle (jobs.admission): no second lock here.

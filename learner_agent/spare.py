@@ -34,11 +34,6 @@ import time
 import uuid
 
 STARTING, READY, TAKEN, EXPIRED = ".starting", ".ready", ".taken", ".expired"
-# A spare is started by the deploy that took the last one, just as that deploy's learner starts: it
-# waits this long before its imports (about 40 ms of CPU), so they do not compete with that
-# learner's start on a small machine (bench frameworks' timeline). Until then it is not ready, and
-# a deploy starts an agent of its own, as without a spare.
-SETTLE_S = 0.5
 IDLE_S = 600.0  # then it exits, so an upgraded platform's code reaches every agent within this
 STALE_S = 30.0
 HANDOFF_WAIT_S = 10.0  # a deploy that took the FIFO writes the path at once; this is for a stuck one
@@ -46,10 +41,9 @@ MAX_MESSAGE = 4096  # PIPE_BUF: a write this size reaches the reader whole
 RETIRE = b"\n"  # instead of a config path: exit
 
 
-def spare_argv(fifo, *, idle_s=IDLE_S, settle_s=SETTLE_S):
+def spare_argv(fifo, *, idle_s=IDLE_S):
     """The command line of a spare waiting on `fifo` (`-S` as for a cold start: agent.agent_argv)."""
-    return [sys.executable, "-S", "-m", "learner_agent", "spare", "--fifo", str(fifo), "--idle-s", f"{idle_s:g}",
-            "--settle-s", f"{settle_s:g}"]
+    return [sys.executable, "-S", "-m", "learner_agent", "spare", "--fifo", str(fifo), "--idle-s", f"{idle_s:g}"]
 
 
 # --- the backend's side --------------------------------------------------------------------------
@@ -135,18 +129,16 @@ def main(argv):
                                      description="wait for a learner to be handed over, then run its agent")
     parser.add_argument("--fifo", required=True, help="the FIFO the platform made for this spare")
     parser.add_argument("--idle-s", type=float, default=IDLE_S, help="exit after this long without a learner")
-    parser.add_argument("--settle-s", type=float, default=0.0, help="wait this long before warming up")
     args = parser.parse_args(argv)
-    return serve(args.fifo, idle_s=args.idle_s, settle_s=args.settle_s)
+    return serve(args.fifo, idle_s=args.idle_s)
 
 
-def serve(fifo, *, idle_s=IDLE_S, settle_s=0.0):
+def serve(fifo, *, idle_s=IDLE_S):
     """Wait on `fifo` for a learner and run its agent; the exit code (0 when none came)."""
     try:
         fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         return 0  # removed as stale before this process got here
-    time.sleep(settle_s)
     _warm_up()
     launcher = _start_launcher()
     try:

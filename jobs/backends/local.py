@@ -22,7 +22,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from jobs import frameworks, storage
+from jobs import dispatch, frameworks, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
 from learner_agent import netns, procfs, sandbox, spare, spool
 from learner_agent.agent import agent_argv, clean_environment
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 DEPLOY_GRACE_S = 60  # an agent that has not written its pid this long after deploy counts as missing
 AGENT_SPOOL = "spool"  # the agent's unacked records (learner_agent.spool)
 AGENT_RESTARTED = "agent.restarted"  # a second agent was started after the first died: never a third
+SPARES_AFTER_DEPLOY_S = 0.5  # a deploy has the spares topped up this long after it (jobs.tasks.spare_agents)
 SETSID = shutil.which("setsid")  # util-linux: starts a program in a session of its own, detached
 
 
@@ -60,7 +61,11 @@ class LocalBackend:
                 raise BackendError(f"learner agent config: {exc}", permanent=True) from exc
             _write_private_json(folder / "agent.json", config)
             self._start_agent(folder)
-        self.replenish_spares()  # after this job's agents: starting one must not delay them
+        # Not now: starting a spare (a process start-up, then its imports) beside this job's agents
+        # took CPU from them on a small machine, just as their learners were starting (bench
+        # frameworks' timeline, "agent running → command started"). A spare started a moment later
+        # is ready for the next deploy all the same, unless that one comes within the moment.
+        dispatch.send("spare_agents", countdown=SPARES_AFTER_DEPLOY_S)
 
     def _learner_folder(self, spec, learner):
         return storage.learner_dir(spec.tenant, spec.job_id, spec.attempt, learner.index)

@@ -64,7 +64,7 @@ def test_a_learner_goes_to_a_ready_spare_and_the_next_one_starts(outside_tmp, in
     assert local._agent_alive(folder)
     assert wait_for(lambda: _exit_record(folder), timeout=20)["exit_code"] == 0
     assert [r["line"] for r in ingest.stored() if r["kind"] == "log"] == ["done"]
-    backend.replenish_spares()  # what the deploy does after its learners
+    backend.replenish_spares()  # what jobs.tasks.spare_agents does a moment after a deploy
     wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
     assert spare_pids(backend.spare_dir) and spare_pid not in spare_pids(backend.spare_dir)
 
@@ -111,3 +111,28 @@ def test_a_clean_environment_keeps_only_harmless_variables_and_is_marked():
     env = clean_environment({"PATH": "/bin", "LANG": "C.UTF-8", "SECRET_KEY": "s", "DATABASE_URL": "postgres://x"})
     assert set(env) == {"PATH", "LANG", "PYTHONPATH", _CLEAN_ENV_MARK}
     assert set(env) - {"PYTHONPATH", _CLEAN_ENV_MARK} <= set(AGENT_ENV_KEEP)
+
+
+def test_a_deploy_has_the_spares_topped_up_a_moment_later_not_beside_its_learner(
+        outside_tmp, ingest, with_a_spare, monkeypatch, settings):
+    # Starting one at once took CPU from the learner's own start (bench frameworks' timeline).
+    backend, spare_pid = with_a_spare
+    sent = []
+    monkeypatch.setattr(local.dispatch, "send", lambda task, *args, **kwargs: sent.append((task, args, kwargs)))
+    archive = Path(write_agent_config(outside_tmp, ingest, command="true")).parent.parent.parent / "code.zip"
+    job_dir = Path(settings.DATA_DIR) / "storage" / "team-a" / "training-spares01"
+    spec = DeploySpec(
+        job_id="training-spares01", attempt=1, tenant="team-a", command="sleep 1; echo done",
+        code_archive=str(archive), job_dir=str(job_dir), learners=(LearnerSpec(index=0, env={}, ingest_token="t"),),
+        cpus=1.0, memory_bytes=2**30, gpus=0, env={"CHECKPOINT_DIR": str(job_dir / "checkpoints" / "attempt-1"),
+                                               "JOB_STATE_DIR": str(job_dir / "state")},
+        metric_regexes={}, checkpoint_signal="SIGTERM", grace_seconds=5, ingest_url=ingest.url)
+    backend.deploy(spec)
+    folder = backend._learner_folder(spec, spec.learners[0])
+    assert wait_for(lambda: local._agent_pid(folder)) == spare_pid
+    assert sent == [("spare_agents", (), {"countdown": local.SPARES_AFTER_DEPLOY_S})]
+    assert spare_pids(backend.spare_dir) == [spare_pid]  # none started beside it
+    from jobs.tasks import spare_agents
+    spare_agents()  # what the message does when it comes
+    wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
+    assert len(spare_pids(backend.spare_dir)) == 2
