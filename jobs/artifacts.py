@@ -1,9 +1,12 @@
 """A job's stored output: its log written to storage, every result, checkpoint and log recorded as
 an Artifact, and all of it pushed to the job's result stores (jobs.transfers)."""
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from jobs import checkpoints, storage, transfers
 from jobs.models import Artifact, LogLine
+
+PARALLEL_HASH_BYTES = 4 * 1024 * 1024  # below this, starting threads costs more than it saves
 
 
 def store_results(job, run):
@@ -34,9 +37,10 @@ def _record_artifacts(job):
     is new, an update only for what changed. (Two queries per file before: a quarter of the time from
     STORING to COMPLETED for a job with a dozen checkpoints, in bench frameworks' timeline.)"""
     recorded = {artifact.name: artifact for artifact in job.artifacts.only("id", "name", "size", "sha256")}
+    files = list(storage.list_artifacts(job.tenant.slug, job.id))
     fresh = []
-    for name, kind, path in storage.list_artifacts(job.tenant.slug, job.id):
-        values = {"kind": kind, "size": path.stat().st_size, "sha256": storage.sha256_of(path),
+    for (name, kind, path), sha256 in zip(files, _digests([path for _, _, path in files])):
+        values = {"kind": kind, "size": path.stat().st_size, "sha256": sha256,
                   "complete": kind != Artifact.Kind.CHECKPOINT or checkpoints.is_complete(path)}
         artifact = recorded.pop(name, None)
         if artifact is None:
@@ -48,3 +52,13 @@ def _record_artifacts(job):
     Artifact.objects.bulk_create(fresh, ignore_conflicts=True)
     if recorded:  # files retention removed
         Artifact.objects.filter(pk__in=[artifact.pk for artifact in recorded.values()]).delete()
+
+
+def _digests(paths):
+    """The files' SHA-256, several at once where there is much to read: hashlib lets go of the GIL
+    while it hashes, and the learners have ended, so their cores are free (a PyTorch example's four
+    4 MB checkpoints took 16 of the 24 ms of storing its results, one after another)."""
+    if len(paths) < 2 or sum(path.stat().st_size for path in paths) < PARALLEL_HASH_BYTES:
+        return [storage.sha256_of(path) for path in paths]
+    with ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1)) as pool:
+        return list(pool.map(storage.sha256_of, paths))
