@@ -14,12 +14,12 @@ import os
 import threading
 import weakref
 
-from asgiref.sync import SyncToAsync
 from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
 
 from jobs.models import FINAL
+from portal.serving import serving_loop
 
 log = logging.getLogger(__name__)
 CHUNK = 500  # lines per websocket message: big enough to batch, small enough to render smoothly
@@ -89,7 +89,7 @@ def _send(groups, *messages):
     layer = get_channel_layer()
     if layer is None:
         return
-    loop = _serving_loop()
+    loop = serving_loop()
     if loop is not None:
         # A web request's thread: the process's event loop publishes, and the request goes on. Waiting
         # for it was half of an ingest request's time under load (bench controlplane, py-spy): the loop
@@ -134,16 +134,6 @@ def _publishing_loop():
             started.wait(PUBLISH_TIMEOUT_S)
             _publisher = (os.getpid(), loop)
         return loop
-
-
-def _serving_loop():
-    """The running event loop of the ASGI server whose synchronous code this thread runs (asgiref
-    records it in each such thread), or None (a Celery worker, a management command)."""
-    local = SyncToAsync.threadlocal
-    loop = getattr(local, "main_event_loop", None)
-    if loop is None or getattr(local, "main_event_loop_pid", None) != os.getpid() or not loop.is_running():
-        return None
-    return loop
 
 
 # One queue and one publishing task per event loop: messages leave in the order they were sent (a job's

@@ -125,3 +125,35 @@ def test_backlog_is_unknown_when_the_broker_cannot_be_reached(monkeypatch):
         raise OSError("connection refused")
     monkeypatch.setattr(dispatch.current_app, "connection_for_read", unreachable)
     assert dispatch.backlog() is None
+
+
+@pytest.mark.django_db(transaction=True)  # on commit: at once, outside a transaction
+def test_a_web_request_does_not_wait_for_the_broker(monkeypatch):
+    import asyncio
+    import threading
+
+    from asgiref.sync import sync_to_async
+    released, sent = threading.Event(), []
+
+    def slow_broker(name, args=(), countdown=None):
+        released.wait(10)  # a broker that answers only once the request has gone on
+        sent.append((name, tuple(args), threading.current_thread().name))
+    monkeypatch.setattr(dispatch.current_app, "send_task", slow_broker)
+
+    def request():  # synchronous code of a request, as the ASGI server runs it
+        dispatch.send_on_commit("follow_up", 7)
+        return "answered"
+
+    assert asyncio.run(sync_to_async(request)()) == "answered"  # before the broker took anything
+    assert sent == []
+    released.set()
+    deadline = time.monotonic() + 10
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sent == [("jobs.tasks.follow_up", (7,), "dispatch-sender")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_web_request_it_sends_before_going_on(broker):
+    dispatch.send_on_commit("follow_up", 8)  # a worker's task, a management command
+    assert broker == [("jobs.tasks.follow_up", (8,))]
