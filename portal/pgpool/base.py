@@ -11,8 +11,12 @@ the next one Django opens with the same parameters takes it.
 
 What keeps that safe:
 - only a connection in autocommit with no transaction open is kept; anything else is closed;
-- a connection is checked with one round trip (`CLOSE ALL`) when it is taken, so one the server
-  dropped (a restart, an idle timeout) is closed and replaced, not handed to a request;
+- a connection is cleaned with one round trip (`CLOSE ALL`) when it is put back, which for a web
+  request is after its response has gone; when it is taken, only what the server sent it while
+  it was idle is looked at, without a round trip: a session the server dropped (a restart, an idle
+  timeout, a terminated backend) has left its last words or the end of the stream there, and is
+  closed and replaced, not handed to a request. (A round trip at every take was a tenth of an
+  ingest request's time under load: bench controlplane, py-spy.)
 - a forked process never uses its parent's connections (their sockets are shared);
 - at most IDLE_MAX are kept per process and database, none longer than IDLE_S;
 - session state does not leak: the platform sets none beyond what Django sets on every connect
@@ -20,6 +24,7 @@ What keeps that safe:
 """
 import logging
 import os
+import select
 import threading
 import time
 
@@ -48,13 +53,13 @@ class IdleConnections:
                 if not kept:
                     return None
                 connection, since = kept.pop()
-            if time.monotonic() - since < IDLE_S and _alive(connection):
+            if time.monotonic() - since < IDLE_S and _clean(connection) and _quiet(connection):
                 return connection
             _close_quietly(connection)
 
     def put(self, key, connection):
         """Keep `connection` if it is clean and there is room; close it otherwise."""
-        if not _clean(connection):
+        if not _cleaned(connection):
             _close_quietly(connection)
             return
         with self.lock:
@@ -93,15 +98,26 @@ def _clean(connection):
             and connection.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE)
 
 
-def _alive(connection):
-    # One round trip that both proves the session alive and closes any cursor a previous user left
-    # open (an abandoned .iterator()'s holdable cursor, whose name a later thread could reuse).
+def _cleaned(connection):
+    # One round trip that closes any cursor its user left open (an abandoned .iterator()'s holdable
+    # cursor, whose name a later thread could reuse) and proves the session alive.
+    if not _clean(connection):
+        return False
     try:
         with connection.cursor() as cursor:
             cursor.execute("CLOSE ALL")
         return _clean(connection)
     except psycopg2.Error:
         return False
+
+
+def _quiet(connection):
+    """Nothing arrived on an idle connection: a server that ends a session says so, or closes it."""
+    try:
+        readable, _, _ = select.select([connection.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg2.Error):
+        return False
+    return not readable
 
 
 def _close_quietly(connection):

@@ -128,3 +128,17 @@ def test_a_forked_child_does_not_use_its_parents_connections():
     os.waitpid(child, 0)
     assert child_session and child_session != parent_session
     assert in_a_thread(backend_pid) == parent_session  # and the parent's is still whole
+
+
+def test_a_cursor_its_user_left_open_is_closed_before_the_next_one_gets_the_connection():
+    key = ("test", "cursors")
+    raw = raw_connection()
+    raw.autocommit = True
+    raw.cursor().execute("DECLARE left_open CURSOR WITH HOLD FOR SELECT 1")  # as an abandoned .iterator()
+    pool.IDLE.put(key, raw)
+    taken = pool.IDLE.take(key)
+    assert taken is raw
+    with taken.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_cursors")
+        assert cursor.fetchone()[0] == 0
+    pool.IDLE.drain(key)
