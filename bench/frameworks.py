@@ -10,10 +10,13 @@ Keras example under `framework: tensorflow` (the same program, so it shares kera
 `ddp_2_learner_speedup` is the training throughput (samples/s over all learners, as the example
 reports it) of the 2-learner PyTorch DDP job over the same job with 1 learner, both through the
 platform. Frameworks whose packages are missing are left out and listed as skipped. Each figure is
-the median of BENCH_FRAMEWORKS_RUNS runs (3), bare and platform runs alternating. `phases_s_<framework>`
+the median of BENCH_FRAMEWORKS_RUNS runs (3), bare and platform runs alternating, and of more for a
+short example: as many as give its bare side MIN_BARE_S seconds in all (the sklearn example's 1 s
+runs: 9), since on this machine a second's run moves by a tenth from one run to the next. `phases_s_<framework>`
 is the median timeline of its platform runs (bench.timeline): where the fixed cost goes.
 """
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -29,6 +32,7 @@ from bench.report import median, publish
 from tests.support.harness import EXAMPLES, start_session
 
 RUNS = int(os.environ.get("BENCH_FRAMEWORKS_RUNS", 3))
+MIN_BARE_S = float(os.environ.get("BENCH_FRAMEWORKS_MIN_BARE_S", 10))
 ONLY = [name for name in os.environ.get("BENCH_FRAMEWORKS", "").split(",") if name]  # e.g. "sklearn,jax"
 DDP = os.environ.get("BENCH_FRAMEWORKS_DDP", "1") == "1"
 # framework: (example, command, module it needs)
@@ -98,6 +102,12 @@ def platform_seconds(session, example, manifest, stamps=None):
     return elapsed, job["id"]
 
 
+def runs_for(bare_s):
+    """How many runs of each side an example gets, from one bare run of it: RUNS, or enough for
+    MIN_BARE_S seconds of bare runs."""
+    return max(RUNS, math.ceil(MIN_BARE_S / max(bare_s, 0.1)))
+
+
 def throughput(session, job_id):
     points = session.api("GET", f"/api/v1/jobs/{job_id}/metrics/").json()["results"]
     values = [p["value"] for p in points if p["name"] == "throughput_samples_per_s" and p["learner"] == 0]
@@ -128,7 +138,7 @@ def main():
                 bare_seconds(example, command)
                 bare[key], unlimited[key] = [], []
             # Bare and platform runs alternate, so a change in the machine's load hits both sides.
-            for _ in range(RUNS):
+            for _ in range(runs_for(bare_seconds(example, command, manifest_cpus(manifest)))):
                 bare[key].append(bare_seconds(example, command, manifest_cpus(manifest)))
                 through.setdefault(name, []).append(
                     platform_seconds(session, example, manifest, stamps.setdefault(name, []))[0])
@@ -159,7 +169,8 @@ def main():
         figures["ddp_1_learner_samples_per_s"] = round(ddp[1], 1)
         figures["ddp_2_learner_samples_per_s"] = round(ddp[2], 1)
         figures["ddp_2_learner_speedup"] = round(ddp[2] / ddp[1], 4)
-    figures.update(runs=RUNS, skipped_frameworks=skipped, cpus=os.cpu_count(),
+    figures.update(runs=RUNS, runs_by_framework={name: len(values) for name, values in through.items()},
+                   skipped_frameworks=skipped, cpus=os.cpu_count(),
                    load_average_1m=round(os.getloadavg()[0], 2))
     if ddp:
         rows += [("PyTorch DDP throughput, 1 learner (samples/s)", figures["ddp_1_learner_samples_per_s"], ""),
