@@ -30,7 +30,7 @@ from queue import SimpleQueue
 
 from learner_agent import archive, cgroups, procfs, sandbox, tfevents
 from learner_agent.config import ConfigError, load_config
-from learner_agent.learner import LearnerProcess, iter_lines
+from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
 from learner_agent.shipper import Shipper
 from learner_agent.spool import Spool, has_undelivered
@@ -50,11 +50,6 @@ PREPARING_QUIET_S = 0.25  # a learner still preparing after this is shown as suc
 HALT_ANNOTATION = "trainyard.io/halt="
 SPOOL_DIR = "spool"
 LEARNER_PID_FILE = "learner.pid"  # {"pid", "start", "sandboxed"}: for an agent that has to end it after us
-
-
-def _end(process):
-    process.kill()
-    process.wait()
 
 
 class PrepareError(Exception):
@@ -196,7 +191,7 @@ class Agent:
                 return LearnerProcess.hand_plan(launcher, sandbox.encode_plan(plan), sandboxed=True)
             except OSError as e:  # it died meanwhile (EPIPE): start one as if there had been none
                 log.warning("the launcher started ahead is gone (%s); starting another", e)
-                _end(launcher)
+                end_process(launcher)
         plan_fd = sandbox.write_plan(plan)
         try:
             # The launcher's environment is fixed (sandbox.LAUNCHER_ENV): it may be root, and the
@@ -210,7 +205,7 @@ class Agent:
         """End a launcher started ahead that no learner took (no sandbox after all, a resumed learner)."""
         launcher, self._launcher = self._launcher, None
         if launcher is not None:
-            _end(launcher)
+            end_process(launcher)
 
     def _make_cgroup(self):
         config = self.config
@@ -605,7 +600,7 @@ def run_agent(config, *, launcher=None):
     `launcher`: a sandbox launcher a spare agent started ahead (Agent._launch)."""
     if not _claim_learner(config):
         if launcher is not None:
-            _end(launcher)
+            end_process(launcher)
         return 0
     _guard_credential(config)
     _log_to_file(config.agent_file("agent.log"))

@@ -16,6 +16,12 @@ MAX_LINE_BYTES = 64 * 1024
 TRUNCATED_MARK = " …[line truncated]"
 
 
+def end_process(popen):
+    """Kill a process of ours and reap it (a launcher started ahead that no learner took)."""
+    popen.kill()
+    popen.wait()
+
+
 class LearnerProcess:
     def __init__(self, popen, *, sandboxed):
         self._popen = popen

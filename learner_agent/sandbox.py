@@ -224,7 +224,8 @@ LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 
 
 def launcher_argv(plan_fd):
-    """How the agent starts learner_agent.launch: isolated (`-I`: no PYTHON* variable, no user site, not
+    """How the agent starts learner_agent.launch, with the plan in the memfd `plan_fd`, or with "-"
+    (a launcher a spare starts ahead) on its stdin: isolated (`-I`: no PYTHON* variable, no user site, not
     even the script's own folder on sys.path) and without site-packages (`-S`: no .pth file runs while
     it may be root). Run as a script, not `-m`: launch.py needs only the standard library, and
     importing this package first (its dataclass pulls in inspect, re, enum) was 21 ms of the
@@ -234,12 +235,6 @@ def launcher_argv(plan_fd):
 
 # The launcher's whole environment: it may be root, and nothing of the job's or the agent's reaches it.
 LAUNCHER_ENV = {"PATH": os.defpath, "LANG": "C.UTF-8"}
-
-
-def launcher_ahead_argv():
-    """A launcher started before its learner exists (learner_agent.spare): it reads the plan from its
-    stdin (launch.py `-`)."""
-    return [sys.executable, "-I", "-S", LAUNCHER, "-"]
 
 
 def encode_plan(plan):

@@ -144,9 +144,9 @@ def serve(fifo, *, idle_s=IDLE_S):
     try:
         return _wait_and_serve(fifo, fd, idle_s, launcher)
     finally:
-        if launcher is not None and launcher.returncode is None and launcher.stdin is not None:
-            launcher.kill()  # not handed to a learner
-            launcher.wait()
+        if launcher is not None and launcher.stdin is not None:  # no learner was handed it
+            from learner_agent.learner import end_process
+            end_process(launcher)
 
 
 def _wait_and_serve(fifo, fd, idle_s, launcher):
@@ -185,7 +185,7 @@ def _start_launcher():
     if sandbox.bwrap_problem() is not None or not os.environ.get(_CLEAN_ENV_MARK):
         return None
     try:
-        return LearnerProcess.start_ahead(sandbox.launcher_ahead_argv(), env=sandbox.LAUNCHER_ENV,
+        return LearnerProcess.start_ahead(sandbox.launcher_argv("-"), env=sandbox.LAUNCHER_ENV,
                                           cwd=sandbox.PACKAGE_PARENT)
     except OSError as e:
         print(f"learner_agent spare {os.getpid()}: no launcher started ahead ({e})", file=sys.stderr, flush=True)

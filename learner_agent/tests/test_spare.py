@@ -187,20 +187,24 @@ def test_an_agent_pid_counts_only_for_the_process_that_wrote_it(outside_tmp, spa
 needs_bwrap = pytest.mark.skipif(sandbox.bwrap_problem() is not None, reason=f"no sandbox: {sandbox.bwrap_problem()}")
 
 
-def launcher_of(process):
-    """The launcher a spare started ahead: its one child, waiting on its stdin."""
-    children = wait_for(lambda: procfs.descendants(process.pid), timeout=20)
-    assert len(children) == 1
-    assert procfs.argv(children[0])[-2:] == [sandbox.LAUNCHER, "-"]
-    return children[0]
+def ready_spare_with_launcher(spare_dir, **kwargs):
+    """A spare that is ready, and the launcher it started ahead: its one child, waiting on its stdin."""
+    process = start_spare(spare_dir, **kwargs)
+    try:
+        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
+        children = wait_for(lambda: procfs.descendants(process.pid), timeout=20)
+        assert len(children) == 1
+        assert procfs.argv(children[0])[-2:] == [sandbox.LAUNCHER, "-"]
+    except BaseException:
+        stop_process(process)
+        raise
+    return process, children[0]
 
 
 @needs_bwrap
 def test_a_spare_starts_its_learners_launcher_ahead_and_hands_it_the_plan(outside_tmp, ingest, spare_dir):
-    process = start_spare(spare_dir)
+    process, launcher = ready_spare_with_launcher(spare_dir)
     try:
-        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
-        launcher = launcher_of(process)
         # Started before any job: the fixed environment, nothing of the spare's.
         assert open(f"/proc/{launcher}/environ", "rb").read().split(b"\0")[:-1] == [
             f"{key}={value}".encode() for key, value in sandbox.LAUNCHER_ENV.items()]
@@ -217,10 +221,8 @@ def test_a_spare_starts_its_learners_launcher_ahead_and_hands_it_the_plan(outsid
 @needs_bwrap
 def test_a_launcher_started_ahead_that_no_learner_takes_is_ended(outside_tmp, ingest, spare_dir):
     # Handed a learner without a sandbox:
-    process = start_spare(spare_dir)
+    process, launcher = ready_spare_with_launcher(spare_dir)
     try:
-        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
-        launcher = launcher_of(process)
         config = write_agent_config(outside_tmp, ingest, command="echo plain", sandbox="none")
         assert spare.hand_over(spare_dir, config)
         assert process.wait(timeout=30) == 0
@@ -229,10 +231,8 @@ def test_a_launcher_started_ahead_that_no_learner_takes_is_ended(outside_tmp, in
     finally:
         stop_process(process)
     # ... and a spare that expires:
-    process = start_spare(spare_dir, idle_s=1.5)
+    process, launcher = ready_spare_with_launcher(spare_dir, idle_s=1.5)
     try:
-        wait_for(lambda: names(spare_dir) == ["ready"], timeout=20)
-        launcher = launcher_of(process)
         assert process.wait(timeout=30) == 0
         assert not os.path.exists(f"/proc/{launcher}")
     finally:
