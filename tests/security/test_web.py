@@ -86,6 +86,20 @@ def test_an_unshared_private_job_closes_its_open_socket(platform, intruder):
         assert close_code_within(socket, 5) == 4404
 
 
+def test_a_waiting_scripts_socket_names_no_other_tenants_job_whatever_it_waits_until(platform, quiet_job, intruder):
+    # `until` only chooses which changes carry the job's detail: it opens nothing.
+    _, _, mallory = intruder
+    hostile = ",".join(["COMPLETED", "'; DROP TABLE jobs_job; --", "<script>", "x" * 2000])
+    path = f"/ws/jobs/{quiet_job['id']}/?only=status&until={urllib.parse.quote(hostile)}"
+    with connect(ws_url(platform, f"{path}&token={mallory}")) as foreign:
+        with pytest.raises(ConnectionClosed) as closed:  # nothing is sent before the close
+            foreign.recv(timeout=5)
+        assert closed.value.rcvd.code == 4404  # as for any other tenant's job
+    with connect(ws_url(platform, f"{path}&token={platform.token}")) as own:
+        first = json.loads(own.recv(timeout=10))
+        assert first["type"] == "job" and first["job"]["id"] == quiet_job["id"]
+
+
 def test_a_websocket_from_a_foreign_origin_is_refused(platform, quiet_job):
     path = f"/ws/jobs/{quiet_job['id']}/?token={platform.token}"
     with pytest.raises(InvalidStatus) as refused:
