@@ -11,12 +11,14 @@ the next one Django opens with the same parameters takes it.
 
 What keeps that safe:
 - only a connection in autocommit with no transaction open is kept; anything else is closed;
-- a connection is cleaned with one round trip (`CLOSE ALL`) when it is put back, which for a web
-  request is after its response has gone; when it is taken, only what the server sent it while
-  it was idle is looked at, without a round trip: a session the server dropped (a restart, an idle
-  timeout, a terminated backend) has left its last words or the end of the stream there, and is
-  closed and replaced, not handed to a request. (A round trip at every take was a tenth of an
-  ingest request's time under load: bench controlplane, py-spy.)
+- a connection that may hold a cursor its user left open (Django opened a named cursor on it: an
+  `.iterator()`'s holdable cursor, whose name a later user could reuse) is cleaned with one round
+  trip (`CLOSE ALL`) when it is put back; one that held none goes back as it is. When a connection
+  is taken, only what the server sent it while it was idle is looked at, without a round trip: a
+  session the server dropped (a restart, an idle timeout, a terminated backend) has left its last
+  words or the end of the stream there, and is closed and replaced, not handed to a request. (A
+  round trip at every take was a tenth of an ingest request's time under load, and the one at
+  every put, before an ingest post's response, another 6%: bench controlplane, py-spy.)
 - a forked process never uses its parent's connections (their sockets are shared);
 - at most IDLE_MAX are kept per process and database, none longer than IDLE_S;
 - session state does not leak: the platform sets none beyond what Django sets on every connect
@@ -57,9 +59,10 @@ class IdleConnections:
                 return connection
             _close_quietly(connection)
 
-    def put(self, key, connection):
-        """Keep `connection` if it is clean and there is room; close it otherwise."""
-        if not _cleaned(connection):
+    def put(self, key, connection, *, cursors_declared=True):
+        """Keep `connection` if it is clean and there is room; close it otherwise. `cursors_declared`:
+        its user may have left a server-side cursor open on it, which is closed first."""
+        if not (_cleaned(connection) if cursors_declared else _clean(connection)):
             _close_quietly(connection)
             return
         with self.lock:
@@ -140,14 +143,23 @@ class DatabaseCreation(creation.DatabaseCreation):
 class DatabaseWrapper(base.DatabaseWrapper):
     creation_class = DatabaseCreation
 
+    _cursors_declared = False  # a named (server-side) cursor was opened since the connection was taken
+
     def get_new_connection(self, conn_params):
         self._pool_key = _key(conn_params)
+        self._cursors_declared = False
         return IDLE.take(self._pool_key) or super().get_new_connection(conn_params)
+
+    def create_cursor(self, name=None):
+        if name is not None:  # Django's chunked_cursor (.iterator()): holdable in autocommit
+            self._cursors_declared = True
+        return super().create_cursor(name)
 
     def _close(self):
         if self.connection is None:
             return None
         if self.in_atomic_block:  # closed mid-transaction: Django rolls back by dropping it
             return super()._close()
-        IDLE.put(self._pool_key, self.connection)
+        IDLE.put(self._pool_key, self.connection, cursors_declared=self._cursors_declared)
+        self._cursors_declared = False
         return None

@@ -142,3 +142,40 @@ def test_a_cursor_its_user_left_open_is_closed_before_the_next_one_gets_the_conn
         cursor.execute("SELECT count(*) FROM pg_cursors")
         assert cursor.fetchone()[0] == 0
     pool.IDLE.drain(key)
+
+
+# The abandoned iterator, collected at the end, finds its cursor closed (as it should be) and says so.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_abandoned_iterators_cursor_is_closed_and_a_connection_without_one_goes_back_untouched():
+    from django.contrib.auth import get_user_model
+    from django.test.utils import CaptureQueriesContext
+
+    User = get_user_model()
+    for name in ("a", "b", "c"):
+        User.objects.create(username=f"cursor-{name}")
+
+    abandoned = []  # kept alive, so no finalizer closes its cursor
+
+    def abandon_an_iterator():
+        rows = User.objects.all().iterator(chunk_size=1)  # a named, holdable cursor in autocommit
+        next(rows)
+        abandoned.append(rows)
+        return backend_pid()
+    pid = in_a_thread(abandon_an_iterator)
+
+    def open_cursors():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_cursors")
+            return backend_pid(), cursor.fetchone()[0]
+    assert in_a_thread(open_cursors) == (pid, 0)  # the same session, its cursor closed on the way back
+
+    # Nothing declared: the connection goes back to the idle list with no round trip (no CLOSE ALL).
+    sent = []
+    original = pool._cleaned
+    pool._cleaned = lambda raw: sent.append("CLOSE ALL") or original(raw)
+    try:
+        in_a_thread(lambda: User.objects.filter(username="cursor-a").exists())
+    finally:
+        pool._cleaned = original
+    assert sent == []
+    assert pool.IDLE.count() == 1
