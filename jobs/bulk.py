@@ -15,17 +15,26 @@ from jobs.models import LogLine
 COLUMNS = ("job_id", "seq", "attempt", "learner", "stream", "time", "line")
 
 
-def insert_log_lines(rows):
+def insert_log_lines(rows, *, along=()):
     """rows: tuples in COLUMNS order, `time` an aware datetime or its ISO 8601 text (the ingest path
-    already formats it once for the websockets, and formatting is a good part of the cost per row)."""
-    if not rows:
-        return
+    already formats it once for the websockets, and formatting is a good part of the cost per row).
+
+    along: (sql, params) statements to run as well, before the lines, in the same round trip to
+    PostgreSQL (a query string may hold statements before its COPY; each post's two updates of its
+    progress cost two round trips of their own, bench controlplane)."""
     table = connection.ops.quote_name(LogLine._meta.db_table)
     columns = ", ".join(connection.ops.quote_name(c) for c in COLUMNS)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.cursor.copy_expert(f"COPY {table} ({columns}) FROM STDIN", _copy_text(rows))
-        else:
+            first = [cursor.cursor.mogrify(sql, params).decode() for sql, params in along]
+            if rows:
+                cursor.cursor.copy_expert("; ".join([*first, f"COPY {table} ({columns}) FROM STDIN"]), _copy_text(rows))
+            elif first:
+                cursor.execute("; ".join(first))
+            return
+        for sql, params in along:
+            cursor.execute(sql, params)
+        if rows:
             adapt = connection.ops.adapt_datetimefield_value
             placeholders = ", ".join(["%s"] * len(COLUMNS))
             cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({placeholders})",

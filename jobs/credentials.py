@@ -8,6 +8,7 @@ while that attempt lives; what counts as "lived" is read from the job row in the
 """
 import hashlib
 import secrets
+import threading
 from dataclasses import dataclass
 
 from jobs.models import LearnerCredential
@@ -47,16 +48,40 @@ def attempt_over(*, status, current_attempt, attempt):
     return attempt != current_attempt or status not in ACTIVE
 
 
+# digest -> (job id, attempt, learner) of credentials seen valid: what a credential grants never changes
+# once issued, so a process asks the database once per learner, not at every post (a round trip of
+# the nine an ingest post made to PostgreSQL, each waiting for a turn on the busy cores under load,
+# bench controlplane). Whether its attempt lives is not remembered: ingest reads that under the
+# job's lock at every post. Bounded; the oldest is forgotten first.
+_KNOWN = {}
+KNOWN_MAX = 16384
+_known_lock = threading.Lock()
+
+
 def check(token, job_id):
     """The Grant of `token` for posting to `job_id`, or None if it is unknown or for another job.
-
-    One query on the unique digest index, joined to the job row for its state."""
+    One query on the unique digest index, joined to the job row for its state; a credential this
+    process has seen valid before is not looked up again, and its Grant says `ended=False`: the
+    caller must check the attempt itself (jobs.ingest does, under the job's lock)."""
     if not token or len(token) > MAX_TOKEN_LENGTH:
         return None
-    row = (LearnerCredential.objects.filter(digest=digest(token))
+    key = digest(token)
+    known = _KNOWN.get(key)
+    if known is not None:
+        return Grant(*known, ended=False) if known[0] == job_id else None
+    row = (LearnerCredential.objects.filter(digest=key)
            .values_list("job_id", "attempt", "learner", "job__status", "job__attempt").first())
     if row is None or row[0] != job_id:
         return None
     credential_job, attempt, learner, status, current_attempt = row
-    return Grant(credential_job, attempt, learner,
-                 ended=attempt_over(status=status, current_attempt=current_attempt, attempt=attempt))
+    ended = attempt_over(status=status, current_attempt=current_attempt, attempt=attempt)
+    if not ended:
+        _remember(key, (credential_job, attempt, learner))
+    return Grant(credential_job, attempt, learner, ended=ended)
+
+
+def _remember(key, grant):
+    with _known_lock:
+        while len(_KNOWN) >= KNOWN_MAX:
+            del _KNOWN[next(iter(_KNOWN))]
+        _KNOWN[key] = grant

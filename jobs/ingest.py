@@ -10,7 +10,7 @@ the body is read or parsed: a caller without a valid credential costs the platfo
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from jobs import bulk, credentials, lifecycle, live, metrics, tensorboard
 from jobs.models import Job, Learner, MetricPoint
@@ -67,32 +67,84 @@ def ingest(grant, payload):
     """Apply one batch posted with `grant` (from authenticate); return the highest sequence number
     stored for this learner."""
     batch = parse_batch(payload)
-    if batch.attempt != grant.attempt or batch.learner != grant.learner:
-        raise IngestError(401, f"ingest credential was issued for attempt {grant.attempt} learner "
-                               f"{grant.learner}, not attempt {batch.attempt} learner {batch.learner}")
     with transaction.atomic():
-        # The job's row only (`of`): a lock on a join locks the joined rows too, and every job of a
-        # tenant shares its tenant row, so each tenant's ingests ran one at a time and waited, with
-        # its submissions and admissions, for each other's transactions (bench controlplane: 0.26 s
-        # a batch). NO KEY: rows that only refer to the job (events, outbox rows) need not wait.
-        job = Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").filter(
-            pk=grant.job_id).first()
-        if job is None:
+        slot = _lock(grant.job_id, grant.attempt, grant.learner)
+        if slot is None:
             raise IngestError(404, "no such job")
-        # Checked again under the job's lock: the attempt may have ended since authenticate(), and
-        # nothing is stored once it has (a halted, finished or superseded attempt has no say).
+        job, learner = slot.job, slot.learner
+        # Checked under the job's lock: the attempt may have ended since authenticate() (or since a
+        # grant it remembers was issued, jobs.credentials), and nothing is stored once it has (a
+        # halted, finished or superseded attempt has no say, whatever its batch claims to be).
         if credentials.attempt_over(status=job.status, current_attempt=job.attempt, attempt=grant.attempt):
             raise IngestError(410, f"job is {job.status} (attempt {job.attempt}); stop the learner")
+        if batch.attempt != grant.attempt or batch.learner != grant.learner:
+            raise IngestError(401, f"ingest credential was issued for attempt {grant.attempt} learner "
+                                   f"{grant.learner}, not attempt {batch.attempt} learner {batch.learner}")
         if batch.learner >= job.learners:
             raise IngestError(400, f"learner {batch.learner} does not exist (job has {job.learners})")
-        # Locked as read (one query): what the batch writes to the row must not undo a worker's change.
-        learner, _ = Learner.objects.select_for_update().get_or_create(job=job, attempt=grant.attempt,
-                                                                       index=batch.learner)
+        if learner is None:  # deploy writes the learner rows; one missing is made here
+            learner, _ = Learner.objects.select_for_update().get_or_create(job=job, attempt=grant.attempt,
+                                                                           index=batch.learner)
         fresh = _fresh_records(batch.records, learner.acked_seq)
         lines, points = _store(job, learner, fresh)
     live.publish_records_on_commit(job.id, lines, points)
-    metrics.ingested(job.tenant.slug, lines=len(lines), oldest_time=_oldest_time(fresh))
+    metrics.ingested(slot.tenant_slug, lines=len(lines), oldest_time=_oldest_time(fresh))
     return learner.acked_seq
+
+
+@dataclass
+class _Slot:
+    job: Job  # with only the columns a batch needs loaded; any other is read when first used
+    learner: Learner | None  # None: no row yet
+    tenant_slug: str
+
+
+def _columns(model, names):
+    """`names` in the model's field order, as Model.from_db takes a row with some columns deferred."""
+    return tuple(f.attname for f in model._meta.concrete_fields if f.attname in names)
+
+
+_JOB_COLUMNS = _columns(Job, {"id", "status", "attempt", "learners", "log_seq", "tenant_id"})
+_LEARNER_COLUMNS = _columns(Learner, {"id", "job_id", "attempt", "index", "acked_seq"})
+
+
+def _lock(job_id, attempt, index):
+    """The job and the learner's row, both locked, read in one query (one round trip: a post made
+    nine to PostgreSQL, each waiting for a turn on the busy cores, bench controlplane); None if the
+    job is gone.
+
+    The job's row only is locked, not its tenant's: a lock on a join locks the joined rows too, and
+    every job of a tenant shares its tenant row, so each tenant's ingests ran one at a time and
+    waited, with its submissions and admissions, for each other's transactions (0.26 s a batch).
+    NO KEY: rows that only refer to the job (events, outbox rows) need not wait. The job is locked
+    before the learner (the CTE is read first), in the order workers lock them. The learner's row is
+    locked as read: what the batch writes to it must not undo a worker's change."""
+    job_table, learner_table = Job._meta.db_table, Learner._meta.db_table
+    tenant_table = Job._meta.get_field("tenant").related_model._meta.db_table
+    job_columns = ", ".join(f'job."{c}"' for c in _JOB_COLUMNS)
+    learner_columns = ", ".join(f'learner."{c}"' for c in _LEARNER_COLUMNS)
+    if connection.vendor == "postgresql":
+        sql = (f'WITH job AS MATERIALIZED (SELECT {", ".join(_JOB_COLUMNS)} FROM "{job_table}" WHERE id = %s '
+               f'FOR NO KEY UPDATE) SELECT {job_columns}, tenant.slug, {learner_columns} FROM job '
+               f'JOIN "{tenant_table}" tenant ON tenant.id = job.tenant_id LEFT JOIN LATERAL ('
+               f'SELECT {", ".join(_LEARNER_COLUMNS)} FROM "{learner_table}" WHERE job_id = job.id '
+               f'AND attempt = %s AND "index" = %s FOR UPDATE) learner ON true')
+        params = [job_id, attempt, index]
+    else:  # SQLite: the transaction holds the database's one write lock instead of row locks
+        sql = (f'SELECT {job_columns}, tenant.slug, {learner_columns} FROM "{job_table}" job '
+               f'JOIN "{tenant_table}" tenant ON tenant.id = job.tenant_id LEFT JOIN "{learner_table}" learner '
+               f'ON learner.job_id = job.id AND learner.attempt = %s AND learner."index" = %s WHERE job.id = %s')
+        params = [attempt, index, job_id]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    split = len(_JOB_COLUMNS)
+    job = Job.from_db(connection.alias, _JOB_COLUMNS, row[:split])
+    learner_row = row[split + 1:]
+    learner = Learner.from_db(connection.alias, _LEARNER_COLUMNS, learner_row) if learner_row[0] is not None else None
+    return _Slot(job, learner, row[split])
 
 
 def _oldest_time(records):
@@ -119,15 +171,15 @@ def _store(job, learner, records):
     """
     stored_lines, stored_points, rows, points = [], [], [], []
 
-    def flush():
-        bulk.insert_log_lines(rows)
+    def flush(along=()):
+        bulk.insert_log_lines(rows, along=along)
         MetricPoint.objects.bulk_create(points)
         stored_points.extend(metric_json(p) for p in points)
         rows.clear()
         points.clear()
 
     job_pk, attempt, index = job.pk, learner.attempt, learner.index
-    events = tensorboard.LearnerEvents(learner.tensorboard)
+    events = None  # the learner's TensorBoard files, read at its first tfevent record
 
     def system_line(text):
         job.log_seq += 1
@@ -137,6 +189,7 @@ def _store(job, learner, records):
 
     for record in records:
         if record["kind"] == "tfevent":
+            events = events or tensorboard.LearnerEvents(learner.tensorboard)
             try:
                 points.extend(_event_points(job, events, record, learner))
             except tensorboard.MalformedEvent as e:
@@ -163,18 +216,21 @@ def _store(job, learner, records):
                 point.job = job
                 points.append(point)
         else:
-            flush()
-            Job.objects.filter(pk=job.pk).update(log_seq=job.log_seq)
+            flush(along=[_job_progress(job)])
             _apply_status(job, learner, record, when)
-    flush()
     if records:
         learner.acked_seq = records[-1]["seq"]
-        changed = {"acked_seq": learner.acked_seq}
-        if events.changed:
-            learner.tensorboard = changed["tensorboard"] = events.state
-        Learner.objects.filter(pk=learner.pk).update(**changed)
-        Job.objects.filter(pk=job.pk).update(log_seq=job.log_seq)
+        if events is not None and events.changed:
+            learner.tensorboard = events.state
+            Learner.objects.filter(pk=learner.pk).update(tensorboard=learner.tensorboard)
+        flush(along=[_job_progress(job), (f'UPDATE "{Learner._meta.db_table}" SET acked_seq = %s WHERE id = %s',
+                                          [learner.acked_seq, learner.pk])])
     return stored_lines, stored_points
+
+
+def _job_progress(job):
+    """The statement that records how many log lines the job has: sent with the lines themselves."""
+    return f'UPDATE "{Job._meta.db_table}" SET log_seq = %s WHERE id = %s', [job.log_seq, job.pk]
 
 
 def _metric(record, learner, when):

@@ -89,6 +89,29 @@ def test_checking_a_credential_is_one_query(pair, django_assert_num_queries):
     assert (grant.job_id, grant.attempt, grant.learner, grant.ended) == (pair.id, 1, 1, False)
 
 
+def test_a_credential_seen_valid_is_not_looked_up_again_and_its_attempt_is_still_checked_at_every_post(
+        pair, django_assert_num_queries):
+    assert post(pair, pair.tokens[0]).status_code == 200
+    with django_assert_num_queries(0):
+        grant = ingest.authenticate(pair.id, pair.tokens[0])
+    assert (grant.job_id, grant.attempt, grant.learner) == (pair.id, 1, 0)
+    assert credentials.check(pair.tokens[0], "another-job") is None
+    # Its attempt ends: the remembered grant no longer stores anything (checked under the job's lock).
+    Job.objects.filter(pk=pair.pk).update(status="COMPLETED")
+    refused = post(pair, pair.tokens[0])
+    assert refused.status_code == 410
+    assert LogLine.objects.filter(job=pair).count() == 1
+    Job.objects.filter(pk=pair.pk).delete()
+    assert post(pair, pair.tokens[0]).status_code == 404  # gone with its job: nothing to post to
+
+
+def test_a_credential_never_seen_valid_is_not_remembered(pair):
+    Job.objects.filter(pk=pair.pk).update(status="COMPLETED")
+    assert post(pair, pair.tokens[1], learner=1).status_code == 410
+    assert credentials.digest(pair.tokens[1]) not in credentials._KNOWN
+    assert credentials.digest("forged") not in credentials._KNOWN
+
+
 def test_the_digest_lookup_is_indexed():
     field = LearnerCredential._meta.get_field("digest")
     assert field.unique  # a unique index: the lookup never scans
