@@ -59,7 +59,7 @@ class JobList(TenantScoped, generics.ListCreateAPIView):
             raise submission.SubmitError("manifest is larger than 64 KiB", field="manifest")
         job = submission.submit(self.membership(), manifest_bytes=manifest.read(), code_file=request.FILES.get("code"),
                              private=_flag(request.data.get("private")))
-        return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+        return Response(JobDetailSerializer(job, context={"just_submitted": True}).data, status=status.HTTP_201_CREATED)
 
 
 class JobDetail(TenantScoped, APIView):

@@ -61,6 +61,9 @@ class JobSerializer(serializers.ModelSerializer):
 
 
 class JobDetailSerializer(JobSerializer):
+    """A job in full. With context {"just_submitted": True} (the job the request itself created and
+    nobody has run yet), what it cannot have yet (metric points, usage) is not looked up: under load
+    each query of a submission's answer waited for a turn on the busy cores (bench controlplane)."""
     latest_metrics = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
     elastic = serializers.SerializerMethodField()
@@ -71,11 +74,11 @@ class JobDetailSerializer(JobSerializer):
                                               "log_lines", "elastic"]
 
     def get_latest_metrics(self, job) -> dict:
-        return latest_metrics(job)
+        return {} if self.context.get("just_submitted") else latest_metrics(job)
 
     def get_usage(self, job) -> dict:
-        from tenants.quotas import job_usage
-        return job_usage(job)
+        from tenants.quotas import job_usage, records_usage
+        return records_usage([]) if self.context.get("just_submitted") else job_usage(job)
 
     def get_elastic(self, job) -> dict | None:
         return allocations.summary(job)

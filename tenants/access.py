@@ -33,11 +33,18 @@ def membership_for(user, requested_slug=None):
                 return Membership(tenant=tenant, user=user, role=Membership.Role.ADMIN)
         if membership is None:
             raise NoTenant(f"you are not a member of tenant {requested_slug!r}")
-        return membership
+        return _of(membership, user)
     membership = memberships.first()
     if membership is None:
         raise NoTenant("you are not a member of any tenant; accept an invitation on your account page, or ask a "
                        "tenant admin to invite you")
+    return _of(membership, user)
+
+
+def _of(membership, user):
+    """The membership with its user set to the one in hand (it was found by that user): reading
+    `membership.user` then costs no query of its own."""
+    membership.user = user
     return membership
 
 

@@ -40,9 +40,14 @@ def on_transition(job, *, holding_before, holding_after, when):
 
 def job_usage(job, now=None):
     """What a job has consumed over all its attempts: GPU-hours, CPU-hours, seconds holding resources."""
+    return records_usage(UsageRecord.objects.filter(job=job).only("gpus", "cpus", "started_at", "ended_at"), now)
+
+
+def records_usage(records, now=None):
+    """job_usage() of these usage records (none: a job that never held anything)."""
     now = now or timezone.now()
     gpu_s = cpu_s = held_s = 0.0
-    for record in UsageRecord.objects.filter(job=job).only("gpus", "cpus", "started_at", "ended_at"):
+    for record in records:
         seconds = max(0.0, ((record.ended_at or now) - record.started_at).total_seconds())
         held_s += seconds
         gpu_s += record.gpus * seconds

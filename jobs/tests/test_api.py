@@ -32,6 +32,21 @@ def test_it_accepts_a_job_and_queues_it(alice, django_capture_on_commit_callback
     assert len(callbacks) == 2
 
 
+def test_the_answer_to_a_submission_is_the_job_as_read_back_without_asking_for_what_it_cannot_have_yet(
+        alice, django_assert_num_queries):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    client = client_for(alice)
+    with CaptureQueriesContext(connection) as captured:
+        body = submit(client).json()
+    tables = " ".join(query["sql"] for query in captured.captured_queries)
+    assert "jobs_metricpoint" not in tables and "tenants_usagerecord" not in tables
+    again = client.get(f"/api/v1/jobs/{body['id']}/").json()
+    assert body["latest_metrics"] == again["latest_metrics"] == {}
+    assert body["usage"] == again["usage"] == {"gpu_hours": 0.0, "cpu_hours": 0.0, "seconds": 0.0}
+    assert body == again
+
+
 def test_it_rejects_a_bad_field_with_400_naming_it(alice):
     response = submit(client_for(alice), manifest=MANIFEST.replace(b"memory: 1GiB", b"memory: 1 lots"))
     assert response.status_code == 400
