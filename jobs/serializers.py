@@ -85,6 +85,8 @@ class JobDetailSerializer(JobSerializer):
 
     def to_representation(self, job):
         data = super().to_representation(job)
+        if self.context.get("just_submitted"):
+            return data  # stored redacted by this very request (jobs.submission), not read back
         # Data-store credentials are never shown back: stored redacted already, and redacted again
         # here so that no stored form (an older row, a manual edit) can leak them.
         data["manifest"] = datastores.redact(data.get("manifest"))

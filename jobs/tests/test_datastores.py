@@ -179,6 +179,8 @@ def test_submission_stores_no_credential_and_the_api_shows_none(settings):
     alice = member()
     response = submit(alice, MANIFEST)
     assert response.status_code == 201, response.content
+    answer = response.content.decode()  # the submission's own answer, not read back from the row
+    assert SECRET not in answer and "AKIDEXAMPLE" not in answer and datastores.REDACTED in answer
     job = Job.objects.get(pk=response.json()["id"])
     assert SECRET not in job.manifest_yaml and SECRET not in json.dumps(job.manifest)
     folder = storage.job_dir(job.tenant.slug, job.id)
