@@ -17,8 +17,6 @@ from jobs.backends import get_backend
 from jobs.models import FollowUp
 
 Kind = FollowUp.Kind
-# A cycle that admitted at most this many jobs deploys them itself (schedule, _deploy_here).
-DEPLOY_HERE_MAX = 2
 HANDLERS = {Kind.DEPLOY: lifecycle.deploy, Kind.HALT: lifecycle.halt_learners,
             Kind.FINISH: lifecycle.finish_attempt, Kind.TEARDOWN: lifecycle.teardown}
 # Work after which resources may be free for queued jobs.
@@ -48,23 +46,9 @@ def schedule():
         return
     dispatch.starting("schedule")  # coalesced (jobs.dispatch): later requests need a run of their own
     started = time.monotonic()
-    admitted = admission.run_cycle()
+    admission.run_cycle()
     dispatch.ran("schedule", time.monotonic() - started)
-    _deploy_here(admitted)
     dispatch.send("autoscale")  # elastic jobs grow onto what the cycle left idle
-
-
-def _deploy_here(job_ids):
-    """Deploy what the cycle just admitted in this process, when it is a job or two. The cycle's
-    commit sent their follow_up messages too, but another worker process takes one only after the
-    broker's round trip (admitted → deploy claimed: 10-13 ms of every job's start, bench frameworks),
-    while this one is free now. Whoever claims a row first runs it (jobs.outbox); the message finds
-    it taken. A cycle that admitted more leaves them to all the worker's processes, as before."""
-    if not job_ids or len(job_ids) > DEPLOY_HERE_MAX:
-        return
-    rows = FollowUp.objects.filter(job_id__in=job_ids, kind=Kind.DEPLOY, done_at=None).values_list("pk", flat=True)
-    for row_id in list(rows):
-        outbox.run(row_id, HANDLERS)
 
 
 @shared_task(name="jobs.tasks.autoscale", ignore_result=True)
