@@ -108,6 +108,30 @@ _JOB_COLUMNS = _columns(Job, {"id", "status", "attempt", "learners", "log_seq", 
 _LEARNER_COLUMNS = _columns(Learner, {"id", "job_id", "attempt", "index", "acked_seq"})
 
 
+def _lock_statements():
+    """{vendor: the statement _lock runs}, built once from the models; params (job id, attempt, index)."""
+    job_table, learner_table = Job._meta.db_table, Learner._meta.db_table
+    tenant_table = Job._meta.get_field("tenant").related_model._meta.db_table
+    job_columns, learner_columns = (", ".join(f'"{c}"' for c in columns) for columns in (_JOB_COLUMNS, _LEARNER_COLUMNS))
+    learner_fields = ", ".join(f'learner."{c}"' for c in _LEARNER_COLUMNS)
+    select = f"SELECT job.*, tenant.slug, {learner_fields} FROM "
+    return {
+        "postgresql": (
+            f'WITH job AS MATERIALIZED (SELECT {job_columns} FROM "{job_table}" WHERE id = %s FOR NO KEY UPDATE) '
+            f'{select}job JOIN "{tenant_table}" tenant ON tenant.id = job.tenant_id LEFT JOIN LATERAL ('
+            f'SELECT {learner_columns} FROM "{learner_table}" WHERE job_id = job.id AND attempt = %s '
+            f'AND "index" = %s FOR UPDATE) learner ON true'),
+        # SQLite: the transaction holds the database's one write lock instead of row locks.
+        "sqlite": (
+            f'{select}(SELECT {job_columns} FROM "{job_table}" WHERE id = %s) job '
+            f'JOIN "{tenant_table}" tenant ON tenant.id = job.tenant_id LEFT JOIN "{learner_table}" learner '
+            f'ON learner.job_id = job.id AND learner.attempt = %s AND learner."index" = %s'),
+    }
+
+
+_LOCK_STATEMENTS = _lock_statements()
+
+
 def _lock(job_id, attempt, index):
     """The job and the learner's row, both locked, read in one query (one round trip: a post made
     nine to PostgreSQL, each waiting for a turn on the busy cores, bench controlplane); None if the
@@ -119,24 +143,8 @@ def _lock(job_id, attempt, index):
     NO KEY: rows that only refer to the job (events, outbox rows) need not wait. The job is locked
     before the learner (the CTE is read first), in the order workers lock them. The learner's row is
     locked as read: what the batch writes to it must not undo a worker's change."""
-    job_table, learner_table = Job._meta.db_table, Learner._meta.db_table
-    tenant_table = Job._meta.get_field("tenant").related_model._meta.db_table
-    job_columns = ", ".join(f'job."{c}"' for c in _JOB_COLUMNS)
-    learner_columns = ", ".join(f'learner."{c}"' for c in _LEARNER_COLUMNS)
-    if connection.vendor == "postgresql":
-        sql = (f'WITH job AS MATERIALIZED (SELECT {", ".join(_JOB_COLUMNS)} FROM "{job_table}" WHERE id = %s '
-               f'FOR NO KEY UPDATE) SELECT {job_columns}, tenant.slug, {learner_columns} FROM job '
-               f'JOIN "{tenant_table}" tenant ON tenant.id = job.tenant_id LEFT JOIN LATERAL ('
-               f'SELECT {", ".join(_LEARNER_COLUMNS)} FROM "{learner_table}" WHERE job_id = job.id '
-               f'AND attempt = %s AND "index" = %s FOR UPDATE) learner ON true')
-        params = [job_id, attempt, index]
-    else:  # SQLite: the transaction holds the database's one write lock instead of row locks
-        sql = (f'SELECT {job_columns}, tenant.slug, {learner_columns} FROM "{job_table}" job '
-               f'JOIN "{tenant_table}" tenant ON tenant.id = job.tenant_id LEFT JOIN "{learner_table}" learner '
-               f'ON learner.job_id = job.id AND learner.attempt = %s AND learner."index" = %s WHERE job.id = %s')
-        params = [attempt, index, job_id]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_LOCK_STATEMENTS[connection.vendor], [job_id, attempt, index])
         row = cursor.fetchone()
     if row is None:
         return None

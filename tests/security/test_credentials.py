@@ -117,6 +117,8 @@ def test_the_credential_of_a_finished_job_is_refused(platform):
     job = submit(platform, command="echo finished")
     assert platform.wait_for(job["id"], timeout=120)["status"] == "COMPLETED"
     marker = f"afterlife-{uuid.uuid4().hex}"
+    # The web process has seen this credential valid (its agent's posts) and remembers it
+    # (jobs.credentials): the attempt's end must still be checked at this post.
     # Far past anything the agent sent, so nothing of it would be dropped as a resend.
     response = post(platform, job["id"], credential(platform, job["id"]),
                     records=marker_records(marker, first_seq=1, count=5000, exit_record=False))
