@@ -24,7 +24,9 @@ does). Jobs: 1 learner, 1 GPU.
 
 Needs PostgreSQL (DATABASE_URL, default postgres://postgres@127.0.0.1:5432/postgres: a database of
 its own is created there and dropped after) and Redis (REDIS_URL, default redis://127.0.0.1:6379/0:
-a database number no client uses). Everything shares this machine's cores, so every figure is under
+a database number no client uses). Where the server's autovacuum is off (a test server's may be), a
+stand-in does its work on the bench's database (bench.autovacuum), as a deployment's PostgreSQL
+would. Everything shares this machine's cores, so every figure is under
 that contention; the sizes can be lowered with BENCH_CP_* variables.
 """
 import json
@@ -42,6 +44,7 @@ from pathlib import Path
 
 import requests
 
+from bench.autovacuum import Autovacuum
 from bench.concurrency import Usage, proc_stat
 from bench.report import median, percentile, publish
 from tests.support.harness import start_session
@@ -597,7 +600,9 @@ def main():
         session = start_session(work_dir / "platform", **backend_env(cluster))
         setup_django(session, cluster)
         from jobs import dispatch
-        figures = run(session, cluster, lambda: dispatch.send("schedule"), work_dir)
+        with Autovacuum(session.env["DATABASE_URL"]) as autovacuum:
+            figures = run(session, cluster, lambda: dispatch.send("schedule"), work_dir)
+        figures["autovacuum"] = autovacuum.describe()
     finally:
         if session is not None:
             session.stop()
@@ -767,6 +772,7 @@ def report(figures):
         ("cores used under the load (of this machine's)", ", ".join(
             f"{part} {cores}" for part, cores in f["cores_used_during_steady"].items()), str(os.cpu_count())),
         ("PostgreSQL sessions opened per second under the load", f["db_sessions_opened_per_s"], ""),
+        ("PostgreSQL's autovacuum", f.get("autovacuum", "not recorded"), ""),
         ("errors", f["error_count"], "0"),
     ], figures)
 

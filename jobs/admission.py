@@ -35,7 +35,7 @@ ACTOR = "scheduler"
 ADMISSION_LOCK_KEY = 0x7472_6169  # any constant shared by every Trainyard process ("trai")
 NO_LIMIT_GPUS = 10**9
 NO_LIMIT_BYTES = 2**62
-# Wait reasons per UPDATE: a CASE of this many branches stays well under SQLite's and PostgreSQL's
+# Wait reasons per UPDATE on PostgreSQL: a VALUES list of this many rows stays well under its
 # statement limits and plans quickly.
 WAIT_REASON_BATCH = 500
 # The places in a tenant queue written as they change; behind them, positions refresh on an interval
@@ -159,18 +159,24 @@ def _record_wait_reasons(reasons):
     queue, so one admission changes the reason of every job behind it: one UPDATE per job made a
     cycle at 10,000 queued jobs take seconds, holding the admission lock throughout, and so did an
     ORM CASE of 500 branches (Django compiles each branch; 10 s for 2,000 rows under load, bench
-    controlplane). Plain SQL, one statement per batch, PostgreSQL and SQLite alike. Only jobs still
-    QUEUED are touched (a user may have terminated one meanwhile)."""
+    controlplane). Plain SQL; only jobs still QUEUED are touched (a user may have terminated one
+    meanwhile)."""
     changed = list(reasons.items())
     table = Job._meta.db_table
     with connection.cursor() as cursor:
+        if connection.vendor != "postgresql":
+            # In-process SQLite has no round trips to save.
+            cursor.executemany(f"UPDATE {table} SET wait_reason = %s WHERE id = %s AND status = %s",
+                               [(reason, job_id, Status.QUEUED.value) for job_id, reason in changed])
+            return
         for start in range(0, len(changed), WAIT_REASON_BATCH):
             batch = changed[start:start + WAIT_REASON_BATCH]
             rows = ", ".join(["(%s, %s)"] * len(batch))
+            # A join with the batch's VALUES (hashed or by primary key), not a subquery per row that
+            # searched the whole batch: 10,000 reasons took 1.5 s that way, 0.9 s this way (idle machine).
             cursor.execute(
-                f"WITH reason(id, text) AS (VALUES {rows}) "
-                f"UPDATE {table} SET wait_reason = (SELECT text FROM reason WHERE reason.id = {table}.id) "
-                f"WHERE id IN (SELECT id FROM reason) AND status = %s",
+                f"UPDATE {table} SET wait_reason = reason.text FROM (VALUES {rows}) AS reason(id, text) "
+                f"WHERE {table}.id = reason.id AND {table}.status = %s",
                 [value for pair in batch for value in pair] + [Status.QUEUED.value])
 
 

@@ -226,6 +226,25 @@ def test_a_wait_reason_is_not_written_on_a_job_no_longer_queued(cluster, sent):
     assert Job.objects.filter(status="TERMINATED", wait_reason="").count() == 1
 
 
+
+def test_wait_reasons_written_in_several_statements_each_reach_their_own_job(cluster, sent, monkeypatch):
+    monkeypatch.setattr(admission, "WAIT_REASON_BATCH", 2)  # PostgreSQL's statements: 2, 2 and 1 rows
+    alice = member()
+    waiting = [job(alice, gpus=8) for _ in range(5)]
+    admission._record_wait_reasons({j.id: f"waiting: number {n}" for n, j in enumerate(waiting)})
+    assert [reason(j) for j in waiting] == [f"waiting: number {n}" for n in range(5)]
+
+
+@pytest.mark.postgres
+def test_the_jobs_table_leaves_room_on_its_pages_for_rewritten_wait_reasons():
+    # A page with room keeps a row's next version (a HOT update, no new index entries); full pages
+    # made each rewrite of the queue's reasons add to every index (jobs/migrations/0012).
+    if connection.vendor != "postgresql":
+        skip_or_fail("fillfactor is PostgreSQL's (set DATABASE_URL)")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [Job._meta.db_table])
+        assert cursor.fetchone()[0] == ["fillfactor=70"]
+
 def positions(jobs):
     """Each job's place in its queue as its written reason says it."""
     from gpu_scheduler.reasons import split_position
