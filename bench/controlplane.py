@@ -641,8 +641,20 @@ def progress(started, text):
     print(f"[{time.monotonic() - started:7.1f} s] {text}", flush=True)
 
 
+def reference_loop_s():
+    """A fixed piece of pure-Python work timed on the still idle machine (best of three): every figure
+    here is under CPU contention, so runs on machines of different speeds compare by this."""
+    def loop():
+        started, total = time.perf_counter(), 0
+        for i in range(5_000_000):
+            total += i * i
+        return time.perf_counter() - started
+    return round(min(loop() for _ in range(3)), 3)
+
+
 def run(session, cluster, schedule, work_dir):
-    figures = {"concurrent_target": CONCURRENT, "queued_target": QUEUED, "job_s": JOB_S}
+    figures = {"concurrent_target": CONCURRENT, "queued_target": QUEUED, "job_s": JOB_S,
+               "reference_loop_s": reference_loop_s()}
     started = time.monotonic()
     progress(started, f"seeding {CONCURRENT + QUEUED} queued jobs")
     cluster.add_nodes(-(-SMALL_JOBS // GPUS_PER_NODE))
@@ -773,6 +785,7 @@ def report(figures):
             f"{part} {cores}" for part, cores in f["cores_used_during_steady"].items()), str(os.cpu_count())),
         ("PostgreSQL sessions opened per second under the load", f["db_sessions_opened_per_s"], ""),
         ("PostgreSQL's autovacuum", f.get("autovacuum", "not recorded"), ""),
+        ("this machine's speed: a fixed Python loop on it idle, s", f["reference_loop_s"], "lower is faster"),
         ("errors", f["error_count"], "0"),
     ], figures)
 

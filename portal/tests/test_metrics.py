@@ -1,7 +1,11 @@
 """/metrics: who may scrape it, and the Redis-shared series (portal.metrics, jobs.metrics) against a
 real Redis server (the embedded one `make demo` runs). The end-to-end scrape after real activity is
 tests/e2e/test_metrics.py."""
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -87,17 +91,34 @@ def test_its_histograms_are_cumulative_with_sum_and_count(client, redis_url):
 
 
 @pytest.mark.django_db
-def test_an_ingest_post_records_its_lines_and_lag_together(client, redis_url, monkeypatch):
+def test_ingest_posts_record_their_lines_and_lag_added_up_in_one_round_trip(client, redis_url, monkeypatch):
     sent = []
     execute = shared.redis.client.Pipeline.execute
     monkeypatch.setattr(shared.redis.client.Pipeline, "execute",
                         lambda pipe, *a, **kw: sent.append(len(pipe.command_stack)) or execute(pipe, *a, **kw))
+    monkeypatch.setattr(metrics, "INGEST_WRITES", shared.Accumulated("ingest"))
+    monkeypatch.setattr(shared.Accumulated, "FLUSH_S", 0.2)
     metrics.ingested("team-a", lines=7, oldest_time=time.time() - 0.3)
-    metrics.ingested("team-a", lines=0, oldest_time=None)  # nothing to record (redis-py sends no empty pipeline)
-    assert sent == [3, 0]  # one round trip: the counter and the histogram's bucket and sum
+    metrics.ingested("team-a", lines=5, oldest_time=time.time() - 0.4)
+    metrics.ingested("team-a", lines=0, oldest_time=None)  # nothing to record
+    assert sent == []  # not on the post's time
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sent == [3]  # the counter, the histogram's bucket and its sum, each added up
     families = scrape(client)
-    assert samples(families["trainyard_ingest_lines"], "_total") == {(("tenant", "team-a"),): 7}
-    assert sum(samples(families["trainyard_ingest_lag_seconds"], "_count").values()) == 1
+    assert samples(families["trainyard_ingest_lines"], "_total") == {(("tenant", "team-a"),): 12}
+    assert sum(samples(families["trainyard_ingest_lag_seconds"], "_count").values()) == 2
+
+
+@pytest.mark.django_db
+def test_a_process_sends_its_added_up_writes_when_it_exits(client, redis_url):
+    # Well within the flush interval: only the exit can have sent them.
+    code = ("import django; django.setup(); from jobs import metrics; "
+            "metrics.ingested('team-b', lines=3, oldest_time=None)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=Path(__file__).parents[2],
+                   env={**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "portal.settings"})
+    assert samples(scrape(client)["trainyard_ingest_lines"], "_total")[(("tenant", "team-b"),)] == 3
 
 
 @pytest.mark.django_db

@@ -75,7 +75,7 @@ def ingest(credential, address="10.0.0.1"):
                                             HTTP_AUTHORIZATION=f"Ingest {credential}")
 
 
-def test_bad_ingest_credentials_from_one_address_get_429():
+def test_bad_ingest_credentials_from_one_address_get_429(any_cache):
     for _ in range(throttling.INGEST_FAILURES.limit):
         assert ingest("forged").status_code in throttling.INGEST_REFUSED
     refused = ingest("forged")
@@ -121,6 +121,19 @@ def test_one_credential_posting_too_fast_gets_429(any_cache, monkeypatch):
     assert [ingest("one").status_code for _ in range(3)][:2] == [401, 401]
     assert ingest("one").status_code == 429
     assert ingest("another").status_code == 401
+
+
+@pytest.mark.parametrize("any_cache", ["redis"], indirect=True)
+def test_an_ingest_posts_checks_take_one_round_trip_to_redis(any_cache, monkeypatch):
+    import redis
+    trips = []
+
+    def counted(method, original):
+        return lambda self, *args, **kwargs: trips.append(method) or original(self, *args, **kwargs)
+    for cls, method in ((redis.Redis, "execute_command"), (redis.client.Pipeline, "execute")):
+        monkeypatch.setattr(cls, method, counted(method, getattr(cls, method)))
+    assert throttling._ingest_refusal("10.0.0.1", "Ingest one") == 0
+    assert trips == ["execute"]
 
 
 def test_an_unreachable_cache_lets_requests_through(settings, alice):
