@@ -64,6 +64,11 @@ def retry_after(rule, *parts):
     except Exception as exc:  # noqa: BLE001 - see the module docstring: fail open
         log.warning("throttling: cache unreachable (%s); %s not checked", exc, rule.name)
         return 0
+    return _seconds_until(until)
+
+
+def _seconds_until(until):
+    """Whole seconds left of a lock that lasts `until` (Unix time; None: no lock)."""
     return max(0, math.ceil(until - time.time())) if until else 0
 
 
@@ -72,11 +77,16 @@ def record(rule, *parts):
     try:
         count = _count(_key(rule, parts, "count"), rule.window_s)
         if count >= rule.limit:
-            cache.set(_key(rule, parts, "lock"), time.time() + rule.lockout_s, timeout=rule.lockout_s)
-            return rule.lockout_s
+            return _lock_out(rule, parts)
     except Exception as exc:  # noqa: BLE001 - fail open
         log.warning("throttling: cache unreachable (%s); %s not counted", exc, rule.name)
     return 0
+
+
+def _lock_out(rule, parts):
+    """Refuse `parts` for the rule's lockout; returns its length in seconds."""
+    cache.set(_key(rule, parts, "lock"), time.time() + rule.lockout_s, timeout=rule.lockout_s)
+    return rule.lockout_s
 
 
 def _count(counter, window_s):
@@ -93,11 +103,16 @@ def _count(counter, window_s):
         except ValueError:  # the window ended between add and incr
             cache.set(counter, 1, timeout=window_s)
             return 1
-    key = cache.make_and_validate_key(counter)
     with client.pipeline(transaction=True) as pipe:  # atomic: an INCR never outlives its window
-        pipe.set(key, 0, ex=window_s, nx=True)
-        pipe.incr(key)
+        _add_count(pipe, counter, window_s)
         return pipe.execute()[1]
+
+
+def _add_count(pipe, counter, window_s):
+    """_count's two commands (SET NX with the window's expiry, INCR), added to a Redis pipeline."""
+    key = cache.make_and_validate_key(counter)
+    pipe.set(key, 0, ex=window_s, nx=True)
+    pipe.incr(key)
 
 
 def _redis():
@@ -105,6 +120,11 @@ def _redis():
     are stored as that backend stores integers (plain, not pickled), so its get and incr read them."""
     backend = caches["default"]
     return backend._cache.get_client(write=True) if isinstance(backend, RedisCache) else None
+
+
+def _cached(raw):
+    """A value cache.set stored, as read straight from Redis (None: no such key) in that backend's format."""
+    return None if raw is None else caches["default"]._cache._serializer.loads(raw)
 
 
 def reset(rule, *parts):
@@ -231,22 +251,16 @@ def _ingest_refusal(address, credential):
     client = _redis()
     if client is None:
         return retry_after(INGEST_FAILURES, address) or record(INGEST_POSTS, credential)
-    lock = cache.make_and_validate_key(_key(INGEST_FAILURES, (address,), "lock"))
-    counter = cache.make_and_validate_key(_key(INGEST_POSTS, (credential,), "count"))
     try:
         with client.pipeline(transaction=True) as pipe:  # as _count: an INCR never outlives its window
-            pipe.get(lock)
-            pipe.set(counter, 0, ex=INGEST_POSTS.window_s, nx=True)
-            pipe.incr(counter)
+            pipe.get(cache.make_and_validate_key(_key(INGEST_FAILURES, (address,), "lock")))
+            _add_count(pipe, _key(INGEST_POSTS, (credential,), "count"), INGEST_POSTS.window_s)
             until, _, count = pipe.execute()
-        # The lock's value was stored by cache.set (record), in the cache's own format.
-        retry_s = 0 if until is None else math.ceil(caches["default"]._cache._serializer.loads(until) - time.time())
-        if retry_s > 0:
+        retry_s = _seconds_until(_cached(until))
+        if retry_s:
             return retry_s
         if count >= INGEST_POSTS.limit:
-            cache.set(_key(INGEST_POSTS, (credential,), "lock"), time.time() + INGEST_POSTS.lockout_s,
-                      timeout=INGEST_POSTS.lockout_s)
-            return INGEST_POSTS.lockout_s
+            return _lock_out(INGEST_POSTS, (credential,))
     except Exception as exc:  # noqa: BLE001 - fail open
         log.warning("throttling: cache unreachable (%s); ingest not checked", exc)
     return 0

@@ -226,7 +226,6 @@ def test_a_wait_reason_is_not_written_on_a_job_no_longer_queued(cluster, sent):
     assert Job.objects.filter(status="TERMINATED", wait_reason="").count() == 1
 
 
-
 def test_wait_reasons_written_in_several_statements_each_reach_their_own_job(cluster, sent, monkeypatch):
     monkeypatch.setattr(admission, "WAIT_REASON_BATCH", 2)  # PostgreSQL's statements: 2, 2 and 1 rows
     alice = member()
@@ -244,6 +243,7 @@ def test_the_jobs_table_leaves_room_on_its_pages_for_rewritten_wait_reasons():
     with connection.cursor() as cursor:
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [Job._meta.db_table])
         assert cursor.fetchone()[0] == ["fillfactor=70"]
+
 
 def positions(jobs):
     """Each job's place in its queue as its written reason says it."""
