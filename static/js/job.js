@@ -46,18 +46,12 @@
     ui.elapsed.textContent = ms == null ? "—" : T.formatDuration(ms);
   }
 
-  function ordinal(n) {
-    const s = ["th", "st", "nd", "rd"];
-    const v = n % 100;
-    return n + (s[(v - 20) % 10] || s[v] || s[0]);
-  }
-
   /** Why the job is where it is: the status reason, or for a queued job why it waits and where. */
   function reasonOf(detail) {
     if (detail.status === "QUEUED") {
-      const wait = detail.wait_reason || "";
-      if (wait) return wait;
-      if (detail.queue_position) return `waiting: ${ordinal(detail.queue_position)} in the queue`;
+      // The wait reason begins with the job's place; before the scheduler's first cycle has seen the
+      // job (a cycle follows each submission) it has neither.
+      return detail.wait_reason || detail.status_reason || "waiting for the scheduler's next cycle";
     }
     return detail.status_reason || detail.wait_reason || "";
   }

@@ -6,12 +6,14 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from conftest import skip_or_fail
 from jobs import admission, submission
 from jobs.models import Job, Status
-from jobs.tests.builders import job, member, open_follow_ups, tar_gz, upload
+from gpu_scheduler.reasons import ordinal
+from jobs.tests.builders import client_for, job, member, open_follow_ups, tar_gz, upload
 from tenants import quotas
 from tenants.models import UsageRecord
 
@@ -156,6 +158,38 @@ def test_a_job_that_has_had_less_gpu_time_goes_first(cluster, sent, settings, le
     assert quotas.earlier_gpu_seconds([veteran.id, fresh.id]) == {veteran.id: 5 * 3600.0}
     admission.run_cycle()
     assert Job.objects.get(status=Status.PENDING).id == {"fresh": fresh, "veteran": veteran}[first].id
+
+
+def test_the_apis_queue_position_is_the_place_the_scheduler_gave_and_costs_no_query(cluster, sent, settings):
+    # One home for a job's place: the scheduler's order (here service levels put the job submitted
+    # first behind), the one its reason names; a count by priority and submission time said otherwise
+    # and cost a query per queued job in every answer.
+    settings.SERVICE_LEVEL_GPU_HOURS = 4
+    cluster(gpus=0)
+    alice = member()
+    veteran, fresh, later = job(alice, gpus=1), job(alice, gpus=1), job(alice, gpus=1)
+    now = timezone.now()
+    UsageRecord.objects.create(tenant=alice.tenant, job=veteran, user=alice.user, attempt=1, gpus=1, cpus=1,
+                               memory_bytes=0, started_at=now - timedelta(hours=5), ended_at=now)
+    client = client_for(alice)
+    assert client.get(f"/api/v1/jobs/{fresh.id}/").json()["queue_position"] is None  # no cycle has seen it
+    admission.run_cycle()
+    answers = {j.id: client.get(f"/api/v1/jobs/{j.id}/").json() for j in (veteran, fresh, later)}
+    assert [answers[j.id]["queue_position"] for j in (fresh, later, veteran)] == [1, 2, 3]
+    assert all(a["wait_reason"].startswith(f"waiting: {ordinal(a['queue_position'])} in tenant queue")
+               for a in answers.values())
+    queries, listed = listing_queued(client)
+    assert {row["id"]: row["queue_position"] for row in listed} == {fresh.id: 1, later.id: 2, veteran.id: 3}
+    job(alice, gpus=1)
+    admission.run_cycle()
+    assert listing_queued(client)[0] == queries  # a fourth queued job, no more queries
+
+
+def listing_queued(client):
+    """(queries it took, rows) of the API's list of queued jobs."""
+    with CaptureQueriesContext(connection) as captured:
+        rows = client.get("/api/v1/jobs/?status=QUEUED").json()["results"]
+    return len(captured), rows
 
 
 @pytest.mark.postgres
