@@ -48,7 +48,8 @@ def schedule():
     started = time.monotonic()
     admission.run_cycle()
     dispatch.ran("schedule", time.monotonic() - started)
-    dispatch.send("autoscale")  # elastic jobs grow onto what the cycle left idle
+    if autoscaler.may_resize():
+        dispatch.send("autoscale")  # elastic jobs grow onto what the cycle left idle
 
 
 @shared_task(name="jobs.tasks.autoscale", ignore_result=True)

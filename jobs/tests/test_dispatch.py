@@ -55,6 +55,7 @@ def cycles(monkeypatch):
         started.append(time.monotonic())
         time.sleep(0.2)
     monkeypatch.setattr(tasks.admission, "run_cycle", cycle)
+    monkeypatch.setattr(tasks.autoscaler, "may_resize", lambda: True)  # an elastic job runs
     return started
 
 

@@ -238,6 +238,27 @@ def reports(row, *points, attempt=None):
                                    time=now - timezone.timedelta(seconds=ago))
 
 
+def test_a_cycle_wakes_the_autoscaler_only_while_an_elastic_job_runs(cluster, sent):
+    from django.core.cache import cache
+
+    from jobs import tasks
+    cluster(gpus=1)
+    running(job(member(), gpus=1), gpus=[0])
+    waiting = elastic_job(learners=1)  # no GPU left for it: it stays queued
+    tasks.schedule()
+    assert ("autoscale", ()) not in sent
+    running(waiting, gpus=[1])
+    cache.clear()  # the last cycle's rest (jobs.dispatch pacing)
+    tasks.schedule()
+    assert ("autoscale", ()) in sent
+
+
+def test_a_pass_without_an_elastic_job_running_reads_nothing_else(four_gpus, sent, django_assert_num_queries):
+    running(job(member(), gpus=1), gpus=[0])
+    with django_assert_num_queries(1):
+        assert four_gpus.run() == []
+
+
 def test_the_autoscaler_grows_an_elastic_job_onto_idle_gpus(four_gpus, sent):
     row = running(elastic_job(learners=1), gpus=[0])
     reports(row, (20, 0), (0, 2000))  # 100 samples/s at one learner
