@@ -10,9 +10,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from conftest import skip_or_fail
+from gpu_scheduler.reasons import ordinal
 from jobs import admission, submission
 from jobs.models import Job, Status
-from gpu_scheduler.reasons import ordinal
 from jobs.tests.builders import client_for, job, member, open_follow_ups, tar_gz, upload
 from tenants import quotas
 from tenants.models import UsageRecord
