@@ -57,9 +57,14 @@ class PrepareError(Exception):
 
 
 class Agent:
-    def __init__(self, config, *, shipper=None, launcher=None):
+    def __init__(self, config, *, shipper=None, launcher=None, standby=None):
         self.config = config
         self._launcher = launcher  # a sandbox launcher started ahead by a spare agent (Popen), or None
+        # The control group that launcher already waits in (cgroups.standby), or None; once adopted
+        # as the learner's, the launcher need not join it (the slow step: learner_agent.cgroups).
+        self._standby = standby
+        self._launcher_in_group = False
+        self._spent_groups = []  # standby groups not adopted, removed with the learner's
         self.shipper = shipper or Shipper(
             config.ingest_url, config.ingest_token, attempt=config.attempt, learner=config.learner,
             # On Kubernetes the learner shares our uid and sees our folder (state_dir), and nothing
@@ -166,7 +171,7 @@ class Agent:
                 sandbox.hand_over(identity, tree=config.work_dir, dirs=self._dirs_to_create())
             except OSError as e:
                 raise PrepareError(f"preparing failed: cannot hand the learner its folders: {e}") from e
-        self._cgroup = self._make_cgroup()
+        self._cgroup = self._adopt_standby() or self._make_cgroup()
         plan = sandbox.bwrap_plan(
             config.command, work_dir=config.work_dir, env=env, writable_dirs=config.writable_dirs,
             readonly_dirs=config.readonly_dirs, network_namespace=config.network_namespace,
@@ -188,7 +193,9 @@ class Agent:
         launcher, self._launcher = self._launcher, None
         if launcher is not None:
             try:
-                return LearnerProcess.hand_plan(launcher, sandbox.encode_plan(plan), sandboxed=True)
+                # One already in the learner's group does not join it again (the kernel would wait again).
+                ahead_plan = {**plan, "cgroup_procs": []} if self._launcher_in_group else plan
+                return LearnerProcess.hand_plan(launcher, sandbox.encode_plan(ahead_plan), sandboxed=True)
             except OSError as e:  # it died meanwhile (EPIPE): start one as if there had been none
                 log.warning("the launcher started ahead is gone (%s); starting another", e)
                 end_process(launcher)
@@ -206,6 +213,28 @@ class Agent:
         launcher, self._launcher = self._launcher, None
         if launcher is not None:
             end_process(launcher)
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.remove()
+
+    def _adopt_standby(self):
+        """The group the launcher started ahead waits in, made the learner's (cgroups.Cgroup.adopt);
+        None if there is none or it can't be (then the launcher joins a new one, as it would)."""
+        standby, self._standby = self._standby, None
+        if standby is None or self._launcher is None:
+            if standby is not None:
+                self._spent_groups.append(standby)
+            return None
+        config = self.config
+        try:
+            standby.adopt(f"{config.job_id}-a{config.attempt}-l{config.learner}", memory_bytes=config.memory_bytes,
+                          cpus=config.cpus, max_processes=config.max_processes)
+        except cgroups.CgroupError as e:
+            log.info("the launcher's standby group is not the learner's (%s); making one", e)
+            self._spent_groups.append(standby)  # empty once the launcher has joined the new one
+            return None
+        self._launcher_in_group = True
+        return standby
 
     def _make_cgroup(self):
         config = self.config
@@ -220,10 +249,11 @@ class Agent:
             return None
 
     def _release_cgroup(self):
-        if self._cgroup is not None:
-            for problem in self._cgroup.remove():
+        groups, self._spent_groups = [self._cgroup, *self._spent_groups], []
+        self._cgroup = None
+        for group in groups:
+            for problem in group.remove() if group is not None else ():
                 log.warning("control group not removed: %s", problem)
-            self._cgroup = None
 
     def _dirs_to_create(self):
         env = self.config.env
@@ -595,17 +625,20 @@ def main(argv=None):
     return run_agent(config)
 
 
-def run_agent(config, *, launcher=None):
+def run_agent(config, *, launcher=None, standby=None):
     """Run the agent in this process (signal handlers, pid file, agent.log) and return its exit code.
-    `launcher`: a sandbox launcher a spare agent started ahead (Agent._launch)."""
+    `launcher`: a sandbox launcher a spare agent started ahead (Agent._launch), waiting in the control
+    group `standby` (cgroups.standby) if it has one; the agent ends or adopts both."""
     if not _claim_learner(config):
         if launcher is not None:
             end_process(launcher)
+        if standby is not None:
+            standby.remove()
         return 0
     _guard_credential(config)
     _log_to_file(config.agent_file("agent.log"))
     _write_text_atomically(config.agent_file("agent.pid"), f"{os.getpid()}\n")
-    agent = Agent(config, launcher=launcher)
+    agent = Agent(config, launcher=launcher, standby=standby)
     agent.install_signal_handlers()
     log.info("agent %d for %s attempt %d learner %d", os.getpid(), config.job_id, config.attempt,
              config.learner)

@@ -22,6 +22,8 @@ PARENT = "trainyard"
 CPU_PERIOD_US = 100_000
 REMOVE_TIMEOUT_S = 5.0
 _V1_CONTROLLERS = ("memory", "cpu", "pids")
+STANDBY = "standby-"  # the name of every standby group starts so (`standby`)
+STANDBY_STALE_S = 60.0
 
 
 class CgroupError(RuntimeError):
@@ -49,6 +51,41 @@ class Cgroup:
         if kills is None:  # kernels before 4.13 only count hitting the limit
             return _read_number(os.path.join(memory, "memory.failcnt"))
         return kills
+
+    @property
+    def standing_by(self):
+        """Whether this is still a standby group (`standby`), not yet a learner's."""
+        return all(os.path.basename(d).startswith(STANDBY) for d in self.dirs.values())
+
+    def join(self, pid):
+        """Move process `pid` into the group, in every hierarchy."""
+        for procs in self.procs_files:
+            _write(procs, str(pid))
+
+    def adopt(self, name, *, memory_bytes, cpus, max_processes):
+        """Make this standby group (`standby`) the learner's group `name`, with the processes already
+        in it: its limits are written, then it is renamed. CgroupError if it can't be (v2, a group
+        `name` left over, a limit refused); the group keeps its processes either way."""
+        if self.version != 1:
+            raise CgroupError("a cgroup v2 group cannot be renamed")
+        try:
+            _write_v1_limits(self.dirs, memory_bytes=memory_bytes, cpus=cpus, max_processes=max_processes)
+        except OSError as e:
+            raise CgroupError(f"cgroup v1: {e.strerror or e} ({e.filename})") from e
+        renamed = {c: os.path.join(os.path.dirname(d), _safe_name(name)) for c, d in self.dirs.items()}
+        moved = []
+        try:
+            for controller, path in self.dirs.items():
+                os.rename(path, renamed[controller])
+                moved.append(controller)
+        except OSError as e:
+            for controller in moved:  # all or nothing: one name for the learner in every hierarchy
+                try:
+                    os.rename(renamed[controller], self.dirs[controller])
+                except OSError:
+                    pass
+            raise CgroupError(f"cgroup v1: cannot rename {e.filename} to {name}: {e.strerror or e}") from e
+        self.dirs = renamed
 
     def pids(self):
         found = set()
@@ -89,7 +126,7 @@ class Cgroup:
 def create(name, *, memory_bytes, cpus, max_processes, mounts="/proc/self/mounts",
            own="/proc/self/cgroup"):
     """A new group `name` with the limits written, or raise CgroupError saying why there is none."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    name = _safe_name(name)
     v2_root, v1_roots = _hierarchies(mounts)
     if v2_root and {"memory", "cpu", "pids"} <= _v2_controllers(v2_root):
         return _create_v2(v2_root, name, memory_bytes=memory_bytes, cpus=cpus, max_processes=max_processes)
@@ -99,6 +136,48 @@ def create(name, *, memory_bytes, cpus, max_processes, mounts="/proc/self/mounts
                           "hierarchy mounted")
     return _create_v1(v1_roots, _own_v1_paths(own), name, memory_bytes=memory_bytes, cpus=cpus,
                       max_processes=max_processes)
+
+
+def standby(name, *, mounts="/proc/self/mounts", own="/proc/self/cgroup"):
+    """A new group `STANDBY + name` without limits, for a process started ahead of the learner it will
+    be (a spare's launcher) to wait in, until an agent `adopt`s it. CgroupError where none can be
+    adopted later: no v1 hierarchy of each controller (a v2 group cannot be renamed)."""
+    v2_root, v1_roots = _hierarchies(mounts)
+    if v2_root and {"memory", "cpu", "pids"} <= _v2_controllers(v2_root):
+        raise CgroupError("cgroup v2 is used here, and its groups cannot be renamed")
+    if any(c not in v1_roots for c in _V1_CONTROLLERS):
+        raise CgroupError("no cgroup v1 hierarchy of each of memory, cpu and pids")
+    dirs = _v1_dirs(v1_roots, _own_v1_paths(own), STANDBY + _safe_name(name))
+    try:
+        for path in dirs.values():
+            os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        for path in dirs.values():
+            _remove_quietly(path)
+        raise CgroupError(f"cgroup v1: {e.strerror or e} ({e.filename})") from e
+    return Cgroup(1, dirs)
+
+
+def remove_stale_standby(*, older_than_s=STANDBY_STALE_S, mounts="/proc/self/mounts", own="/proc/self/cgroup"):
+    """Remove the standby groups that have been empty for a while: what spares that were killed (a
+    platform's stop) left behind. One with a process in it stays (the kernel refuses), so a live
+    spare's never goes; a spare's made this moment is younger than `older_than_s`."""
+    _, v1_roots = _hierarchies(mounts)
+    own_paths = _own_v1_paths(own) if v1_roots else {}
+    now = time.time()
+    for controller, root in v1_roots.items():
+        parent = os.path.join(root, own_paths.get(controller, "/").lstrip("/"), PARENT)
+        try:
+            names = [name for name in os.listdir(parent) if name.startswith(STANDBY)]
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(parent, name)
+            try:
+                if now - os.stat(path).st_mtime > older_than_s:
+                    os.rmdir(path)
+            except OSError:  # EBUSY: a spare's launcher waits in it; or gone meanwhile
+                pass
 
 
 def _create_v2(root, name, *, memory_bytes, cpus, max_processes):
@@ -122,23 +201,35 @@ def _create_v2(root, name, *, memory_bytes, cpus, max_processes):
 
 
 def _create_v1(roots, own_paths, name, *, memory_bytes, cpus, max_processes):
-    dirs = {c: os.path.join(roots[c], own_paths.get(c, "/").lstrip("/"), PARENT, name) for c in _V1_CONTROLLERS}
+    dirs = _v1_dirs(roots, own_paths, name)
     group = Cgroup(1, dirs)
     try:
         for path in dirs.values():
             os.makedirs(path, exist_ok=True)
-        if memory_bytes:
-            _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory_bytes))
-            # With swap accounting, memory+swap gets the same limit: swap must not stretch it.
-            _write_if_present(os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"), str(memory_bytes))
-        _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(CPU_PERIOD_US))
-        _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(_quota_us(cpus)))
-        _write(os.path.join(dirs["pids"], "pids.max"), str(max_processes))
+        _write_v1_limits(dirs, memory_bytes=memory_bytes, cpus=cpus, max_processes=max_processes)
     except OSError as e:
         for path in dirs.values():
             _remove_quietly(path)
         raise CgroupError(f"cgroup v1: {e.strerror or e} ({e.filename})") from e
     return group
+
+
+def _v1_dirs(roots, own_paths, name):
+    return {c: os.path.join(roots[c], own_paths.get(c, "/").lstrip("/"), PARENT, name) for c in _V1_CONTROLLERS}
+
+
+def _write_v1_limits(dirs, *, memory_bytes, cpus, max_processes):
+    if memory_bytes:
+        _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory_bytes))
+        # With swap accounting, memory+swap gets the same limit: swap must not stretch it.
+        _write_if_present(os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"), str(memory_bytes))
+    _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+    _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(_quota_us(cpus)))
+    _write(os.path.join(dirs["pids"], "pids.max"), str(max_processes))
+
+
+def _safe_name(name):
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def _quota_us(cpus):

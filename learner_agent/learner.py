@@ -95,9 +95,12 @@ class LearnerProcess:
 
     def kill(self):
         """SIGKILL the whole tree: our group, every group below it, and every process in it."""
-        pids = procfs.descendants(self.pid)
+        # One reading of the process table (every /proc/<pid>/stat: milliseconds on a busy machine, at
+        # the end of every learner) for both the processes and their groups.
+        table = procfs.process_table()
+        pids, groups = procfs.descendants(self.pid, table), procfs.tree_process_groups(self.pid, table)
         _killpg(self.pid, signal.SIGKILL)
-        for group in procfs.tree_process_groups(self.pid):
+        for group in groups:
             _killpg(group, signal.SIGKILL)
         for pid in pids:
             try:

@@ -51,9 +51,9 @@ def tree_rss_bytes(root):
     return sum(table[pid][2] for pid in [root, *descendants(root, table)] if pid in table)
 
 
-def tree_process_groups(root):
+def tree_process_groups(root, table=None):
     """Process group ids of `root`'s descendants (root's own group included only if one of them is in it)."""
-    table = process_table()
+    table = process_table() if table is None else table
     return {table[pid][1] for pid in descendants(root, table)}
 
 

@@ -141,15 +141,18 @@ def serve(fifo, *, idle_s=IDLE_S):
         return 0  # removed as stale before this process got here
     _warm_up()
     launcher = _start_launcher()
+    standby = _standby_group(fifo, launcher)
     try:
-        return _wait_and_serve(fifo, fd, idle_s, launcher)
+        return _wait_and_serve(fifo, fd, idle_s, launcher, standby)
     finally:
         if launcher is not None and launcher.stdin is not None:  # no learner was handed it
             from learner_agent.learner import end_process
             end_process(launcher)
+        if standby is not None and standby.standing_by:  # no agent adopted it
+            standby.remove()
 
 
-def _wait_and_serve(fifo, fd, idle_s, launcher):
+def _wait_and_serve(fifo, fd, idle_s, launcher, standby):
     ready = fifo[:-len(STARTING)] + READY
     try:
         os.rename(fifo, ready)
@@ -166,12 +169,16 @@ def _wait_and_serve(fifo, fd, idle_s, launcher):
     os.close(fd)
     if not config_path:  # none came, or told to retire
         return 0
-    return _become_agent(config_path, launcher)
+    return _become_agent(config_path, launcher, standby)
 
 
 def _warm_up():
     """Everything a run imports or probes before its command starts, done while no job waits."""
     from learner_agent import agent, sandbox  # noqa: F401 - the imports are the point
+    # The shipper imports it on its first post (learner_agent.shipper: a cold start's command need
+    # not wait for it); a spare has the time now. Without this, a job that ends within a few tens of
+    # milliseconds of its start waited for that import before its end was reported.
+    import http.client  # noqa: F401
     sandbox.bwrap_problem()
 
 
@@ -192,6 +199,29 @@ def _start_launcher():
         return None
 
 
+def _standby_group(fifo, launcher):
+    """A control group the launcher started ahead waits in, for the learner's agent to adopt as the
+    learner's (learner_agent.cgroups: moving a process into a group is the slow step, so it is done
+    now, while no job waits); None where there is none to be had (no launcher, not root, cgroup v2).
+    Those that killed spares left behind are removed first."""
+    if launcher is None:
+        return None
+    from learner_agent import cgroups
+    try:
+        cgroups.remove_stale_standby()
+        group = cgroups.standby(os.path.basename(fifo).split(".")[0])
+    except (cgroups.CgroupError, OSError):
+        return None
+    try:
+        group.join(launcher.pid)
+    except OSError as e:
+        print(f"learner_agent spare {os.getpid()}: the launcher waits outside a control group ({e})",
+              file=sys.stderr, flush=True)
+        group.remove()  # kills a launcher that got into part of it; the agent then starts another
+        return None
+    return group
+
+
 def _read_path(fd, timeout):
     readable, _, _ = select.select([fd], [], [], timeout)
     if not readable:
@@ -204,7 +234,7 @@ def _read_path(fd, timeout):
     return os.fsdecode(message[:-1])
 
 
-def _become_agent(config_path, launcher=None):
+def _become_agent(config_path, launcher=None, standby=None):
     """What `python -m learner_agent run --config PATH` started by setsid would do, in this process."""
     from learner_agent.agent import _drop_inherited_environment, run_agent, settle_in
     from learner_agent.config import ConfigError, load_config
@@ -218,7 +248,7 @@ def _become_agent(config_path, launcher=None):
     # The backend starts spares with the agent's clean environment; one started otherwise becomes a
     # cold-started agent instead (a re-exec) rather than hand its environment to the learner's agent.
     _drop_inherited_environment(config)
-    return run_agent(config, launcher=launcher)
+    return run_agent(config, launcher=launcher, standby=standby)
 
 
 # --- helpers -------------------------------------------------------------------------------------

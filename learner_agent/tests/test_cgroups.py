@@ -111,3 +111,55 @@ def test_files_in_tmp_count_against_the_memory_limit(outside_tmp, ingest):
     assert read_exit(config) == {**read_exit(config), "exit_code": 137,
                                  "reason": "memory limit 150.0MiB exceeded (OOM killed)"}
     assert "written" not in [r.get("line") for r in ingest.stored()]
+
+
+def test_a_standby_group_is_adopted_as_the_learners_with_its_limits_and_in_every_hierarchy(tmp_path):
+    roots, mounts, own = fake_v1(tmp_path)
+    group = cgroups.standby("f1", mounts=mounts, own=own)
+    memory = roots["memory"] / "agents" / "a1" / "trainyard"
+    assert group.standing_by and (memory / "standby-f1").is_dir()
+    assert not (memory / "standby-f1" / "memory.limit_in_bytes").exists()  # no limits while it waits
+    group.adopt("training-x-a1-l0", memory_bytes=2**30, cpus=0.5, max_processes=64)
+    assert not group.standing_by and not (memory / "standby-f1").exists()
+    assert (memory / "training-x-a1-l0" / "memory.limit_in_bytes").read_text() == str(2**30)
+    assert (roots["cpu"] / "trainyard" / "training-x-a1-l0" / "cpu.cfs_quota_us").read_text() == "50000"
+    assert (roots["pids"] / "trainyard" / "training-x-a1-l0" / "pids.max").read_text() == "64"
+    assert group.procs_files == sorted(str(root / "training-x-a1-l0" / "cgroup.procs") for root in (
+        memory, roots["cpu"] / "trainyard", roots["pids"] / "trainyard"))
+
+
+def test_a_standby_group_that_cannot_take_the_learners_name_everywhere_keeps_its_own(tmp_path):
+    roots, mounts, own = fake_v1(tmp_path)
+    group = cgroups.standby("f1", mounts=mounts, own=own)
+    taken = roots["pids"] / "trainyard" / "j-a1-l0"
+    (taken / "leftover").mkdir(parents=True)  # a group of that name with one inside: no rename onto it
+    with pytest.raises(cgroups.CgroupError, match="cannot rename"):
+        group.adopt("j-a1-l0", memory_bytes=None, cpus=1, max_processes=10)
+    assert group.standing_by  # all or nothing: the hierarchies renamed before are named back
+    assert all(os.path.isdir(d) and os.path.basename(d) == "standby-f1" for d in group.dirs.values())
+    assert not (roots["cpu"] / "trainyard" / "j-a1-l0").exists()
+
+
+def test_no_standby_group_where_groups_cannot_be_renamed(tmp_path):
+    root = tmp_path / "unified"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"cgroup2 {root} cgroup2 rw 0 0\n")
+    with pytest.raises(cgroups.CgroupError, match="cannot be renamed"):
+        cgroups.standby("f1", mounts=mounts, own=tmp_path / "unused")
+    assert not (root / "trainyard").exists()
+
+
+def test_standby_groups_left_empty_for_a_while_are_removed_and_no_other(tmp_path):
+    roots, mounts, own = fake_v1(tmp_path)
+    old, new = (cgroups.standby(name, mounts=mounts, own=own) for name in ("old", "new"))
+    learners = cgroups.create("j-a1-l0", memory_bytes=None, cpus=1, max_processes=10, mounts=mounts, own=own)
+    for path in [*old.dirs.values(), *learners.dirs.values()]:
+        os.utime(path, (0, 0))
+    busy = roots["cpu"] / "trainyard" / "standby-busy"
+    (busy / "inside").mkdir(parents=True)  # stands for a group with a process: rmdir fails
+    os.utime(busy, (0, 0))
+    cgroups.remove_stale_standby(mounts=mounts, own=own)
+    assert not any(os.path.exists(d) for d in old.dirs.values())
+    assert all(os.path.isdir(d) for d in [*new.dirs.values(), *learners.dirs.values(), busy])

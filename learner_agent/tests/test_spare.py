@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from learner_agent import procfs, sandbox, spare
+from learner_agent import cgroups, procfs, sandbox, spare
 from learner_agent.agent import clean_environment
 from learner_agent.tests.conftest import (  # noqa: F401 - fixtures
     agent_env, ingest, outside_tmp, read_exit, stop_process, wait_for, write_agent_config)
+from learner_agent.tests.test_cgroups import CPU_BURNER, needs_cgroups
 
 
 @pytest.fixture
@@ -235,5 +236,49 @@ def test_a_launcher_started_ahead_that_no_learner_takes_is_ended(outside_tmp, in
     try:
         assert process.wait(timeout=30) == 0
         assert not os.path.exists(f"/proc/{launcher}")
+    finally:
+        stop_process(process)
+
+
+def cgroup_of(pid):
+    """The folder of the pid's group in the cpu hierarchy (v1), or None once it has gone."""
+    try:
+        lines = open(f"/proc/{pid}/cgroup").read().splitlines()
+    except OSError:
+        return None
+    path = next(line.split(":", 2)[2] for line in lines if "cpu" in line.split(":")[1].split(","))
+    return os.path.join(cgroups._hierarchies("/proc/self/mounts")[1]["cpu"], path.lstrip("/"))
+
+
+@needs_cgroups
+def test_a_spares_launcher_waits_in_a_standby_group_that_becomes_the_learners_with_its_limits(
+        outside_tmp, ingest, spare_dir):
+    process, launcher = ready_spare_with_launcher(spare_dir)
+    try:
+        waiting = cgroup_of(launcher)
+        assert os.path.basename(waiting).startswith(cgroups.STANDBY), waiting  # joined before it was ready
+        learners = os.path.join(os.path.dirname(waiting), "training-test0001-a1-l0")
+        config = write_agent_config(outside_tmp, ingest, command=CPU_BURNER, sandbox="bwrap", cpus=0.3)
+        assert spare.hand_over(spare_dir, config)
+        # The launcher became bubblewrap, in the group it waited in, now named and limited as the learner's.
+        assert wait_for(lambda: cgroup_of(launcher) == learners, timeout=20)
+        assert open(os.path.join(learners, "cpu.cfs_quota_us")).read().strip() == "30000"
+        assert not os.path.exists(waiting)
+        assert process.wait(timeout=60) == 0
+        lines = [r["line"] for r in ingest.stored() if r["kind"] == "log"]
+        assert float(next(line for line in lines if line.startswith("cpu share")).split()[-1]) < 0.45, lines
+        assert not os.path.exists(learners)  # removed with the learner
+    finally:
+        stop_process(process)
+
+
+@needs_cgroups
+def test_a_spare_that_no_learner_takes_removes_its_standby_group(spare_dir):
+    process, launcher = ready_spare_with_launcher(spare_dir, idle_s=1.5)
+    try:
+        waiting = cgroup_of(launcher)
+        assert os.path.basename(waiting).startswith(cgroups.STANDBY) and os.path.isdir(waiting)
+        assert process.wait(timeout=30) == 0
+        assert not os.path.exists(waiting)
     finally:
         stop_process(process)
