@@ -14,6 +14,10 @@ the median of BENCH_FRAMEWORKS_RUNS runs (3), bare and platform runs alternating
 short example: as many as give its bare side MIN_BARE_S seconds in all (the sklearn example's 1 s
 runs: 9), since on this machine a second's run moves by a tenth from one run to the next. `phases_s_<framework>`
 is the median timeline of its platform runs (bench.timeline): where the fixed cost goes.
+`fixed_cost_s` is that cost alone: submit → COMPLETED (as a script sees it) of a job whose command
+prints two lines and exits, the median of BENCH_FRAMEWORKS_FIXED_RUNS (20), with its timeline in
+`phases_s_fixed_cost`. Its runs are a second apart, as a platform's jobs are when each runs for a second
+or more: a deploy has the next spare agent started half a second after it (jobs.backends.local).
 """
 import importlib.util
 import math
@@ -47,6 +51,9 @@ CASES = {
 # A global batch of 512 (256 per learner) so each step computes more than it communicates, as in
 # real data-parallel training; the example's default (128) is tuned for learning, not throughput.
 DDP_COMMAND = "python train.py --epochs 12 --global-batch 512"
+FIXED_RUNS = int(os.environ.get("BENCH_FRAMEWORKS_FIXED_RUNS", 20))
+FIXED_COMMAND = "echo start; echo end"
+FIXED_GAP_S = 1.0
 
 
 def manifest_for(example, command, *, framework=None, learners=None):
@@ -127,7 +134,7 @@ def main():
     env_backup = {k: os.environ.pop(k) for k in ("DATABASE_URL", "REDIS_URL") if k in os.environ}
     session = start_session(data_dir, TRAINYARD_LOCAL_CPUS="4")
     os.environ.update(env_backup)
-    bare, unlimited, through, ddp, stamps = {}, {}, {}, {}, {}
+    bare, unlimited, through, ddp, stamps, fixed = {}, {}, {}, {}, {}, []
     try:
         for name, (example, command, _) in available.items():
             key = (example, command)
@@ -143,6 +150,10 @@ def main():
                 through.setdefault(name, []).append(
                     platform_seconds(session, example, manifest, stamps.setdefault(name, []))[0])
                 unlimited[key].append(bare_seconds(example, command))
+        fixed_manifest = manifest_for("custom-shell", FIXED_COMMAND)
+        for _ in range(FIXED_RUNS):
+            time.sleep(FIXED_GAP_S)
+            fixed.append(platform_seconds(session, "custom-shell", fixed_manifest, stamps.setdefault("fixed_cost", []))[0])
         for learners in (1, 2) if DDP else ():
             runs = [throughput(session, platform_seconds(session, "pytorch-ddp", manifest_for(
                 "pytorch-ddp", DDP_COMMAND, learners=learners))[1]) for _ in range(RUNS)]
@@ -165,6 +176,12 @@ def main():
         rows.append(("  submit → first line / last line → COMPLETED (median, s)",
                      f"{phases.get('submit_to_first_line_s', 0):.2f} / {phases.get('last_line_to_completed_s', 0):.2f}",
                      ""))
+    if fixed:
+        figures["fixed_cost_s"] = round(median(fixed), 4)
+        figures["phases_s_fixed_cost"] = phases = timeline.summarise(stamps["fixed_cost"])
+        rows.append((f"fixed_cost_s: a job that prints two lines, submit → COMPLETED (median of {len(fixed)})",
+                     figures["fixed_cost_s"], ""))
+        rows += timeline.rows(phases)
     if ddp:
         figures["ddp_1_learner_samples_per_s"] = round(ddp[1], 1)
         figures["ddp_2_learner_samples_per_s"] = round(ddp[2], 1)
