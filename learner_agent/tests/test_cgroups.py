@@ -21,6 +21,15 @@ def fake_v1(tmp_path):
     return roots, mounts, own
 
 
+def fake_v2(tmp_path, controllers="cpuset cpu io memory pids"):
+    root = tmp_path / "unified"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text(controllers + "\n")
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"cgroup2 {root} cgroup2 rw 0 0\n")
+    return root, mounts
+
+
 def test_v1_groups_sit_below_the_agents_own_with_every_limit(tmp_path):
     roots, mounts, own = fake_v1(tmp_path)
     (roots["memory"] / "agents" / "a1").mkdir(parents=True)
@@ -44,11 +53,7 @@ def test_v1_groups_sit_below_the_agents_own_with_every_limit(tmp_path):
 
 
 def test_v2_is_used_when_it_has_the_controllers(tmp_path):
-    root = tmp_path / "unified"
-    root.mkdir()
-    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
-    mounts = tmp_path / "mounts"
-    mounts.write_text(f"cgroup2 {root} cgroup2 rw 0 0\n")
+    root, mounts = fake_v2(tmp_path)
     group = cgroups.create("j-a1-l0", memory_bytes=300 * 2**20, cpus=2, max_processes=100, mounts=mounts,
                            own=tmp_path / "unused")
     path = root / "trainyard" / "j-a1-l0"
@@ -141,11 +146,7 @@ def test_a_standby_group_that_cannot_take_the_learners_name_everywhere_keeps_its
 
 
 def test_no_standby_group_where_groups_cannot_be_renamed(tmp_path):
-    root = tmp_path / "unified"
-    root.mkdir()
-    (root / "cgroup.controllers").write_text("cpu memory pids\n")
-    mounts = tmp_path / "mounts"
-    mounts.write_text(f"cgroup2 {root} cgroup2 rw 0 0\n")
+    root, mounts = fake_v2(tmp_path, "cpu memory pids")
     with pytest.raises(cgroups.CgroupError, match="cannot be renamed"):
         cgroups.standby("f1", mounts=mounts, own=tmp_path / "unused")
     assert not (root / "trainyard").exists()
