@@ -45,6 +45,17 @@ def test_it_redacts_however_the_secret_is_quoted(style):
     assert SECRET not in datastores.redact_yaml(text)
 
 
+def test_it_replaces_exactly_the_secret_after_text_of_several_bytes_a_character():
+    # The node marks count characters, not bytes: "é✓" before the secret must not shift what is cut.
+    text = MANIFEST.replace("name: with-data", "name: with-data\ndescription: données ✓✓ 日本").replace(
+        "password: '{SECRET}'".format(SECRET=SECRET), f"password: '{SECRET}'  # é✓")
+    redacted = datastores.redact_yaml(text)
+    assert SECRET not in redacted
+    assert f'password: "{datastores.REDACTED}"  # é✓' in redacted
+    assert redacted.replace(f'"{datastores.REDACTED}"', "X") == text.replace(f"'{SECRET}'", "X").replace(
+        "AKIDEXAMPLE", "X")
+
+
 def test_it_redacts_the_parsed_mapping_and_reads_the_credentials():
     raw = parse_manifest(MANIFEST).raw
     assert datastores.credentials(raw) == {"lake": {"user_name": "AKIDEXAMPLE", "password": SECRET}}
