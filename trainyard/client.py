@@ -42,6 +42,7 @@ POLL_SECONDS = 0.5
 # A waiting client reads the job again this often even while its websocket is quiet: a change
 # published while the server's fan-out was down is never heard.
 RECHECK_SECONDS = 30.0
+FIRST_MESSAGE_SECONDS = 5.0  # a job socket's first message (the job) comes at once; past this, read the job
 FOLLOW_PATIENCE_SECONDS = 60.0
 TIMEOUT = (10, 60)          # connect, read
 UPLOAD_TIMEOUT = (10, 600)  # the server inspects the whole archive before it answers
@@ -112,13 +113,19 @@ class Client:
         patience = Patience(self.notify)
         watch = StatusWatch.open(self, job_id, statuses)  # before the first read: no change can fall in between
         try:
+            # The socket's first message is the job as the REST API shows it, read after the socket
+            # joined the job's changes: no HTTP read of it is needed (which the web process served
+            # just as the job was being scheduled and deployed).
+            job = watch.first_job(FIRST_MESSAGE_SECONDS if deadline is None else
+                                  max(0.0, min(FIRST_MESSAGE_SECONDS, deadline - time.monotonic()))) if watch else None
             while True:
-                try:
-                    job = self.job(job_id)
-                except TrainyardError as error:
-                    patience.wait(error)
-                    continue
-                patience.recovered()
+                if job is None:
+                    try:
+                        job = self.job(job_id)
+                    except TrainyardError as error:
+                        patience.wait(error)
+                        continue
+                    patience.recovered()
                 if job.get("status") in statuses:
                     return job
                 left = None if deadline is None else deadline - time.monotonic()
@@ -133,6 +140,7 @@ class Client:
                         watch = None  # dropped: poll from here on
                 if watch is None:
                     time.sleep(poll if left is None else min(poll, left))
+                job = None  # read it again
         finally:
             if watch is not None:
                 watch.close()
@@ -387,6 +395,7 @@ class StatusWatch:
 
     def __init__(self, socket, closing):
         self.socket, self.closing = socket, closing
+        self.unread = None  # a message first_job took that was not the job: until() reads it first
 
     @classmethod
     def open(cls, client, job_id, statuses=None):
@@ -411,6 +420,19 @@ class StatusWatch:
             log.debug("no websocket for %s (%s); polling instead", job_id, error)
             return None
 
+    def first_job(self, seconds):
+        """The job as the server sends it on opening (its REST detail), or None: the socket closed or
+        stayed silent, or its first message was something else (kept for `until`)."""
+        try:
+            message = json.loads(self.socket.recv(timeout=seconds))
+        except Exception:  # silent, closed or not JSON: the caller reads the job, and until() finds out
+            return None
+        job = message.get("job") if message.get("type") == "job" else None
+        if isinstance(job, dict) and "status" in job:
+            return job
+        self.unread = message
+        return None
+
     def until(self, statuses, seconds):
         """Read changes for up to `seconds`, returning early at one to a status in `statuses`: the job
         the change came with (its REST detail, read after the change) if it is in one of `statuses`,
@@ -419,7 +441,7 @@ class StatusWatch:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             try:
-                message = json.loads(self.socket.recv(timeout=left))
+                message, self.unread = self.unread or json.loads(self.socket.recv(timeout=left)), None
             except TimeoutError:
                 return True
             except Exception:  # closed, or not JSON

@@ -100,16 +100,38 @@ def test_wait_hears_the_end_over_the_jobs_websocket_without_polling(client, monk
     assert opened and opened[0] is not None
 
 
-def test_wait_returns_the_job_the_end_came_with_without_reading_it_again(client, monkeypatch):
+def test_wait_returns_the_job_the_end_came_with_without_reading_it(client, monkeypatch):
     job = client.submit(slow_manifest(2), EXAMPLE)
     reads = []
     original = client.job
     monkeypatch.setattr(client, "job", lambda job_id: reads.append(job_id) or original(job_id))
     done = client.wait(job["id"], timeout=60, poll=120)
     assert done["status"] == "COMPLETED" and done["exit_code"] == 0
-    assert reads == [job["id"]]  # the first read only: the rest came over the socket
+    assert reads == []  # the job came over the socket as it opened, and again with its end
     again = client.job(job["id"])  # as the REST API shows it
     assert done.keys() == again.keys() and all(done[k] == again[k] for k in ("id", "status", "finished_at", "manifest"))
+
+
+def test_wait_on_a_finished_job_answers_from_the_sockets_first_message(client, monkeypatch):
+    job = client.submit(slow_manifest(0), EXAMPLE)
+    client.wait(job["id"], timeout=60)
+    reads = []
+    original = client.job
+    monkeypatch.setattr(client, "job", lambda job_id: reads.append(job_id) or original(job_id))
+    done = client.wait(job["id"], timeout=60, poll=120)
+    assert done["status"] == "COMPLETED" and reads == []
+    again = client.job(job["id"])  # the REST detail, as a read gives it
+    assert done.keys() == again.keys() and all(done[k] == again[k] for k in ("id", "status", "finished_at", "manifest"))
+
+
+def test_wait_reads_the_job_when_the_socket_says_nothing_first(client, monkeypatch):
+    monkeypatch.setattr(trainyard.client.StatusWatch, "first_job", lambda self, seconds: None)
+    reads = []
+    original = client.job
+    monkeypatch.setattr(client, "job", lambda job_id: reads.append(job_id) or original(job_id))
+    job = client.submit(slow_manifest(1), EXAMPLE)
+    assert client.wait(job["id"], timeout=60, poll=120)["status"] == "COMPLETED"
+    assert reads == [job["id"]]
 
 
 def test_wait_polls_where_no_websocket_can_be_opened(client, monkeypatch):
