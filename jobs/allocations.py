@@ -66,8 +66,9 @@ def size(job):
 # --- keeping the timeline ---------------------------------------------------------------------------
 def on_transition(job, *, before, when):
     """The status-change listener (jobs.states.listen)."""
-    for row in Allocation.objects.filter(job=job, ended_at=None, attempt__lt=job.attempt):
-        close(row, when)
+    if not is_first_attempt(job):  # the first has no earlier one whose row could still be open
+        for row in Allocation.objects.filter(job=job, ended_at=None, attempt__lt=job.attempt):
+            close(row, when)
     if job.status not in ACTIVE:
         # A resize that was requested but never carried out (the job failed, was terminated or
         # requeued meanwhile) leaves a row for an attempt that never ran at that shape.
@@ -90,14 +91,28 @@ def shape_of(job, wanted_batch=None):
     return elasticity.shape(elastic, job.learners, wanted_batch)
 
 
+def is_first_attempt(job):
+    """Attempt 1 becomes PENDING once and before anything of the job ran: every way back to QUEUED
+    starts a new attempt (jobs.states' attempt_next), and a resize writes the row of the attempt
+    after the running one. So its admission finds no row and no samples to look up, which spares
+    three queries of every job's first scheduling cycle, inside the admission lock."""
+    return job.attempt == 1
+
+
 def open_attempt(job):
     """The row of the job's current attempt (kept if a resize wrote it already)."""
+    if is_first_attempt(job):
+        return _create_row(job, samples_start=None)
     row = Allocation.objects.filter(job=job, attempt=job.attempt).first()
     if row is not None:
         if row.samples_start is None:  # a resize's row: the job goes on from where the last attempt stopped
             row.samples_start = last_samples(job)
             row.save(update_fields=["samples_start"])
         return row
+    return _create_row(job, samples_start=last_samples(job))
+
+
+def _create_row(job, *, samples_start):
     try:
         shape = shape_of(job)
     except runtime.RuntimeUnavailable:
@@ -106,7 +121,7 @@ def open_attempt(job):
         job=job, attempt=job.attempt, learners=job.learners, gpus_per_learner=job.gpus,
         global_batch=shape.global_batch, local_batch=shape.local_batch, lr_scale=shape.lr_scale,
         placement=list(job.placement), reason=job.status_reason or "admitted",
-        samples_start=last_samples(job))
+        samples_start=samples_start)
 
 
 def start(job, when):
