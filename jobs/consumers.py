@@ -22,7 +22,6 @@ from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
 from jobs import listhub, live, metrics, tenancy
-from jobs.models import Job
 from portal import throttling
 from tenants import access
 from tenants.models import Membership
@@ -201,15 +200,14 @@ class JobConsumer(_ScopedConsumer):
         if self.status_only and (self.detail_for is None or event["status"]["status"] in self.detail_for):
             # The job as the REST API shows it, read after the change committed: a waiting script
             # returns it instead of reading it again (an HTTP request, about 20 ms of every job's wait).
-            message["detail"] = await self._detail()
+            # The change to a status scripts wait for brings it along (jobs.live.DETAILED).
+            message["detail"] = event.get("detail") or await self._detail()
         await self.send_json(message)
 
     @_db
     def _detail(self):
-        from jobs.serializers import JobDetailSerializer
         # This socket may see this job: checked at connect, and again whenever access may have ended.
-        job = Job.objects.select_related("owner", "tenant").filter(pk=self.job_id).first()
-        return JobDetailSerializer(job).data if job is not None else None
+        return live.detail_of(self.job_id)
 
     async def job_logs(self, event):
         if not self.status_only:

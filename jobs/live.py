@@ -18,12 +18,17 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import FINAL
+from jobs.models import FINAL, Job, Status
 from portal.serving import serving_loop
 
 log = logging.getLogger(__name__)
 CHUNK = 500  # lines per websocket message: big enough to batch, small enough to render smoothly
 PUBLISH_TIMEOUT_S = 10.0  # a publication outside an ASGI server waits at most this (Redis unreachable)
+# What a waiting script waits for by default (trainyard.Client.wait): the change to one of these
+# carries the job's REST detail to the job's own sockets, built once by the process that made the
+# change, after it committed. The web process read it for each waiting socket instead, through a
+# thread of its pool, 5-10 ms of every job's end as its script saw it (bench frameworks' timeline).
+DETAILED = FINAL | {Status.HALTED}
 
 
 def job_group(job_id):
@@ -53,15 +58,29 @@ def status_payload(job):
 def publish_status_on_commit(job):
     status = {"job": job.id, "status": job.status, "reason": job.status_reason, "attempt": job.attempt,
               "exit_code": job.exit_code, "time": job.updated_at.isoformat()}
-    payload, groups = status_payload(job), [job_group(job.id), tenant_group(job.tenant_id)]
+    payload, own, listing = status_payload(job), job_group(job.id), tenant_group(job.tenant_id)
+    detailed = job.status in DETAILED
 
     def send():
         # `time` is when the change was made, inside a transaction that may have gone on for a while
         # (an admission cycle's lasts as long as the cycle); `published` is when it became visible
         # and left for the sockets, so a client can tell the two delays apart.
-        _send(groups, {"type": "job.status", "status": {**status, "published": timezone.now().isoformat()},
-                       "job": payload})
+        message = {"type": "job.status", "status": {**status, "published": timezone.now().isoformat()},
+                   "job": payload}
+        if not detailed:
+            _send([own, listing], message)
+            return
+        _send([own], dict(message, detail=detail_of(job.id)))  # the tenant's list needs no detail
+        _send([listing], message)
     transaction.on_commit(send)
+
+
+def detail_of(job_id):
+    """The job as the REST API shows it now (None if it is gone). No access check: only sockets that
+    may see the job get it (each checked at connect, and again whenever access may have ended)."""
+    from jobs.serializers import JobDetailSerializer
+    job = Job.objects.select_related("owner", "tenant").filter(pk=job_id).first()
+    return None if job is None else JobDetailSerializer(job).data
 
 
 def on_status_change(job, *, before, when):

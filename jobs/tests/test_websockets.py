@@ -148,6 +148,44 @@ def test_a_status_only_socket_reads_the_job_only_for_the_statuses_it_waits_until
     assert completed["status"] == "COMPLETED" and completed["detail"]["id"] == target.id
 
 
+@pytest.mark.parametrize("status", ["COMPLETED", "HALTED"])
+def test_an_end_brings_the_jobs_detail_along_so_the_web_process_reads_nothing(monkeypatch, status):
+    """A change to a status scripts wait for carries the job's REST detail to the job's own sockets,
+    built by the process that made the change; the tenant's list gets the change without it."""
+    alice = member("team-a", "alice")
+    target = job(alice)
+    MetricPoint.objects.create(job=target, name="loss", value=0.5, step=1, time=timezone.now())
+    reads = []
+    monkeypatch.setattr("jobs.consumers.JobConsumer._detail", lambda self: reads.append(self) or {})
+
+    @database_sync_to_async
+    def end():
+        with transaction.atomic():
+            target.status, target.updated_at = status, timezone.now()
+            target.save(update_fields=["status", "updated_at"])
+            live.publish_status_on_commit(target)
+
+    token = token_for(alice)
+
+    @async_to_sync
+    async def scenario():
+        waiting = communicator_for(f"/ws/jobs/{target.id}/?only=status&until={status}&token={token}")
+        listing = communicator_for(f"/ws/jobs/?token={token}")
+        assert (await waiting.connect())[0] and (await listing.connect())[0]
+        await receive_all(waiting)  # the job, as it opened
+        await end()
+        changes = (await receive_all(waiting))[0], (await receive_all(listing))[0]
+        await waiting.disconnect()
+        await listing.disconnect()
+        return changes
+
+    [change], [burst] = scenario()
+    detail = json.loads(json.dumps(JobDetailSerializer(Job.objects.get(pk=target.id)).data, default=str))
+    assert change["status"] == status and change["detail"] == detail and detail["latest_metrics"]
+    assert reads == []
+    assert '"detail":' not in json.dumps(burst) and "manifest" not in json.dumps(burst)
+
+
 def test_a_full_socket_gets_changes_without_the_jobs_rest_detail():
     """Reading the job for every change is for waiting scripts only, not for every open job page."""
     alice = member()
