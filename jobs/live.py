@@ -18,17 +18,17 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import FINAL, Job, Status
+from jobs.models import AT_REST, FINAL, Job
 from portal.serving import serving_loop
 
 log = logging.getLogger(__name__)
 CHUNK = 500  # lines per websocket message: big enough to batch, small enough to render smoothly
 PUBLISH_TIMEOUT_S = 10.0  # a publication outside an ASGI server waits at most this (Redis unreachable)
-# What a waiting script waits for by default (trainyard.Client.wait): the change to one of these
-# carries the job's REST detail to the job's own sockets, built once by the process that made the
-# change, after it committed. The web process read it for each waiting socket instead, through a
-# thread of its pool, 5-10 ms of every job's end as its script saw it (bench frameworks' timeline).
-DETAILED = FINAL | {Status.HALTED}
+# A change to a status at rest (what a script waits for) carries the job's REST detail to the job's
+# own sockets, built once by the process that made the change, after it committed. The web process
+# read it for each waiting socket instead, through a thread of its pool: 5-10 ms of every job's end
+# as its script saw it (bench frameworks' timeline).
+DETAILED = AT_REST
 
 
 def job_group(job_id):

@@ -30,6 +30,9 @@ class Status(models.TextChoices):
 
 # A job in a final state never changes again; an active one holds resources (its usage record is open).
 FINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.TERMINATED})
+# Nothing more happens to a job at rest unless someone asks (a halted job waits to be resumed): what
+# a script waits for (trainyard.Client.wait).
+AT_REST = FINAL | {Status.HALTED}
 ACTIVE = frozenset({Status.PENDING, Status.DOWNLOADING, Status.PROCESSING, Status.STORING, Status.HALTING})
 
 

@@ -7,6 +7,7 @@ deploy, halt, teardown) and calls the status-change listeners registered with `l
 accounting: tenants.quotas; websocket fan-out after commit: jobs.live; both connected in
 JobsConfig.ready, so this module imports neither).
 """
+import functools
 import logging
 
 from django.db import transaction
@@ -14,7 +15,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs import outbox
-from jobs.models import ACTIVE, FINAL, Job, JobEvent, Status
+from jobs.models import ACTIVE, AT_REST, FINAL, Job, JobEvent, Status
 
 log = logging.getLogger(__name__)
 __all__ = ("ACTIVE", "FINAL", "TRANSITIONS", "InvalidTransition", "listen", "transition", "require_transition")
@@ -91,9 +92,18 @@ def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=F
         if target == Status.PROCESSING and job.started_at is None:
             Job.objects.filter(pk=job_id, started_at__isnull=True).update(started_at=now)
             job.started_at = now
-        outbox.for_transition(job, before=current["status"], attempt_before=current["attempt"])
+        # What each step sends leaves in this order once the change commits. A job coming to rest is
+        # heard of first (sockets, webhooks): a waiting script returns sooner, and the worker woken for
+        # the teardown does not take the CPU from that publication. Any other change wakes its worker
+        # first: an admission's deploy starts the learner sooner.
+        follow_ups = functools.partial(outbox.for_transition, job, before=current["status"],
+                                       attempt_before=current["attempt"])
+        if target not in AT_REST:
+            follow_ups()
         for listener in _listeners:
             listener(job, before=current["status"], when=now)
+        if target in AT_REST:
+            follow_ups()
     log.info("%s: %s -> %s (%s) %s", job_id, current["status"], target, actor, reason)
     return job
 

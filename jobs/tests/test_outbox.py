@@ -44,6 +44,23 @@ def test_a_retry_tears_down_the_attempt_that_failed_and_a_queued_job_needs_none(
     assert open_follow_ups(never_ran) == set()
 
 
+@pytest.mark.parametrize("target_status, first", [("PENDING", "follow_up"), ("COMPLETED", "publish"),
+                                                  ("HALTED", "publish")])
+def test_an_admission_wakes_its_worker_first_and_an_end_is_heard_of_first(monkeypatch, django_capture_on_commit_callbacks,
+                                                                         target_status, first):
+    """The order the messages of a change leave in once it commits: the deploy of an admission
+    before its publication (the learner starts sooner), an end's publication before its teardown
+    (a waiting script returns sooner)."""
+    order = []
+    monkeypatch.setattr("jobs.dispatch.send", lambda task, *args, **kwargs: order.append(task))
+    monkeypatch.setattr("jobs.live._send", lambda groups, *messages: order.append("publish"))
+    before = {"PENDING": "QUEUED", "COMPLETED": "STORING", "HALTED": "HALTING"}[target_status]
+    target = job(member(), status=before)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert transition(target.id, target_status, actor="t") is not None
+    assert order[0] == first and {"follow_up", "publish"} <= set(order)
+
+
 def test_a_change_that_loses_its_compare_and_swap_writes_nothing(sent):
     target = job(member(), status="COMPLETED")
     assert transition(target.id, Status.TERMINATED, actor="t") is None
