@@ -70,9 +70,17 @@ def publish_status_on_commit(job):
         if not detailed:
             _send([own, listing], message)
             return
-        _send([own], dict(message, detail=detail_of(job.id)))  # the tenant's list needs no detail
+        _send([own], dict(message, detail=_detail_or_none(job.id)))  # the tenant's list needs no detail
         _send([listing], message)
     transaction.on_commit(send)
+
+
+def _detail_or_none(job_id):
+    try:
+        return detail_of(job_id)
+    except Exception:  # noqa: BLE001 - best effort, like the publication: without it the sockets read it
+        log.warning("could not read %s for its sockets", job_id, exc_info=True)
+        return None
 
 
 def detail_of(job_id):

@@ -186,6 +186,35 @@ def test_an_end_brings_the_jobs_detail_along_so_the_web_process_reads_nothing(mo
     assert '"detail":' not in json.dumps(burst) and "manifest" not in json.dumps(burst)
 
 
+def test_an_end_whose_detail_cannot_be_built_is_still_published_and_the_socket_reads_it(monkeypatch):
+    alice = member("team-a", "alice")
+    target = job(alice)
+
+    def broken(job_id):
+        raise RuntimeError("database gone")
+    monkeypatch.setattr(live, "detail_of", broken)
+    token = token_for(alice)
+
+    @database_sync_to_async
+    def end():
+        with transaction.atomic():  # the change commits whatever happens to its publication
+            target.status, target.updated_at = "COMPLETED", timezone.now()
+            target.save(update_fields=["status", "updated_at"])
+            live.publish_status_on_commit(target)
+
+    reads = []
+
+    async def read(self):
+        reads.append(self)
+        return {"id": target.id}
+    monkeypatch.setattr("jobs.consumers.JobConsumer._detail", read)
+
+    _, messages = session(f"/ws/jobs/{target.id}/?only=status&until=COMPLETED&token={token}", then=end)
+    [change] = [m for m in messages if m["type"] == "status"]
+    assert change["status"] == "COMPLETED" and change["detail"] == {"id": target.id} and len(reads) == 1
+    assert Job.objects.get(pk=target.id).status == "COMPLETED"
+
+
 def test_a_full_socket_gets_changes_without_the_jobs_rest_detail():
     """Reading the job for every change is for waiting scripts only, not for every open job page."""
     alice = member()
