@@ -427,6 +427,8 @@ class StatusWatch:
             message = json.loads(self.socket.recv(timeout=seconds))
         except Exception:  # silent, closed or not JSON: the caller reads the job, and until() finds out
             return None
+        if not isinstance(message, dict):
+            return None  # nothing of ours; until() reads on
         job = message.get("job") if message.get("type") == "job" else None
         if isinstance(job, dict) and "status" in job:
             return job
