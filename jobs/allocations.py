@@ -66,7 +66,7 @@ def size(job):
 # --- keeping the timeline ---------------------------------------------------------------------------
 def on_transition(job, *, before, when):
     """The status-change listener (jobs.states.listen)."""
-    if not is_first_attempt(job):  # the first has no earlier one whose row could still be open
+    if not job.is_first_attempt:  # the first has no earlier one whose row could still be open
         for row in Allocation.objects.filter(job=job, ended_at=None, attempt__lt=job.attempt):
             close(row, when)
     if job.status not in ACTIVE:
@@ -91,17 +91,9 @@ def shape_of(job, wanted_batch=None):
     return elasticity.shape(elastic, job.learners, wanted_batch)
 
 
-def is_first_attempt(job):
-    """Attempt 1 becomes PENDING once and before anything of the job ran: every way back to QUEUED
-    starts a new attempt (jobs.states' attempt_next), and a resize writes the row of the attempt
-    after the running one. So its admission finds no row and no samples to look up, which spares
-    three queries of every job's first scheduling cycle, inside the admission lock."""
-    return job.attempt == 1
-
-
 def open_attempt(job):
     """The row of the job's current attempt (kept if a resize wrote it already)."""
-    if is_first_attempt(job):
+    if job.is_first_attempt:  # no row a resize wrote, no samples reported yet
         return _create_row(job, samples_start=None)
     row = Allocation.objects.filter(job=job, attempt=job.attempt).first()
     if row is not None:

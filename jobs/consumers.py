@@ -200,7 +200,7 @@ class JobConsumer(_ScopedConsumer):
         if self.status_only and (self.detail_for is None or event["status"]["status"] in self.detail_for):
             # The job as the REST API shows it, read after the change committed: a waiting script
             # returns it instead of reading it again (an HTTP request, about 20 ms of every job's wait).
-            # The change to a status scripts wait for brings it along (jobs.live.DETAILED).
+            # The change to a status scripts wait for brings it along (jobs.models.AT_REST; jobs.live).
             message["detail"] = event.get("detail") or await self._detail()
         await self.send_json(message)
 

@@ -24,11 +24,6 @@ from portal.serving import serving_loop
 log = logging.getLogger(__name__)
 CHUNK = 500  # lines per websocket message: big enough to batch, small enough to render smoothly
 PUBLISH_TIMEOUT_S = 10.0  # a publication outside an ASGI server waits at most this (Redis unreachable)
-# A change to a status at rest (what a script waits for) carries the job's REST detail to the job's
-# own sockets, built once by the process that made the change, after it committed. The web process
-# read it for each waiting socket instead, through a thread of its pool: 5-10 ms of every job's end
-# as its script saw it (bench frameworks' timeline).
-DETAILED = AT_REST
 
 
 def job_group(job_id):
@@ -59,7 +54,11 @@ def publish_status_on_commit(job):
     status = {"job": job.id, "status": job.status, "reason": job.status_reason, "attempt": job.attempt,
               "exit_code": job.exit_code, "time": job.updated_at.isoformat()}
     payload, own, listing = status_payload(job), job_group(job.id), tenant_group(job.tenant_id)
-    detailed = job.status in DETAILED
+    # A change to a status at rest (what a script waits for) carries the job's REST detail to the
+    # job's own sockets, built once by the process that made the change, after it committed. The web
+    # process read it for each waiting socket instead, through a thread of its pool: 5-10 ms of every
+    # job's end as its script saw it (bench frameworks' timeline).
+    detailed = job.status in AT_REST
 
     def send():
         # `time` is when the change was made, inside a transaction that may have gone on for a while

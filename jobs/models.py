@@ -90,6 +90,15 @@ class Job(models.Model):
         indexes = [models.Index(fields=["tenant", "-created_at"]),
                    models.Index(fields=["tenant", "status", "-created_at"], name="job_tenant_status_created")]
 
+    @property
+    def is_first_attempt(self):
+        """Attempt 1 becomes PENDING once and before anything of the job ran: every way back to QUEUED
+        starts a new attempt (jobs.states' attempt_next), and a resize writes the rows of the attempt
+        after the running one. So nothing of an earlier attempt (an open allocation or usage record)
+        and no samples reported can exist for it: its status changes skip those lookups
+        (jobs.allocations, tenants.quotas), three queries of its first scheduling cycle among them."""
+        return self.attempt == 1
+
     def __str__(self):
         return self.id
 

@@ -25,11 +25,10 @@ HISTORY_PERIODS = 6
 # --- accounting ----------------------------------------------------------------------------------
 def on_transition(job, *, holding_before, holding_after, when):
     """Open a usage record when an attempt starts holding resources, close it when it lets go."""
-    if holding_after and holding_before and job.attempt > 1:
+    if holding_after and holding_before and not job.is_first_attempt:
         # An elastic job resized goes on holding, as its next attempt at another size: the record
         # of the last attempt ends here and the new attempt's starts (usage counts what it holds).
-        # A first attempt has no last one (attempts only count up): most changes between active
-        # statuses skip the query.
+        # A first attempt has no last one: most changes between active statuses skip the query.
         holding_before = not UsageRecord.objects.filter(job=job, ended_at__isnull=True).exclude(
             attempt=job.attempt).update(ended_at=when)
     if holding_after and not holding_before:
