@@ -12,6 +12,7 @@ import os
 import queue
 import threading
 import time
+from contextlib import contextmanager
 
 from celery import current_app
 from django.core.cache import cache
@@ -71,7 +72,33 @@ def send_on_commit(task, *args):
     (`_send_later`), so the response does not wait for the broker: under load that wait (a round
     trip to mark a coalesced task, another to send) was a third of a submission's time (bench
     controlplane, py-spy). Nothing depends on the moment: a message only wakes a worker."""
-    transaction.on_commit(lambda: (_send_later if serving_loop() else send)(task, *args))
+    transaction.on_commit(lambda: _committed(task, args))
+
+
+def _committed(task, args):
+    held = getattr(_holding, "messages", {}).get(task)
+    if held is not None:
+        held.append(args)
+    else:
+        (_send_later if serving_loop() else send)(task, *args)
+
+
+_holding = threading.local()  # .messages: {task: [args]} of the held() blocks this thread is in
+
+
+@contextmanager
+def held(task):
+    """Within: the messages for `task` that changes committed in this thread would send are held
+    in the list this yields (one tuple of arguments each) instead; the caller sends them or does
+    their work itself. What a message would wake a worker for is in the database already, so one
+    the caller drops (it died first) is sent by the reconcile pass, as a lost message is."""
+    outer = getattr(_holding, "messages", {})
+    messages = []
+    _holding.messages = {**outer, task: messages}
+    try:
+        yield messages
+    finally:
+        _holding.messages = outer
 
 
 _sender = (None, None)  # (pid, queue) of this process's sending thread

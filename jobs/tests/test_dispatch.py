@@ -158,3 +158,39 @@ def test_a_web_request_does_not_wait_for_the_broker(monkeypatch):
 def test_outside_a_web_request_it_sends_before_going_on(broker):
     dispatch.send_on_commit("follow_up", 8)  # a worker's task, a management command
     assert broker == [("jobs.tasks.follow_up", (8,))]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_held_keeps_the_messages_of_its_task_that_commits_within_would_send(broker):
+    from django.db import transaction
+    with dispatch.held("follow_up") as written:
+        with transaction.atomic():
+            dispatch.send_on_commit("follow_up", 1)
+            dispatch.send_on_commit("schedule")  # another task's messages leave as ever
+        dispatch.send_on_commit("follow_up", 2)
+    dispatch.send_on_commit("follow_up", 3)  # after the block: sent again
+    assert written == [(1,), (2,)]
+    assert broker == [("jobs.tasks.schedule", ()), ("jobs.tasks.follow_up", (3,))]
+
+
+@pytest.mark.django_db(transaction=True)  # the cycle's own transaction commits, as in a worker
+def test_a_cycle_does_its_first_follow_up_itself_and_sends_the_others(broker, monkeypatch):
+    from types import SimpleNamespace
+
+    from jobs.backends.base import Capacity, Node
+    from jobs import admission, tasks
+    from jobs.models import FollowUp
+    from jobs.tests.builders import job, member
+    capacity = Capacity(nodes=(Node("node-0", 4, 64.0, 256 * 2**30),))
+    monkeypatch.setattr(admission, "get_backend", lambda: SimpleNamespace(capacity=lambda: capacity))
+    deployed = []
+    monkeypatch.setitem(tasks.HANDLERS, FollowUp.Kind.DEPLOY, lambda job_id, attempt: deployed.append(job_id))
+    alice = member()
+    first, second = job(alice, gpus=1), job(alice, gpus=1)
+    tasks.schedule()
+    rows = {row.job_id: row for row in FollowUp.objects.filter(kind=FollowUp.Kind.DEPLOY)}
+    assert set(rows) == {first.id, second.id}
+    [here] = deployed  # done by this worker, its row marked done; the other's message woke another
+    [elsewhere] = set(rows) - {here}
+    assert rows[here].done_at is not None and rows[elsewhere].done_at is None
+    assert broker == [("jobs.tasks.follow_up", (rows[elsewhere].pk,))]
