@@ -177,8 +177,8 @@ def test_held_keeps_the_messages_of_its_task_that_commits_within_would_send(brok
 def test_a_cycle_does_its_first_follow_up_itself_and_sends_the_others(broker, monkeypatch):
     from types import SimpleNamespace
 
-    from jobs.backends.base import Capacity, Node
     from jobs import admission, tasks
+    from jobs.backends.base import Capacity, Node
     from jobs.models import FollowUp
     from jobs.tests.builders import job, member
     capacity = Capacity(nodes=(Node("node-0", 4, 64.0, 256 * 2**30),))
