@@ -144,3 +144,28 @@ def test_a_forked_process_publishes_from_a_loop_of_its_own(server, monkeypatch):
         child.join(20)
         assert child.exitcode == 0
     assert received_from(server, publish_from_a_child, 1)[0]["from"] == "child"
+
+
+def test_the_receive_loop_keeps_reading_once_every_socket_has_left(server):
+    """channels_redis' loop sleeps 0.1 s at a time while its connection holds no subscription, and a
+    socket opened then waited out the sleep before its first message (portal.fanout.PubSubLayer)."""
+    async def scenario():
+        layer = layer_on(server.url)
+        shard = layer._get_layer()._shards[0]
+        for n in range(3):
+            channel = await layer.new_channel()
+            await layer.group_add("job.j-1", channel)
+            # The loop reads from the first subscription on: it never took its idle branch.
+            assert shard._pubsub.subscribed
+            await layer.group_send("job.j-1", {"type": "job.status", "n": n})
+            assert (await asyncio.wait_for(layer.receive(channel), 5))["n"] == n
+            await layer.group_discard("job.j-1", channel)
+            receiving = asyncio.ensure_future(layer.receive(channel))
+            await asyncio.sleep(0)
+            receiving.cancel()  # as a consumer that closes: its own channel is unsubscribed
+            with pytest.raises(asyncio.CancelledError):
+                await receiving
+            await asyncio.sleep(0.2)  # every socket gone: the library's loop would be sleeping now
+            assert shard._pubsub.subscribed, "no subscription left: the receive loop polls every 0.1 s"
+        await layer.flush()
+    asyncio.run(scenario())
