@@ -9,7 +9,6 @@ the platform does (cache, Celery). Platforms sharing a server on different datab
 see each other's live updates, the tenants and jobs of another deployment among them, so the
 channel names carry the database number.
 """
-
 from channels_redis import pubsub
 from redis.connection import parse_url
 
@@ -43,13 +42,19 @@ class PubSubLayer(pubsub.RedisPubSubChannelLayer):
 
 
 class ListeningShard(pubsub.RedisSingleShardConnection):
+    """One Redis connection of PubSubLayer: subscribed to its LISTENING channel from the first
+    subscription on, which it never leaves."""
+
+    @property
+    def listening(self):
+        return self.channel_layer.prefix + LISTENING
+
     async def subscribe(self, channel):
         async with self._lock:
             if channel in self._subscribed_to:
                 return
             self._ensure_redis()
-            listening = self.channel_layer.prefix + LISTENING
-            for name in ([listening] if listening not in self._subscribed_to else []) + [channel]:
+            for name in ([self.listening] if self.listening not in self._subscribed_to else []) + [channel]:
                 await self._pubsub.subscribe(name)
                 self._subscribed_to.add(name)
             # Started only now (the library starts it before subscribing): its first look finds a
@@ -57,7 +62,5 @@ class ListeningShard(pubsub.RedisSingleShardConnection):
             self._ensure_receiver()
 
     async def unsubscribe(self, channel):
-        if channel != self.channel_layer.prefix + LISTENING:
+        if channel != self.listening:
             await super().unsubscribe(channel)
-
-

@@ -155,7 +155,7 @@ def test_the_receive_loop_keeps_reading_once_every_socket_has_left(server):
         for n in range(3):
             channel = await layer.new_channel()
             await layer.group_add("job.j-1", channel)
-            # The loop reads from the first subscription on: it never took its idle branch.
+            # A subscription is held from the first socket on.
             assert shard._pubsub.subscribed
             await layer.group_send("job.j-1", {"type": "job.status", "n": n})
             assert (await asyncio.wait_for(layer.receive(channel), 5))["n"] == n
