@@ -70,9 +70,12 @@ class Shipper:
 
         self._conn = None
         self._conn_requests = 0
+        self._closed = threading.Event()
+        # Records were spooled since the flusher last looked. An event of its own, not the condition
+        # every add notifies: woken per record, the flusher would write per record.
+        self._added = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
         self._thread.start()
-        self._closed = threading.Event()
         self._flusher = threading.Thread(target=self._flush_spool_periodically, name="spool-flush",
                                          daemon=True)
         self._flusher.start()
@@ -111,6 +114,7 @@ class Shipper:
             numbered.append((self._last_seq, b'{"seq":%d' % self._last_seq + rest))
         if self._stopped is None:
             self._spool.append(numbered)
+            self._added.set()
         # else never deliverable (410, a refused credential): numbered for the caller, not kept,
         # or a learner that keeps printing would fill the disk for nothing.
         self._cond.notify_all()
@@ -152,6 +156,7 @@ class Shipper:
             self._closing = True
             self._cond.notify_all()
         self._closed.set()
+        self._added.set()
         self._thread.join(timeout if timeout is not None else self._http_timeout + 1)
         self._flusher.join(1.0)
         with self._cond:
@@ -217,17 +222,27 @@ class Shipper:
 
     def _flush_spool_periodically(self):
         """Bound how long an added record lives only in this process (FLUSH_INTERVAL_S) and only in
-        the page cache (SYNC_INTERVAL_S); the fsync runs outside the lock, on a duplicate descriptor."""
-        last_sync = time.monotonic()
-        # Its own event, not the condition every add notifies: woken per record, it would write per record.
-        while not self._closed.wait(FLUSH_INTERVAL_S):
+        the page cache (SYNC_INTERVAL_S); the fsync runs outside the lock, on a duplicate descriptor.
+
+        Asleep while nothing was added: a timer waking 20 times a second for a learner that prints
+        a line a second (or none while it trains) was most of the agent's wake-ups during a job."""
+        unsynced_since = None  # when records first reached the kernel that are not on the disk yet
+        while True:
+            # Woken by an add, by close, or when records written earlier are due for their fsync.
+            due = None if unsynced_since is None else unsynced_since + SYNC_INTERVAL_S - time.monotonic()
+            self._added.wait(None if due is None else max(0.0, due))
+            # After an add, wait out the interval so what follows it goes in the same write.
+            if self._closed.wait(FLUSH_INTERVAL_S if self._added.is_set() else 0):
+                return
             with self._cond:
                 if self._closing:
                     return
+                self._added.clear()
                 self._spool.flush()
-                sync_fd = None
-                if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
-                    sync_fd, last_sync = self._spool.dup_for_sync(), time.monotonic()
+                now, sync_fd = time.monotonic(), None
+                unsynced_since = unsynced_since or now
+                if now - unsynced_since >= SYNC_INTERVAL_S - FLUSH_INTERVAL_S:
+                    sync_fd, unsynced_since = self._spool.dup_for_sync(), None
             if sync_fd is not None:
                 try:
                     os.fsync(sync_fd)

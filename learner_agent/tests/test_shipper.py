@@ -1,5 +1,6 @@
 """The shipper against a real HTTP server: exactly once, in order, whatever the network does."""
 import os
+import socket
 import threading
 import time
 
@@ -155,3 +156,61 @@ def test_it_refuses_a_record_it_cannot_encode_without_leaving_a_gap(ingest, tmp_
     assert shipper.flush(timeout=5)
     shipper.close()
     assert [r["seq"] for r in ingest.stored()] == [1]
+
+
+class CountingSpool(Spool):
+    """A spool that counts the flusher's visits: its flushes, and the fsyncs it hands out."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.flushes = self.syncs = 0
+
+    def flush(self):
+        self.flushes += 1
+        super().flush()
+
+    def dup_for_sync(self):
+        fd = super().dup_for_sync()
+        self.syncs += fd is not None
+        return fd
+
+
+def wait_until(condition, timeout):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_spool_is_left_alone_while_nothing_is_added(ingest, tmp_path):
+    spool = CountingSpool(str(tmp_path / "spool"))
+    shipper = Shipper(ingest.url, TOKEN, attempt=1, learner=0, spool=spool)
+    shipper.add(log_record(1))
+    assert shipper.flush(timeout=5)
+    assert wait_until(lambda: spool.syncs == 1, timeout=3)  # that record reached the disk, once
+    before = spool.flushes
+    time.sleep(1.0)  # twenty of the flush intervals, and a sync interval
+    assert spool.flushes == before and spool.syncs == 1
+    shipper.close()
+
+
+def test_records_reach_the_file_and_then_the_disk_while_the_platform_does_not_answer(tmp_path):
+    hung = socket.create_server(("127.0.0.1", 0))  # connections wait in its backlog, unanswered
+    url = f"http://127.0.0.1:{hung.getsockname()[1]}/api/v1/ingest/training-test0001/"
+    spool = CountingSpool(str(tmp_path / "spool"))
+    shipper = Shipper(url, TOKEN, attempt=1, learner=0, spool=spool)
+    try:
+        shipper.add(log_record(1))
+        time.sleep(0.3)  # the sender has read it back and waits for an answer that never comes
+        shipper.add_many([log_record(i) for i in range(2, 5)])
+        # Only the flusher writes these: within a few of its intervals they survive the agent.
+        assert wait_until(lambda: spooled_lines(tmp_path) == 4, timeout=0.5)
+        assert wait_until(lambda: spool.syncs >= 1, timeout=2)
+        assert shipper.acked == 0
+    finally:
+        shipper.close(timeout=0.2)
+        hung.close()
+
+
+def spooled_lines(folder):
+    return sum(path.read_bytes().count(b"\n") for path in (folder / "spool").glob("*.seg"))
