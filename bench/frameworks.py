@@ -3,17 +3,19 @@
 For each framework's example the same command runs bare (the thread settings the agent gives a
 1-CPU learner, in a control group of the manifest's CPUs as its learner runs: bench.baseline) and
 then through a freshly started platform on the embedded defaults (submit → COMPLETED, as a script
-waiting with `trainyard.Client.wait` sees it); the ratio of
-median wall times is `overhead_ratio_<framework>`; `overhead_ratio_vs_unlimited_<framework>` divides
-by a bare run without the CPU limit instead (it also counts the limit the manifest asked for). `tensorflow` runs the
-Keras example under `framework: tensorflow` (the same program, so it shares keras's bare timing).
+waiting with `trainyard.Client.wait` sees it). Each platform run sits between two bare runs, and
+`overhead_ratio_<framework>` is the median of each platform run over the mean of the bare runs around
+it (bench.baseline.overhead), with its bootstrap 95% interval and the ratio of the two sides' medians
+beside it; `overhead_ratio_vs_unlimited_<framework>` divides the platform's median by that of a bare
+run without the CPU limit instead (it also counts the limit the manifest asked for). `tensorflow` runs
+the Keras example under `framework: tensorflow` (the same program, timed bare again beside its own runs).
 `ddp_2_learner_speedup` is the training throughput (samples/s over all learners, as the example
 reports it) of the 2-learner PyTorch DDP job over the same job with 1 learner, both through the
-platform. Frameworks whose packages are missing are left out and listed as skipped. Each figure is
-the median of BENCH_FRAMEWORKS_RUNS runs (3), bare and platform runs alternating, and of more for a
-short example: as many as give its bare side MIN_BARE_S seconds in all (the sklearn example's 1 s
-runs: 9), since on this machine a second's run moves by a tenth from one run to the next. `phases_s_<framework>`
-is the median timeline of its platform runs (bench.timeline): where the fixed cost goes.
+platform. Frameworks whose packages are missing are left out and listed as skipped. Each ratio
+comes from BENCH_FRAMEWORKS_RUNS platform runs (3), and from more for a short example: as many as
+give its bare side MIN_BARE_S seconds in all (the sklearn example's 1 s runs: 9), since on this
+machine a second's run moves by a tenth from one run to the next. `phases_s_<framework>` is the
+median timeline of its platform runs (bench.timeline): where the fixed cost goes.
 `fixed_cost_s` is that cost alone: submit → COMPLETED (as a script sees it) of a job whose command
 prints two lines and exits, the median of BENCH_FRAMEWORKS_FIXED_RUNS (20), with its timeline in
 `phases_s_fixed_cost`. Its runs are a second apart, as a platform's jobs are when each runs for a second
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 
 from bench import timeline
-from bench.baseline import cpu_limited
+from bench.baseline import cpu_limited, overhead
 from bench.report import median, publish
 from tests.support.harness import EXAMPLES, start_session
 
@@ -139,17 +141,17 @@ def main():
         for name, (example, command, _) in available.items():
             key = (example, command)
             manifest = manifest_for(example, command, framework=name if name == "tensorflow" else None)
-            if key not in bare:
+            if key not in unlimited:
                 # One untimed run first: the first import of a framework reads it from disk, which
                 # would be charged to whichever side happened to run first.
                 bare_seconds(example, command)
-                bare[key], unlimited[key] = [], []
-            # Bare and platform runs alternate, so a change in the machine's load hits both sides.
-            for _ in range(runs_for(bare_seconds(example, command, manifest_cpus(manifest)))):
-                bare[key].append(bare_seconds(example, command, manifest_cpus(manifest)))
-                through.setdefault(name, []).append(
-                    platform_seconds(session, example, manifest, stamps.setdefault(name, []))[0])
+                unlimited[key] = []
+            # Each platform run between two bare ones (bench.baseline.overhead).
+            bare[name], through[name] = [bare_seconds(example, command, manifest_cpus(manifest))], []
+            for _ in range(runs_for(bare[name][0])):
+                through[name].append(platform_seconds(session, example, manifest, stamps.setdefault(name, []))[0])
                 unlimited[key].append(bare_seconds(example, command))
+                bare[name].append(bare_seconds(example, command, manifest_cpus(manifest)))
         fixed_manifest = manifest_for("custom-shell", FIXED_COMMAND)
         for _ in range(FIXED_RUNS):
             time.sleep(FIXED_GAP_S)
@@ -163,14 +165,19 @@ def main():
         shutil.rmtree(data_dir, ignore_errors=True)
     figures, rows = {}, []
     for name, (example, command, _) in available.items():
-        bare_s, through_s = median(bare[(example, command)]), median(through[name])
-        figures[f"overhead_ratio_{name}"] = round(through_s / bare_s, 4)
+        bare_s, through_s = median(bare[name]), median(through[name])
+        measured = overhead(through[name], bare[name])
+        figures[f"overhead_ratio_{name}"] = round(measured.ratio, 4)
+        figures[f"overhead_ratio_ci95_{name}"] = [round(measured.low, 4), round(measured.high, 4)]
+        figures[f"overhead_ratio_of_medians_{name}"] = round(measured.ratio_of_medians, 4)
         figures[f"bare_wall_s_{name}"] = round(bare_s, 3)
         figures[f"bare_cpus_{name}"] = manifest_cpus(manifest_for(example, command))
         figures[f"overhead_ratio_vs_unlimited_{name}"] = round(through_s / median(unlimited[(example, command)]), 4)
         figures[f"platform_wall_s_{name}"] = round(through_s, 3)
         rows.append((f"{name} ({example}): bare / through Trainyard (s)", f"{bare_s:.1f} / {through_s:.1f}", ""))
         rows.append((f"overhead_ratio_{name}", figures[f"overhead_ratio_{name}"], "target ≤ 1.10"))
+        rows.append(("  95% interval / median ÷ median", "{:.3f}–{:.3f} / {:.3f}".format(
+            *figures[f"overhead_ratio_ci95_{name}"], figures[f"overhead_ratio_of_medians_{name}"]), ""))
         rows.append(("  ÷ the bare run without a CPU limit", figures[f"overhead_ratio_vs_unlimited_{name}"], ""))
         figures[f"phases_s_{name}"] = phases = timeline.summarise(stamps[name])
         rows.append(("  submit → first line / last line → COMPLETED (median, s)",
