@@ -8,7 +8,10 @@ platform run over the mean of the bare runs around it, with a bootstrap 95% inte
 (bench.baseline.overhead); the ratio of the two sides' medians is reported beside it, and every run's
 time is in `runs_s`. A bare run without the CPU limit is measured beside them
 (`overhead_ratio_vs_unlimited`, a ratio of medians): that ratio also counts the limit the manifest
-asked for. Each platform run's timeline (bench.timeline) says where the rest goes: the median of
+asked for. `spans_s` cuts both sides' runs alike, at the first and the last line of the example's
+output (read from a pipe on both sides): the time to the first line, the training between, and
+the time from the last line to the end (as the script saw it), so the difference lands in one of
+them. Each platform run's timeline (bench.timeline) then says where its ends go: the median of
 every phase between submit and the learner's first line, and between its last line and COMPLETED.
 Submit→PROCESSING latency is measured on short jobs; RSS figures come from /proc.
 """
@@ -32,6 +35,8 @@ EXAMPLE_CPUS = 1.0  # examples/pytorch-digits/manifest.yml
 # Platform runs (each between two bare ones). 5 moved the ratio by ±0.02 from one bench run to the next.
 RUNS = int(os.environ.get("BENCH_OVERHEAD_RUNS", 9))
 LATENCY_JOBS = int(os.environ.get("BENCH_LATENCY_JOBS", 20))
+# A run in three spans, bare and through the platform alike: where the difference between them goes.
+SPANS = ("to the first line", "first line → last line (training)", "last line → the end")
 QUICK_JOB = """
 name: latency-probe
 cpus: 1
@@ -40,24 +45,35 @@ framework: {name: custom, command: "echo ready"}
 """
 
 
-def bare_run_seconds(cpus=None):
-    """The example alone; with `cpus`, held to that many CPUs as its learner would be."""
+def bare_run_seconds(cpus=None, spans=None):
+    """The example alone; with `cpus`, held to that many CPUs as its learner would be. With `spans`,
+    appends the run's three spans (SPANS) as read from its output, as the agent reads a learner's."""
     if cpus is not None:
         with cpu_limited(cpus) as join:
-            return _bare_run_seconds(preexec_fn=join)
-    return _bare_run_seconds()
+            return _bare_run_seconds(preexec_fn=join, spans=spans)
+    return _bare_run_seconds(spans=spans)
 
 
-def _bare_run_seconds(preexec_fn=None):
+def _bare_run_seconds(preexec_fn=None, spans=None):
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "code"
         shutil.copytree(EXAMPLES / EXAMPLE, work)
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CHECKPOINT_DIR=str(Path(tmp) / "ckpt"),
-                   RESULT_DIR=str(Path(tmp) / "results"), PYTHONPATH=str(EXAMPLES.parent))
+                   RESULT_DIR=str(Path(tmp) / "results"), PYTHONPATH=str(EXAMPLES.parent), PYTHONUNBUFFERED="1")
         started = time.monotonic()
-        subprocess.run([sys.executable, "train.py", "--epochs", "8"], cwd=work, env=env, check=True,
-                       stdout=subprocess.DEVNULL, preexec_fn=preexec_fn)
-        return time.monotonic() - started
+        # Its output into a pipe read line by line, as a learner's goes to its agent.
+        with subprocess.Popen([sys.executable, "train.py", "--epochs", "8"], cwd=work, env=env,
+                              stdout=subprocess.PIPE, preexec_fn=preexec_fn) as learner:
+            first = last = None
+            for _ in learner.stdout:
+                last = time.monotonic()
+                first = first or last
+        elapsed = time.monotonic() - started
+        if learner.returncode != 0:
+            raise subprocess.CalledProcessError(learner.returncode, learner.args)
+        if spans is not None:
+            spans.append(dict(zip(SPANS, (first - started, last - first, started + elapsed - last))))
+        return elapsed
 
 
 def platform_run_seconds(session, peak, stamps):
@@ -132,11 +148,12 @@ def main():
         idle_rss = process_tree_rss_mb(session.platform.pids().values())
         latencies = [submit_to_processing_seconds(session) for _ in range(LATENCY_JOBS)]
         peak, stamps, through, unlimited = [], [], [], []
-        bare = [bare_run_seconds(EXAMPLE_CPUS)]
+        bare_spans = []
+        bare = [bare_run_seconds(EXAMPLE_CPUS, bare_spans)]
         for _ in range(RUNS):  # each platform run between two bare ones (bench.baseline.overhead)
             through.append(platform_run_seconds(session, peak, stamps))
             unlimited.append(bare_run_seconds())
-            bare.append(bare_run_seconds(EXAMPLE_CPUS))
+            bare.append(bare_run_seconds(EXAMPLE_CPUS, bare_spans))
     finally:
         session.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -157,6 +174,7 @@ def main():
         "runs": RUNS,
         "latency_jobs": LATENCY_JOBS,
         "phases_s": timeline.summarise(stamps),
+        "spans_s": {"bare": _median_spans(bare_spans), "platform": _median_spans(map(_platform_spans, stamps))},
         "runs_s": {"bare": _rounded(bare), "platform": _rounded(through), "bare_unlimited": _rounded(unlimited)},
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
@@ -173,8 +191,22 @@ def main():
         ("submit→PROCESSING p95 (s)", figures["submit_to_processing_p95_s"], ""),
         ("learner agent peak RSS (MB)", figures["agent_rss_mb"], ""),
         ("platform idle RSS: web+worker+beat+Redis (MB)", figures["platform_idle_rss_mb"], ""),
+        ("where the difference goes (median s): bare / through Trainyard", "", ""),
+        *[(f"  {span}", "{:.3f} / {:.3f}".format(figures["spans_s"]["bare"][span], figures["spans_s"]["platform"][span]),
+           "") for span in SPANS],
         *timeline.rows(figures["phases_s"]),
     ], figures)
+
+
+def _platform_spans(stamps):
+    """A platform run's SPANS: from submit, and to the moment its script knew it had ended."""
+    return dict(zip(SPANS, (stamps["first_line"] - stamps["submitted"], stamps["last_line"] - stamps["first_line"],
+                            stamps["seen"] - stamps["last_line"])))
+
+
+def _median_spans(runs):
+    runs = list(runs)
+    return {span: round(median([run[span] for run in runs]), 3) for span in SPANS}
 
 
 def _rounded(values):
