@@ -14,10 +14,11 @@ is still buffered; the shipper asks `has_room` before it adds output (see Shippe
 
 Durability: `append` only buffers. `flush` hands the buffer to the kernel (one write), which is all
 surviving an agent SIGKILL takes; the shipper flushes before it reads each batch back (so nothing
-is ever sent that is not in the file: a restarted agent can never reuse an acked seq), and a timer
-every FLUSH_INTERVAL_S. `sync` (fsync) only guards against the machine itself going down; it runs at
-most once a second off the hot path, because an fsync per batch would cap ingest at the disk's
-flush rate while the learner dies with the machine anyway.
+is ever sent that is not in the file: a restarted agent can never reuse an acked seq), and its
+flusher within FLUSH_INTERVAL_S of any add (it sleeps while nothing is added). `sync` (fsync) only
+guards against the machine itself going down; it runs at most once a second off the hot path,
+because an fsync per batch would cap ingest at the disk's flush rate while the learner dies with
+the machine anyway.
 """
 import bisect
 import json
