@@ -193,21 +193,24 @@ def main():
         ("learner agent peak RSS (MB)", figures["agent_rss_mb"], ""),
         ("platform idle RSS: web+worker+beat+Redis (MB)", figures["platform_idle_rss_mb"], ""),
         ("where the difference goes (median s): bare / through Trainyard", "", ""),
-        *[(f"  {span}", "{:.3f} / {:.3f}".format(figures["spans_s"]["bare"][span], figures["spans_s"]["platform"][span]),
-           "") for span in SPANS],
+        *[(f"  {span}", f"{figures['spans_s']['bare'][span]} / {figures['spans_s']['platform'][span]}", "")
+          for span in SPANS],
         *timeline.rows(figures["phases_s"]),
     ], figures)
 
 
 def _platform_spans(stamps):
-    """A platform run's SPANS: from submit, and to the moment its script knew it had ended."""
-    return dict(zip(SPANS, (stamps["first_line"] - stamps["submitted"], stamps["last_line"] - stamps["first_line"],
-                            stamps["seen"] - stamps["last_line"])))
+    """A platform run's SPANS: from submit, and to the moment its script knew it had ended (None
+    where the platform left a stamp out)."""
+    cuts = [stamps.get(name) for name in ("submitted", "first_line", "last_line", "seen")]
+    if None in cuts:
+        return None
+    return dict(zip(SPANS, (after - before for before, after in zip(cuts, cuts[1:]))))
 
 
 def _median_spans(runs):
-    runs = list(runs)
-    return {span: round(median([run[span] for run in runs]), 3) for span in SPANS}
+    runs = [run for run in runs if run is not None]
+    return {span: round(median([run[span] for run in runs]), 3) if runs else None for span in SPANS}
 
 
 def _rounded(values):
