@@ -3,8 +3,8 @@
 Through Trainyard a learner runs in a control group holding it to its manifest's `cpus`
 (learner_agent.cgroups); a bare run without one may use every core, so the ratio would charge the
 limit the researcher asked for to the platform. `cpu_limited(cpus)` gives the bare run the same
-group. `overhead` turns the two sides' runs into the ratio. Not a benchmark of its own (excluded
-from `bench all`).
+group. `measure_overhead` turns the two sides' runs into the ratio. Not a benchmark of its own
+(excluded from `bench all`).
 """
 import os
 import random
@@ -48,7 +48,7 @@ class Overhead:
     ratios: list
 
 
-def overhead(through, bare, *, resamples=2000):
+def measure_overhead(through, bare, *, resamples=2000):
     """`through`: platform runs; `bare`: the bare runs around them, one more than `through`."""
     if len(bare) != len(through) + 1:
         raise ValueError(f"{len(through)} platform runs need {len(through) + 1} bare runs around them, not {len(bare)}")

@@ -5,7 +5,7 @@ For each framework's example the same command runs bare (the thread settings the
 then through a freshly started platform on the embedded defaults (submit → COMPLETED, as a script
 waiting with `trainyard.Client.wait` sees it). Each platform run sits between two bare runs, and
 `overhead_ratio_<framework>` is the median of each platform run over the mean of the bare runs around
-it (bench.baseline.overhead), with its bootstrap 95% interval and the ratio of the two sides' medians
+it (bench.baseline.measure_overhead), with its bootstrap 95% interval and the ratio of the two sides' medians
 beside it; `overhead_ratio_vs_unlimited_<framework>` divides the platform's median by that of a bare
 run without the CPU limit instead (it also counts the limit the manifest asked for). `tensorflow` runs
 the Keras example under `framework: tensorflow` (the same program, timed bare again beside its own runs).
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from bench import timeline
-from bench.baseline import cpu_limited, overhead
+from bench.baseline import cpu_limited, measure_overhead
 from bench.report import median, publish
 from tests.support.harness import EXAMPLES, start_session
 
@@ -146,7 +146,7 @@ def main():
                 # would be charged to whichever side happened to run first.
                 bare_seconds(example, command)
                 unlimited[key] = []
-            # Each platform run between two bare ones (bench.baseline.overhead).
+            # Each platform run between two bare ones (bench.baseline.measure_overhead).
             bare[name], through[name] = [bare_seconds(example, command, manifest_cpus(manifest))], []
             for _ in range(runs_for(bare[name][0])):
                 through[name].append(platform_seconds(session, example, manifest, stamps.setdefault(name, []))[0])
@@ -166,7 +166,7 @@ def main():
     figures, rows = {}, []
     for name, (example, command, _) in available.items():
         bare_s, through_s = median(bare[name]), median(through[name])
-        measured = overhead(through[name], bare[name])
+        measured = measure_overhead(through[name], bare[name])
         figures[f"overhead_ratio_{name}"] = round(measured.ratio, 4)
         figures[f"overhead_ratio_ci95_{name}"] = [round(measured.low, 4), round(measured.high, 4)]
         figures[f"overhead_ratio_of_medians_{name}"] = round(measured.ratio_of_medians, 4)

@@ -5,7 +5,7 @@ control group of the manifest's 1 CPU, as its learner runs: bench.baseline) and 
 freshly started platform on the embedded defaults (submit → COMPLETED as `trainyard.Client.wait`
 sees it). Each platform run sits between two bare runs, and `overhead_ratio` is the median of each
 platform run over the mean of the bare runs around it, with a bootstrap 95% interval
-(bench.baseline.overhead); the ratio of the two sides' medians is reported beside it, and every run's
+(bench.baseline.measure_overhead); the ratio of the two sides' medians is reported beside it, and every run's
 time is in `runs_s`. A bare run without the CPU limit is measured beside them
 (`overhead_ratio_vs_unlimited`, a ratio of medians): that ratio also counts the limit the manifest
 asked for. `spans_s` cuts both sides' runs alike, at the first and the last line of the example's
@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench import timeline
-from bench.baseline import cpu_limited, overhead
+from bench.baseline import cpu_limited, measure_overhead
 from bench.report import median, percentile, publish
 from tests.support.harness import EXAMPLES, start_session
 
@@ -151,14 +151,14 @@ def main():
         peak, stamps, through, unlimited = [], [], [], []
         bare_spans = []
         bare = [bare_run_seconds(EXAMPLE_CPUS, bare_spans)]
-        for _ in range(RUNS):  # each platform run between two bare ones (bench.baseline.overhead)
+        for _ in range(RUNS):  # each platform run between two bare ones (bench.baseline.measure_overhead)
             through.append(platform_run_seconds(session, peak, stamps))
             unlimited.append(bare_run_seconds())
             bare.append(bare_run_seconds(EXAMPLE_CPUS, bare_spans))
     finally:
         session.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
-    measured = overhead(through, bare)
+    measured = measure_overhead(through, bare)
     figures = {
         "overhead_ratio": round(measured.ratio, 4),
         "overhead_ratio_ci95": [round(measured.low, 4), round(measured.high, 4)],

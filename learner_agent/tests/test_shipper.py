@@ -8,7 +8,7 @@ import pytest
 
 from learner_agent.shipper import Shipper
 from learner_agent.spool import Spool
-from learner_agent.tests.conftest import TOKEN, IngestServer
+from learner_agent.tests.conftest import TOKEN, IngestServer, wait_for
 
 
 def shipper_for(server, folder, **kwargs):
@@ -175,19 +175,12 @@ class CountingSpool(Spool):
         return fd
 
 
-def wait_until(condition, timeout):
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
-
-
 def test_the_spool_is_left_alone_while_nothing_is_added(ingest, tmp_path):
     spool = CountingSpool(str(tmp_path / "spool"))
     shipper = Shipper(ingest.url, TOKEN, attempt=1, learner=0, spool=spool)
     shipper.add(log_record(1))
     assert shipper.flush(timeout=5)
-    assert wait_until(lambda: spool.syncs == 1, timeout=3)  # that record reached the disk, once
+    wait_for(lambda: spool.syncs == 1, timeout=3, interval=0.01)  # that record reached the disk, once
     before = spool.flushes
     time.sleep(1.0)  # twenty of the flush intervals, and a sync interval
     assert spool.flushes == before and spool.syncs == 1
@@ -204,8 +197,8 @@ def test_records_reach_the_file_and_then_the_disk_while_the_platform_does_not_an
         time.sleep(0.3)  # the sender has read it back and waits for an answer that never comes
         shipper.add_many([log_record(i) for i in range(2, 5)])
         # Only the flusher writes these: within a few of its intervals they survive the agent.
-        assert wait_until(lambda: spooled_lines(tmp_path) == 4, timeout=0.5)
-        assert wait_until(lambda: spool.syncs >= 1, timeout=2)
+        wait_for(lambda: spooled_lines(tmp_path) == 4, timeout=0.5, interval=0.01)
+        wait_for(lambda: spool.syncs >= 1, timeout=2, interval=0.01)
         assert shipper.acked == 0
     finally:
         shipper.close(timeout=0.2)
