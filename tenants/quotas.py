@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from tenants.models import Quota, UsageRecord
@@ -187,7 +187,9 @@ def summary(tenant, *, user=None, now=None):
     usage = usage_of(tenant, now, quota)
     state, reason = budget_state(quota, usage)
     # Through the tenant's reverse relation: this module does not import jobs (jobs builds on tenants).
-    queued = list(tenant.jobs.filter(status=QUEUED).only("gpus", "learners"))
+    # Counted by the database: rows read through the reverse relation with only() cost one more
+    # query each (Django sets the tenant on each from its deferred tenant_id).
+    queued = tenant.jobs.filter(status=QUEUED).aggregate(jobs=Count("id"), gpus=Sum(F("gpus") * F("learners")))
     limits = quota.as_dict() if quota else dict.fromkeys(Quota.LIMITS, None) | {
         "period": Quota.Period.MONTH, "budget_mode": Quota.BudgetMode.HARD, "can_borrow": False}
     body = {
@@ -196,7 +198,7 @@ def summary(tenant, *, user=None, now=None):
                   "gpu_hours": round(usage.gpu_hours, 4), "cpu_hours": round(usage.cpu_hours, 4),
                   "period_start": usage.period_start.isoformat(), "period_end": usage.period_end.isoformat()},
         "budget": {"state": state, "reason": reason},
-        "queued": {"jobs": len(queued), "gpus": sum(j.gpus * j.learners for j in queued)},
+        "queued": {"jobs": queued["jobs"], "gpus": queued["gpus"] or 0},
         "history": history(tenant, quota, now),
     }
     if user is not None:

@@ -124,3 +124,18 @@ def test_set_quota_refuses_unknown_fields():
 def test_quota_defaults_are_no_limits():
     quota = Quota.objects.create(tenant=member().tenant)
     assert all(getattr(quota, name) is None for name in Quota.LIMITS)
+
+
+def test_summary_reads_the_queue_in_the_same_queries_however_long_it_is():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    alice = member()
+    counts = []
+    for queued in (1, 10):
+        while alice.tenant.jobs.filter(status=Status.QUEUED).count() < queued:
+            job(alice, gpus=1, learners=2)
+        with CaptureQueriesContext(connection) as queries:
+            body = quotas.summary(alice.tenant, user=alice.user)
+        assert body["queued"] == {"jobs": queued, "gpus": 2 * queued}
+        counts.append(len(queries))
+    assert counts[0] == counts[1]
