@@ -1,7 +1,11 @@
 """Recording a job's stored files (jobs.artifacts)."""
 import hashlib
 
-from jobs import artifacts
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs import artifacts, storage
+from jobs.tests.builders import job, member
 
 
 def test_digests_are_each_files_own_whether_hashed_one_by_one_or_together(tmp_path):
@@ -16,10 +20,6 @@ def test_digests_are_each_files_own_whether_hashed_one_by_one_or_together(tmp_pa
 def _recording_queries(target, files):
     """The queries of recording `target`'s files a second time (the first recorded them), with
     `files` result files in its folder."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    from jobs import storage
     results = storage.job_dir(target.tenant.slug, target.id) / "results"
     results.mkdir(parents=True, exist_ok=True)
     for i in range(files):
@@ -33,7 +33,6 @@ def _recording_queries(target, files):
 def test_recording_a_jobs_files_again_takes_the_same_queries_however_many_are_recorded(db):
     # Read through the job's reverse relation with only(), each recorded artifact cost one more
     # query for the job Django sets on it from its deferred job_id.
-    from jobs.tests.builders import job, member
     alice = member()
     few, many = job(alice), job(alice)
     assert _recording_queries(few, 2) == _recording_queries(many, 12) == 1

@@ -2,6 +2,8 @@
 from datetime import datetime, timedelta, timezone as tz
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.models import Status
@@ -127,12 +129,10 @@ def test_quota_defaults_are_no_limits():
 
 
 def test_summary_reads_the_queue_in_the_same_queries_however_long_it_is():
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
     alice = member()
     counts = []
-    for queued in (1, 10):
-        while alice.tenant.jobs.filter(status=Status.QUEUED).count() < queued:
+    for adding, queued in ((1, 1), (9, 10)):
+        for _ in range(adding):
             job(alice, gpus=1, learners=2)
         with CaptureQueriesContext(connection) as queries:
             body = quotas.summary(alice.tenant, user=alice.user)
