@@ -6,9 +6,9 @@ freshly started platform on the embedded defaults (submit → COMPLETED as `trai
 sees it). Each platform run sits between two bare runs, and `overhead_ratio` is the median of each
 platform run over the mean of the bare runs around it, with a bootstrap 95% interval
 (bench.baseline.measure_overhead); the ratio of the two sides' medians is reported beside it, and every run's
-time is in `runs_s`. A bare run without the CPU limit is measured beside them
-(`overhead_ratio_vs_unlimited`, a ratio of medians): that ratio also counts the limit the manifest
-asked for. `spans_s` cuts both sides' runs alike, at the first and the last line of the example's
+time is in `runs_s`. A bare run without the CPU limit is measured after every UNLIMITED_EVERY-th
+platform run (`overhead_ratio_vs_unlimited`, a ratio of medians): that ratio also counts the limit
+the manifest asked for. `spans_s` cuts both sides' runs alike, at the first and the last line of the example's
 output (read from a pipe on both sides): the time to the first line, the training between, and
 the time from the last line to the end (as the script saw it), so the difference lands in one of
 them. Each platform run's timeline (bench.timeline) then says where its ends go: the median of
