@@ -177,4 +177,5 @@ def assert_loss_continues(losses):
         stopped = [loss for _, loss in before[-5:]]
         # A resume that lost the model would start again near the initial loss (about ln 10 = 2.3).
         assert max(resumed) < initial / 3, (initial, stopped, resumed)
-        assert sum(resumed) / 5 < 2 * sum(stopped) / 5 + 0.05, (stopped, resumed)
+        # Means over what each attempt logged: an attempt resized early may have logged fewer than 5.
+        assert sum(resumed) / len(resumed) < 2 * sum(stopped) / len(stopped) + 0.05, (stopped, resumed)
