@@ -235,7 +235,7 @@ class Platform:
     def wait_ready(self, timeout):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for name in self.processes:
+            for name in self.names():
                 self.check_alive(name)
             try:
                 with urllib.request.urlopen(self.url + "/login/", timeout=2) as response:
@@ -251,7 +251,14 @@ class Platform:
         return not self.quiet or (log.exists() and b" ready." in log.read_bytes())
 
     def pids(self):
-        return {name: p.pid for name, p in self.processes.items() if p.poll() is None}
+        with self._lock:  # the supervisor swaps a crashed part's entry while callers read
+            processes = list(self.processes.items())
+        return {name: p.pid for name, p in processes if p.poll() is None}
+
+    def names(self):
+        """The parts started, read under the lock: iterating `processes` races the supervisor."""
+        with self._lock:
+            return list(self.processes)
 
 
 def _signal_group(process, sig):

@@ -1,6 +1,7 @@
 """The runner's handling of the platform's processes, with `sleep` standing in for each part."""
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -69,6 +70,40 @@ def test_a_crash_looping_part_is_left_down_and_reported(platform, monkeypatch):
     assert "web" not in platform.pids() and len(platform.restarts) == 2
     with pytest.raises(StartupError, match="web exited with code -9"):
         platform.check_alive("web")
+
+
+class SlowToRestartWeb(Sleepers):
+    def start_web(self, name="web"):
+        if self.restarts:
+            time.sleep(0.5)  # the supervisor holds the part's slot empty meanwhile
+        super().start_web(name)
+
+
+class SlowToAnswer:
+    """A part whose poll() takes a while when the test asks, so a reader is mid-iteration."""
+    pid = 0
+
+    def poll(self):
+        if threading.current_thread() is threading.main_thread():
+            time.sleep(0.6)
+        return None
+
+
+def test_reading_the_parts_while_the_supervisor_restarts_one_sees_a_consistent_set(tmp_path):
+    platform = SlowToRestartWeb(data_dir=tmp_path, port=free_port(), env={"REDIS_URL": ""},
+                               supervise=True).start()
+    try:
+        with platform._lock:
+            platform.processes["probe"] = SlowToAnswer()
+        crashed = platform.pids()["web"]
+        os.kill(crashed, signal.SIGKILL)
+        assert wait_for(lambda: "web" not in platform.processes)
+        # Mid-restart: the web slot is empty and is filled while pids() waits on the probe.
+        assert platform.pids()["web"] != crashed
+    finally:
+        with platform._lock:
+            platform.processes.pop("probe", None)
+        platform.stop()
 
 
 @pytest.mark.parametrize("platform", [False], indirect=True)

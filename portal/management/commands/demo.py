@@ -81,7 +81,7 @@ class Command(BaseCommand):
             self.stdout.write(self.banner(facts, jobs, path))
             while True:
                 time.sleep(1)
-                for name in list(platform.processes):
+                for name in platform.names():
                     platform.check_alive(name)
         except KeyboardInterrupt:
             pass
