@@ -73,8 +73,13 @@ def test_a_crash_looping_part_is_left_down_and_reported(platform, monkeypatch):
 
 
 class SlowToRestartWeb(Sleepers):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.restarting = threading.Event()
+
     def start_web(self, name="web"):
         if self.restarts:
+            self.restarting.set()
             time.sleep(0.5)  # the supervisor holds the part's slot empty meanwhile
         super().start_web(name)
 
@@ -97,8 +102,8 @@ def test_reading_the_parts_while_the_supervisor_restarts_one_sees_a_consistent_s
             platform.processes["probe"] = SlowToAnswer()
         crashed = platform.pids()["web"]
         os.kill(crashed, signal.SIGKILL)
-        assert wait_for(lambda: "web" not in platform.processes)
-        # Mid-restart: the web slot is empty and is filled while pids() waits on the probe.
+        assert platform.restarting.wait(10)
+        # Mid-restart: the web slot is empty, and is filled while pids() waits on the probe.
         assert platform.pids()["web"] != crashed
     finally:
         with platform._lock:
