@@ -111,7 +111,7 @@ class Platform:
         if self._supervisor is not None:
             self._supervisor.join()
             self._supervisor = None
-        for name in reversed(list(self.processes)):
+        for name in reversed(self.names()):
             self.stop_process(name, timeout=timeout)
         if self._web_socket is not None:
             self._web_socket.close()

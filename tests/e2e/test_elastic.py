@@ -9,6 +9,7 @@ accuracy is within ACCURACY_TOLERANCE of the same job run at a fixed size (1 lea
 import collections
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -178,4 +179,4 @@ def assert_loss_continues(losses):
         # A resume that lost the model would start again near the initial loss (about ln 10 = 2.3).
         assert max(resumed) < initial / 3, (initial, stopped, resumed)
         # Means over what each attempt logged: an attempt resized early may have logged fewer than 5.
-        assert sum(resumed) / len(resumed) < 2 * sum(stopped) / len(stopped) + 0.05, (stopped, resumed)
+        assert statistics.mean(resumed) < 2 * statistics.mean(stopped) + 0.05, (stopped, resumed)
