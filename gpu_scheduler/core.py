@@ -1,6 +1,6 @@
 """One scheduling cycle over a snapshot, shaped like Kueue's:
 
-1. heads of queues: every tenant's queue, ordered by priority then submission order;
+1. heads of queues: every tenant's queue, ordered by priority, service level, then submission order;
 2. snapshot: free capacity per node (running and stopping jobs subtracted), usage per tenant and user;
 3. nominate: the next job is the best head across tenants (see `_order_key`);
 4. admit: check the tenant's limits, then place all learners at once (gang) or none (an elastic job
@@ -14,10 +14,16 @@ Cross-tenant rules (also in gpu_scheduler/README.md):
 - Priority orders jobs inside a tenant, and across tenants only in the shared pool (tenants without a
   quota, or every tenant when quotas are off). Between tenants the order is: jobs that fit in their
   tenant's guaranteed quota first, then borrowing / shared-pool jobs by the tenant's weighted dominant
-  share beyond its quota (fair share), then soft-over-budget tenants last.
+  share beyond its quota (fair share), then soft-over-budget tenants last. Ties (the same share and
+  rank) go to the tenant with the least recent attained service (TenantPolicy.recent_gpu_s /
+  recent_cpu_s, in cluster-seconds), then to submission order: a tenant's long backlog cannot take
+  every slot that frees while another tenant waits.
 - A job may halt (preempt) running work that is: (a) of a soft-over-budget tenant; (b) of another
   tenant borrowing beyond its quota, when the job fits inside its own tenant's quota (reclaim);
-  (c) of lower priority in the same tenant, or in the shared pool when the job's tenant is in it too.
+  (c) of lower priority in the same tenant, or in the shared pool when the job's tenant is in it too
+  and, with fair share on, the job keeps its tenant within its fair share (an equal weighted part of
+  the cluster among the tenants with running or queued work, by dominant resource) while the
+  victim's tenant is above its own: a tenant at or over its fair share halts only its own work.
   Victims are the fewest, lowest-priority, most recently started ones; the job itself waits until they
   have stopped, and the nodes it will use are held for it meanwhile.
 - Consolidation moves (halts, to restart at once elsewhere) small single-learner jobs of no higher
@@ -53,7 +59,8 @@ def schedule(snapshot: Snapshot, queued: Sequence[Workload] = (), policy: Policy
 
 class _TenantState:
     """A tenant's usage during one cycle (running + stopping + admitted so far)."""
-    __slots__ = ("policy", "used", "nominal", "jobs", "user_gpus", "blocked", "blocked_users", "capacity")
+    __slots__ = ("policy", "used", "nominal", "jobs", "user_gpus", "blocked", "blocked_users", "capacity",
+                 "recent_service")
 
     def __init__(self, policy, quotas_on, capacity):
         self.policy = policy
@@ -65,6 +72,15 @@ class _TenantState:
         self.blocked = None  # a tenant-wide limit hit earlier in this cycle: later jobs wait behind it
         self.blocked_users = {}
         self.capacity = capacity
+        # Attained service in cluster-seconds: each resource-second weighted by the inverse of the
+        # cluster's total of that resource (a GPU-second on 16 GPUs counts 1/16, a CPU-second on 64
+        # CPUs 1/64), so GPU and CPU-only work add up on one scale and a dimension the cluster lacks
+        # counts nothing; divided by the tenant's weight, like its share.
+        service = 0.0
+        for attained, total in ((policy.recent_gpu_s, capacity[0]), (policy.recent_cpu_s, capacity[1])):
+            if total > 0:
+                service += attained / total
+        self.recent_service = service / policy.weight
 
     def add(self, workload, learners):
         per = workload.per_learner
@@ -86,6 +102,12 @@ class _TenantState:
         nominal = self.nominal or (0, 0.0, 0)
         needs = (per.gpus, per.cpus, per.memory_bytes)
         return any(need and used > quota + CPU_EPSILON for need, used, quota in zip(needs, self.used, nominal))
+
+    def dominant_share(self, extra=(0, 0.0, 0)):
+        """The largest fraction of any cluster resource the tenant holds (with `extra` added)."""
+        return max((
+            (used + more) / total for used, more, total in zip(self.used, extra, self.capacity) if total > 0),
+            default=0.0)
 
     def share(self):
         """Weighted dominant share of the cluster used beyond the tenant's quota (Kueue's DRS)."""
@@ -127,6 +149,7 @@ class _Cycle:
         self._victims_by_tenant = None
         self.failed_searches = {}
         self._movable = None
+        self._weights = None  # the tenants' weights summed, once every tenant with demand is known
 
     def _tenant(self, name):
         state = self.tenants.get(name)
@@ -153,8 +176,12 @@ class _Cycle:
     def _order_key(self, state, workload):
         within = state.within_quota(workload.per_learner, workload.learners)
         soft = state.policy.budget == "soft_exceeded"
-        share = state.share() if self.policy.fair_share and not within else 0.0
-        return (soft, not within, share, self.ranks[workload.job_id], workload.order, workload.job_id)
+        fair = self.policy.fair_share
+        share = state.share() if fair and not within else 0.0
+        # Among jobs of equal rank, the tenant that has had the least recent service goes first:
+        # submission order alone let a tenant's long backlog take every slot that came free.
+        service = state.recent_service if fair else 0.0
+        return (soft, not within, share, self.ranks[workload.job_id], service, workload.order, workload.job_id)
 
     def _rank(self, workload):
         """(priority rank, service level): smaller is served first and may halt larger. Fixed for
@@ -478,10 +505,12 @@ class _Cycle:
         (b) reclaim: any job of another tenant borrowing beyond its quota, if this job fits in its own;
         (c) lower-priority jobs of the same tenant, or of the shared pool when this job is in it; with
             service levels, also jobs of the same priority at a lower level that have run
-            `service_min_run_s` in their current attempt."""
+            `service_min_run_s` in their current attempt. With fair share on, another pool tenant's
+            job only while this job keeps its tenant within its fair share and that tenant is above
+            its own (see _fair_share): a tenant at its share halts only its own work."""
         soft_job = state.policy.budget == "soft_exceeded"
         reclaiming = state.nominal is not None and state.within_quota(workload.per_learner, workload.learners)
-        in_pool = state.nominal is None
+        from_pool = state.nominal is None and self._within_fair_share(state, workload)
         rank = self._rank(workload)
         streams = []
         for name, by_preference in self._victim_lists().items():
@@ -493,7 +522,7 @@ class _Cycle:
             if reclaiming and not mine and other.borrowing_in(workload.per_learner):
                 streams.append(_ranked(1, by_preference, "reclaim", name))
                 continue
-            pool = in_pool and other.nominal is None
+            pool = from_pool and other.nominal is None and self._above_fair_share(other)
             if mine or pool:
                 streams.append(self._outranked(by_preference, name, rank))
         seen = set()
@@ -504,6 +533,25 @@ class _Cycle:
             if kind == "reclaim" and not self._still_borrowing(name, usage, workload.per_learner):
                 continue
             yield victim, self._preempt_reason(kind, workload, victim)
+
+    def _within_fair_share(self, state, workload):
+        """The tenant, with this job added, holds no more than its fair share of any resource (always
+        true with fair share off: the shared pool is then ordered by priority alone)."""
+        if not self.policy.fair_share:
+            return True
+        total = workload.total
+        return state.dominant_share((total.gpus, total.cpus, total.memory_bytes)) <= \
+            self._fair_share(state) + CPU_EPSILON
+
+    def _above_fair_share(self, state):
+        return not self.policy.fair_share or state.dominant_share() > self._fair_share(state) + CPU_EPSILON
+
+    def _fair_share(self, state):
+        """The tenant's fair share: an equal, weighted part of the cluster among the tenants with demand
+        (running or queued work in this snapshot), as a fraction of each resource."""
+        if self._weights is None:
+            self._weights = sum(other.policy.weight for other in self.tenants.values())
+        return state.policy.weight / self._weights
 
     def _still_borrowing(self, tenant, usage, per):
         state = self.tenants[tenant]

@@ -81,6 +81,11 @@ class TenantPolicy:
     budget: str = "ok"  # "ok" | "hard_exceeded" | "soft_exceeded"
     budget_reason: str = ""  # shown to waiting jobs, e.g. "GPU-hours budget 1.0/1.0 h used this month"
     weight: float = 1.0  # fair-share weight
+    # Attained service: what the tenant's jobs held recently, as GPU-seconds and CPU-seconds with
+    # older use counted less (the caller decays it; jobs.admission). Among jobs of equal priority,
+    # the tenant that has had the least goes first (core._TenantState.recent_service).
+    recent_gpu_s: float = 0.0
+    recent_cpu_s: float = 0.0
 
     def __post_init__(self):
         if self.budget not in BUDGET_STATES:
@@ -88,6 +93,10 @@ class TenantPolicy:
                                        f"got {self.budget!r}")
         if not self.weight > 0:
             raise SchedulingInputError(f"tenant {self.name}: weight must be positive, got {self.weight!r}")
+        for name in ("recent_gpu_s", "recent_cpu_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise SchedulingInputError(f"tenant {self.name}: {name} must be a number >= 0, got {value!r}")
         if self.quota is not None:
             self.quota.check_non_negative(f"tenant {self.name} quota")
         for name in ("max_jobs", "max_gpus_per_user"):

@@ -149,6 +149,36 @@ def test_fair_share_serves_the_tenant_with_the_lowest_weighted_dominant_share(we
     assert admitted(decisions) == expected
 
 
+@pytest.mark.parametrize("recent, policy, expected", [
+    ({"t2": 3600.0}, FULL, ["a"]),  # t2 has had an hour of the node: t1's job goes first
+    ({}, FULL, ["b"]),  # no service on either side: submission order
+    ({"t1": 3600.0, "t2": 7200.0}, FULL, ["a"]),
+    ({"t2": 3600.0}, dataclasses.replace(FULL, fair_share=False), ["b"]),
+])
+def test_among_equal_jobs_the_tenant_with_the_least_recent_service_goes_first(recent, policy, expected):
+    # Tenant t2's backlog was submitted first; the node is free and both tenants hold nothing now.
+    tenants = [tenant(name, recent_gpu_s=8 * seconds, recent_cpu_s=64 * seconds) for name, seconds in recent.items()]
+    queue = [job("b", gpus=8, tenant="t2", order=0), job("b2", gpus=8, tenant="t2", order=1),
+             job("a", gpus=8, tenant="t1", order=2)]
+    assert admitted(schedule(snapshot([node()], tenants=tenants), queue, policy)) == expected
+
+
+def test_recent_service_breaks_ties_only_behind_priority():
+    tenants = [tenant("t2", recent_gpu_s=8 * HOUR)]
+    queue = [job("b", gpus=8, tenant="t2", priority="high"), job("a", gpus=8, tenant="t1", order=1)]
+    assert admitted(schedule(snapshot([node()], tenants=tenants), queue)) == ["b"]
+
+
+@pytest.mark.parametrize("weight_t2, expected", [(1.0, ["a"]), (4.0, ["b"])])
+def test_cpu_only_service_counts_and_a_weight_divides_it(weight_t2, expected):
+    # No GPUs: service is CPU-seconds over the cluster's CPUs. t2 had the whole node for 10 minutes,
+    # t1 half of it for 10 minutes: with weight 4, t2's counts a quarter, less than t1's.
+    cpu_node = node(gpus=0, cpus=8.0)
+    tenants = [tenant("t1", recent_cpu_s=4 * 600.0), tenant("t2", recent_cpu_s=8 * 600.0, weight=weight_t2)]
+    queue = [job("b", gpus=0, cpus=8.0, tenant="t2"), job("a", gpus=0, cpus=8.0, tenant="t1", order=1)]
+    assert admitted(schedule(snapshot([cpu_node], tenants=tenants), queue)) == expected
+
+
 def test_jobs_within_their_quota_go_before_borrowing_ones():
     snap = snapshot(nodes(2), running("r1", ("n1", range(8)), tenant="t1"),
                     tenants=[tenant("t1", 8, can_borrow=True), tenant("t2", 8, can_borrow=True)])
@@ -178,8 +208,9 @@ def test_a_soft_over_budget_tenants_jobs_are_preempted_by_anyone():
     ({"priority": "low"}, {"x": "preempted for higher-priority job h"}),
     ({"priority": "high"}, {}),
     ({"priority": "low", "preemptible": False}, {}),
-    ({"priority": "low", "tenant": "t2"},  # shared pool: the job of another tenant is not named
-     {"x": "preempted for a higher-priority job of another tenant"}),
+    # Shared pool, another tenant: h would give t1 the whole cluster, more than its fair half
+    # (test_across_tenants_a_job_halts_work_only_up_to_its_tenants_fair_share has the cases that may).
+    ({"priority": "low", "tenant": "t2"}, {}),
 ])
 def test_a_higher_priority_job_halts_lower_priority_work(victim, expected):
     snap = snapshot([node()], running("x", ("n1", range(8)), **victim))
@@ -188,6 +219,42 @@ def test_a_higher_priority_job_halts_lower_priority_work(victim, expected):
     assert decisions.admitted == {}  # never admitted in the cycle that preempts
     if expected:
         assert decisions.waiting["h"] == "waiting: 1st in tenant queue; for 8 GPUs being freed by preemption"
+
+
+# Fair share (an equal part of the cluster among the tenants with running or queued work): a job of
+# another pool tenant is halted only while the preempting tenant stays within its share with the new
+# job, and only from a tenant above its own.
+FAIR_CASES = {
+    # t1 asks for half of the 8 GPUs; t2 holds all of them
+    "within its half": ([running("x", ("n1", range(8)), tenant="t2", priority="low")], [], 4,
+                        {"x": "preempted for a higher-priority job of another tenant"}),
+    "beyond its half": ([running("x", ("n1", range(8)), tenant="t2", priority="low")], [], 8, {}),
+    # t1 holds half already: a tenant at its share halts only its own lower-priority work
+    "at its share": ([running("mine", ("n1", range(4)), tenant="t1", priority="normal"),
+                      running("x", ("n1", range(4, 8)), tenant="t2", priority="low")], [], 4,
+                     {"mine": "preempted for higher-priority job h"}),
+    # three tenants with demand (t3 only queued): each is owed a third, and 4 of 8 GPUs is more
+    "a third each": ([running("x", ("n1", range(8)), tenant="t2", priority="low")],
+                     [job("q", gpus=8, tenant="t3")], 4, {}),
+    # t2 holds a quarter (under its third): its lower-priority job stays; t3 holds three quarters
+    "victims above theirs": ([running("x", ("n1", range(2)), tenant="t2", priority="low"),
+                              running("y", ("n1", range(2, 8)), tenant="t3", gpus=6)],
+                             [], 2, {"y": "preempted for a higher-priority job of another tenant"}),
+}
+
+
+@pytest.mark.parametrize("case", FAIR_CASES)
+def test_across_tenants_a_job_halts_work_only_up_to_its_tenants_fair_share(case):
+    busy, others, gpus, expected = FAIR_CASES[case]
+    decisions = schedule(snapshot([node()], *busy), [job("h", gpus=gpus, priority="high"), *others])
+    assert decisions.preempt == expected
+
+
+def test_without_fair_share_priority_alone_rules_the_shared_pool():
+    snap = snapshot([node()], running("mine", ("n1", range(4)), tenant="t1", priority="normal"),
+                    running("x", ("n1", range(4, 8)), tenant="t2", priority="low"))
+    decisions = schedule(snap, [job("h", gpus=4, priority="high")], dataclasses.replace(FULL, fair_share=False))
+    assert list(decisions.preempt) == ["x"]  # the lowest priority, whoever's it is
 
 
 def test_priority_does_not_cross_a_tenant_with_a_quota():
@@ -376,6 +443,15 @@ def test_it_rejects_service_levels_that_are_not_increasing_positive(levels):
 def test_it_rejects_a_bad_workload_naming_the_field(kwargs, message):
     with pytest.raises(SchedulingInputError, match=message):
         job("a", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"recent_gpu_s": -1.0}, "recent_gpu_s must be a number >= 0"),
+    ({"recent_cpu_s": float("nan")}, "recent_cpu_s must be a number >= 0"),
+])
+def test_it_rejects_bad_recent_service_naming_the_field(kwargs, message):
+    with pytest.raises(SchedulingInputError, match=message):
+        tenant("t1", **kwargs)
 
 
 # --- the FfDL baseline: pod by pod ------------------------------------------------------------------------------
