@@ -112,6 +112,13 @@ class Quota(models.Model):
         HARD = "hard"
         SOFT = "soft"
 
+    class HighPriority(models.TextChoices):
+        """Who may submit jobs with `priority: high` (tenants.priority)."""
+        PLATFORM = "", "the platform's default (TRAINYARD_HIGH_PRIORITY)"
+        ADMINS = "admins", "tenant admins only"
+        EVERYONE = "everyone", "every member who may submit"
+        NOBODY = "nobody", "nobody"
+
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
     gpus = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs in use at once")
     cpus = models.FloatField(null=True, blank=True, help_text="CPUs in use at once")
@@ -123,6 +130,8 @@ class Quota(models.Model):
     period = models.CharField(max_length=10, choices=Period.choices, default=Period.MONTH)
     budget_mode = models.CharField(max_length=10, choices=BudgetMode.choices, default=BudgetMode.HARD)
     can_borrow = models.BooleanField(default=False, help_text="may use idle capacity beyond its GPU/CPU/memory quota")
+    high_priority = models.CharField(max_length=10, choices=HighPriority.choices, default="", blank=True,
+                                     help_text="who may submit jobs with priority high")
     updated_at = models.DateTimeField(auto_now=True)
 
     LIMITS = ("gpus", "cpus", "memory_bytes", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours")
@@ -131,7 +140,8 @@ class Quota(models.Model):
         return f"quota of {self.tenant}"
 
     def as_dict(self):
-        return {name: getattr(self, name) for name in (*self.LIMITS, "period", "budget_mode", "can_borrow")}
+        return {name: getattr(self, name)
+                for name in (*self.LIMITS, "period", "budget_mode", "can_borrow", "high_priority")}
 
 
 class UsageRecord(models.Model):
