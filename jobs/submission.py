@@ -14,7 +14,7 @@ from django.db import transaction
 from jobs import datastores, dispatch, live, runtime, storage, transfers
 from jobs.manifest import ManifestError, parse_manifest
 from jobs.models import Job, Status
-from learner_agent.archive import ArchiveError, inspect_archive
+from learner_agent.archive import ArchiveError, InspectBounds, inspect_archive
 from trainyard.units import format_bytes
 
 
@@ -43,13 +43,18 @@ def submit(membership, *, manifest_bytes, code_file, private=False):
     try:
         try:
             info = inspect_archive(upload, max_unpacked_bytes=settings.MAX_UNPACKED_BYTES,
-                                   max_members=settings.MAX_ARCHIVE_MEMBERS)
+                                   max_members=settings.MAX_ARCHIVE_MEMBERS, bounds=_inspect_bounds())
         except ArchiveError as exc:
             raise SubmitError(f"code archive refused: {exc}", field="code") from None
         job = _create_job(membership, manifest, manifest_bytes, upload, info, private=private)
     finally:
         upload.unlink(missing_ok=True)
     return job
+
+
+def _inspect_bounds():
+    """What checking an archive may cost this request: how far it may inflate it, and for how long."""
+    return InspectBounds(max_ratio=settings.MAX_ARCHIVE_RATIO, max_seconds=settings.ARCHIVE_INSPECT_SECONDS)
 
 
 def _save_upload(code_file):

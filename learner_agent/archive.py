@@ -6,7 +6,14 @@ the code. An archive is untrusted input, so both refuse anything that could writ
 (absolute paths, `..`, links), anything that isn't a plain file or directory, too many members, and
 more bytes than allowed. Headers can lie (zip bombs), so extraction also counts the bytes it actually
 writes. Stdlib only: the agent imports this.
+
+Inspection runs inside the submit request, so it is bounded (`InspectBounds`): an archive may unpack to
+at most `max_ratio` times its own size (past `RATIO_FREE_BYTES`), a .tar.gz is inflated only that far,
+and never past a deadline. A member's declared size is checked before its data is read, so a bomb of
+one huge member is refused after its first header, and one of many small members once the inflated
+bytes pass the allowance: nothing is ever inflated whole.
 """
+import contextlib
 import gzip
 import os
 import re
@@ -14,6 +21,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import time
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -40,14 +48,91 @@ class ArchiveInfo:
     unpacked_bytes: int  # declared by the headers (inspect) or actually written (extract)
 
 
-def inspect_archive(path, *, max_unpacked_bytes, max_members):
-    """Check an archive without unpacking it; raise ArchiveError when it breaks a rule."""
+# Archives that unpack to no more than this are never refused for their ratio: a small archive of
+# repetitive text compresses far better than code usually does, and inflating this much is cheap.
+RATIO_FREE_BYTES = 16 * 1024 * 1024
+# What a tar stream may hold beyond its members' data, per member allowed: its header block(s) and
+# padding to the next 512-byte block.
+_TAR_OVERHEAD_PER_MEMBER = 1024
+
+
+@dataclass(frozen=True)
+class InspectBounds:
+    """How much reading one inspection may cost: `max_ratio` (unpacked bytes per archive byte, None: no
+    limit) and `max_seconds` (None: no deadline)."""
+    max_ratio: float | None = None
+    max_seconds: float | None = None
+
+
+def inspect_archive(path, *, max_unpacked_bytes, max_members, bounds=InspectBounds()):
+    """Check an archive without unpacking it; raise ArchiveError when it breaks a rule.
+
+    With `bounds`, stop reading as soon as the archive declares more than its ratio allows, inflates
+    past that, or the deadline passes."""
     kind = detect_kind(path)
+    allowed = _allowed_bytes(os.path.getsize(path), max_unpacked_bytes, bounds.max_ratio)
+    deadline = time.monotonic() + bounds.max_seconds if bounds.max_seconds is not None else None
+    budget = _ReadBudget(allowed + _TAR_OVERHEAD_PER_MEMBER * max_members, deadline, bounds.max_seconds)
     members = total = 0
-    for entry in _entries(path, kind, max_unpacked_bytes=max_unpacked_bytes, max_members=max_members):
+    for entry in _entries(path, kind, max_unpacked_bytes=max_unpacked_bytes, max_members=max_members,
+                          budget=budget):
         members += 1
         total += entry.size
+        if total > allowed:  # a tighter limit than max_unpacked_bytes: the ratio's
+            raise ArchiveError(_ratio_refusal(total, os.path.getsize(path), bounds.max_ratio), member=entry.name)
+        budget.check_time()
     return ArchiveInfo(kind=kind, members=members, unpacked_bytes=total)
+
+
+def _allowed_bytes(archive_bytes, max_unpacked_bytes, max_ratio):
+    if max_ratio is None:
+        return max_unpacked_bytes
+    return min(max_unpacked_bytes, max(RATIO_FREE_BYTES, int(max_ratio * archive_bytes)))
+
+
+def _ratio_refusal(unpacked, archive_bytes, max_ratio):
+    return (f"archive unpacks to at least {_mib(unpacked)} from {_mib(archive_bytes)}: more than {max_ratio:g} "
+            f"times its size, the limit for archives that unpack to over {_mib(RATIO_FREE_BYTES)} "
+            "(an archive bomb?); refused without unpacking it")
+
+
+def _mib(count):
+    return f"{count / 2**20:.1f} MiB"
+
+
+class _ReadBudget:
+    """Counts what is read from an archive's decompressed stream, refusing past `max_bytes` or the
+    deadline: what tarfile reads on its own (skipping data, extended headers) is bounded too."""
+
+    def __init__(self, max_bytes, deadline, max_seconds):
+        self.max_bytes, self.deadline, self.max_seconds = max_bytes, deadline, max_seconds
+        self.read = 0
+
+    def take(self, count):
+        self.read += count
+        if self.read > self.max_bytes:
+            raise ArchiveError(f"archive inflates to more than {_mib(self.max_bytes)}, more than its size "
+                               "allows (an archive bomb?); refused without unpacking the rest")
+        self.check_time()
+
+    def check_time(self):
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise ArchiveError(f"archive took more than {self.max_seconds:g}s to inspect; refused")
+
+
+class _BudgetedReader:
+    """A readable stream that charges every byte it returns to a _ReadBudget."""
+
+    def __init__(self, raw, budget):
+        self.raw, self.budget = raw, budget
+
+    def read(self, size=-1):
+        data = self.raw.read(size if size is not None and size >= 0 else _CHUNK_BYTES)
+        self.budget.take(len(data))
+        return data
+
+    def close(self):
+        self.raw.close()
 
 
 def extract_archive(path, dest, *, max_unpacked_bytes, max_members):
@@ -135,9 +220,10 @@ def _write_file(entry, target, written, max_unpacked_bytes):
     return written
 
 
-def _entries(path, kind, *, max_unpacked_bytes, max_members):
-    """Yield the archive's members as checked _Entry objects, enforcing count and declared size."""
-    source = _zip_entries(path) if kind == "zip" else _tar_entries(path, kind)
+def _entries(path, kind, *, max_unpacked_bytes, max_members, budget=None):
+    """Yield the archive's members as checked _Entry objects, enforcing count and declared size (and,
+    with a _ReadBudget, the bytes a tar stream may inflate to)."""
+    source = _zip_entries(path) if kind == "zip" else _tar_entries(path, kind, budget)
     members = declared = 0
     for entry in source:
         if entry is None:  # the archive's own root ("./"): nothing to create
@@ -175,14 +261,9 @@ def _zip_entries(path):
                          open=lambda info=info: zf.open(info))
 
 
-def _tar_entries(path, kind):
-    # Stream mode ("r|"): one forward pass. Random access into a .tar.gz would decompress from the
-    # start for every member.
-    try:
-        tf = tarfile.open(path, "r|gz" if kind == "tar.gz" else "r|")
-    except _CORRUPT_ERRORS as e:
-        raise ArchiveError(f"not a zip or tar archive: {e}") from e
-    with tf:
+def _tar_entries(path, kind, budget=None):
+    with contextlib.ExitStack() as opened:
+        tf = opened.enter_context(_open_tar(path, kind, budget, opened))
         members = iter(tf)
         first = True
         while True:
@@ -206,6 +287,19 @@ def _tar_entries(path, kind):
                          size=0 if member.isdir() else member.size,
                          executable=bool(member.mode & 0o111),
                          open=lambda member=member: tf.extractfile(member))
+
+
+def _open_tar(path, kind, budget, opened):
+    # Stream mode ("r|"): one forward pass. Random access into a .tar.gz would decompress from the
+    # start for every member.
+    try:
+        if budget is None:
+            return tarfile.open(path, "r|gz" if kind == "tar.gz" else "r|")
+        # Decompressed here rather than by tarfile, so that every byte it reads is counted.
+        raw = opened.enter_context(gzip.open(path, "rb") if kind == "tar.gz" else open(path, "rb"))
+        return tarfile.open(fileobj=_BudgetedReader(raw, budget), mode="r|")
+    except _CORRUPT_ERRORS as e:
+        raise ArchiveError(f"not a zip or tar archive: {e}") from e
 
 
 def _safe_parts(name, *, is_dir):

@@ -161,6 +161,11 @@ PUBLIC_URL = env.url("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:8000", schemes=("
 MAX_CODE_BYTES = env.integer("TRAINYARD_MAX_CODE_MB", 100, minimum=1) * 1024 * 1024
 MAX_UNPACKED_BYTES = env.integer("TRAINYARD_MAX_UNPACKED_MB", 1024, minimum=1) * 1024 * 1024
 MAX_ARCHIVE_MEMBERS = env.integer("TRAINYARD_MAX_ARCHIVE_FILES", 20000, minimum=1)
+# What checking a code archive may cost the submit request (learner_agent.archive.InspectBounds): an
+# archive that unpacks to over 16 MiB may unpack to at most this many times its own size (a .tar.gz is
+# inflated no further), and the check gives up after this many seconds; either refusal is a 400.
+MAX_ARCHIVE_RATIO = env.number("TRAINYARD_MAX_ARCHIVE_RATIO", 100.0, minimum=1.0)
+ARCHIVE_INSPECT_SECONDS = env.number("TRAINYARD_ARCHIVE_INSPECT_SECONDS", 15.0, minimum=1.0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
 # Threads of each web process that serve agents' ingest posts (jobs.ingest_asgi); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)

@@ -215,6 +215,115 @@ def test_it_extracts_a_good_tar_detected_by_content(tmp_path, mode, kind):
     assert os.access(dest / "run.sh", os.X_OK)
 
 
+
+# --- inspection's bounds: what checking an archive may cost the submit request ---
+
+BOUNDED = {"max_unpacked_bytes": 2**30, "max_members": 20000}
+
+
+class Zeros:
+    """A readable stream of `size` zero bytes, never held whole in memory."""
+
+    def __init__(self, size):
+        self.left = size
+
+    def read(self, size=-1):
+        size = self.left if size is None or size < 0 else min(size, self.left)
+        self.left -= size
+        return bytes(size)
+
+
+def tar_bomb(path, sizes):
+    """A .tar.gz of members of zeros, one per size: about a thousandth of what it unpacks to."""
+    with tarfile.open(path, "w:gz", compresslevel=9) as tf:
+        for i, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"zeros-{i}.bin")
+            info.size = size
+            tf.addfile(info, Zeros(size))
+    return str(path)
+
+
+@pytest.fixture
+def inflated(monkeypatch):
+    """How many bytes the inspection read out of the gzip stream, in total."""
+    counter = {"bytes": 0}
+    real_open = archive.gzip.open
+
+    class Counting:
+        def __init__(self, raw):
+            self.raw = raw
+
+        def read(self, size=-1):
+            data = self.raw.read(size)
+            counter["bytes"] += len(data)
+            return data
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.raw.close()
+
+    monkeypatch.setattr(archive.gzip, "open", lambda *a, **k: Counting(real_open(*a, **k)))
+    return counter
+
+
+def test_a_bomb_of_one_member_is_refused_at_its_header(tmp_path, inflated):
+    path = tar_bomb(tmp_path / "bomb.tgz", [256 * 2**20])
+    assert os.path.getsize(path) < 2**20
+    assert inspect_archive(path, **BOUNDED).unpacked_bytes == 256 * 2**20  # within the size limit alone
+    inflated["bytes"] = 0
+    with pytest.raises(ArchiveError, match=r"'zeros-0.bin': archive unpacks to at least 256.0 MiB from 0\.\d MiB: "
+                                           r"more than 100 times its size"):
+        inspect_archive(path, **BOUNDED, bounds=archive.InspectBounds(max_ratio=100))
+    assert inflated["bytes"] < 2**20  # the header and the start of the data, nothing more
+
+
+def test_a_bomb_of_many_members_is_refused_once_past_its_allowance(tmp_path, inflated):
+    path = tar_bomb(tmp_path / "bomb.tgz", [2**20] * 200)
+    with pytest.raises(ArchiveError, match="more than 100 times its size"):
+        inspect_archive(path, **BOUNDED, bounds=archive.InspectBounds(max_ratio=100))
+    assert inflated["bytes"] < 2 * archive.RATIO_FREE_BYTES  # of 200 MiB
+
+
+def test_small_archives_are_never_refused_for_their_ratio(tmp_path):
+    path = tar_bomb(tmp_path / "repetitive.tgz", [8 * 2**20])  # ratio ~1000, but only 8 MiB
+    info = inspect_archive(path, **BOUNDED, bounds=archive.InspectBounds(max_ratio=100))
+    assert info.unpacked_bytes == 8 * 2**20
+
+
+def test_a_zip_is_judged_by_its_declared_sizes(tmp_path):
+    path = make_zip(tmp_path / "bomb.zip", {"zeros.bin": b"\0" * (64 * 2**20)})
+    with pytest.raises(ArchiveError, match="'zeros.bin': .*more than 100 times its size"):
+        inspect_archive(path, **BOUNDED, bounds=archive.InspectBounds(max_ratio=100))
+
+
+def test_what_tarfile_reads_by_itself_is_bounded_too(tmp_path, inflated):
+    # A 64 MiB extended (pax) header: tarfile reads it whole into memory before any member is seen.
+    path = tmp_path / "pax.tgz"
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tf:
+        info = tarfile.TarInfo("small.txt")
+        info.pax_headers = {"comment": "x" * (64 * 2**20)}
+        tf.addfile(info, io.BytesIO(b""))
+    with pytest.raises(ArchiveError, match="inflates to more than .* MiB, more than its size allows"):
+        inspect_archive(str(path), max_unpacked_bytes=2**30, max_members=100,
+                        bounds=archive.InspectBounds(max_ratio=100))
+    assert inflated["bytes"] < 2 * archive.RATIO_FREE_BYTES
+
+
+def test_inspection_gives_up_at_its_deadline(tmp_path, monkeypatch):
+    path = make_tar(tmp_path / "code.tgz", [file_member(f"f{i}.py", b"x = 1\n") for i in range(50)])
+    clock = iter(range(0, 1000, 1))  # every look at the clock is a second later
+    monkeypatch.setattr(archive.time, "monotonic", lambda: next(clock))
+    with pytest.raises(ArchiveError, match="took more than 5s to inspect"):
+        inspect_archive(path, **BOUNDED, bounds=archive.InspectBounds(max_seconds=5))
+
+
+def test_a_good_archive_passes_the_bounds(tmp_path):
+    path = make_tar(tmp_path / "code.tgz", [file_member("train.py", b"print(1)\n" * 1000)])
+    info = inspect_archive(path, **BOUNDED, bounds=archive.InspectBounds(max_ratio=100, max_seconds=15))
+    assert info == archive.ArchiveInfo(kind="tar.gz", members=1, unpacked_bytes=9000)
+
 def understate_zip_sizes(path, name, size):
     """Rewrite the uncompressed size of `name` in its local header and central directory entry."""
     with open(path, "r+b") as f:
