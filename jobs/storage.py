@@ -73,10 +73,12 @@ def sha256_of(path, chunk=1024 * 1024):
     return digest.hexdigest()
 
 
-def list_artifacts(tenant_slug, job_id):
-    """Yield (name, kind, path) for every regular file under results/, checkpoints/ and logs/."""
+def list_artifacts(tenant_slug, job_id, folders=tuple(ARTIFACT_DIRS)):
+    """Yield (name, kind, path) for every regular file under results/, checkpoints/ and logs/ (lazily,
+    a folder at a time, in the order of `folders`)."""
     base = job_dir(tenant_slug, job_id)
-    for folder, kind in ARTIFACT_DIRS.items():
+    for folder in folders:
+        kind = ARTIFACT_DIRS[folder]
         top = base / folder
         if not top.is_dir():
             continue

@@ -166,6 +166,10 @@ MAX_ARCHIVE_MEMBERS = env.integer("TRAINYARD_MAX_ARCHIVE_FILES", 20000, minimum=
 # inflated no further), and the check gives up after this many seconds; either refusal is a 400.
 MAX_ARCHIVE_RATIO = env.number("TRAINYARD_MAX_ARCHIVE_RATIO", 100.0, minimum=1.0)
 ARCHIVE_INSPECT_SECONDS = env.number("TRAINYARD_ARCHIVE_INSPECT_SECONDS", 15.0, minimum=1.0)
+# Recording a job's output as artifacts (jobs.artifacts) on a shared worker: at most this many files
+# per job, and this many seconds of hashing; the rest stays in storage, unlisted, with a log notice.
+MAX_RECORDED_FILES = env.integer("TRAINYARD_MAX_RECORDED_FILES", 10000, minimum=1)
+RECORD_SECONDS = env.number("TRAINYARD_RECORD_SECONDS", 60.0, minimum=1.0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
 # Threads of each web process that serve agents' ingest posts (jobs.ingest_asgi); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)

@@ -36,3 +36,56 @@ def test_recording_a_jobs_files_again_takes_the_same_queries_however_many_are_re
     alice = member()
     few, many = job(alice), job(alice)
     assert _recording_queries(few, 2) == _recording_queries(many, 12) == 1
+
+
+def _output(target, results=0, checkpoints=0):
+    """Write `results` result files, `checkpoints` checkpoint files and a log into the job's folder."""
+    folder = storage.job_dir(target.tenant.slug, target.id)
+    for sub, count in (("results", results), ("checkpoints/attempt-1", checkpoints), ("logs", 1)):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        for i in range(count if sub != "logs" else 1):
+            (folder / sub / (f"part-{i:03d}" if sub != "logs" else "training.log")).write_text(f"{sub} {i}\n")
+    return folder
+
+
+def test_it_records_at_most_the_cap_log_and_checkpoints_first_and_says_what_it_left(db, settings):
+    settings.MAX_RECORDED_FILES = 5
+    target = job(member())
+    _output(target, results=10, checkpoints=2)
+    notice = artifacts._record_artifacts(target)
+    names = sorted(target.artifacts.values_list("name", flat=True))
+    assert names == ["checkpoints/attempt-1/part-000", "checkpoints/attempt-1/part-001", "logs/training.log",
+                     "results/part-000", "results/part-001"]
+    assert notice == ("[trainyard] 8 files of this job's output were not recorded (5 were): at most 5 files are "
+                      "recorded per job (TRAINYARD_MAX_RECORDED_FILES). They stay in the job's storage and result "
+                      "stores, but are not listed or downloadable here.")
+
+
+def test_recording_again_past_the_cap_keeps_the_rows_of_files_still_there(db, settings):
+    target = job(member())
+    folder = _output(target, results=6)
+    assert artifacts._record_artifacts(target) is None
+    settings.MAX_RECORDED_FILES = 3
+    (folder / "results" / "part-005").unlink()
+    assert "3 files" in artifacts._record_artifacts(target)  # 6 files left, 3 looked at
+    # Rows of files not looked at this time stay; the one whose file is gone goes.
+    assert sorted(target.artifacts.values_list("name", flat=True)) == [
+        "logs/training.log", *[f"results/part-{i:03d}" for i in range(5)]]
+
+
+def test_recording_stops_at_its_deadline(db, settings, monkeypatch):
+    settings.RECORD_SECONDS = 10
+    monkeypatch.setattr(artifacts, "RECORD_BATCH", 2)
+    clock = iter(range(0, 10_000, 4))  # each look at the clock is 4 s later
+    monkeypatch.setattr(artifacts.time, "monotonic", lambda: next(clock))
+    target = job(member())
+    _output(target, results=9)
+    notice = artifacts._record_artifacts(target)
+    assert target.artifacts.count() == 4  # two batches of two before the 10 s were up
+    assert notice.startswith("[trainyard] 6 files of this job's output were not recorded (4 were): "
+                             "recording stops after 10s (TRAINYARD_RECORD_SECONDS).")
+
+
+def test_what_is_left_is_counted_until_the_deadline():
+    assert artifacts._count_rest(iter(range(2000)), deadline=float("inf")) == (2000, True)
+    assert artifacts._count_rest(iter(range(2000)), deadline=float("-inf")) == (artifacts.RECORD_BATCH, False)
