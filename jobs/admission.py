@@ -192,13 +192,18 @@ def take_admission_lock():
 
 
 def _policies(tenant_ids):
-    """The scheduler's view of each tenant: its quota and whether its budget is spent."""
+    """The scheduler's view of each tenant: its quota, whether its budget is spent, and its recent
+    attained service (GPU- and CPU-seconds held, decayed: tenants.quotas.recent_service), which breaks
+    ties between tenants so that one tenant's long backlog cannot starve another's jobs."""
     now = timezone.now()
+    recent = quotas.recent_service(tenant_ids, now, settings.FAIR_SHARE_HALF_LIFE_S)
     policies = {}
     for tenant in Tenant.objects.filter(pk__in=tenant_ids):
+        gpu_s, cpu_s = recent.get(tenant.pk, (0.0, 0.0))
+        service = {"recent_gpu_s": gpu_s, "recent_cpu_s": cpu_s}
         quota = quotas.quota_of(tenant)
         if quota is None:
-            policies[tenant.pk] = scheduler.TenantPolicy(tenant.slug)
+            policies[tenant.pk] = scheduler.TenantPolicy(tenant.slug, **service)
             continue
         budget, reason = quotas.budget_state(quota, quotas.usage_of(tenant, now, quota))
         limited = any(v is not None for v in (quota.gpus, quota.cpus, quota.memory_bytes))
@@ -208,7 +213,7 @@ def _policies(tenant_ids):
             memory_bytes=NO_LIMIT_BYTES if quota.memory_bytes is None else quota.memory_bytes) if limited else None
         policies[tenant.pk] = scheduler.TenantPolicy(
             tenant.slug, quota=nominal, max_jobs=quota.jobs, max_gpus_per_user=quota.gpus_per_user,
-            can_borrow=quota.can_borrow, budget=budget, budget_reason=reason)
+            can_borrow=quota.can_borrow, budget=budget, budget_reason=reason, **service)
     return policies
 
 

@@ -15,6 +15,7 @@ from jobs import datastores, dispatch, live, runtime, storage, transfers
 from jobs.manifest import ManifestError, parse_manifest
 from jobs.models import Job, Status
 from learner_agent.archive import ArchiveError, InspectBounds, inspect_archive
+from tenants import priority
 from trainyard.units import format_bytes
 
 
@@ -39,6 +40,10 @@ def submit(membership, *, manifest_bytes, code_file, private=False):
     if code_file.size > settings.MAX_CODE_BYTES:
         raise SubmitError(f"code archive is {format_bytes(code_file.size)}; the limit is "
                           f"{format_bytes(settings.MAX_CODE_BYTES)}", field="code", status=413)
+    try:
+        priority.may_ask(membership, manifest.priority)
+    except priority.PriorityRefused as exc:
+        raise SubmitError(str(exc), field="priority", status=403) from None
     upload = _save_upload(code_file)
     try:
         try:

@@ -118,6 +118,12 @@ RECONCILE_INTERVAL_S = env.number("TRAINYARD_RECONCILE_INTERVAL", 10.0, minimum=
 # GPU-hours of service after which a job yields to fresh jobs of its priority (gpu_scheduler: service
 # levels); 0 turns service levels off.
 SERVICE_LEVEL_GPU_HOURS = env.number("TRAINYARD_SERVICE_LEVEL_GPU_HOURS", 4.0, minimum=0.0)
+# Between tenants, ties go to the one that has used the least lately: its GPU- and CPU-seconds with
+# each second counted 2^(-age / this half-life) (tenants.quotas.recent_service; README, Scheduling).
+FAIR_SHARE_HALF_LIFE_S = env.number("TRAINYARD_FAIR_SHARE_HALF_LIFE", 3600.0, minimum=1.0)
+# Who may submit jobs with `priority: high` where the tenant's quota does not say (tenants.priority):
+# admins (tenant admins only), everyone (every member who may submit), or nobody.
+HIGH_PRIORITY = env.choice("TRAINYARD_HIGH_PRIORITY", "admins", ("admins", "everyone", "nobody"))
 # A queued job's place in its tenant queue, past the head, is written at most this often (jobs.admission:
 # one admission moves every job behind it); 0 writes every change at once.
 QUEUE_POSITION_REFRESH_S = env.integer("TRAINYARD_QUEUE_POSITION_REFRESH", 5, minimum=0)

@@ -35,6 +35,7 @@ class QuotaInline(admin.StackedInline):
     fieldsets = [
         ("In use at once", {"fields": [("gpus", "cpus", "memory_bytes"), ("jobs", "gpus_per_user"), "can_borrow"]}),
         ("Budget per period", {"fields": [("gpu_hours", "cpu_hours"), ("period", "budget_mode")]}),
+        ("Scheduling", {"fields": ["high_priority"]}),
     ]
 
 

@@ -8,6 +8,7 @@ connected in JobsConfig.ready) inside the same transaction as the status change,
 exact to the second and never disagrees with job history. Nothing here imports jobs: what this
 module needs of a job is the row it is handed, and the queued jobs' demand comes in as an argument.
 """
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -20,6 +21,7 @@ from tenants.models import Quota, UsageRecord
 HOURS = 3600.0
 QUEUED = "QUEUED"  # jobs.models.Status.QUEUED
 HISTORY_PERIODS = 6
+DECAY_HORIZON = 10  # recent_service reads attempts that ended within this many half-lives
 
 
 # --- accounting ----------------------------------------------------------------------------------
@@ -66,6 +68,28 @@ def earlier_gpu_seconds(job_ids):
         seconds = max(0.0, (record.ended_at - record.started_at).total_seconds())
         attained[record.job_id] = attained.get(record.job_id, 0.0) + record.gpus * seconds
     return attained
+
+
+def recent_service(tenant_ids, now, half_life_s):
+    """{tenant id: (GPU-seconds, CPU-seconds)} its attempts held, each second weighted by
+    2^(-age / half_life_s): the tenants' attained service, which the scheduler uses to break ties
+    between tenants (gpu_scheduler: TenantPolicy.recent_gpu_s). An attempt still running counts up
+    to `now`; attempts that ended more than DECAY_HORIZON half-lives ago (weight under 0.1%) are not read."""
+    rate = math.log(2) / half_life_s
+    since = now - timedelta(seconds=DECAY_HORIZON * half_life_s)
+    service = {}
+    rows = UsageRecord.objects.filter(tenant_id__in=tenant_ids).filter(
+        Q(ended_at__isnull=True) | Q(ended_at__gt=since)).values_list("tenant_id", "gpus", "cpus", "started_at",
+                                                                      "ended_at")
+    for tenant_id, gpus, cpus, started_at, ended_at in rows:
+        # The integral of e^(-rate * age) over the seconds it held, ages from now.
+        newest = max(0.0, (now - (ended_at or now)).total_seconds())
+        oldest = max(newest, (now - started_at).total_seconds())
+        seconds = (math.exp(-rate * newest) - math.exp(-rate * oldest)) / rate
+        gpu_s, cpu_s = service.get(tenant_id, (0.0, 0.0))
+        service[tenant_id] = (gpu_s + gpus * seconds, cpu_s + cpus * seconds)
+    return service
+
 
 # --- periods -------------------------------------------------------------------------------------
 def period_bounds(period, now):
@@ -168,7 +192,7 @@ def budget_state(quota, usage):
 # --- quota changes take effect at once (jobs.apps reschedules on every save of a Quota) ---------
 def set_quota(tenant, **limits):
     """Create or change a tenant's quota (fields as in Quota); unknown names are refused."""
-    unknown = set(limits) - set(Quota.LIMITS) - {"period", "budget_mode", "can_borrow"}
+    unknown = set(limits) - set(Quota.LIMITS) - {"period", "budget_mode", "can_borrow", "high_priority"}
     if unknown:
         raise ValueError(f"unknown quota field(s): {', '.join(sorted(unknown))}")
     with transaction.atomic():
@@ -191,7 +215,8 @@ def summary(tenant, *, user=None, now=None):
     # query each (Django sets the tenant on each from its deferred tenant_id).
     queued = tenant.jobs.filter(status=QUEUED).aggregate(jobs=Count("id"), gpus=Sum(F("gpus") * F("learners")))
     limits = quota.as_dict() if quota else dict.fromkeys(Quota.LIMITS, None) | {
-        "period": Quota.Period.MONTH, "budget_mode": Quota.BudgetMode.HARD, "can_borrow": False}
+        "period": Quota.Period.MONTH, "budget_mode": Quota.BudgetMode.HARD, "can_borrow": False,
+        "high_priority": Quota.HighPriority.PLATFORM}
     body = {
         "quota": limits,
         "usage": {"gpus": usage.gpus, "cpus": usage.cpus, "memory_bytes": usage.memory_bytes, "jobs": usage.jobs,

@@ -132,6 +132,72 @@ def test_a_job_preempted_for_another_tenants_job_is_not_told_which_job_or_tenant
     assert not [text for text in told if high.id in text or "team-b" in text or "bob" in text], told
 
 
+def test_a_tenant_at_its_fair_share_halts_its_own_work_not_another_tenants(cluster, sent):
+    """Shared pool: team-b already holds half of the 4 GPUs; its high-priority job would take it past
+    half, so it halts team-b's own normal job, not team-a's low-priority one."""
+    cluster(gpus=4)
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    theirs = [job(alice, gpus=1, priority="low") for _ in range(2)]
+    own = [job(bob, gpus=1) for _ in range(2)]
+    admission.run_cycle()
+    job(bob, gpus=1, priority="high")
+    admission.run_cycle()
+    assert statuses(*theirs) == [Status.PENDING, Status.PENDING]
+    assert sorted(statuses(*own)) == sorted([Status.HALTING, Status.PENDING])
+
+
+def used_by(membership, *, gpus=0, cpus=1.0, minutes=10, ended_minutes_ago=0):
+    """A finished job of the member that held these resources for `minutes`, ending that long ago."""
+    done = job(membership, status=Status.COMPLETED)
+    end = timezone.now() - timedelta(minutes=ended_minutes_ago)
+    return UsageRecord.objects.create(tenant=membership.tenant, job=done, user=membership.user, attempt=1, gpus=gpus,
+                                      cpus=cpus, memory_bytes=0, started_at=end - timedelta(minutes=minutes),
+                                      ended_at=end)
+
+
+def test_recent_service_decays_by_its_half_life():
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    used_by(alice, gpus=2, cpus=4.0, minutes=1)  # the last minute: its seconds weigh 0.99 to 1
+    used_by(bob, cpus=8.0, minutes=1, ended_minutes_ago=60)  # one half-life ago: 0.494 to 0.5
+    used_by(bob, cpus=8.0, minutes=1, ended_minutes_ago=60 * 11)  # past the horizon: not read
+    service = quotas.recent_service({alice.tenant_id, bob.tenant_id}, timezone.now(), 3600.0)
+    assert service[alice.tenant_id] == (pytest.approx(2 * 59.66, rel=0.002), pytest.approx(4 * 59.66, rel=0.002))
+    assert service[bob.tenant_id] == (0.0, pytest.approx(8 * 29.83, rel=0.002))
+
+
+def test_a_backlog_submitted_first_does_not_starve_another_tenants_small_job(cluster, sent):
+    """CPU-only node of 8 CPUs. team-b queued whole-node jobs before team-a's half-CPU job and has
+    just had the node; neither holds anything now. team-a's job goes first (it has had less), and
+    team-b's next big job waits for the room it leaves."""
+    cluster(gpus=0, cpus=8.0)
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    used_by(bob, cpus=8.0, minutes=5)
+    backlog = [job(bob, cpus=8.0, memory_bytes=2**28) for _ in range(20)]
+    small = job(alice, cpus=0.5, memory_bytes=2**28)
+    admission.run_cycle()
+    assert statuses(small) == [Status.PENDING]
+    assert set(statuses(*backlog)) == {Status.QUEUED}
+
+
+def test_the_cycle_hands_each_tenants_recent_service_to_the_scheduler(cluster, sent, monkeypatch, settings):
+    settings.FAIR_SHARE_HALF_LIFE_S = 600.0
+    cluster(gpus=0, cpus=8.0)
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    used_by(bob, gpus=1, cpus=8.0, minutes=1, ended_minutes_ago=10)
+    job(alice, cpus=0.5)
+    job(bob, cpus=0.5)
+    seen = {}
+    schedule = admission.scheduler.schedule
+    monkeypatch.setattr(admission.scheduler, "schedule",
+                        lambda snapshot, *args: seen.update(snapshot.tenants) or schedule(snapshot, *args))
+    admission.run_cycle()
+    assert (seen["team-a"].recent_gpu_s, seen["team-a"].recent_cpu_s) == (0.0, 0.0)
+    # One GPU and 8 CPUs for the minute that ended one half-life ago: each second weighs 2^(-age/600),
+    # from 0.5 down to 0.47 (ages 600 to 660 s), so 60 GPU-seconds count as 29.
+    assert seen["team-b"].recent_gpu_s == pytest.approx(29.0, rel=0.01)
+    assert seen["team-b"].recent_cpu_s == pytest.approx(8 * 29.0, rel=0.01)
+
+
 def test_a_high_priority_job_at_its_tenants_quota_halts_the_tenants_low_priority_work(cluster, sent):
     cluster(gpus=8)  # the cluster has room; the quota does not
     alice = member()

@@ -54,7 +54,9 @@ def four_gpus(tmp_path):
     session = start_session(tmp_path, TRAINYARD_LOCAL_GPUS="4", TRAINYARD_LOCAL_CPUS="8",
                             TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_ELASTIC_INTERVAL="2",
                             TRAINYARD_ELASTIC_GROW_SETTLE="5",
-                            TRAINYARD_ELASTIC_MIN_INTERVAL="600", TRAINYARD_ELASTIC_HORIZON="600")
+                            TRAINYARD_ELASTIC_MIN_INTERVAL="600", TRAINYARD_ELASTIC_HORIZON="600",
+                            # alice is a researcher: priority high is for tenant admins unless the platform says otherwise
+                            TRAINYARD_HIGH_PRIORITY="everyone")
     try:
         yield session
     finally:

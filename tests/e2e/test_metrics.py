@@ -44,8 +44,10 @@ def value(samples, name, **labels):
 
 @pytest.fixture
 def platform(tmp_path):
+    # alice is a researcher: priority high is for tenant admins unless the platform says otherwise
     session = start_session(tmp_path, TRAINYARD_LOCAL_GPUS="2", TRAINYARD_LOCAL_CPUS="8",
-                            TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_METRICS_TOKEN=TOKEN)
+                            TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_METRICS_TOKEN=TOKEN,
+                            TRAINYARD_HIGH_PRIORITY="everyone")
     try:
         yield session
     finally:

@@ -21,8 +21,9 @@ def manifest(name, priority, steps):
 
 @pytest.fixture
 def four_gpus(tmp_path):
+    # alice is a researcher: priority high is for tenant admins unless the platform says otherwise
     session = start_session(tmp_path, TRAINYARD_LOCAL_GPUS="4", TRAINYARD_LOCAL_CPUS="8",
-                            TRAINYARD_RECONCILE_INTERVAL="2")
+                            TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_HIGH_PRIORITY="everyone")
     try:
         yield session
     finally:

@@ -35,6 +35,8 @@ class Command(BaseCommand):
         create.add_argument("--budget-mode", choices=[m.value for m in Quota.BudgetMode])
         create.add_argument("--can-borrow", action=argparse.BooleanOptionalAction, default=None,
                             help="may use idle capacity beyond its quota (preemptible)")
+        create.add_argument("--high-priority", choices=[r.value for r in Quota.HighPriority if r.value],
+                            help="who may submit jobs with priority high (default: TRAINYARD_HIGH_PRIORITY)")
         adduser = sub.add_parser("adduser", help="add a user to a tenant (creating the user if needed)")
         adduser.add_argument("slug")
         adduser.add_argument("username")
@@ -62,6 +64,8 @@ class Command(BaseCommand):
         for name, value in limits.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative")
+        if options["high_priority"] is not None:
+            limits["high_priority"] = options["high_priority"]
         return limits
 
     @transaction.atomic
