@@ -1,5 +1,6 @@
 """REST endpoints for jobs (SPEC §4). Views parse input, resolve the tenant, and call one action."""
 import mimetypes
+from urllib.parse import urlencode
 
 import orjson
 
@@ -7,7 +8,7 @@ from django.http import FileResponse, Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import generics, status
+from rest_framework import generics, serializers, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
@@ -18,13 +19,15 @@ from jobs.backends import get_backend
 from jobs.serializers import (AllocationSerializer, ArtifactSerializer, JobDetailSerializer, JobEventSerializer,
                               JobSerializer, log_line_json, metric_json)
 from jobs.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
-from jobs.models import ACTIVE, FINAL
-from portal.bounds import BoundedJSONParser, whole_number
+from jobs.models import ACTIVE, FINAL, Artifact
+from portal.bounds import BadParameter, BoundedJSONParser, whole_number
 from portal.schema import ERROR_BODY
 from portal.throttling import throttle_ingest
 from tenants import access
 
 MAX_LOG_LIMIT = 10000
+ARTIFACT_PAGE = 200  # files per page of a job's artifacts by default, and at most
+MAX_ARTIFACT_PAGE = 1000
 MAX_SEQ = 2**53  # log sequence numbers: far beyond any log, within what every JSON client reads exactly
 
 
@@ -130,8 +133,37 @@ class JobMetrics(TenantScoped, APIView):
 
 
 class JobArtifacts(TenantScoped, APIView):
+    """A page of the job's recorded files in name order (a job may have thousands): `next` is the link
+    to the page after, null on the last; `count` is how many there are in all."""
+
+    @extend_schema(parameters=[
+        OpenApiParameter("limit", int, description=f"files per page, 1..{MAX_ARTIFACT_PAGE} "
+                                                   f"({ARTIFACT_PAGE} by default)"),
+        OpenApiParameter("after", str, description="the page starts after this name (as the `next` link gives it)")],
+        responses={200: inline_serializer("ArtifactPage", {
+            "count": serializers.IntegerField(), "next": serializers.CharField(allow_null=True),
+            "results": ArtifactSerializer(many=True)})})
     def get(self, request, job_id):
-        return Response({"results": ArtifactSerializer(self.job().artifacts.order_by("name"), many=True).data})
+        limit = whole_number(request.query_params, "limit", default=ARTIFACT_PAGE, minimum=1, maximum=MAX_ARTIFACT_PAGE)
+        after = _artifact_name_param(request.query_params, "after")
+        artifacts = self.job().artifacts
+        # Keyset, not OFFSET: each page is one range of the (job, name) unique index, however deep.
+        rows = list(artifacts.filter(name__gt=after).order_by("name")[:limit + 1])
+        next_page = None
+        if len(rows) > limit:
+            rows = rows[:limit]
+            next_page = f"{request.path_info}?{urlencode({'limit': limit, 'after': rows[-1].name})}"
+        return Response({"count": artifacts.count(), "next": next_page,
+                         "results": ArtifactSerializer(rows, many=True).data})
+
+
+def _artifact_name_param(params, name):
+    """An artifact name given as a query parameter ("" when absent), or BadParameter: one the database
+    could not compare (a NUL byte) or no artifact could have (longer than a name may be)."""
+    value = params.get(name, "")
+    if "\x00" in value or len(value) > Artifact._meta.get_field("name").max_length:
+        raise BadParameter(name, "is not an artifact name; take it from the `next` link of the page before")
+    return value
 
 
 class JobAllocations(TenantScoped, APIView):

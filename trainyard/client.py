@@ -223,8 +223,18 @@ class Client:
     def artifacts(self, job_id, *, checkpoint=False):
         """The job's result files (or checkpoints), newest attempt's file per name, sorted by name."""
         kind = "checkpoint" if checkpoint else "result"
-        listed = self.get(_job_path(job_id) + "artifacts/").get("results") or []
+        listed = (artifact for page in self.artifact_pages(job_id) for artifact in page)
         return sorted(_newest_per_name(listed, kind).values(), key=lambda artifact: artifact["name"])
+
+    def artifact_pages(self, job_id):
+        """Yield the job's recorded files ({name, kind, size, sha256, attempt, complete, url}) a page (a
+        list) at a time, in name order, following the API's `next` links to the last page."""
+        page = self.get(_job_path(job_id) + "artifacts/")
+        while True:
+            yield page.get("results") or []
+            if not page.get("next"):
+                return
+            page = self.get(page["next"])
 
     def download(self, job_id, dest, *, checkpoint=False):
         """Download the job's results (or checkpoints) under `dest` (dest/results/...); the files.

@@ -153,3 +153,28 @@ def test_halt_and_resume_answer_409_when_not_allowed(alice, action, status):
     response = client_for(alice).post(f"/api/v1/jobs/{target.id}/{action}/")
     assert response.status_code == 409
     assert status in response.json()["detail"]
+
+
+def test_a_jobs_artifacts_come_in_pages_with_a_link_to_the_next(alice):
+    from jobs.models import Artifact
+    target = job(alice)
+    names = [f"results/part-{i:02d}" for i in range(5)] + ["checkpoints/epoch-1.pt"]
+    Artifact.objects.bulk_create(Artifact(job=target, name=name, kind="result", size=1, sha256="0" * 64)
+                                 for name in names)
+    client, seen, pages = client_for(alice), [], 0
+    url = f"/api/v1/jobs/{target.id}/artifacts/?limit=4"
+    while url:
+        body = client.get(url).json()
+        assert body["count"] == 6 and len(body["results"]) <= 4
+        seen += [a["name"] for a in body["results"]]
+        url, pages = body["next"], pages + 1
+    assert seen == sorted(names) and pages == 2
+    first = client.get(f"/api/v1/jobs/{target.id}/artifacts/").json()  # 200 a page by default
+    assert len(first["results"]) == 6 and first["next"] is None
+
+
+@pytest.mark.parametrize("query, field", [("limit=0", "limit"), ("limit=1001", "limit"), ("limit=x", "limit"),
+                                          ("after=a%00b", "after"), ("after=" + "x" * 501, "after")])
+def test_artifact_pages_refuse_parameters_they_cannot_read(alice, query, field):
+    response = client_for(alice).get(f"/api/v1/jobs/{job(alice).id}/artifacts/?{query}")
+    assert response.status_code == 400 and response.json()["field"] == field

@@ -35,6 +35,8 @@
     timelineSummary: root.querySelector("[data-testid=timeline-summary]"),
     artifacts: root.querySelector("[data-testid=artifacts]"),
     artifactsEmpty: root.querySelector("[data-testid=artifacts-empty]"),
+    artifactsMore: root.querySelector("[data-testid=artifacts-more]"),
+    artifactsCount: root.querySelector("[data-testid=artifacts-count]"),
   };
 
   const getJson = T.getJson;
@@ -205,16 +207,26 @@
 
   /* ---------------------------------------------------------------- artifacts --------------- */
 
-  async function loadArtifacts() {
-    let items;
+  // The API lists a job's files a page at a time (a job may have thousands): the first page on load and
+  // on each status change, the next ones when asked for.
+  let artifactItems = [];
+  let artifactsNext = null;
+
+  async function loadArtifacts(more = false) {
+    let page;
     try {
-      items = (await getJson(api("artifacts/"))).results || [];
+      page = await getJson(more && artifactsNext ? artifactsNext : api("artifacts/"));
     } catch (err) {
       ui.artifactsEmpty.textContent = `Could not load the files: ${err.message}`;
       ui.artifactsEmpty.hidden = false;
       return;
     }
+    artifactItems = (more ? artifactItems : []).concat(page.results || []);
+    artifactsNext = page.next || null;
+    ui.artifactsMore.parentElement.hidden = !artifactsNext;
+    ui.artifactsCount.textContent = page.count > artifactItems.length ? `${artifactItems.length} of ${page.count} files` : "";
     // Checkpoints first (what resume uses), newest attempt first.
+    const items = artifactItems.slice();
     items.sort((a, b) => (a.kind === b.kind ? 0 : a.kind === "checkpoint" ? -1 : 1) || b.attempt - a.attempt
       || a.name.localeCompare(b.name));
     const tbody = ui.artifacts.tBodies[0];
@@ -280,6 +292,7 @@
     setInterval(() => { if (job.startedAt && !job.finishedAt) renderElapsed(); }, 1000);
     loadTimeline();
     loadArtifacts();
+    ui.artifactsMore.addEventListener("click", () => loadArtifacts(true));
     if (elastic) { elastic.reload(); setInterval(() => elastic.tick(), 5000); }
     new T.LiveSocket({
       url: () => T.wsUrl(`/ws/jobs/${encodeURIComponent(jobId)}/?since=${logIntake.lastSeq}`),

@@ -11,11 +11,12 @@ import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import yaml
 
 TOKEN = "secret-token"
+ARTIFACT_PAGE = 1
 
 
 class FakeJob:
@@ -151,14 +152,22 @@ class FakeTrainyard:
     def allocations(self, *, job, **_):
         return 200, {"results": job.allocations}
 
-    def artifact_list(self, *, job, **_):
+    def artifact_list(self, *, job, query, **_):
+        """Pages in name order, as the platform gives them, of ARTIFACT_PAGE files each (the platform's
+        are far larger: a client that reads only the first page misses files here)."""
+        after = query.get("after", "")
+        names = sorted(name for name in self.artifacts if name > after)
         results = []
-        for name, data in self.artifacts.items():
+        for name in names[:ARTIFACT_PAGE]:
+            data = self.artifacts[name]
             digest = hashlib.sha256(data if name not in self.corrupt else b"other").hexdigest()
             results.append({"name": name, "kind": "checkpoint" if name.startswith("checkpoints/") else "result",
                             "size": len(data), "sha256": digest, "attempt": 1,
                             "url": f"/api/v1/jobs/{job.id}/artifacts/{name}"})
-        return 200, {"results": results}
+        more = len(names) > ARTIFACT_PAGE
+        return 200, {"count": len(self.artifacts), "results": results,
+                     "next": f"/api/v1/jobs/{job.id}/artifacts/?{urlencode({'after': results[-1]['name']})}"
+                     if more else None}
 
     def artifact(self, *, job, name, **_):
         if name not in self.artifacts:

@@ -438,6 +438,15 @@ def test_download_refuses_a_file_that_does_not_match_its_checksum(api, tmp_path,
     assert not [p for p in (tmp_path / "out").rglob(".download-*")]
 
 
+def test_the_sdk_follows_the_artifact_pages_to_the_last(api):
+    api.add_job("training-done0001")
+    sdk = client.Client(api.url, TOKEN)
+    pages = list(sdk.artifact_pages("training-done0001"))
+    assert [[a["name"] for a in page] for page in pages] == [
+        ["checkpoints/epoch-2.pt"], ["results/metrics.json"], ["results/model.pt"]]  # the fake's pages are 1 file
+    assert [a["name"] for a in sdk.artifacts("training-done0001")] == ["results/metrics.json", "results/model.pt"]
+
+
 def test_download_refuses_unsafe_names():
     with pytest.raises(TrainyardError, match="unsafe"):
         client.safe_target("/tmp/x", "../../etc/passwd")
