@@ -28,8 +28,11 @@ def store_results(job, run):
     folder = storage.job_dir(job.tenant.slug, job.id)
     _write_log(job, folder)
     checkpoints.apply_retention(folder, job.attempt)
-    if notice := _record_artifacts(job):
+    refused = []
+    if notice := _record_artifacts(job, refused):
         transfers.system_log(job.id, notice)
+    if refused:
+        transfers.system_log(job.id, _refused_notice(refused))
     return transfers.push_results(job, run)
 
 
@@ -43,9 +46,10 @@ def _write_log(job, folder):
     os.replace(tmp, logs / "training.log")
 
 
-def _record_artifacts(job):
+def _record_artifacts(job, refused=None):
     """Record the job's files as Artifacts, within the limits; returns None, or the notice saying
-    what was left unrecorded and why.
+    what was left unrecorded and why. Files whose names no artifact may have are added to `refused`
+    as (name, why) (storage.artifact_name_problem).
 
     One query for what is recorded already, one insert per thousand new rows, an update only for what
     changed. (Two queries per file before: a quarter of the time from STORING to COMPLETED for a job
@@ -55,7 +59,7 @@ def _record_artifacts(job):
     # which only() would defer: one query per file recorded (a PyTorch example's second store: 8 more
     # queries, about 1 ms of its 12 on SQLite; a job of thousands of files, thousands of round trips).
     recorded = {artifact.name: artifact for artifact in job.artifacts.only("id", "job", "name", "size", "sha256")}
-    listing = storage.list_artifacts(job.tenant.slug, job.id, folders=RECORD_ORDER)
+    listing = storage.list_artifacts(job.tenant.slug, job.id, folders=RECORD_ORDER, refused=refused)
     files = list(itertools.islice(listing, settings.MAX_RECORDED_FILES))
     fresh, done = [], 0
     while done < len(files) and time.monotonic() < deadline:
@@ -87,6 +91,14 @@ def _record_artifacts(job):
     return (f"[trainyard] {'at least ' if not counted else ''}{left:,} files of this job's output were not "
             f"recorded ({done:,} were): {stopped}. They stay in the job's storage and result stores, but are "
             "not listed or downloadable here.")
+
+
+def _refused_notice(refused, shown=3):
+    """The job's log line for files left unrecorded for their names."""
+    named = "; ".join(f"{name!r}: {why}" for name, why in refused[:shown])
+    more = f"; and {len(refused) - shown} more" if len(refused) > shown else ""
+    return (f"[trainyard] {len(refused):,} files of this job's output were not recorded because of their names "
+            f"({named}{more}). They stay in the job's storage, but are not listed or downloadable here.")
 
 
 def _count_rest(listing, deadline):

@@ -4,23 +4,28 @@ Exactly-once and in order: each learner's records carry a gap-free sequence numb
 row remembers the highest one stored, and a batch is applied under the job's row lock. A resend is
 dropped, a gap is refused with 409 so the agent rewinds, and log lines get a dense job-wide `seq`.
 
+Each record is checked on its own (jobs.ingest_records): a bad one is refused and named in the
+answer (`rejected`) while the rest of its batch is stored, and the learner's seq moves past it, so an
+agent never resends it and nothing after it waits on it.
+
 Who may post is settled first (`authenticate`, one indexed query on the learner's credential), before
 the body is read or parsed: a caller without a valid credential costs the platform no JSON decoding.
 """
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from datetime import datetime, timezone as dt_timezone
 
+import orjson
 from django.db import connection, transaction
 
-from jobs import bulk, credentials, lifecycle, live, metrics, tensorboard
+from jobs import bulk, credentials, ingest_records, lifecycle, live, metrics, tensorboard
+from jobs.ingest_records import AGENT_STREAMS, MAX_LINE, MAX_REASON
 from jobs.models import Job, Learner, MetricPoint
 from jobs.serializers import metric_json
 
 MAX_RECORDS = 20000
-MAX_LINE = 64 * 1024
-AGENT_STREAMS = ("stdout", "stderr", "system")
-# `tfevent`: one record of a TensorBoard event file (learner_agent.tfevents, jobs.tensorboard).
-RECORD_KINDS = ("log", "metric", "status", "tfevent")
+MAX_SEQ = 2**63 - 1  # Learner.acked_seq: BigIntegerField
+MAX_REJECTED_LISTED = 100  # refused records named in one answer; the rest are counted
 
 
 class IngestError(Exception):
@@ -36,6 +41,41 @@ class Batch:
     records: list
 
 
+@dataclass
+class Stored:
+    """What a post achieved: everything up to `acked` is stored or refused; `rejected` names the
+    refused records of this post ({"seq", "error"} each)."""
+    acked: int
+    rejected: list = field(default_factory=list)
+
+    def answer(self):
+        """The 200 answer's JSON: {"acked"}, with the refused records when there were any."""
+        if not self.rejected:
+            return {"acked": self.acked}
+        listed = self.rejected[:MAX_REJECTED_LISTED]
+        answer = {"acked": self.acked, "rejected": listed}
+        if len(self.rejected) > len(listed):
+            answer["rejected_unlisted"] = len(self.rejected) - len(listed)
+        return answer
+
+
+def decode(body):
+    """The posted JSON and whether its strings are known to be valid UTF-8.
+
+    orjson first: a batch is up to 20,000 records and decoding speed counts. It refuses numbers
+    beyond a double (`"step": 1e400`), NaN and lone surrogates, which would make the whole batch a
+    400 and stop the agent for good; Python's own decoder reads those, so that only the records
+    holding them are refused (jobs.ingest_records). ValueError when the body is not JSON at all."""
+    try:
+        return orjson.loads(body), True
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(body), False
+    except RecursionError:
+        raise ValueError("body is nested too deeply") from None
+
+
 def parse_batch(payload):
     if not isinstance(payload, dict):
         raise IngestError(400, "body must be a JSON object")
@@ -45,10 +85,9 @@ def parse_batch(payload):
     if not isinstance(records, list) or len(records) > MAX_RECORDS:
         raise IngestError(400, f"records must be a list of at most {MAX_RECORDS}")
     for record in records:
-        if not isinstance(record, dict) or not isinstance(record.get("seq"), int) or record["seq"] < 1:
-            raise IngestError(400, "every record needs an integer seq >= 1")
-        if record.get("kind") not in RECORD_KINDS:
-            raise IngestError(400, f"record {record['seq']}: kind must be one of {', '.join(RECORD_KINDS)}")
+        # Only a record without a usable seq fails the batch: nothing else can name it, or move past it.
+        if not isinstance(record, dict) or type(record.get("seq")) is not int or not 1 <= record["seq"] <= MAX_SEQ:
+            raise IngestError(400, f"every record needs an integer seq between 1 and {MAX_SEQ}")
     return Batch(attempt, learner, sorted(records, key=lambda r: r["seq"]))
 
 
@@ -63,9 +102,9 @@ def authenticate(job_id, token):
     return grant
 
 
-def ingest(grant, payload):
-    """Apply one batch posted with `grant` (from authenticate); return the highest sequence number
-    stored for this learner."""
+def ingest(grant, payload, *, text_checked=True):
+    """Apply one batch posted with `grant` (from authenticate); returns what it Stored.
+    `text_checked`: from decode()."""
     batch = parse_batch(payload)
     with transaction.atomic():
         slot = _lock(grant.job_id, grant.attempt, grant.learner)
@@ -86,10 +125,23 @@ def ingest(grant, payload):
             learner, _ = Learner.objects.select_for_update().get_or_create(job=job, attempt=grant.attempt,
                                                                            index=batch.learner)
         fresh = _fresh_records(batch.records, learner.acked_seq)
-        lines, points = _store(job, learner, fresh)
+        good, rejected = _checked(fresh, text_checked)
+        lines, points = _store(job, learner, good, through=fresh[-1]["seq"] if fresh else None, rejected=rejected)
     live.publish_records_on_commit(job.id, lines, points)
-    metrics.ingested(slot.tenant_slug, lines=len(lines), oldest_time=_oldest_time(fresh))
-    return learner.acked_seq
+    metrics.ingested(slot.tenant_slug, lines=len(lines), oldest_time=_oldest_time(good))
+    return Stored(learner.acked_seq, rejected)
+
+
+def _checked(records, text_checked):
+    """(the records to store, [{"seq", "error"}] of those refused), each judged on its own."""
+    good, rejected = [], []
+    for record in records:
+        error = ingest_records.problem(record, text_checked=text_checked)
+        if error is None:
+            good.append(record)
+        else:
+            rejected.append({"seq": record["seq"], "error": error})
+    return good, rejected
 
 
 @dataclass
@@ -172,8 +224,10 @@ def _fresh_records(records, acked):
     return fresh
 
 
-def _store(job, learner, records):
+def _store(job, learner, records, *, through=None, rejected=()):
     """Insert the records in order; status records apply between the rows before and after them.
+    The learner's acked seq becomes `through` (the last record of the post, stored or refused; the
+    last of `records` when not given); `rejected` ({"seq", "error"}) is noted in the job's log.
 
     Returns the stored log lines and metric points as the JSON the websockets send.
     """
@@ -211,8 +265,7 @@ def _store(job, learner, records):
             # stdout or stderr, so a learner cannot pass its lines off as the platform's.
             stream = record.get("stream")
             stream = stream if stream in AGENT_STREAMS else "stdout"
-            line = record.get("line", "")
-            line = (line if type(line) is str else str(line))[:MAX_LINE]
+            line = record.get("line", "")[:MAX_LINE]
             iso = _iso_time(record.get("time"))
             rows.append((job_pk, job.log_seq, attempt, index, stream, iso, line))
             stored_lines.append({"seq": job.log_seq, "learner": index, "stream": stream, "time": iso, "line": line})
@@ -220,14 +273,16 @@ def _store(job, learner, records):
         when = _time(record.get("time"))
         if record["kind"] == "metric":
             point = _metric(record, learner, when)
-            if point is not None:
-                point.job = job
-                points.append(point)
+            point.job = job
+            points.append(point)
         else:
             flush(along=[_job_progress(job)])
             _apply_status(job, learner, record, when)
-    if records:
-        learner.acked_seq = records[-1]["seq"]
+    if rejected:
+        system_line(_rejected_note(index, rejected))
+    through = through if through is not None else (records[-1]["seq"] if records else None)
+    if through is not None:
+        learner.acked_seq = through
         if events is not None and events.changed:
             learner.tensorboard = events.state
             Learner.objects.filter(pk=learner.pk).update(tensorboard=learner.tensorboard)
@@ -236,22 +291,22 @@ def _store(job, learner, records):
     return stored_lines, stored_points
 
 
+def _rejected_note(index, rejected, shown=3):
+    """The `system` line that tells the job's readers which records of a post were refused."""
+    named = "; ".join(f"seq {r['seq']}: {r['error']}" for r in rejected[:shown])
+    more = f"; and {len(rejected) - shown} more" if len(rejected) > shown else ""
+    return f"ingest: {len(rejected)} record(s) of learner {index} refused and not stored ({named}{more})"
+
+
 def _job_progress(job):
     """The statement that records how many log lines the job has: sent with the lines themselves."""
     return f'UPDATE "{Job._meta.db_table}" SET log_seq = %s WHERE id = %s', [job.log_seq, job.pk]
 
 
 def _metric(record, learner, when):
-    try:
-        value = float(record["value"])
-        step = record.get("step")
-        step = int(step) if step is not None else None
-    except (KeyError, TypeError, ValueError):
-        return None
-    name = str(record.get("name", ""))[:100]
-    if not name or value != value:  # NaN is dropped: it cannot be charted or compared
-        return None
-    return MetricPoint(attempt=learner.attempt, learner=learner.index, name=name, step=step, value=value, time=when)
+    """The point of a metric record that passed ingest_records.problem."""
+    return MetricPoint(attempt=learner.attempt, learner=learner.index, name=record["name"],
+                       step=ingest_records.integer(record.get("step")), value=float(record["value"]), time=when)
 
 
 def _event_points(job, events, record, learner):
@@ -268,9 +323,8 @@ def _apply_status(job, learner, record, when):
     elif state == "running":
         lifecycle.learner_running(job, learner, when)
     elif state == "exited":
-        exit_code = record.get("exit_code")
-        lifecycle.learner_exited(job, learner, exit_code=exit_code if isinstance(exit_code, int) else None,
-                               reason=str(record.get("reason") or "")[:2000], when=when)
+        lifecycle.learner_exited(job, learner, exit_code=ingest_records.integer(record.get("exit_code")),
+                               reason=(record.get("reason") or "")[:MAX_REASON], when=when)
 
 
 def _time(value):

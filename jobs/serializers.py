@@ -1,4 +1,6 @@
 """How jobs, events, log lines and metric points look in JSON (REST and websockets alike)."""
+from urllib.parse import quote
+
 from rest_framework import serializers
 
 from gpu_scheduler.reasons import split_position
@@ -122,4 +124,4 @@ class ArtifactSerializer(serializers.ModelSerializer):
         fields = ["name", "kind", "size", "sha256", "attempt", "complete", "created_at", "url"]
 
     def get_url(self, artifact) -> str:
-        return f"/api/v1/jobs/{artifact.job_id}/artifacts/{artifact.name}"
+        return f"/api/v1/jobs/{artifact.job_id}/artifacts/{quote(artifact.name)}"  # "#" and "?" are a name's too

@@ -73,9 +73,10 @@ def sha256_of(path, chunk=1024 * 1024):
     return digest.hexdigest()
 
 
-def list_artifacts(tenant_slug, job_id, folders=tuple(ARTIFACT_DIRS)):
+def list_artifacts(tenant_slug, job_id, folders=tuple(ARTIFACT_DIRS), *, refused=None):
     """Yield (name, kind, path) for every regular file under results/, checkpoints/ and logs/ (lazily,
-    a folder at a time, in the order of `folders`)."""
+    a folder at a time, in the order of `folders`). A file whose name cannot be an artifact's
+    (artifact_name_problem) is not yielded; it is appended to `refused`, when given, as (name, why)."""
     base = job_dir(tenant_slug, job_id)
     for folder in folders:
         kind = ARTIFACT_DIRS[folder]
@@ -83,8 +84,32 @@ def list_artifacts(tenant_slug, job_id, folders=tuple(ARTIFACT_DIRS)):
         if not top.is_dir():
             continue
         for path in regular_files(top):
-            if not path.name.startswith(".tmp"):
-                yield path.relative_to(base).as_posix(), kind, path
+            if path.name.startswith(".tmp"):
+                continue
+            name = path.relative_to(base).as_posix()
+            if (why := artifact_name_problem(name)) is not None:
+                if refused is not None:
+                    refused.append((name, why))
+                continue
+            yield name, kind, path
+
+
+MAX_ARTIFACT_NAME = 500  # Artifact.name
+
+
+def artifact_name_problem(name):
+    """Why a file's name (relative to the job's folder) cannot be an artifact's, or None.
+
+    An artifact's name is its row's key, its download URL's path and its download's file name, so
+    every one of them must carry it unchanged: a newline was recorded but could never be downloaded
+    (a URL path cannot match it, a header cannot hold it). Learners' files are hostile, so names with
+    control or other unprintable characters (bidi overrides that disguise an extension, bytes that are
+    not UTF-8, which the database cannot store) and names longer than the column are refused."""
+    if len(name) > MAX_ARTIFACT_NAME:
+        return f"longer than {MAX_ARTIFACT_NAME} characters"
+    if not name.isprintable():
+        return "it holds a control or other unprintable character (a newline, a byte that is not UTF-8)"
+    return None
 
 
 def artifact_path(tenant_slug, job_id, name):

@@ -42,11 +42,15 @@ def report(name=None, value=None, *, step=None, **named):
     metrics.extend(named.items())
     if not metrics:
         raise TypeError("report() needs a metric: report('loss', 0.3) or report(loss=0.3)")
+    if step is not None:
+        step = int(step)
+        if not -2**63 <= step < 2**63:  # the platform stores steps as int64 and would refuse the point
+            raise ValueError(f"report(step={step}): a step must be an integer between -2**63 and 2**63-1")
     lines = []
     for metric_name, metric_value in metrics:
         point = {"name": str(metric_name), "value": float(metric_value)}
         if step is not None:
-            point["step"] = int(step)
+            point["step"] = step
         lines.append(METRIC_PREFIX + json.dumps(point) + "\n")
     # One write keeps a multi-metric call together even when the learner prints from threads.
     sys.stdout.write("".join(lines))

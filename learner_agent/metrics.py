@@ -11,6 +11,11 @@ import re
 
 from learner_agent import METRIC_PREFIX
 
+# What the platform stores a step as (int64) and names as (at most 100 characters): a point beyond
+# them would be refused there (jobs.ingest_records), so it is not made here.
+STEP_RANGE = (-2**63, 2**63 - 1)
+MAX_NAME = 100
+
 # Named groups with these names say where in training a line is; they are the step, not metrics.
 # When a regex captures several, the first in this order wins: a global counter beats an epoch, and an
 # epoch beats a batch index that restarts every epoch.
@@ -46,7 +51,7 @@ def _parse_reported(payload):
     if not isinstance(data, dict):
         return None
     name, value, step = data.get("name"), data.get("value"), data.get("step")
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, str) or not _valid_name(name.strip()):
         return None
     value = _finite_number(value)
     if value is None:
@@ -71,9 +76,14 @@ def _points_from_match(group, match):
         if name in STEP_FIELDS:
             continue
         value = _finite_number(text.strip())
-        if value is not None:
+        if value is not None and _valid_name(f"{group}.{name}"):
             points.append({"name": f"{group}.{name}", "value": value, "step": step})
     return points
+
+
+def _valid_name(name):
+    """1 to MAX_NAME printable characters (no control or bidi-override characters)."""
+    return 0 < len(name) <= MAX_NAME and name.isprintable()
 
 
 def _finite_number(value):
@@ -88,17 +98,21 @@ def _finite_number(value):
             return None
     if not isinstance(value, (int, float)):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond any float: JSON integers have no limit
+        return None
     return value if math.isfinite(value) else None
 
 
 def _integer(value):
-    """An int for 12, "12", 12.0 or "12.0"; None otherwise."""
+    """An int within STEP_RANGE for 12, "12", 12.0 or "12.0"; None otherwise (1e300 is no step)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
-    number = _finite_number(value)
-    if number is None or not number.is_integer():
-        return None
-    return int(number)
+    if not isinstance(value, int):
+        number = _finite_number(value)
+        if number is None or not number.is_integer():
+            return None
+        value = int(number)
+    low, high = STEP_RANGE
+    return value if low <= value <= high else None

@@ -286,6 +286,8 @@ class Shipper:
             acked = _acked_from(payload)
             if acked is None:
                 return "retry", f"HTTP {status} without a valid 'acked'"
+            if status == 200:
+                _log_rejected(payload)
             return self._apply_ack(acked, status=status, first_sent=batch[0][0])
         if status == 410:
             self._stop("gone: the platform answered 410 (attempt is over)", gone=True)
@@ -344,6 +346,22 @@ class Shipper:
 
 def _mib(n):
     return f"{n / 2**20:.1f}MiB"
+
+
+def _log_rejected(payload):
+    """Log the records the platform refused (`rejected`: [{"seq", "error"}]; acked all the same, so
+    they are not sent again). The platform notes them in the job's log too."""
+    try:
+        answer = json.loads(payload)
+        rejected = answer.get("rejected") or []
+        unlisted = answer.get("rejected_unlisted") or 0
+        for entry in rejected[:20]:
+            log.warning("the platform refused record %s: %s", entry.get("seq"), str(entry.get("error"))[:300])
+        more = len(rejected) - 20 + (unlisted if isinstance(unlisted, int) else 0)
+    except (ValueError, TypeError, AttributeError):  # an answer this agent does not understand: ack is what counts
+        return
+    if more > 0:
+        log.warning("the platform refused %d more records of that batch", more)
 
 
 def _acked_from(payload):

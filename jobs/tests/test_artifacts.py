@@ -89,3 +89,29 @@ def test_recording_stops_at_its_deadline(db, settings, monkeypatch):
 def test_what_is_left_is_counted_until_the_deadline():
     assert artifacts._count_rest(iter(range(2000)), deadline=float("inf")) == (2000, True)
     assert artifacts._count_rest(iter(range(2000)), deadline=float("-inf")) == (artifacts.RECORD_BATCH, False)
+
+
+def test_files_whose_names_no_artifact_may_have_are_left_unrecorded_and_named(db):
+    target = job(member())
+    results = storage.job_dir(target.tenant.slug, target.id) / "results"
+    results.mkdir(parents=True)
+    for name in ("good.txt", "bad\nname.txt", "evil\u202etxt.exe", "x" * 250 + "/" + "y" * 250):
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text("x")
+    (results / "latin1-\xe9".encode("latin-1").decode("utf-8", "surrogateescape")).write_text("x")
+    refused = []
+    assert artifacts._record_artifacts(target, refused) is None
+    assert list(target.artifacts.values_list("name", flat=True)) == ["results/good.txt"]
+    assert sorted(name for name, _ in refused) == sorted(["results/bad\nname.txt", "results/evil\u202etxt.exe",
+                                                          "results/" + "x" * 250 + "/" + "y" * 250,
+                                                          "results/latin1-\udce9"])
+    assert "1 files" not in artifacts._refused_notice(refused)
+    assert artifacts._refused_notice(refused[:1]).startswith(
+        "[trainyard] 1 files of this job's output were not recorded because of their names ('results/")
+
+
+def test_an_artifact_url_carries_its_name_unchanged(db):
+    from jobs.serializers import ArtifactSerializer
+    target = job(member())
+    artifact = target.artifacts.create(name="results/a #1?.txt", kind="result", size=1)
+    assert ArtifactSerializer(artifact).data["url"] == f"/api/v1/jobs/{target.id}/artifacts/results/a%20%231%3F.txt"

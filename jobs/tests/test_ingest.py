@@ -148,3 +148,51 @@ def test_ingests_of_two_jobs_of_one_tenant_do_not_wait_for_each_other(monkeypatc
         done.set()
         slow.join()
     assert LogLine.objects.filter(job=first).count() == 3
+
+
+def test_a_bad_record_is_refused_by_name_and_the_rest_of_the_batch_is_stored(running_job):
+    records = [*logs(1, 2), {"seq": 3, "kind": "metric", "name": "loss", "value": 1.0, "step": 1e300, "time": 4.0},
+               {"seq": 4, "kind": "metric", "name": "loss", "value": 0.5, "step": 2, "time": 5.0},
+               {"seq": 5, "kind": "metric", "name": "loss", "value": 0.5, "step": 3, "time": 1e300}]
+    response = post(running_job, records)
+    assert response.status_code == 200
+    assert response.json() == {"acked": 5, "rejected": [
+        {"seq": 3, "error": "step: must be null or an integer between -2**63 and 2**63-1"},
+        {"seq": 5, "error": "time: must be Unix seconds between 0 and 253402300799"}]}
+    assert list(MetricPoint.objects.values_list("step", "value")) == [(2, 0.5)]
+    lines = list(LogLine.objects.order_by("seq").values_list("stream", "line"))
+    assert lines[:2] == [("stdout", "line 1"), ("stdout", "line 2")]
+    assert lines[2][0] == "system" and "2 record(s) of learner 0 refused" in lines[2][1] and "seq 3: step" in lines[2][1]
+    assert post(running_job, logs(6, 1)).json() == {"acked": 6}  # the learner goes on
+    assert Learner.objects.get(job=running_job).acked_seq == 6
+
+
+def test_numbers_beyond_a_double_refuse_their_record_not_the_batch(running_job):
+    body = ('{"attempt": 1, "learner": 0, "records": ['
+            '{"seq": 1, "kind": "log", "stream": "stdout", "time": 1.0, "line": "ok"},'
+            '{"seq": 2, "kind": "metric", "name": "loss", "value": 1e400, "step": 1, "time": 1.0},'
+            '{"seq": 3, "kind": "metric", "name": "loss", "value": NaN, "step": 1, "time": 1.0},'
+            '{"seq": 4, "kind": "log", "stream": "stdout", "time": 1.0, "line": "bad \\udcff"},'
+            '{"seq": 5, "kind": "metric", "name": "loss", "value": 2, "step": ' + "9" * 30 + ', "time": 1.0}]}')
+    response = Client().post(f"/api/v1/ingest/{running_job.id}/", body, content_type="application/json",
+                             HTTP_AUTHORIZATION=f"Ingest {running_job.tokens[0]}")
+    assert response.status_code == 200
+    assert [(r["seq"], r["error"].split(":")[0]) for r in response.json()["rejected"]] == [
+        (2, "value"), (3, "value"), (4, "line"), (5, "step")]
+    assert response.json()["acked"] == 5
+    assert not MetricPoint.objects.exists()
+    assert LogLine.objects.filter(stream="stdout").get().line == "ok"
+
+
+def test_a_refused_last_record_is_acked_all_the_same(running_job):
+    response = post(running_job, [{"seq": 1, "kind": "status", "state": "exited", "exit_code": 2**40, "time": 1.0}])
+    assert response.json()["acked"] == 1 and response.json()["rejected"][0]["seq"] == 1
+    assert Learner.objects.get(job=running_job).exit_code is None
+    assert post(running_job, logs(2, 1)).json() == {"acked": 2}
+
+
+def test_a_record_without_a_usable_seq_still_fails_the_batch(running_job):
+    for seq in (True, 2**63, 0, "1", 1.0):
+        response = post(running_job, [{"seq": seq, "kind": "log", "line": "x"}])
+        assert response.status_code == 400, seq
+    assert not LogLine.objects.exists()

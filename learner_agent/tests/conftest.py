@@ -37,6 +37,8 @@ class IngestServer:
         self.status_override = None  # answer every request with this status
         self.scripted = []  # statuses to answer the next requests with, before storing anything
         self.max_store_per_request = None  # store only a prefix of each batch (a partial ack)
+        self.refused = defaultdict(list)  # (attempt, learner) -> refused records
+        self.refuse = None  # record -> error text or None: refused records are acked and named, as the platform does
         self.drop_rate = drop_rate
         self._random = random.Random(seed)
         self._lock = threading.Lock()
@@ -74,7 +76,8 @@ class IngestServer:
                 return drop
             data = json.loads(body)
             stored = self.records[(data["attempt"], data["learner"])]
-            acked = len(stored)
+            refused = self.refused[(data["attempt"], data["learner"])]
+            acked = len(stored) + len(refused)
             if self.scripted:
                 return self.scripted.pop(0), {"acked": acked}
             records = data["records"]
@@ -82,6 +85,7 @@ class IngestServer:
             if records and records[0]["seq"] > acked + 1:
                 return 409, {"acked": acked}
             len_before = acked
+            rejected = []
             for record in records:
                 if record["seq"] <= acked:
                     continue
@@ -89,13 +93,18 @@ class IngestServer:
                     return 409, {"acked": acked}
                 if self.max_store_per_request is not None and acked - len_before >= self.max_store_per_request:
                     break
-                stored.append(record)
+                error = self.refuse and self.refuse(record)
+                if error:
+                    rejected.append({"seq": record["seq"], "error": error})
+                    refused.append(record)
+                else:
+                    stored.append(record)
                 acked += 1
             if drop:
                 return drop
             if self.gone:
                 return 410, {"detail": "attempt is over"}
-            return 200, {"acked": acked}
+            return 200, {"acked": acked, **({"rejected": rejected} if rejected else {})}
 
 
 def _handler_for(server):

@@ -25,6 +25,15 @@ REGEXES = {
     ('TRAINYARD_METRIC {"name": "loss", "value": 1, "step": 1.5}', []),
     ('TRAINYARD_METRIC {"name": "loss", "value": 1, "step": "one"}', []),
     ('  TRAINYARD_METRIC {"name": "loss", "value": 1}', []),  # not at the start of the line
+    # Nothing the platform would refuse (jobs.ingest_records): the line stays a log line only.
+    ('TRAINYARD_METRIC {"name": "loss", "value": 1, "step": 1e300}', []),
+    ('TRAINYARD_METRIC {"name": "loss", "value": 1, "step": 9223372036854775808}', []),
+    ('TRAINYARD_METRIC {"name": "loss", "value": 1, "step": 9223372036854775807}', [("loss", 1.0, 2**63 - 1)]),
+    ('TRAINYARD_METRIC {"name": "loss", "value": 1e999}', []),
+    ('TRAINYARD_METRIC {"name": "loss", "value": 1' + '0' * 400 + '}', []),
+    ('TRAINYARD_METRIC {"name": "' + 'x' * 101 + '", "value": 1}', []),
+    ('TRAINYARD_METRIC {"name": "lo\\u0007ss", "value": 1}', []),
+    ("epoch 99999999999999999999 loss 0.25 acc 0.5", [("train.loss", 0.25, None), ("train.acc", 0.5, None)]),
     ("epoch 3 loss 0.25 acc 0.9", [("train.loss", 0.25, 3), ("train.acc", 0.9, 3)]),
     ("epoch 3 loss 0.25 acc n/a", [("train.loss", 0.25, 3)]),  # non-numeric values are skipped
     ("[12:00] eval step=200 top1 accuracy=7.5e-1", [("eval.accuracy", 0.75, 200)]),

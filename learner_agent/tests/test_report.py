@@ -50,3 +50,10 @@ def test_its_import_is_cheap():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": PACKAGE_PARENT}).stdout
     assert out.strip() == "1 ['learner_agent']"
+
+
+@pytest.mark.parametrize("step", [1e300, 2**63, -2**63 - 1])
+def test_it_refuses_a_step_the_platform_cannot_store(step, capsys):
+    with pytest.raises(ValueError, match="between -2\\*\\*63 and 2\\*\\*63-1"):
+        report("loss", 0.3, step=step)
+    assert capsys.readouterr().out == ""

@@ -207,3 +207,25 @@ def test_records_reach_the_file_and_then_the_disk_while_the_platform_does_not_an
 
 def spooled_lines(folder):
     return sum(path.read_bytes().count(b"\n") for path in (folder / "spool").glob("*.seg"))
+
+
+def test_records_the_platform_refuses_are_logged_and_not_sent_again(tmp_path, caplog):
+    server = IngestServer()
+    server.refuse = lambda record: "step: must be an integer" if record.get("step") == -1 else None
+    shipper = shipper_for(server, tmp_path)
+    try:
+        shipper.add({"kind": "log", "stream": "stdout", "line": "before"})
+        shipper.add({"kind": "metric", "name": "loss", "value": 1.0, "step": -1})
+        shipper.add({"kind": "log", "stream": "stdout", "line": "after"})
+        with caplog.at_level("WARNING", logger="learner_agent.shipper"):
+            assert shipper.flush(timeout=10)
+            shipper.add({"kind": "log", "stream": "stdout", "line": "later"})
+            assert shipper.flush(timeout=10)
+    finally:
+        shipper.close()
+        server.close()
+    assert [r.get("line") for r in server.stored()] == ["before", "after", "later"]
+    assert [r["seq"] for r in server.refused[(1, 0)]] == [2]
+    assert sum(2 in batch for batch in server.batches) == 1  # acked with the rest: never sent again
+    assert "the platform refused record 2: step: must be an integer" in caplog.text
+    assert shipper.stopped_reason is None
