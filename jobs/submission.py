@@ -15,14 +15,20 @@ from jobs import datastores, dispatch, live, runtime, storage, transfers
 from jobs.manifest import ManifestError, parse_manifest
 from jobs.models import Job, Status
 from learner_agent.archive import ArchiveError, InspectBounds, inspect_archive
-from tenants import priority
+from portal import throttling
+from tenants import priority, quotas
+from tenants.models import Tenant
 from trainyard.units import format_bytes
 
 
 class SubmitError(Exception):
-    def __init__(self, detail, *, field=None, status=400):
+    def __init__(self, detail, *, field=None, status=400, retry_after=None):
         super().__init__(detail)
-        self.detail, self.field, self.status = detail, field, status
+        self.detail, self.field, self.status, self.retry_after = detail, field, status, retry_after
+
+    def headers(self):
+        """The answer's headers: Retry-After (seconds) when waiting that long is what it takes."""
+        return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
 
 
 # --- submit --------------------------------------------------------------------------------------
@@ -31,6 +37,7 @@ def submit(membership, *, manifest_bytes, code_file, private=False):
     if not membership.can_submit:
         raise SubmitError(f"your role in {membership.tenant.slug!r} ({membership.role}) cannot submit jobs",
                           status=403)
+    _admit(membership.tenant)
     try:
         manifest = parse_manifest(manifest_bytes)
     except ManifestError as exc:
@@ -62,6 +69,34 @@ def _inspect_bounds():
     return InspectBounds(max_ratio=settings.MAX_ARCHIVE_RATIO, max_seconds=settings.ARCHIVE_INSPECT_SECONDS)
 
 
+def _admit(tenant):
+    """Refuse a submission past the tenant's intake (tenants.quotas.intake_of) before it costs anything:
+    429 with Retry-After past its submissions per minute (every attempt counts), 429 while it has as
+    many jobs queued as it may."""
+    intake = quotas.intake_of(quotas.quota_of(tenant))
+    retry_s = throttling.submission_retry_after(tenant.pk, intake.submissions_per_minute)
+    if retry_s:
+        raise SubmitError(f"too many submissions: tenant {tenant.slug!r} may submit {intake.submissions_per_minute} "
+                          f"jobs per minute ({intake.source('submissions_per_minute')}); try again in {retry_s}s",
+                          status=429, retry_after=retry_s)
+    _check_queue(tenant, intake)
+
+
+def _check_queue(tenant, intake):
+    queued = tenant.jobs.filter(status=Status.QUEUED).count()
+    if queued >= intake.queued_jobs:
+        raise SubmitError(f"too many queued jobs: tenant {tenant.slug!r} has {queued} jobs queued, the most it may "
+                          f"have ({intake.source('queued_jobs')}); submit again once some have started or "
+                          "been terminated", status=429)
+
+
+def _hold_queue_place(tenant):
+    """Inside the transaction that queues the job: check the queue again under the tenant's row lock,
+    so submissions racing each other cannot pass the limit together."""
+    Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).first()
+    _check_queue(tenant, quotas.intake_of(quotas.quota_of(tenant)))
+
+
 def _save_upload(code_file):
     fd, name = tempfile.mkstemp(dir=storage.uploads_dir(), prefix=".tmp-upload-")
     with os.fdopen(fd, "wb") as out:
@@ -86,6 +121,7 @@ def _create_job(membership, manifest, manifest_bytes, upload, info, *, private):
         shutil.copyfile(upload, folder / f"code.{info.kind}")
         transfers.seal_submitted_credentials(folder, manifest)
         with transaction.atomic():
+            _hold_queue_place(membership.tenant)
             job.save(force_insert=True)
             job.events.create(to_status=Status.QUEUED, actor=membership.user.username, reason="submitted")
             dispatch.send_on_commit("schedule")  # first: its message is what the job waits for

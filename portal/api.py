@@ -18,7 +18,7 @@ def exception_handler(exc, context):
         body = {"detail": exc.detail}
         if exc.field:
             body["field"] = exc.field
-        return Response(body, status=exc.status)
+        return Response(body, status=exc.status, headers=exc.headers())
     if isinstance(exc, InvalidTransition):
         return Response({"detail": str(exc)}, status=409)
     if isinstance(exc, NoTenant):

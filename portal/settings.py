@@ -176,6 +176,11 @@ ARCHIVE_INSPECT_SECONDS = env.number("TRAINYARD_ARCHIVE_INSPECT_SECONDS", 15.0, 
 # per job, and this many seconds of hashing; the rest stays in storage, unlisted, with a log notice.
 MAX_RECORDED_FILES = env.integer("TRAINYARD_MAX_RECORDED_FILES", 10000, minimum=1)
 RECORD_SECONDS = env.number("TRAINYARD_RECORD_SECONDS", 60.0, minimum=1.0)
+# What one tenant may put in the queue (jobs.submission; a tenant's quota may set its own): submissions
+# per minute (every submit counts, in fixed windows of the clock's minutes; past it a 429 with
+# Retry-After), and jobs waiting in QUEUED at once (past it a 429).
+SUBMITS_PER_MINUTE = env.integer("TRAINYARD_SUBMITS_PER_MINUTE", 60, minimum=1)
+MAX_QUEUED_JOBS = env.integer("TRAINYARD_MAX_QUEUED_JOBS", 500, minimum=1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
 # Threads of each web process that serve agents' ingest posts (jobs.ingest_asgi); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)

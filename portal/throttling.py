@@ -13,6 +13,9 @@ proxy's address, so an operator who puts one in front should have it limit too.
 - Ingest: one learner credential may post 600 batches per 10 s (then waits out the 10 s) (agents keep one batch in flight,
   so only a runaway one comes near); 20 posts with a bad credential from one address in a minute
   refuse that address's posts for a minute.
+- Submissions: a tenant may submit its intake's submissions per minute (tenants.quotas.intake_of;
+  TRAINYARD_SUBMITS_PER_MINUTE by default), counted per tenant in fixed windows of the clock's
+  minutes; past it, submits are refused until the next minute begins (jobs.submission).
 
 If the cache cannot be reached, requests are let through (and a warning logged): an outage of Redis
 must not lock every user out of a platform that is otherwise up.
@@ -221,6 +224,25 @@ def token_retry_after(request):
 
 def token_failed(request):
     record(TOKEN_FAILURES, client_address(request))
+
+
+# --- submissions ---------------------------------------------------------------------------------------
+SUBMIT_WINDOW_S = 60
+
+
+def submission_retry_after(tenant_id, per_minute, now=None):
+    """Count one submission of the tenant in this minute; 0 while it is within `per_minute`, else the
+    seconds until the next minute starts (when it may submit again). Every attempt counts, refused
+    ones too: what an attempt costs (reading its upload, checking its archive) is what is limited."""
+    now = time.time() if now is None else now
+    window = int(now // SUBMIT_WINDOW_S)
+    try:
+        count = _count(_key(Rule("submit", per_minute, SUBMIT_WINDOW_S, 0), (tenant_id, window), "count"),
+                       SUBMIT_WINDOW_S)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log.warning("throttling: cache unreachable (%s); submissions not counted", exc)
+        return 0
+    return 0 if count <= per_minute else max(1, math.ceil((window + 1) * SUBMIT_WINDOW_S - now))
 
 
 # --- ingest --------------------------------------------------------------------------------------------

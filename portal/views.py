@@ -150,7 +150,10 @@ def submit_page(request, membership):
                                  code_file=_code_file(request, context["example"]))
         except submission.SubmitError as exc:
             context.update(error=exc.detail, field=exc.field)
-            return render(request, "jobs/submit.html", context, status=exc.status)
+            response = render(request, "jobs/submit.html", context, status=exc.status)
+            for header, value in exc.headers().items():
+                response[header] = value
+            return response
         return redirect("job-page", job_id=job.id)
     if context["example"] in context["examples"]:
         context["manifest_text"] = (_example_folder(context["example"]) / "manifest.yml").read_text()

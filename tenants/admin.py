@@ -36,6 +36,7 @@ class QuotaInline(admin.StackedInline):
         ("In use at once", {"fields": [("gpus", "cpus", "memory_bytes"), ("jobs", "gpus_per_user"), "can_borrow"]}),
         ("Budget per period", {"fields": [("gpu_hours", "cpu_hours"), ("period", "budget_mode")]}),
         ("Scheduling", {"fields": ["high_priority"]}),
+        ("Submissions (empty: the platform's default)", {"fields": [("queued_jobs", "submissions_per_minute")]}),
     ]
 
 

@@ -28,7 +28,7 @@ class CurrentTenant(APIView):
 class QuotaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Quota
-        fields = [*Quota.LIMITS, "period", "budget_mode", "can_borrow", "high_priority"]
+        fields = [*Quota.LIMITS, "period", "budget_mode", "can_borrow", "high_priority", *Quota.INTAKE]
 
 
 class TenantQuota(APIView):

@@ -132,6 +132,12 @@ class Quota(models.Model):
     can_borrow = models.BooleanField(default=False, help_text="may use idle capacity beyond its GPU/CPU/memory quota")
     high_priority = models.CharField(max_length=10, choices=HighPriority.choices, default="", blank=True,
                                      help_text="who may submit jobs with priority high")
+    # Intake (jobs.submission): what the tenant may have queued at once and submit per minute; empty
+    # means the platform's default (TRAINYARD_MAX_QUEUED_JOBS, TRAINYARD_SUBMITS_PER_MINUTE), not no limit.
+    queued_jobs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="jobs queued at once (empty: the platform's TRAINYARD_MAX_QUEUED_JOBS)")
+    submissions_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="job submissions per minute (empty: the platform's TRAINYARD_SUBMITS_PER_MINUTE)")
     updated_at = models.DateTimeField(auto_now=True)
 
     LIMITS = ("gpus", "cpus", "memory_bytes", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours")
@@ -139,9 +145,11 @@ class Quota(models.Model):
     def __str__(self):
         return f"quota of {self.tenant}"
 
+    INTAKE = ("queued_jobs", "submissions_per_minute")  # empty: the platform's default (tenants.quotas.intake_of)
+
     def as_dict(self):
         return {name: getattr(self, name)
-                for name in (*self.LIMITS, "period", "budget_mode", "can_borrow", "high_priority")}
+                for name in (*self.LIMITS, "period", "budget_mode", "can_borrow", "high_priority", *self.INTAKE)}
 
 
 class UsageRecord(models.Model):

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
@@ -175,6 +176,29 @@ def quota_of(tenant):
     return Quota.objects.filter(tenant=tenant).first()
 
 
+# --- intake: what a tenant may queue and submit (jobs.submission refuses past it) ---------------
+@dataclass(frozen=True)
+class Intake:
+    queued_jobs: int  # jobs in QUEUED at once
+    submissions_per_minute: int
+    overridden: tuple = ()  # the names its quota sets; the others are the platform's defaults
+
+    def source(self, name):
+        """Where a limit comes from, for messages: the tenant's quota or the platform's setting."""
+        return f"its quota's {name}" if name in self.overridden else f"the platform's {INTAKE_SETTINGS[name]}"
+
+
+INTAKE_SETTINGS = {"queued_jobs": "TRAINYARD_MAX_QUEUED_JOBS", "submissions_per_minute": "TRAINYARD_SUBMITS_PER_MINUTE"}
+
+
+def intake_of(quota):
+    """The tenant's intake limits: its quota's where set, else the platform's defaults (settings)."""
+    defaults = {"queued_jobs": settings.MAX_QUEUED_JOBS, "submissions_per_minute": settings.SUBMITS_PER_MINUTE}
+    overridden = tuple(name for name in Quota.INTAKE if quota is not None and getattr(quota, name) is not None)
+    return Intake(**{name: getattr(quota, name) if name in overridden else defaults[name] for name in Quota.INTAKE},
+                  overridden=overridden)
+
+
 def budget_state(quota, usage):
     """("ok" | "hard_exceeded" | "soft_exceeded", reason) for the period's GPU-/CPU-hour budgets."""
     if quota is None:
@@ -192,7 +216,8 @@ def budget_state(quota, usage):
 # --- quota changes take effect at once (jobs.apps reschedules on every save of a Quota) ---------
 def set_quota(tenant, **limits):
     """Create or change a tenant's quota (fields as in Quota); unknown names are refused."""
-    unknown = set(limits) - set(Quota.LIMITS) - {"period", "budget_mode", "can_borrow", "high_priority"}
+    unknown = (set(limits) - set(Quota.LIMITS) - set(Quota.INTAKE)
+               - {"period", "budget_mode", "can_borrow", "high_priority"})
     if unknown:
         raise ValueError(f"unknown quota field(s): {', '.join(sorted(unknown))}")
     with transaction.atomic():
@@ -210,13 +235,14 @@ def summary(tenant, *, user=None, now=None):
     quota = quota_of(tenant)
     usage = usage_of(tenant, now, quota)
     state, reason = budget_state(quota, usage)
+    intake = intake_of(quota)
     # Through the tenant's reverse relation: this module does not import jobs (jobs builds on tenants).
     # Counted by the database: rows read through the reverse relation with only() cost one more
     # query each (Django sets the tenant on each from its deferred tenant_id).
     queued = tenant.jobs.filter(status=QUEUED).aggregate(jobs=Count("id"), gpus=Sum(F("gpus") * F("learners")))
     limits = quota.as_dict() if quota else dict.fromkeys(Quota.LIMITS, None) | {
         "period": Quota.Period.MONTH, "budget_mode": Quota.BudgetMode.HARD, "can_borrow": False,
-        "high_priority": Quota.HighPriority.PLATFORM}
+        "high_priority": Quota.HighPriority.PLATFORM} | dict.fromkeys(Quota.INTAKE, None)
     body = {
         "quota": limits,
         "usage": {"gpus": usage.gpus, "cpus": usage.cpus, "memory_bytes": usage.memory_bytes, "jobs": usage.jobs,
@@ -224,6 +250,8 @@ def summary(tenant, *, user=None, now=None):
                   "period_start": usage.period_start.isoformat(), "period_end": usage.period_end.isoformat()},
         "budget": {"state": state, "reason": reason},
         "queued": {"jobs": queued["jobs"], "gpus": queued["gpus"] or 0},
+        "intake": {"queued_jobs": intake.queued_jobs, "submissions_per_minute": intake.submissions_per_minute,
+                   "overridden": list(intake.overridden)},
         "history": history(tenant, quota, now),
     }
     if user is not None:

@@ -140,3 +140,11 @@ def test_an_unreachable_cache_lets_requests_through(settings, alice):
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                                    "LOCATION": "redis://127.0.0.1:1/0"}}
     assert sign_in("right-password").status_code == 302
+
+
+def test_a_tenants_submissions_are_counted_per_clock_minute(any_cache):
+    minute = 29_000_000 * 60 + 20  # 20 s into a minute
+    counts = [throttling.submission_retry_after(7, 3, now=minute) for _ in range(4)]
+    assert counts == [0, 0, 0, 40]  # the fourth waits for the next minute
+    assert throttling.submission_retry_after(8, 3, now=minute) == 0  # another tenant counts apart
+    assert throttling.submission_retry_after(7, 3, now=minute + 40) == 0  # the next minute starts again

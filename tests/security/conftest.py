@@ -22,7 +22,8 @@ def platform():
     # here the sandbox must hide the platform's data the way it does for an install's var/.
     data_dir = tempfile.mkdtemp(prefix="trainyard-security-", dir="/var/tmp")
     session = start_session(data_dir, TRAINYARD_SANDBOX="bwrap",
-                            TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_LOCAL_CPUS="8")
+                            TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_LOCAL_CPUS="8",
+                            TRAINYARD_MAX_RECORDED_FILES="1000")  # test_shared_capacity: a result past it
     try:
         yield session
     finally:

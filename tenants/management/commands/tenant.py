@@ -37,6 +37,10 @@ class Command(BaseCommand):
                             help="may use idle capacity beyond its quota (preemptible)")
         create.add_argument("--high-priority", choices=[r.value for r in Quota.HighPriority if r.value],
                             help="who may submit jobs with priority high (default: TRAINYARD_HIGH_PRIORITY)")
+        create.add_argument("--queued-jobs", type=int,
+                            help="jobs it may have queued at once (default: TRAINYARD_MAX_QUEUED_JOBS)")
+        create.add_argument("--submissions-per-minute", type=int,
+                            help="job submissions per minute (default: TRAINYARD_SUBMITS_PER_MINUTE)")
         adduser = sub.add_parser("adduser", help="add a user to a tenant (creating the user if needed)")
         adduser.add_argument("slug")
         adduser.add_argument("username")
@@ -55,7 +59,8 @@ class Command(BaseCommand):
     @staticmethod
     def quota_options(options):
         limits = {name: options[name] for name in ("gpus", "cpus", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours",
-                                                   "period", "budget_mode", "can_borrow") if options[name] is not None}
+                                                   "period", "budget_mode", "can_borrow", *Quota.INTAKE)
+                  if options[name] is not None}
         if options["memory"] is not None:
             try:
                 limits["memory_bytes"] = units.parse_memory_size(options["memory"])

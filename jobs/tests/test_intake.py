@@ -1,0 +1,66 @@
+"""What a tenant may put in the queue (jobs.submission, tenants.quotas.intake_of): submissions per
+minute and jobs queued at once, from the platform's settings or the tenant's quota."""
+import pytest
+
+from jobs.models import Job, Status
+from jobs.tests.builders import MANIFEST, client_for, job, member, tar_gz, upload
+from tenants import quotas
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(client):
+    return client.post("/api/v1/jobs/", {"manifest": upload(MANIFEST, "manifest.yml"),
+                                         "code": upload(tar_gz({"run.sh": b"echo hi\n"}))}, format="multipart")
+
+
+def test_past_its_submissions_per_minute_a_tenant_gets_429_with_retry_after(settings):
+    settings.SUBMITS_PER_MINUTE = 2
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    answers = [submit(client_for(alice)) for _ in range(3)]
+    assert [a.status_code for a in answers] == [201, 201, 429]
+    refused = answers[-1]
+    assert 1 <= int(refused["Retry-After"]) <= 60
+    assert refused.json()["detail"].startswith(
+        "too many submissions: tenant 'team-a' may submit 2 jobs per minute "
+        "(the platform's TRAINYARD_SUBMITS_PER_MINUTE); try again in ")
+    assert Job.objects.filter(tenant=alice.tenant).count() == 2
+    assert submit(client_for(bob)).status_code == 201  # counted per tenant
+
+
+def test_with_as_many_jobs_queued_as_it_may_a_tenant_gets_429(settings):
+    settings.MAX_QUEUED_JOBS = 2
+    alice = member("team-a", "alice")
+    job(alice), job(alice), job(alice, status=Status.PENDING)
+    response = submit(client_for(alice))
+    assert response.status_code == 429 and "Retry-After" not in response
+    assert response.json()["detail"] == (
+        "too many queued jobs: tenant 'team-a' has 2 jobs queued, the most it may have (the platform's "
+        "TRAINYARD_MAX_QUEUED_JOBS); submit again once some have started or been terminated")
+    Job.objects.filter(tenant=alice.tenant, status=Status.QUEUED).update(status=Status.PENDING)
+    assert submit(client_for(alice)).status_code == 201
+
+
+def test_a_tenants_quota_sets_its_own_limits(settings):
+    settings.MAX_QUEUED_JOBS = 100
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    quotas.set_quota(alice.tenant, queued_jobs=1, submissions_per_minute=5)
+    assert submit(client_for(alice)).status_code == 201
+    response = submit(client_for(alice))
+    assert response.status_code == 429 and "(its quota's queued_jobs)" in response.json()["detail"]
+    assert submit(client_for(bob)).status_code == 201
+    summary = quotas.summary(alice.tenant)
+    assert summary["intake"] == {"queued_jobs": 1, "submissions_per_minute": 5,
+                                 "overridden": ["queued_jobs", "submissions_per_minute"]}
+    assert summary["quota"]["queued_jobs"] == 1 and quotas.summary(bob.tenant)["quota"]["queued_jobs"] is None
+
+
+def test_the_queue_is_checked_again_where_the_job_is_queued(settings, monkeypatch):
+    """Two submissions racing past the first check cannot both queue the last place."""
+    from jobs import submission
+    settings.MAX_QUEUED_JOBS = 1
+    alice = member("team-a", "alice")
+    assert submit(client_for(alice)).status_code == 201
+    monkeypatch.setattr(submission, "_admit", lambda tenant: None)  # the early check passed (a racing submit)
+    response = submit(client_for(alice))
+    assert response.status_code == 429 and Job.objects.filter(tenant=alice.tenant).count() == 1
