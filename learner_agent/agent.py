@@ -28,7 +28,7 @@ import threading
 import time
 from queue import SimpleQueue
 
-from learner_agent import archive, cgroups, procfs, sandbox, tfevents
+from learner_agent import address, archive, cgroups, procfs, sandbox, tfevents
 from learner_agent.config import ConfigError, load_config
 from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
@@ -71,7 +71,12 @@ class Agent:
             # ever starts a second agent: segments without a name keep it from forging records.
             spool=Spool(config.agent_file(SPOOL_DIR), max_bytes=config.spool_max_bytes,
                         anonymous=bool(config.state_dir)),
-            on_gone=lambda: self.request_stop("gone"))
+            on_gone=lambda: self.request_stop("gone"),
+            # The local backend's agents outlive the platform's processes; a platform started again
+            # elsewhere is found through the file it writes (learner_agent.address).
+            current_url=((lambda: address.ingest_url(config.platform_file, config.job_id))
+                         if config.platform_file else None))
+        self._started_at = time.time()
         self._extractor = MetricExtractor(config.metric_regexes)
         self._requests = SimpleQueue()  # reentrant put(): safe from signal handlers
         self._lock = threading.Lock()
@@ -533,6 +538,9 @@ class Agent:
             return "halted: grace period expired, killed" if killed else "halted"
         if self._stop_kind == "gone":
             return "terminated: the platform ended this attempt"
+        if self.config.platform_file and address.stopped_since(self.config.platform_file, self._started_at):
+            # Its retry (if any) says so: the job did nothing wrong, the platform went away.
+            return "terminated: the platform was stopped while the learner ran"
         return "terminated"
 
     def _record_status(self, state, **fields):

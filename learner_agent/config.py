@@ -60,6 +60,9 @@ class AgentConfig:
     # instead, and halts when `halt_file` (the pod's annotations, a downward-API file) asks it to.
     state_dir: str = ""
     halt_file: str = ""
+    # Where the platform says its current address (learner_agent.address): the local backend's
+    # agents outlive a restart of the platform, which may come back elsewhere. "" for none.
+    platform_file: str = ""
 
     @property
     def agent_dir(self):
@@ -96,7 +99,7 @@ def parse_config(data, *, path):
     values["ingest_token_file"] = data.get("ingest_token_file") or ""
     for key in ("code_archive", "work_dir"):
         values[key] = os.path.join(base, values[key])
-    for key in ("state_dir", "halt_file"):
+    for key in ("state_dir", "halt_file", "platform_file"):
         value = data.get(key) or ""
         if not isinstance(value, str):
             raise ConfigError(f"{key}: must be a path")

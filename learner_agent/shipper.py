@@ -10,6 +10,11 @@ Every record goes to the spool (learner_agent.spool) when it is added, and batch
 from it, so what the platform has not acked outlives the agent: a restarted agent continues from
 the spool and its numbering. Memory holds one batch, whatever the backlog.
 
+The platform may move while the agent runs (started again on another address): `current_url`, when
+given, says where it is now (learner_agent.address), and is asked whenever a connection is opened
+(at the start, after a dropped connection) and after any failed post, before giving up on a refusal
+too (the old address may now be someone else's): a moved platform gets the records where it is now.
+
 One background thread does all network I/O over one keep-alive connection. While a request is in
 flight, new records pile up and go out together in the next one, so batches grow with the load
 without adding latency when it is quiet.
@@ -41,13 +46,10 @@ SYNC_INTERVAL_S = 1.0  # the longest it waits before it is on the disk itself
 class Shipper:
     def __init__(self, ingest_url, token, *, attempt, learner, spool, max_batch=20000,
                  max_batch_bytes=8 * 1024 * 1024, http_timeout=30, on_gone=None,
-                 backoff_initial=0.1, backoff_max=5.0):
-        url = urllib.parse.urlsplit(ingest_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"ingest_url must be an http(s) URL, not {ingest_url!r}")
-        self._https = url.scheme == "https"
-        self._host, self._port = url.hostname, url.port
-        self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+                 backoff_initial=0.1, backoff_max=5.0, current_url=None):
+        self._url = None
+        self._aim(ingest_url)
+        self._current_url = current_url
         self._headers = {"Authorization": f"Ingest {token}", "Content-Type": "application/json"}
         # Each record is encoded once, when added; a request body is the fixed head + joined records.
         self._body_head = (json.dumps({"attempt": attempt, "learner": learner})[:-1]
@@ -183,6 +185,34 @@ class Shipper:
         """Why shipping stopped for good, or None while it is still trying."""
         return self._stopped
 
+    # --- where to post ---
+
+    def _aim(self, ingest_url):
+        url = urllib.parse.urlsplit(ingest_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"ingest_url must be an http(s) URL, not {ingest_url!r}")
+        self._https = url.scheme == "https"
+        self._host, self._port = url.hostname, url.port
+        self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        self._url = ingest_url
+
+    def _follow_platform(self):
+        """Post where the platform is now (`current_url`); True if that is a new address."""
+        if self._current_url is None:
+            return False
+        try:
+            url = self._current_url()
+            if not url or url == self._url:
+                return False
+            before = self._url
+            self._aim(url)
+        except Exception as e:  # a bad address file must never end delivery
+            log.warning("cannot follow the platform's address: %s", e)
+            return False
+        self._drop_connection()
+        log.warning("the platform moved: posting to %s instead of %s", url, before)
+        return True
+
     # --- the sender thread ---
 
     def _run(self):
@@ -211,6 +241,8 @@ class Shipper:
                 failures += 1
                 if failures == 1 or failures % 20 == 0:
                     log.warning("ingest attempt %d failed (%s); retrying with backoff", failures, detail)
+                if self._follow_platform():
+                    continue  # it failed at an address the platform has left: try the new one now
                 if failures == 1 and detail.startswith("reused:"):
                     continue
                 with self._cond:
@@ -267,6 +299,8 @@ class Shipper:
         import http.client
         body = self._body_head + b",".join(b for _, b in batch) + b"]}"
         reused = self._conn is not None and self._conn_requests > 0
+        if self._conn is None:
+            self._follow_platform()
         try:
             if self._conn is None:
                 connection_class = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
@@ -293,6 +327,8 @@ class Shipper:
             self._stop("gone: the platform answered 410 (attempt is over)", gone=True)
             return "stop", "410"
         if status in _PERMANENT_FAILURES:
+            if self._follow_platform():  # refused by whoever has the old address now
+                return "retry", f"HTTP {status} from the platform's old address"
             text = payload[:300].decode("utf-8", "replace")
             self._stop(f"HTTP {status} ({_PERMANENT_FAILURES[status]}): {text}")
             return "stop", str(status)
