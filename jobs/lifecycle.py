@@ -100,9 +100,15 @@ def deploy_spec(job):
         code_archive=str(code_archive(job)), job_dir=str(folder), learners=tuple(learners), cpus=job.cpus,
         memory_bytes=job.memory_bytes, gpus=job.gpus, env=env, metric_regexes=run.metric_regexes,
         checkpoint_signal=run.checkpoint_signal, grace_seconds=run.grace_seconds,
-        ingest_url=f"{settings.PUBLIC_URL.rstrip('/')}/api/v1/ingest/{job.id}/", framework=run.framework,
+        ingest_url=ingest_url(job.id), framework=run.framework,
         framework_version=run.framework_version, image=framework.image_for(run.framework_version),
         tensorboard_dir=run.tensorboard_dir)
+
+
+def ingest_url(job_id):
+    """Where the agents of `job_id` post (the ingest protocol, DEVELOPERS.md), at the platform's public
+    address; with learner_agent.address.JOB_ID for the job, what a moved platform tells its agents."""
+    return f"{settings.PUBLIC_URL.rstrip('/')}/api/v1/ingest/{job_id}/"
 
 
 def _attempt_shape(job):

@@ -15,6 +15,7 @@ from django.conf import settings
 from jobs import admission, autoscaler, dispatch, lifecycle, outbox, reconcile as reconciling
 from jobs.backends import get_backend
 from jobs.models import FollowUp
+from learner_agent import address
 
 Kind = FollowUp.Kind
 HANDLERS = {Kind.DEPLOY: lifecycle.deploy, Kind.HALT: lifecycle.halt_learners,
@@ -25,10 +26,13 @@ RELEASES = {Kind.FINISH, Kind.TEARDOWN}
 
 @worker_ready.connect
 def start_spare_agents(**_):
-    """The local backend's first deploy finds a spare agent too (learner_agent.spare), one of the
-    code this worker runs."""
+    """The local backend's agents learn where the platform is now (the address may have changed
+    since they were deployed: learner_agent.address), and its first deploy finds a spare agent too
+    (learner_agent.spare), one of the code this worker runs."""
     if settings.BACKEND == "local":
-        get_backend().restart_spares()
+        backend = get_backend()
+        backend.announce(lifecycle.ingest_url(address.JOB_ID))
+        backend.restart_spares()
 
 
 @shared_task(name="jobs.tasks.spare_agents", ignore_result=True)

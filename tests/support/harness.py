@@ -125,8 +125,7 @@ def start_session(data_dir, *, port=None, tenant="team-a", username="alice", pas
     data_dir.mkdir(parents=True, exist_ok=True)
     cleanups = []
     env = dict(os.environ, TRAINYARD_DATA_DIR=str(data_dir), **extra_env)
-    env["DATABASE_URL"] = _database(data_dir, cleanups)
-    env.update(_redis_env())
+    env.update(backing_services(data_dir, cleanups))
     try:
         platform, token = start_platform(data_dir, port=port or free_port(), tenant=tenant, username=username,
                                          password=password, env=env, quiet=quiet, public_url=public_url,
@@ -136,6 +135,13 @@ def start_session(data_dir, *, port=None, tenant="team-a", username="alice", pas
             cleanup()
         raise
     return PlatformSession(platform, token, username, password, tenant, data_dir, cleanups)
+
+
+def backing_services(data_dir, cleanups):
+    """The environment naming a fresh database and a Redis database of its own for a platform in
+    `data_dir` (what start_session gives its platform; a test running `manage.py demo` itself gives
+    it the same); what must be dropped afterwards is added to `cleanups`."""
+    return {"DATABASE_URL": _database(data_dir, cleanups), **_redis_env()}
 
 
 def _database(data_dir, cleanups):
