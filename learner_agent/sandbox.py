@@ -2,10 +2,14 @@
 
 User code is untrusted. With bubblewrap it runs without network, in its own pid, IPC and user
 namespaces, with no capabilities, no_new_privs and no way to make further user namespaces, on a
-read-only view of the machine in which the platform's data (other jobs, the database, the agent's
-own config) is hidden under empty tmpfs mounts and only the learner's own directories are visible
-and writable. /tmp and /dev/shm are tmpfs mounts of a fixed size. The only devices besides the usual
-/dev ones are the job's own GPUs (gpu_devices).
+view of the machine built from an allow-list (system_view): the system's programs and libraries and
+the few files of /etc that programs read, read-only; the platform's Python environment and the
+learner_agent package, read-only; the learner's own folders; a private /tmp; a fresh /proc and /dev.
+Nothing else of the host exists there: no /run or /var (host services listen on Unix sockets there,
+and a read-only mount does not stop connect()), no home folders, no /sys/fs/cgroup (every job's
+control group), no platform data. Where one of those lies inside a visible folder, it is hidden
+under an empty tmpfs. /tmp and /dev/shm are tmpfs mounts of a fixed size. The only devices besides
+the usual /dev ones are the job's own GPUs (gpu_devices).
 
 When the agent is root, each job's learners run as an unprivileged uid of their own (learner_identity:
 derived from the job id, in [LEARNER_ID_BASE, LEARNER_ID_BASE + LEARNER_ID_COUNT), gid the same),
@@ -25,6 +29,7 @@ its path, the command is started inside it, and bubblewrap keeps that network in
 unsharing an empty one of its own, so the learners reach each other on 127.0.0.1 and nothing else.
 """
 import functools
+import glob
 import hashlib
 import logging
 import marshal
@@ -69,6 +74,18 @@ def _python_environment():
 # dir such as /tmp (a checkout in /tmp, a CI runner's work dir).
 _RUNTIME_DIRS = tuple(dict.fromkeys([_python_environment(), sys.prefix, sys.base_prefix, sys.exec_prefix,
                                      PACKAGE_DIR]))
+# What of the machine every learner sees, read-only (system_view). /bin, /sbin and /lib* are
+# symlinks into /usr on most systems and stay symlinks. Of /etc only what programs read to run: the
+# loader's cache, users and groups, name lookup, certificates (and OpenSSL's policies), the time zone,
+# the alternatives' links, fonts. resolv.conf is left out: no network, and it often links into /run.
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
+                "/etc/nsswitch.conf", "/etc/hosts", "/etc/host.conf", "/etc/gai.conf", "/etc/services",
+                "/etc/protocols", "/etc/localtime", "/etc/timezone", "/etc/ssl", "/etc/ca-certificates",
+                "/etc/ca-certificates.conf", "/etc/pki", "/etc/crypto-policies", "/etc/alternatives",
+                "/etc/fonts", "/etc/mime.types", "/etc/os-release",
+                # The CPUs and NUMA nodes: thread pools (OpenMP, PyTorch's cpuinfo) size themselves from them.
+                "/sys/devices/system/cpu", "/sys/devices/system/node")
 # A hidden dir's tmpfs only holds mount points; a small size keeps the learner from filling memory there.
 HIDDEN_TMPFS_BYTES = 1 << 20
 DEFAULT_TMP_BYTES = 1 << 30  # /tmp and /dev/shm when the learner has no memory limit
@@ -173,17 +190,19 @@ def bwrap_plan(command, *, work_dir, env, writable_dirs=(), readonly_dirs=(), hi
     tmp_size = str(tmp_bytes or DEFAULT_TMP_BYTES)
     isolation = [a for a in _ISOLATION if not (network_namespace and a == "--unshare-net")]
     if staged:
-        os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)  # so the learner's view can hide it
         visible = [work_dir, *writable_dirs, *readonly_dirs, *_RUNTIME_DIRS]
-        hidden_dirs = (*hidden_dirs, STAGE_DIR, *unsearchable_ancestors(visible, identity))
+        hidden_dirs = (*hidden_dirs, *unsearchable_ancestors(visible, identity))
+    system = system_view()
     mounts = _mount_args(work_dir=work_dir, writable_dirs=writable_dirs, readonly_dirs=readonly_dirs,
-                         hidden_dirs=hidden_dirs, tmp_size=tmp_size)
+                         hidden_dirs=hidden_dirs, tmp_size=tmp_size, shown=_bound(system))
     stage = []
     if staged:
-        mounts = _staged(mounts, stage)
+        mounts = _staged(mounts, stage)  # the system's folders are everyone's to read: never staged
+    # bubblewrap's root is an empty tmpfs of its own: only what is mounted on it exists, and it is
+    # made read-only last, once every mount point on it is made.
     args = [*isolation, "--uid", str(uid), "--gid", str(gid),
-            "--ro-bind", "/", "/", "--proc", "/proc", *_dev_args(devices, tmp_size), *mounts,
-            "--chdir", work_dir, "--clearenv"]
+            *system, "--proc", "/proc", *_dev_args(devices, tmp_size), *mounts,
+            "--remount-ro", "/", "--chdir", work_dir, "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return {"bwrap": shutil.which("bwrap"), "bwrap_args": args, "command": ["/bin/sh", "-c", command],
@@ -192,11 +211,31 @@ def bwrap_plan(command, *, work_dir, env, writable_dirs=(), readonly_dirs=(), hi
             "network_namespace": network_namespace, "rlimit_nproc": rlimit_nproc}
 
 
+def system_view(paths=None):
+    """bubblewrap arguments showing `paths` read-only at the same place, those the machine has
+    (glob patterns allowed): a symlink stays a symlink, whose target the learner sees only if it is
+    in its view too (/etc/resolv.conf's in /run would not be)."""
+    args = []
+    for pattern in SYSTEM_PATHS if paths is None else paths:
+        for path in sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]:
+            if os.path.islink(path):
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.exists(path):
+                args += ["--ro-bind", path, path]
+    return args
+
+
+def _bound(args):
+    """The destinations of the binds in bubblewrap arguments."""
+    return [args[i + 2] for i, a in enumerate(args) if a in ("--bind", "--ro-bind", "--dev-bind")]
+
+
 def unsearchable_ancestors(paths, identity):
     """For each path, its outermost ancestor the learner's uid may not enter (a 0700 data or temp
-    directory). bubblewrap, running as that uid, could not create the learner's mount points below
-    it; hidden under an empty tmpfs, it loses nothing the learner could have seen, and its folders
-    are mounted inside."""
+    directory). Where that lies inside a folder of the learner's view, bubblewrap, running as that
+    uid, could not create the learner's mount points below it; hidden under an empty tmpfs, it loses
+    nothing the learner could have seen, and its folders are mounted inside. (Elsewhere bubblewrap
+    makes the mount points on its own root, and nothing needs hiding.)"""
     found = set()
     for path in paths:
         current = "/"
@@ -290,23 +329,31 @@ def build_env(*, work_dir, cpus, learner_env=None, path=None):
     return env
 
 
-def _mount_args(*, work_dir, writable_dirs, readonly_dirs, hidden_dirs, tmp_size):
-    """tmpfs over hidden dirs, then binds of the visible ones at the same path.
+def _mount_args(*, work_dir, writable_dirs, readonly_dirs, hidden_dirs, tmp_size, shown=()):
+    """The private /tmp, the learner's folders and the Python runtime bound at the same path, and a
+    tmpfs over each hidden dir that some folder of the view (these, or the system's: `shown`) would
+    show.
 
     Mounts are applied outermost first (tmpfs before binds at equal depth), so a learner directory
     inside a hidden one shows through, and a hidden directory inside a visible one stays hidden.
     """
     mounts = {}
-    for rank, option, dirs in ((0, "--tmpfs", [*_PRIVATE_DIRS, *hidden_dirs]),
+    for rank, option, dirs in ((0, "--tmpfs", _PRIVATE_DIRS),
                                (1, "--bind", [work_dir, *writable_dirs]),
                                (2, "--ro-bind", readonly_dirs)):
         for d in dirs:
             if not os.path.isdir(d) and d not in _PRIVATE_DIRS:
-                continue  # nothing to hide, nothing to show (bwrap would refuse a missing source)
+                continue  # nothing to show (bwrap would refuse a missing source)
             mounts[os.path.realpath(d)] = (rank, option)
+    hidden = {os.path.realpath(d) for d in hidden_dirs if os.path.isdir(d)}
     for runtime in _RUNTIME_DIRS:
-        if os.path.isdir(runtime) and _is_hidden(runtime, mounts):
-            mounts.setdefault(os.path.realpath(runtime), (2, "--ro-bind"))
+        runtime = os.path.realpath(runtime)
+        if os.path.isdir(runtime) and (not _within(runtime, shown) or _within(runtime, hidden)):
+            mounts.setdefault(runtime, (2, "--ro-bind"))
+    visible = [*shown, *(path for path, (_, option) in mounts.items() if option != "--tmpfs")]
+    for d in hidden:
+        if _within(d, visible):
+            mounts.setdefault(d, (0, "--tmpfs"))  # a folder both hidden and the learner's is shown
     args, read_only = [], []
     for path, (_, option) in sorted(mounts.items(), key=lambda m: (_depth(m[0]), m[1][0])):
         if option == "--tmpfs" and path in _PRIVATE_DIRS:
@@ -347,10 +394,9 @@ def _staged(mounts, stage):
     return args
 
 
-def _is_hidden(path, mounts):
-    path = os.path.realpath(path)
-    return any(path == m or path.startswith(m + os.sep)
-               for m, (_, option) in mounts.items() if option == "--tmpfs")
+def _within(path, folders):
+    """Whether `path` is one of `folders` or inside one."""
+    return any(path == f or path.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
 
 
 def _depth(path):

@@ -1,6 +1,7 @@
 """What the learner can see and do: the environment always, the machine when bubblewrap is there."""
 import json
 import os
+import socket
 
 import pytest
 
@@ -19,8 +20,15 @@ def attempt(name, action):
         result[name] = ["ok", action()]
     except Exception as e:
         result[name] = ["error", type(e).__name__]
-port, hidden, outside, readonly, results = sys.argv[1:6]
+port, hidden, outside, readonly, results, host_socket = sys.argv[1:7]
 attempt("network", lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
+def connect_unix():
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(host_socket)
+attempt("host_socket", connect_unix)
+attempt("run", lambda: os.listdir("/run"))
+attempt("cgroups", lambda: os.listdir("/sys/fs/cgroup"))
+attempt("cpus", os.cpu_count)
 attempt("hidden", lambda: os.listdir(hidden))
 attempt("write_outside", lambda: open(os.path.join(outside, "escaped.txt"), "w").close())
 attempt("write_readonly", lambda: open(os.path.join(readonly, "x.txt"), "w").close())
@@ -52,12 +60,17 @@ def run_probe(base, ingest, *, mode):
     with open(os.path.join(readonly, "input.txt"), "w") as f:
         f.write("data")
     results = os.path.join(base, "job", "results")
+    host_socket = socket.socket(socket.AF_UNIX)  # a host service, open to every uid
+    host_socket.bind(os.path.join(base, "service.sock"))
+    os.chmod(os.path.join(base, "service.sock"), 0o777)
+    host_socket.listen()
     config = write_agent_config(
         base, ingest, sandbox=mode, files={"probe.py": PROBE},
-        command=f"python3 probe.py {ingest.port} {hidden} {base} {readonly} {results}",
+        command=f"python3 probe.py {ingest.port} {hidden} {base} {readonly} {results} {base}/service.sock",
         hidden_dirs=[hidden, os.path.join(base, "job")], readonly_dirs=[readonly], writable_dirs=[results],
         env={"DATA_DIR": readonly, "RESULT_DIR": results, "LEARNER_ID": "0"})
-    result = run_agent(config, TRAINYARD_SECRET_KEY="hunter2")
+    with host_socket:
+        result = run_agent(config, TRAINYARD_SECRET_KEY="hunter2")
     assert result.returncode == 0, result.stderr
     lines = [r["line"] for r in ingest.stored() if r["kind"] == "log"]
     probes = [line for line in lines if line.startswith("PROBE ")]
@@ -69,7 +82,12 @@ def run_probe(base, ingest, *, mode):
 def test_bwrap_isolates_the_learner(outside_tmp, ingest):
     seen = run_probe(outside_tmp, ingest, mode="bwrap")
     assert seen["network"][0] == "error"  # the ingest server is listening, but not for the learner
-    assert seen["hidden"] == ["ok", []]
+    # Nothing of the host outside the allow-list exists in the learner's view.
+    assert seen["hidden"] == ["error", "FileNotFoundError"]
+    assert seen["host_socket"] == ["error", "FileNotFoundError"]  # listening, but not in the view
+    assert seen["run"] == ["error", "FileNotFoundError"]
+    assert seen["cgroups"] == ["error", "FileNotFoundError"]
+    assert seen["cpus"] == ["ok", os.cpu_count()]  # /sys/devices/system/cpu is in the view
     assert seen["write_outside"] == ["error", "OSError"]
     assert not os.path.exists(os.path.join(outside_tmp, "escaped.txt"))
     assert seen["write_readonly"] == ["error", "OSError"]
@@ -120,7 +138,12 @@ def test_explicit_bwrap_that_cannot_work_is_an_error(monkeypatch):
         sandbox.resolve_mode("docker")
 
 
-def test_bwrap_hides_first_and_shows_the_learners_dirs_through(tmp_path, monkeypatch):
+def _binds(args):
+    """(option, source, destination) of every bind in bubblewrap arguments."""
+    return [tuple(args[i:i + 3]) for i, a in enumerate(args) if a in ("--bind", "--ro-bind", "--dev-bind")]
+
+
+def test_the_view_is_an_allow_list_not_the_whole_machine(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(sandbox, "_RUNTIME_DIRS", ())  # wherever this checkout lives, e.g. under /tmp
     storage = tmp_path / "storage"
@@ -133,23 +156,64 @@ def test_bwrap_hides_first_and_shows_the_learners_dirs_through(tmp_path, monkeyp
     args = plan["bwrap_args"]
     assert plan["bwrap"] == "/usr/bin/bwrap" and plan["command"] == ["/bin/sh", "-c", "python train.py"]
     assert plan["uid"] is None and plan["stage"] == []  # no identity: the agent's own uid, nothing staged
-    isolation = args[:args.index("--ro-bind")]
+    isolation = args[:args.index("--uid")]
     assert {"--unshare-net", "--unshare-pid", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session"} <= set(isolation)
     assert isolation[isolation.index("--cap-drop") + 1] == "ALL"
-    assert isolation[isolation.index("--uid") + 1] == str(os.getuid())
-    assert args[args.index("--ro-bind"):args.index("--dev")] == ["--ro-bind", "/", "/", "--proc", "/proc"]
+    assert args[args.index("--uid") + 1] == str(os.getuid())
+    binds = _binds(args)
+    # Not the machine's / read-only (through which a learner could connect() to the Unix sockets of
+    # host services), but the system's folders, each where the machine has it, and the learner's own.
+    assert not [b for b in binds if b[1] == "/" or b[2] == "/"]
+    learner = {("--bind", str(work), str(work)), ("--bind", str(results), str(results)),
+               ("--ro-bind", str(data), str(data))}
+    assert learner <= set(binds)
+    system = [b for b in binds if b not in learner]
+    assert system and all(option == "--ro-bind" and source == dest and source in sandbox.SYSTEM_PATHS
+                          for option, source, dest in system), system
+    for host_only in ("/run", "/var/run", "/var", "/sys/fs/cgroup", "/sys", "/home", "/root", "/etc"):
+        assert host_only not in [dest for _, _, dest in binds]
+    assert ("--ro-bind", "/usr", "/usr") in system
+    assert ["--proc", "/proc"] == args[args.index("--proc"):args.index("--proc") + 2]
     assert args[args.index("--dev"):args.index("--dev") + 7] == [
         "--dev", "/dev", "--size", str(2**20), "--tmpfs", "/dev/shm", "--remount-ro"]
-    mounts = args[args.index("--remount-ro") + 2:args.index("--chdir")]
-    assert mounts[:8] == ["--size", str(2**20), "--tmpfs", "/tmp",
-                          "--size", str(sandbox.HIDDEN_TMPFS_BYTES), "--tmpfs", str(storage)]
-    binds = {tuple(mounts[i:i + 3]) for i in range(8, len(mounts) - 2)}
-    assert {("--bind", str(work), str(work)), ("--bind", str(results), str(results)),
-            ("--ro-bind", str(data), str(data))} <= binds
-    assert mounts[-2:] == ["--remount-ro", str(storage)]  # the hidden dir is an empty, read-only view
+    mounts = args[args.index("/dev/shm") + 3:args.index("--chdir")]
+    assert mounts[:4] == ["--size", str(2**20), "--tmpfs", "/tmp"]
+    # The hidden storage is in no folder of the view: nothing to hide, and no mount for it.
+    assert str(storage) not in mounts
     assert str(other) not in args  # a missing directory is skipped, not an error inside bwrap
+    assert mounts[-2:] == ["--remount-ro", "/"]  # bwrap's own root, once every mount point is on it
     assert args[args.index("--chdir"):] == ["--chdir", str(work), "--clearenv", "--setenv", "A", "1"]
+
+
+def test_the_system_view_keeps_symlinks_and_skips_what_the_machine_lacks(tmp_path):
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "bin").symlink_to("usr/bin")
+    (tmp_path / "resolv.conf").symlink_to("/run/systemd/resolve/stub-resolv.conf")
+    (tmp_path / "lib32").mkdir()
+    (tmp_path / "lib64").mkdir()
+    paths = [str(tmp_path / name) for name in ("usr", "bin", "resolv.conf", "missing")] + [str(tmp_path / "lib*")]
+    assert sandbox.system_view(paths) == [
+        "--ro-bind", str(tmp_path / "usr"), str(tmp_path / "usr"),
+        "--symlink", "usr/bin", str(tmp_path / "bin"),
+        # A link stays a link: its target shows only if it is in the view (/run is not).
+        "--symlink", "/run/systemd/resolve/stub-resolv.conf", str(tmp_path / "resolv.conf"),
+        "--ro-bind", str(tmp_path / "lib32"), str(tmp_path / "lib32"),
+        "--ro-bind", str(tmp_path / "lib64"), str(tmp_path / "lib64")]
+
+
+def test_a_hidden_dir_inside_a_visible_one_stays_hidden(tmp_path, monkeypatch):
+    runtime = tmp_path / "checkout"  # e.g. the platform's data folder inside the checkout's runtime
+    (runtime / "var").mkdir(parents=True)
+    monkeypatch.setattr(sandbox, "_RUNTIME_DIRS", (str(runtime),))
+    work = tmp_path / "work"
+    work.mkdir()
+    args = sandbox._mount_args(work_dir=str(work), writable_dirs=(), readonly_dirs=(),
+                               hidden_dirs=(str(runtime / "var"), str(tmp_path / "elsewhere")), tmp_size="1024")
+    assert args.index(str(runtime)) < args.index(str(runtime / "var"))
+    assert args[args.index(str(runtime / "var")) - 1] == "--tmpfs"
+    assert args[-2:] == ["--remount-ro", str(runtime / "var")]
+    assert str(tmp_path / "elsewhere") not in args
 
 
 def test_as_root_the_learner_gets_its_own_uid_and_its_folders_are_staged(tmp_path, monkeypatch):
@@ -170,10 +234,13 @@ def test_as_root_the_learner_gets_its_own_uid_and_its_folders_are_staged(tmp_pat
     stage = str(tmp_path / "stage")
     assert ["--bind", f"{stage}/0", str(work)] == args[args.index("--bind"):args.index("--bind") + 3]
     assert ["--ro-bind", f"{stage}/1", str(data)] == args[args.index(f"{stage}/1") - 1:args.index(f"{stage}/1") + 2]
-    # What the uid could not enter anyway is hidden, so bwrap can make the mount points inside it.
+    # The system's folders are bound straight (everyone may read them), never staged.
+    assert ("--ro-bind", "/usr", "/usr") in _binds(args)
+    # What the uid could not enter lies in no folder of the view: bwrap makes the mount points on its
+    # own root, nothing is mounted over it. Nor over the stage: nothing of /run is in the view.
     (outermost,) = sandbox.unsearchable_ancestors([str(work)], identity)  # private, or above it (pytest's 0700)
-    assert str(private).startswith(outermost) and args[args.index(outermost) - 1] == "--tmpfs"
-    assert args[args.index(stage) - 1] == "--tmpfs"  # the stage itself is not the learner's business
+    assert str(private).startswith(outermost) and outermost not in args
+    assert stage not in args and not [a for a in args if a.startswith("/run")]
     assert plan["cgroup_procs"] == ["/cg/cgroup.procs"]
     assert "--unshare-net" not in args and plan["network_namespace"] == "/proc/42/ns/net"
 
@@ -232,7 +299,8 @@ def test_the_python_runtime_stays_visible_under_a_hidden_dir(tmp_path, monkeypat
     monkeypatch.setattr(sandbox, "_RUNTIME_DIRS", (str(runtime),))
     args = sandbox._mount_args(work_dir=str(work), writable_dirs=(), readonly_dirs=(), hidden_dirs=(str(tmp_path),),
                                tmp_size="1024")
-    hidden_at = args.index(str(tmp_path)) - 1
+    private_tmp_at = args.index("/tmp") - 1
     exposed_at = args.index("--ro-bind")
-    assert args[hidden_at] == "--tmpfs" and hidden_at < exposed_at
+    assert args[private_tmp_at] == "--tmpfs" and private_tmp_at < exposed_at
     assert args[exposed_at:exposed_at + 3] == ["--ro-bind", str(runtime), str(runtime)]
+    assert str(tmp_path) not in args  # hidden, but in no folder of the view: nothing to mount over it

@@ -6,7 +6,10 @@ The learner's code is in tests/security/jobs/hostile/; each attempt prints one
 platform keeps answering.
 """
 import os
+import socket
+import threading
 import time
+import uuid
 
 import pytest
 
@@ -19,7 +22,8 @@ pytestmark = pytest.mark.e2e
 HOSTILE = PROJECT_ROOT / "tests" / "security" / "jobs" / "hostile"
 ATTEMPTS = ("capeff", "remount_root_rw", "umount_tmp", "mount_proc", "unhide_mounts", "ptrace_agent",
             "host_proc_environ", "read_platform_files", "read_other_tenants_result", "write_host_file",
-            "hand_spare_a_config", "raw_socket", "nested_userns", "setuid_root")
+            "hand_spare_a_config", "raw_socket", "host_unix_sockets", "run_visible", "cgroups_of_jobs",
+            "nested_userns", "setuid_root")
 
 
 def submit_hostile(platform, command, *, token=None, cpus=0.5, memory="256MiB"):
@@ -44,8 +48,47 @@ def victim_dir(platform, intruder):
     return folder
 
 
-def test_every_escape_attempt_fails(platform, victim_dir):
-    job = submit_hostile(platform, f"python3 escape.py {victim_dir}")
+class HostSocket:
+    """A listening Unix socket of the test's own on the host, open to every uid (as a database's
+    local socket is), counting who connects."""
+
+    def __init__(self, path):
+        self.path, self.connections = path, 0
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        os.chmod(path, 0o777)
+        self.server.listen()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            self.connections += 1
+            connection.close()
+
+    def close(self):
+        self.server.close()
+        os.unlink(self.path)
+
+
+@pytest.fixture(scope="module")
+def host_sockets(platform):
+    """Sockets in /run (where host services listen) and beside the platform's data directory."""
+    name = f"trainyard-test-{uuid.uuid4().hex[:8]}.sock"
+    folders = [platform.data_dir.parent]
+    if os.access("/run", os.W_OK):
+        folders.append("/run")
+    sockets = [HostSocket(os.path.join(folder, name)) for folder in folders]
+    yield sockets
+    for s in sockets:
+        s.close()
+
+
+def test_every_escape_attempt_fails(platform, victim_dir, host_sockets):
+    job = submit_hostile(platform, " ".join(["python3 escape.py", str(victim_dir), *(s.path for s in host_sockets)]))
     final = platform.wait_for(job["id"], timeout=120)
     lines = log_lines(platform, job["id"], "ESCAPE ")
     assert final["status"] == "COMPLETED", (final, lines)
@@ -59,6 +102,7 @@ def test_every_escape_attempt_fails(platform, victim_dir):
     assert escaped == [], "\n".join(lines)
     assert not list(PROJECT_ROOT.glob("escaped-*.txt")), "the learner wrote a file on the host"
     assert "CapEff=0 " in outcomes["capeff"]
+    assert [s.connections for s in host_sockets] == [0] * len(host_sockets), [s.path for s in host_sockets]
 
 
 def test_a_fork_bomb_is_bounded_and_the_platform_keeps_working(platform):

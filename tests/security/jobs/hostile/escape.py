@@ -1,5 +1,6 @@
 """A hostile learner: tries every way out of the sandbox it knows and prints one line per attempt,
-`ESCAPE <attempt> blocked|ESCAPED <detail>`. Usage: python3 escape.py VICTIM_JOB_DIR
+`ESCAPE <attempt> blocked|ESCAPED <detail>`. Usage: python3 escape.py VICTIM_JOB_DIR [HOST_SOCKET...]
+(HOST_SOCKET: Unix sockets the test listens on, on the host, outside the job's folders)
 
 The mount tricks come first: on a sandbox that lets them through they uncover the machine's own
 /proc and the platform's folders, which the reading attempts after them then find."""
@@ -10,6 +11,10 @@ import subprocess
 import sys
 
 VICTIM = sys.argv[1]  # another tenant's job folder
+# Host services a learner must not reach: the test's own listening sockets, and the usual ones of a
+# machine (a database trusting local connections, a container runtime, the system bus).
+HOST_SOCKETS = [*sys.argv[2:], "/run/postgresql/.s.PGSQL.5432", "/var/run/postgresql/.s.PGSQL.5432",
+                "/run/mysqld/mysqld.sock", "/var/run/docker.sock", "/run/dbus/system_bus_socket"]
 OWN_JOB = os.path.dirname(os.environ["RESULT_DIR"])
 STORAGE = os.path.dirname(os.path.dirname(OWN_JOB))
 PLATFORM_DATA = os.path.dirname(STORAGE)  # the default layout: TRAINYARD_DATA_DIR/storage
@@ -156,6 +161,38 @@ def raw_socket():
     report("raw_socket", bool(opened), " ".join(opened))
 
 
+def host_services():
+    """connect() to Unix sockets on the host: a read-only view of a socket file does not stop it."""
+    connected = []
+    for path in HOST_SOCKETS:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(2)
+                s.connect(path)
+                connected.append(path)
+        except OSError:
+            pass
+    report("host_unix_sockets", bool(connected), " ".join(connected))
+    listed = {}
+    for folder in ("/run", "/var/run"):
+        try:
+            listed[folder] = sorted(os.listdir(folder))
+        except OSError:
+            pass
+    report("run_visible", any(listed.values()), " ".join(f"{k}={v[:5]}" for k, v in listed.items()))
+
+
+def job_cgroups():
+    """The control groups of learners (named after their jobs) under /sys/fs/cgroup: every tenant's
+    running job ids and their sizes, if the host's hierarchy shows through."""
+    seen = set()
+    for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
+        if dirpath.count(os.sep) > 6:
+            dirnames[:] = []
+        seen.update(name for name in dirnames if name.startswith("training-"))
+    report("cgroups_of_jobs", bool(seen), " ".join(sorted(seen)[:5]))
+
+
 def regain_privileges():
     code, said = run("unshare", "-Ur", "sh", "-c", "grep CapEff /proc/self/status")
     report("nested_userns", code == 0, said[0])
@@ -167,7 +204,7 @@ def regain_privileges():
 
 
 for attempt in (capabilities, mount_attempts, ptrace_and_environ, platform_files, hand_a_spare_agent_a_config,
-                raw_socket, regain_privileges):
+                raw_socket, host_services, job_cgroups, regain_privileges):
     try:
         attempt()
     except Exception as e:  # an attempt that crashes is one that did not get through
