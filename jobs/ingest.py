@@ -18,7 +18,7 @@ from datetime import datetime, timezone as dt_timezone
 import orjson
 from django.db import connection, transaction
 
-from jobs import bulk, credentials, ingest_records, lifecycle, live, metrics, tensorboard
+from jobs import bulk, credentials, ingest_records, lifecycle, live, logcap, metrics, tensorboard
 from jobs.ingest_records import AGENT_STREAMS, MAX_LINE, MAX_REASON
 from jobs.models import Job, Learner, MetricPoint
 from jobs.serializers import metric_json
@@ -156,8 +156,9 @@ def _columns(model, names):
     return tuple(f.attname for f in model._meta.concrete_fields if f.attname in names)
 
 
-_JOB_COLUMNS = _columns(Job, {"id", "status", "attempt", "learners", "log_seq", "tenant_id"})
-_LEARNER_COLUMNS = _columns(Learner, {"id", "job_id", "attempt", "index", "acked_seq"})
+_LOG_COUNTS = {"log_bytes", "log_dropped_lines", "log_dropped_bytes"}  # jobs.logcap's, on both rows
+_JOB_COLUMNS = _columns(Job, {"id", "status", "attempt", "learners", "log_seq", "tenant_id", *_LOG_COUNTS})
+_LEARNER_COLUMNS = _columns(Learner, {"id", "job_id", "attempt", "index", "acked_seq", "log_lines", *_LOG_COUNTS})
 
 
 def _lock_statements():
@@ -242,8 +243,10 @@ def _store(job, learner, records, *, through=None, rejected=()):
 
     job_pk, attempt, index = job.pk, learner.attempt, learner.index
     events = None  # the learner's TensorBoard files, read at its first tfevent record
+    meter = logcap.Meter(job, learner, logcap.caps_of(job_pk))
 
     def system_line(text):
+        meter.stored(len(text.encode("utf-8")), platform=True)
         job.log_seq += 1
         iso = _time(None).isoformat()
         rows.append((job_pk, job.log_seq, attempt, index, "system", iso, text))
@@ -260,12 +263,16 @@ def _store(job, learner, records, *, through=None, rejected=()):
             continue
         if record["kind"] == "log":
             # The hot path (one learner may send tens of thousands a second): no datetime objects.
+            line, size = logcap.cut(record.get("line", "")[:MAX_LINE])
+            if not meter.admit(size):  # past a log cap: counted on the rows, not stored
+                if (notice := meter.reached_notice()) is not None:
+                    system_line(notice)
+                continue
             job.log_seq += 1
             # `system`: the agent's own notices (a full spool); the learner's output is only ever
             # stdout or stderr, so a learner cannot pass its lines off as the platform's.
             stream = record.get("stream")
             stream = stream if stream in AGENT_STREAMS else "stdout"
-            line = record.get("line", "")[:MAX_LINE]
             iso = _iso_time(record.get("time"))
             rows.append((job_pk, job.log_seq, attempt, index, stream, iso, line))
             stored_lines.append({"seq": job.log_seq, "learner": index, "stream": stream, "time": iso, "line": line})
@@ -276,6 +283,8 @@ def _store(job, learner, records, *, through=None, rejected=()):
             point.job = job
             points.append(point)
         else:
+            if record.get("state") == "exited" and (notice := meter.summary_notice()) is not None:
+                system_line(notice)
             flush(along=[_job_progress(job)])
             _apply_status(job, learner, record, when)
     if rejected:
@@ -286,8 +295,7 @@ def _store(job, learner, records, *, through=None, rejected=()):
         if events is not None and events.changed:
             learner.tensorboard = events.state
             Learner.objects.filter(pk=learner.pk).update(tensorboard=learner.tensorboard)
-        flush(along=[_job_progress(job), (f'UPDATE "{Learner._meta.db_table}" SET acked_seq = %s WHERE id = %s',
-                                          [learner.acked_seq, learner.pk])])
+        flush(along=[_job_progress(job), _learner_progress(learner)])
     return stored_lines, stored_points
 
 
@@ -299,8 +307,19 @@ def _rejected_note(index, rejected, shown=3):
 
 
 def _job_progress(job):
-    """The statement that records how many log lines the job has: sent with the lines themselves."""
-    return f'UPDATE "{Job._meta.db_table}" SET log_seq = %s WHERE id = %s', [job.log_seq, job.pk]
+    """The statement that records how many log lines (and bytes) the job has, and has not stored
+    past its log caps: sent with the lines themselves."""
+    return (f'UPDATE "{Job._meta.db_table}" SET log_seq = %s, log_bytes = %s, log_dropped_lines = %s, '
+            'log_dropped_bytes = %s WHERE id = %s',
+            [job.log_seq, job.log_bytes, job.log_dropped_lines, job.log_dropped_bytes, job.pk])
+
+
+def _learner_progress(learner):
+    """The statement that records what of the learner's records and log the platform has."""
+    return (f'UPDATE "{Learner._meta.db_table}" SET acked_seq = %s, log_lines = %s, log_bytes = %s, '
+            'log_dropped_lines = %s, log_dropped_bytes = %s WHERE id = %s',
+            [learner.acked_seq, learner.log_lines, learner.log_bytes, learner.log_dropped_lines,
+             learner.log_dropped_bytes, learner.pk])
 
 
 def _metric(record, learner, when):

@@ -102,7 +102,7 @@ def deploy_spec(job):
         checkpoint_signal=run.checkpoint_signal, grace_seconds=run.grace_seconds,
         ingest_url=ingest_url(job.id), framework=run.framework,
         framework_version=run.framework_version, image=framework.image_for(run.framework_version),
-        tensorboard_dir=run.tensorboard_dir)
+        tensorboard_dir=run.tensorboard_dir, disk=run.disk)
 
 
 def ingest_url(job_id):

@@ -28,7 +28,7 @@ SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 METRIC_EXTRACTORS = ("regex_extractor", "tensorboard")
 TOP_LEVEL_FIELDS = ("name", "description", "version", "learners", "gpus", "cpus", "memory",
                     "framework", "data_stores", "evaluation_metrics", "priority", "checkpoint",
-                    "restart_policy", "elastic")
+                    "restart_policy", "elastic", "disk")
 MAX_LEARNERS = 64
 MAX_GPUS = 64  # per learner
 MAX_CPUS = 1024  # per learner
@@ -56,7 +56,13 @@ SECTION_FIELDS = {
     "evaluation_metrics": (("type", "groups"), ("in", "line_lookahead", "event_types", "eventTypes",
                                                 "image_tag")),
     "metric_group": (("regex",), ("meta", "scalars", "etimes")),
+    "disk": (("results", "checkpoints", "work", "tmp", "logs", "log_lines"), ()),
 }
+# The `disk` block's sizes (bytes); `log_lines` is a count. What each caps is jobs.disk's to say.
+DISK_SIZES = ("results", "checkpoints", "work", "tmp", "logs")
+MIN_DISK_BYTES = 10**6  # 1MB
+MAX_DISK_BYTES = 1024 * 2**40  # 1PiB: the tenant's limit and the platform's default bound it in practice
+MAX_LOG_LINES = 10**12
 
 
 class ManifestError(ValueError):
@@ -88,6 +94,9 @@ class Manifest:
     evaluation_metrics: dict | None = None
     # The elastic block (jobs.elasticity.Elastic), or None for a job of a fixed size.
     elastic: elasticity.Elastic | None = None
+    # The `disk` block as asked ({"results": bytes, ..., "log_lines": n}); caps not named take the
+    # platform's defaults (jobs.disk, at submission).
+    disk: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
     framework_asked: str = ""  # the name the manifest used (an FfDL name maps onto `framework`)
     notes: tuple = ()  # the mappings applied to an FfDL manifest, for `trainyard validate`
@@ -284,10 +293,36 @@ def validate(data: dict[str, Any]) -> Manifest:
         data_stores=data_stores,
         evaluation_metrics=_evaluation_metrics(data.get("evaluation_metrics")),
         elastic=_elastic(data, learners),
+        disk=_disk(data),
         raw=data,
         notes=(resolved.notes + _data_store_notes(data_stores) + _metric_notes(data.get("evaluation_metrics"))
                + ignored),
     )
+
+
+def _disk(data):
+    """`disk`: caps on what the job may write (sizes) and on its stored log lines (a count)."""
+    section = _mapping(data, "disk")
+    _known_keys(section, "disk", "disk")
+    asked = {}
+    for key in DISK_SIZES:
+        if section.get(key) is not None:
+            asked[key] = _size(section[key], f"disk.{key}", MIN_DISK_BYTES, MAX_DISK_BYTES)
+    if section.get("log_lines") is not None:
+        asked["log_lines"] = _integer(section, "log_lines", 1, minimum=1, maximum=MAX_LOG_LINES,
+                                      path="disk.log_lines")
+    return asked
+
+
+def _size(value, path, low, high):
+    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+    try:
+        size = units.parse_memory_size(text)
+    except ValueError as exc:
+        raise ManifestError(path, f"{_shown(value)} is not a size; {exc}") from None
+    if not low <= size <= high:
+        raise ManifestError(path, f"{_shown(value)} is outside 1MB..{high // 2**40}TiB")
+    return size
 
 
 def _elastic(data, learners):

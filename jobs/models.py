@@ -82,6 +82,10 @@ class Job(models.Model):
 
     # Job-wide counter behind LogLine.seq; bumped under the job's row lock during ingest.
     log_seq = models.BigIntegerField(default=0)
+    # The log's bytes stored, and the lines and bytes counted but not stored past a log cap (jobs.logcap).
+    log_bytes = models.BigIntegerField(default=0)
+    log_dropped_lines = models.BigIntegerField(default=0)
+    log_dropped_bytes = models.BigIntegerField(default=0)
 
     class Meta:
         # (tenant, created_at) serves the jobs page's default order; with status in between, its status
@@ -131,6 +135,11 @@ class Learner(models.Model):
     # TensorBoard event files read so far (jobs.tensorboard): each file's last stored record offset
     # (resends at or below it are dropped) and which of each run's tags are scalars.
     tensorboard = models.JSONField(default=dict, blank=True)
+    # This learner's log lines and bytes stored, and those counted but not stored past a log cap (jobs.logcap).
+    log_lines = models.BigIntegerField(default=0)
+    log_bytes = models.BigIntegerField(default=0)
+    log_dropped_lines = models.BigIntegerField(default=0)
+    log_dropped_bytes = models.BigIntegerField(default=0)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

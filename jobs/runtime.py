@@ -10,7 +10,7 @@ existed got theirs from a data migration; one whose manifest no longer parsed th
 """
 from dataclasses import dataclass, field
 
-from jobs import datastores, elasticity
+from jobs import datastores, disk, elasticity
 
 VERSION = 1
 
@@ -33,20 +33,24 @@ class Runtime:
     data_stores: tuple = ()
     # The manifest's elastic block (jobs.elasticity.Elastic); None for a job of a fixed size.
     elastic: elasticity.Elastic | None = None
+    # The job's disk caps (jobs.disk: results, checkpoints, work, tmp, logs, log_lines).
+    disk: dict = field(default_factory=dict)
 
     def stores_with(self, section):
         """The data stores that have `section` (training_data or training_results)."""
         return [store for store in self.data_stores if section in store]
 
 
-def from_manifest(manifest):
-    """The mapping stored in Job.runtime for a parsed jobs.manifest.Manifest."""
+def from_manifest(manifest, *, disk_caps=None):
+    """The mapping stored in Job.runtime for a parsed jobs.manifest.Manifest; `disk_caps` as
+    jobs.disk.caps_for decided them for its tenant."""
     return {"version": VERSION, "command": manifest.command, "framework": manifest.framework,
             "framework_version": manifest.framework_version, "checkpoint_signal": manifest.checkpoint_signal,
             "grace_seconds": manifest.grace_seconds, "max_retries": manifest.max_retries,
             "metric_regexes": dict(manifest.metric_regexes), "tensorboard_dir": manifest.tensorboard_dir,
             "data_stores": datastores.redact({"data_stores": list(manifest.data_stores)})["data_stores"],
-            "elastic": manifest.elastic.to_runtime() if manifest.elastic else None}
+            "elastic": manifest.elastic.to_runtime() if manifest.elastic else None,
+            "disk": dict(disk_caps or {})}
 
 
 def unreadable(error):
@@ -69,4 +73,5 @@ def of(job):
                    metric_regexes=dict(stored.get("metric_regexes") or {}),
                    tensorboard_dir=stored.get("tensorboard_dir", ""),
                    data_stores=tuple(stored.get("data_stores") or ()),
-                   elastic=elasticity.Elastic.from_runtime(stored.get("elastic")))
+                   elastic=elasticity.Elastic.from_runtime(stored.get("elastic")),
+                   disk=disk.stored_caps(stored.get("disk")))

@@ -4,7 +4,7 @@ from urllib.parse import quote
 from rest_framework import serializers
 
 from gpu_scheduler.reasons import split_position
-from jobs import allocations, datastores
+from jobs import allocations, datastores, disk
 from jobs.models import Allocation, Artifact, Job, JobEvent, MetricPoint, Status
 from jobs.models import FINAL
 
@@ -72,10 +72,12 @@ class JobDetailSerializer(JobSerializer):
     usage = serializers.SerializerMethodField()
     elastic = serializers.SerializerMethodField()
     log_lines = serializers.IntegerField(source="log_seq", read_only=True)  # stored so far, all attempts
+    disk = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
         fields = JobSerializer.Meta.fields + ["manifest", "manifest_yaml", "placement", "latest_metrics", "usage",
-                                              "log_lines", "elastic"]
+                                              "log_lines", "log_bytes", "log_dropped_lines", "log_dropped_bytes",
+                                              "elastic", "disk"]
 
     def get_latest_metrics(self, job) -> dict:
         return {} if self.context.get("just_submitted") else latest_metrics(job)
@@ -83,6 +85,10 @@ class JobDetailSerializer(JobSerializer):
     def get_usage(self, job) -> dict:
         from tenants.quotas import job_usage, records_usage
         return records_usage([]) if self.context.get("just_submitted") else job_usage(job)
+
+    def get_disk(self, job) -> dict:
+        """The job's disk caps (jobs.disk): bytes, and log_lines a count."""
+        return disk.stored_caps((job.runtime or {}).get("disk"))
 
     def get_elastic(self, job) -> dict | None:
         return allocations.summary(job)

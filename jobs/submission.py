@@ -11,7 +11,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from jobs import datastores, dispatch, live, runtime, storage, transfers
+from jobs import datastores, disk, dispatch, live, runtime, storage, transfers
 from jobs.manifest import ManifestError, parse_manifest
 from jobs.models import Job, Status
 from learner_agent.archive import ArchiveError, InspectBounds, inspect_archive
@@ -42,6 +42,7 @@ def submit(membership, *, manifest_bytes, code_file, private=False):
         manifest = parse_manifest(manifest_bytes)
     except ManifestError as exc:
         raise SubmitError(str(exc), field=exc.field) from None
+    disk_caps = _disk_caps(membership.tenant, manifest)
     if code_file is None:
         raise SubmitError("a code archive (zip or tar.gz) is required", field="code")
     if code_file.size > settings.MAX_CODE_BYTES:
@@ -58,10 +59,24 @@ def submit(membership, *, manifest_bytes, code_file, private=False):
                                    max_members=settings.MAX_ARCHIVE_MEMBERS, bounds=_inspect_bounds())
         except ArchiveError as exc:
             raise SubmitError(f"code archive refused: {exc}", field="code") from None
-        job = _create_job(membership, manifest, manifest_bytes, upload, info, private=private)
+        job = _create_job(membership, manifest, manifest_bytes, upload, info, private=private, disk_caps=disk_caps)
     finally:
         upload.unlink(missing_ok=True)
     return job
+
+
+def _disk_caps(tenant, manifest):
+    """The job's disk caps within its tenant's limits (jobs.disk); refused while the tenant's stored
+    output fills its storage quota, since the job's results could only be stored past it."""
+    quota = quotas.quota_of(tenant)
+    try:
+        caps = disk.caps_for(manifest.disk, quota)
+    except disk.DiskError as exc:
+        raise SubmitError(str(exc), field=exc.field) from None
+    state, reason = quotas.storage_state(quota, quotas.stored_bytes(tenant) if quota is not None else 0)
+    if state != "ok":
+        raise SubmitError(reason, field="storage")
+    return caps
 
 
 def _inspect_bounds():
@@ -105,7 +120,7 @@ def _save_upload(code_file):
     return Path(name)
 
 
-def _create_job(membership, manifest, manifest_bytes, upload, info, *, private):
+def _create_job(membership, manifest, manifest_bytes, upload, info, *, private, disk_caps):
     digest = storage.sha256_of(upload)
     # Data-store credentials never reach the database: stored redacted, sealed beside the job instead.
     job = Job(tenant=membership.tenant, owner=membership.user, name=manifest.name,
@@ -114,7 +129,8 @@ def _create_job(membership, manifest, manifest_bytes, upload, info, *, private):
               manifest_yaml=datastores.redact_yaml(manifest_bytes.decode("utf-8")), learners=manifest.learners,
               gpus=manifest.gpus,
               cpus=manifest.cpus, memory_bytes=manifest.memory_bytes, priority=manifest.priority,
-              code_sha256=digest, code_bytes=upload.stat().st_size, runtime=runtime.from_manifest(manifest))
+              code_sha256=digest, code_bytes=upload.stat().st_size,
+              runtime=runtime.from_manifest(manifest, disk_caps=disk_caps))
     job.private = private
     folder = storage.create_job_dir(membership.tenant.slug, job.id)
     try:

@@ -28,7 +28,7 @@ import threading
 import time
 from queue import SimpleQueue
 
-from learner_agent import address, archive, cgroups, procfs, sandbox, tfevents
+from learner_agent import address, archive, cgroups, diskwatch, procfs, sandbox, tfevents
 from learner_agent.config import ConfigError, load_config
 from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
@@ -86,6 +86,7 @@ class Agent:
         self._stop_kind = None  # "halt" | "terminate" | "gone", the strongest requested so far
         self._killed_after_grace = False
         self._oom_reason = None
+        self._disk_reason = None  # a folder over its disk cap (learner_agent.diskwatch)
         self._cgroup = None  # the learner's control group, when the machine gives us one
         self._streams_open = True
         self._learner_ended = threading.Event()
@@ -143,7 +144,7 @@ class Agent:
             self._tailer_thread.start()
         returncode = self._supervise(self._learner)
         self._drain_event_files(tailer)
-        exit_code = returncode if returncode >= 0 else 128 - returncode
+        exit_code = self._check_disk_at_end(returncode if returncode >= 0 else 128 - returncode)
         return self._finish(exit_code=exit_code, reason=self._exit_reason(returncode))
 
     def _prepare(self):
@@ -183,13 +184,21 @@ class Agent:
             # The agent's own directory (config with the ingest token, pid, log) is never the learner's
             # business; its work/ directory inside is bound back as writable.
             hidden_dirs=(*config.hidden_dirs, config.agent_dir), identity=identity,
-            tmp_bytes=config.memory_bytes, devices=sandbox.gpu_devices(env.get("CUDA_VISIBLE_DEVICES")),
+            tmp_bytes=self._tmp_bytes(), devices=sandbox.gpu_devices(env.get("CUDA_VISIBLE_DEVICES")),
             cgroup_procs=self._cgroup.procs_files if self._cgroup else (),
             # Without a pids cgroup, the job's own uid still bounds its processes.
             rlimit_nproc=config.max_processes if identity is not None and self._cgroup is None else None)
         log.info("learner uid %s; cgroup %s", identity.uid if identity else os.getuid(),
                  self._cgroup.procs_files if self._cgroup else "none")
+        file_limit = diskwatch.file_size_limit(config.disk_caps, self._tmp_bytes())
+        if file_limit is not None:
+            plan = {**plan, "rlimit_fsize": file_limit}  # learner_agent.launch sets it last
         return None, None, plan
+
+    def _tmp_bytes(self):
+        """/tmp's and /dev/shm's size: the job's tmp cap, and never more than its memory (they are memory)."""
+        sizes = [n for n in (self.config.memory_bytes, self.config.tmp_bytes) if n]
+        return min(sizes) if sizes else None
 
     def _launch(self, plan):
         """The sandboxed learner: the launcher (learner_agent.launch) given its plan, the one started
@@ -274,9 +283,18 @@ class Agent:
             # A restarted agent starts again from a clean copy of the code.
             log.info("removing the previous contents of %s", work_dir)
             shutil.rmtree(work_dir)
-        info = archive.extract_archive(self.config.code_archive, work_dir,
-                                       max_unpacked_bytes=self.config.max_unpacked_bytes,
-                                       max_members=self.config.max_members)
+        work_cap = next((cap for cap in self.config.disk_caps if cap.name == "work"), None)
+        limit = self.config.max_unpacked_bytes
+        if work_cap is not None and work_cap.limit < limit:
+            limit = work_cap.limit  # the code is the work folder's first content
+        try:
+            info = archive.extract_archive(self.config.code_archive, work_dir, max_unpacked_bytes=limit,
+                                           max_members=self.config.max_members)
+        except archive.ArchiveTooLarge as e:
+            if limit == self.config.max_unpacked_bytes:
+                raise
+            raise PrepareError(f"disk cap: the code archive unpacks to more than the work folder's cap of "
+                               f"{diskwatch.format_size(limit)} ({e}); nothing was run") from e
         log.info("unpacked %s: %d members, %d bytes", info.kind, info.members, info.unpacked_bytes)
 
     def _supervise(self, learner):
@@ -289,6 +307,8 @@ class Agent:
         if self.config.memory_bytes:
             threading.Thread(target=self._watch_memory, args=(learner,), name="memory",
                              daemon=True).start()
+        if self.config.disk_caps:
+            threading.Thread(target=self._watch_disk, args=(learner,), name="disk", daemon=True).start()
         returncode = learner.wait()
         self._learner_ended.set()
         self._note_kernel_oom_kill()
@@ -345,6 +365,30 @@ class Agent:
             learner.kill()
             return
 
+    def _watch_disk(self, learner):
+        """Kill the whole learner as soon as one of its capped folders is over (learner_agent.diskwatch)."""
+        breach = diskwatch.watch(self.config.disk_caps, self._learner_ended)
+        if breach is not None:
+            self._note_disk_breach(breach)
+            learner.kill()
+
+    def _note_disk_breach(self, breach):
+        log.warning("%s", breach.reason)
+        with self._lock:
+            if self._disk_reason is None:
+                self._disk_reason = breach.reason
+
+    def _check_disk_at_end(self, exit_code):
+        """The learner's exit code, or 1 if it ended with a folder over its cap that the watchdog had
+        not measured yet (it wrote fast and exited): the attempt must not count as a success."""
+        if not self.config.disk_caps or self._disk_reason is not None:
+            return exit_code
+        breach, _ = diskwatch.check(self.config.disk_caps)
+        if breach is None:
+            return exit_code
+        self._note_disk_breach(breach)
+        return exit_code or 1
+
     def _note_kernel_oom_kill(self):
         """True (and the exit reason set) when the kernel killed a process for the memory limit."""
         if self._cgroup is None or not self.config.memory_bytes or self._cgroup.oom_kills() == 0:
@@ -361,10 +405,20 @@ class Agent:
     def _finish(self, *, exit_code, reason):
         """Write exit.json, record `exited`, deliver everything (patiently), then return 0."""
         self._release_cgroup()
+        self._remove_scratch()
         _write_json_atomically(self.config.agent_file("exit.json"),
                                {"exit_code": exit_code, "reason": reason, "finished_at": time.time()})
         self._record_status("exited", exit_code=exit_code, reason=reason)
         return self._deliver()
+
+    def _remove_scratch(self):
+        """The learner's work folder (the unpacked code and whatever it wrote there) and its state
+        folder are of no use once it has ended: they go, as the platform's teardown would remove
+        them too. Results and checkpoints stay."""
+        for folder in (self.config.work_dir, self.config.env.get("JOB_STATE_DIR", "")):
+            # Only folders of this learner's own (beside agent.json): never a path the env could aim elsewhere.
+            if folder and os.path.dirname(os.path.abspath(folder)) == os.path.abspath(self.config.agent_dir):
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _deliver(self):
         """Deliver everything spooled (patiently), then return 0; the spool goes once it is all
@@ -527,6 +581,8 @@ class Agent:
         with self._lock:
             if self._oom_reason:
                 return self._oom_reason
+            if self._disk_reason:
+                return self._disk_reason
             if self._stop_kind is not None:
                 return self._stop_reason(killed=self._killed_after_grace)
         if returncode < 0:

@@ -41,6 +41,10 @@ class ArchiveError(ValueError):
         super().__init__(f"archive member {member!r}: {message}" if member is not None else message)
 
 
+class ArchiveTooLarge(ArchiveError):
+    """The archive unpacks to more bytes than allowed (declared by its headers, or actually written)."""
+
+
 @dataclass(frozen=True)
 class ArchiveInfo:
     kind: str  # "zip" | "tar" | "tar.gz"
@@ -211,7 +215,7 @@ def _write_file(entry, target, written, max_unpacked_bytes):
                 while chunk := src.read(_CHUNK_BYTES):
                     written += len(chunk)
                     if written > max_unpacked_bytes:
-                        raise ArchiveError(
+                        raise ArchiveTooLarge(
                             f"archive unpacks to more than {max_unpacked_bytes} bytes "
                             f"(the headers understate the size)", member=entry.name)
                     out.write(chunk)
@@ -233,8 +237,8 @@ def _entries(path, kind, *, max_unpacked_bytes, max_members, budget=None):
             raise ArchiveError(f"archive has more than {max_members} members")
         declared += entry.size
         if declared > max_unpacked_bytes:
-            raise ArchiveError(f"archive unpacks to more than {max_unpacked_bytes} bytes",
-                               member=entry.name)
+            raise ArchiveTooLarge(f"archive unpacks to more than {max_unpacked_bytes} bytes",
+                                  member=entry.name)
         yield entry
 
 

@@ -10,7 +10,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from learner_agent import tfevents
+from learner_agent import diskwatch, tfevents
 from learner_agent.sandbox import MODES
 
 MIN_SPOOL_BYTES = 2**20  # below this a few long lines would fill it
@@ -47,6 +47,11 @@ class AgentConfig:
     checkpoint_signal: str = "SIGTERM"
     grace_seconds: float = 60.0
     max_unpacked_bytes: int = 4 * 2**30
+    # The job's caps on its folders (learner_agent.diskwatch.Cap), measured while the learner runs;
+    # the `work` cap also bounds the unpacked code. `tmp_bytes`: /tmp's and /dev/shm's size (at most
+    # memory_bytes, since they are memory).
+    disk_caps: tuple = ()
+    tmp_bytes: int | None = None
     max_members: int = 100_000
     # The learner's processes and threads (a pids cgroup, or RLIMIT_NPROC of the job's own uid):
     # enough for data-loader workers and their threads, few enough to stop a fork bomb.
@@ -136,9 +141,30 @@ def parse_config(data, *, path):
                          ("max_processes", AgentConfig.max_processes),
                          ("spool_max_bytes", AgentConfig.spool_max_bytes)):
         values[key] = _integer(data, key, minimum=1) if data.get(key) is not None else default
+    values["disk_caps"] = _disk_caps(data.get("disk_caps") or [], base)
+    if data.get("tmp_bytes") is not None:
+        values["tmp_bytes"] = _integer(data, "tmp_bytes", minimum=1)
     if values["spool_max_bytes"] < MIN_SPOOL_BYTES:
         raise ConfigError(f"spool_max_bytes: must be an integer >= {MIN_SPOOL_BYTES} (1MiB)")
     return AgentConfig(**values)
+
+
+def _disk_caps(caps, base):
+    """[{"name", "bytes", "paths"}, ...] → (diskwatch.Cap, ...); paths relative to the config's folder."""
+    if not isinstance(caps, list):
+        raise ConfigError("disk_caps: must be a list of {name, bytes, paths}")
+    parsed = []
+    for index, cap in enumerate(caps):
+        where = f"disk_caps[{index}]"
+        if not isinstance(cap, dict) or not isinstance(cap.get("name"), str) or not cap["name"]:
+            raise ConfigError(f"{where}: must be a mapping with a name")
+        limit, paths = cap.get("bytes"), cap.get("paths")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ConfigError(f"{where}.bytes: must be an integer >= 1")
+        if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
+            raise ConfigError(f"{where}.paths: must be a non-empty list of folder paths")
+        parsed.append(diskwatch.Cap(cap["name"], limit, tuple(os.path.join(base, p) for p in paths)))
+    return tuple(parsed)
 
 
 def _ingest_token(data):

@@ -15,7 +15,9 @@ only when the plan asks for it:
    of this process, and bubblewrap binds them from there to their real paths;
 4. limit the uid's processes (RLIMIT_NPROC) where no pids cgroup does it;
 5. set no_new_privs and drop to the learner's uid and gid with no supplementary groups;
-6. exec bubblewrap with its arguments in a memfd (`--args`), so the learner's environment never
+6. limit the size of any one file the learner writes (RLIMIT_FSIZE, at the job's largest disk cap:
+   learner_agent.diskwatch), last, once this process has written its own files;
+7. exec bubblewrap with its arguments in a memfd (`--args`), so the learner's environment never
    appears on a command line other users of the machine can read.
 
 Until step 5 this process may be root, so nothing the job controls reaches it: `-I` ignores
@@ -72,6 +74,9 @@ def launch(plan):
         if os.getuid() != int(plan["uid"]) or os.geteuid() != int(plan["uid"]):
             raise LaunchError("could not drop to the learner's uid")
     args_fd = _memfd("bwrap-args", b"".join(a.encode() + b"\0" for a in plan["bwrap_args"]))
+    if plan.get("rlimit_fsize"):
+        limit = int(plan["rlimit_fsize"])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     bwrap = plan["bwrap"]
     os.execve(bwrap, [bwrap, "--args", str(args_fd), "--", *plan["command"]], {"PATH": os.defpath})
 

@@ -181,6 +181,21 @@ RECORD_SECONDS = env.number("TRAINYARD_RECORD_SECONDS", 60.0, minimum=1.0)
 # Retry-After), and jobs waiting in QUEUED at once (past it a 429).
 SUBMITS_PER_MINUTE = env.integer("TRAINYARD_SUBMITS_PER_MINUTE", 60, minimum=1)
 MAX_QUEUED_JOBS = env.integer("TRAINYARD_MAX_QUEUED_JOBS", 500, minimum=1)
+# A job's disk caps when its manifest's `disk` block names none (jobs.disk; README, "Disk caps"):
+# results and checkpoints per job, work (its work folder with the unpacked code, and its state
+# folder) and tmp (/tmp and /dev/shm, memory-backed) per learner, stored log bytes and lines per job.
+DISK_DEFAULTS = {
+    "results": env.integer("TRAINYARD_DISK_RESULTS_MB", 10240, minimum=1) * 2**20,
+    "checkpoints": env.integer("TRAINYARD_DISK_CHECKPOINTS_MB", 10240, minimum=1) * 2**20,
+    "work": env.integer("TRAINYARD_DISK_WORK_MB", 10240, minimum=1) * 2**20,
+    "tmp": env.integer("TRAINYARD_DISK_TMP_MB", 1024, minimum=1) * 2**20,
+    "logs": env.integer("TRAINYARD_LOG_MAX_MB", 1024, minimum=1) * 2**20,
+    "log_lines": env.integer("TRAINYARD_LOG_MAX_LINES", 4_000_000, minimum=1),
+}
+# What one learner of a job may store of the log (within the job's caps), and one line's length.
+LOG_MAX_BYTES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_MB_PER_LEARNER", 256, minimum=1) * 2**20
+LOG_MAX_LINES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_LINES_PER_LEARNER", 1_000_000, minimum=1)
+LOG_MAX_LINE_BYTES = env.integer("TRAINYARD_LOG_MAX_LINE_BYTES", 16384, minimum=256)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
 # Threads of each web process that serve agents' ingest posts (jobs.ingest_asgi); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)

@@ -37,6 +37,7 @@ class QuotaInline(admin.StackedInline):
         ("Budget per period", {"fields": [("gpu_hours", "cpu_hours"), ("period", "budget_mode")]}),
         ("Scheduling", {"fields": ["high_priority"]}),
         ("Submissions (empty: the platform's default)", {"fields": [("queued_jobs", "submissions_per_minute")]}),
+        ("Disk", {"fields": [("storage_bytes", "disk_per_job_bytes")]}),
     ]
 
 

@@ -127,6 +127,12 @@ class Quota(models.Model):
     gpus_per_user = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs one member may hold at once")
     gpu_hours = models.FloatField(null=True, blank=True, help_text="GPU-hours per period")
     cpu_hours = models.FloatField(null=True, blank=True, help_text="CPU-hours per period")
+    # Disk (jobs.disk): what the tenant's jobs keep stored (results, checkpoints, logs) and the
+    # largest cap one job may have on any of its folders or its log.
+    storage_bytes = models.BigIntegerField(null=True, blank=True,
+                                           help_text="stored results, checkpoints and logs of all its jobs (bytes)")
+    disk_per_job_bytes = models.BigIntegerField(null=True, blank=True,
+                                                help_text="largest disk cap a job may have per folder or log (bytes)")
     period = models.CharField(max_length=10, choices=Period.choices, default=Period.MONTH)
     budget_mode = models.CharField(max_length=10, choices=BudgetMode.choices, default=BudgetMode.HARD)
     can_borrow = models.BooleanField(default=False, help_text="may use idle capacity beyond its GPU/CPU/memory quota")
@@ -140,7 +146,8 @@ class Quota(models.Model):
         null=True, blank=True, help_text="job submissions per minute (empty: the platform's TRAINYARD_SUBMITS_PER_MINUTE)")
     updated_at = models.DateTimeField(auto_now=True)
 
-    LIMITS = ("gpus", "cpus", "memory_bytes", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours")
+    LIMITS = ("gpus", "cpus", "memory_bytes", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours", "storage_bytes",
+              "disk_per_job_bytes")
 
     def __str__(self):
         return f"quota of {self.tenant}"

@@ -18,6 +18,7 @@ from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from tenants.models import Quota, UsageRecord
+from trainyard.units import format_bytes
 
 HOURS = 3600.0
 QUEUED = "QUEUED"  # jobs.models.Status.QUEUED
@@ -172,6 +173,20 @@ def history(tenant, quota=None, now=None, periods=HISTORY_PERIODS):
     return rows
 
 
+def stored_bytes(tenant):
+    """What the tenant's jobs keep in storage: every recorded result, checkpoint and log file (each
+    job's Artifact rows, written when it stores its output), counted by the database."""
+    return tenant.jobs.aggregate(total=Sum("artifacts__size"))["total"] or 0
+
+
+def storage_state(quota, used):
+    """("ok" | "full", reason): whether the tenant's stored bytes leave room under its storage quota."""
+    if quota is None or quota.storage_bytes is None or used < quota.storage_bytes:
+        return "ok", ""
+    return "full", (f"tenant storage quota reached: {format_bytes(used)} of {format_bytes(quota.storage_bytes)} "
+                    "stored (results, checkpoints and logs); delete jobs or ask an admin for more")
+
+
 def quota_of(tenant):
     return Quota.objects.filter(tenant=tenant).first()
 
@@ -236,6 +251,7 @@ def summary(tenant, *, user=None, now=None):
     usage = usage_of(tenant, now, quota)
     state, reason = budget_state(quota, usage)
     intake = intake_of(quota)
+    stored = stored_bytes(tenant)
     # Through the tenant's reverse relation: this module does not import jobs (jobs builds on tenants).
     # Counted by the database: rows read through the reverse relation with only() cost one more
     # query each (Django sets the tenant on each from its deferred tenant_id).
@@ -247,8 +263,10 @@ def summary(tenant, *, user=None, now=None):
         "quota": limits,
         "usage": {"gpus": usage.gpus, "cpus": usage.cpus, "memory_bytes": usage.memory_bytes, "jobs": usage.jobs,
                   "gpu_hours": round(usage.gpu_hours, 4), "cpu_hours": round(usage.cpu_hours, 4),
-                  "period_start": usage.period_start.isoformat(), "period_end": usage.period_end.isoformat()},
+                  "period_start": usage.period_start.isoformat(), "period_end": usage.period_end.isoformat(),
+                  "storage_bytes": stored},
         "budget": {"state": state, "reason": reason},
+        "storage": dict(zip(("state", "reason"), storage_state(quota, stored))),
         "queued": {"jobs": queued["jobs"], "gpus": queued["gpus"] or 0},
         "intake": {"queued_jobs": intake.queued_jobs, "submissions_per_minute": intake.submissions_per_minute,
                    "overridden": list(intake.overridden)},

@@ -216,6 +216,9 @@ def cmd_quota(args):
     budget = info.get("budget") or {}
     if budget.get("reason"):
         print(f"budget  {budget['reason']}")
+    storage = info.get("storage") or {}
+    if storage.get("reason"):
+        print(f"storage  {storage['reason']}")
     queued = info.get("queued") or {}
     if isinstance(queued, dict):
         print(f"queued  {queued.get('jobs', 0)} jobs asking for {queued.get('gpus', 0)} GPUs")

@@ -13,7 +13,7 @@ human_bytes = format_bytes
 
 QUOTA_ROWS = (("GPUs in use", "gpus"), ("CPUs in use", "cpus"), ("memory in use", "memory_bytes"),
               ("jobs running", "jobs"), ("GPU-hours this period", "gpu_hours"),
-              ("CPU-hours this period", "cpu_hours"))
+              ("CPU-hours this period", "cpu_hours"), ("stored results/checkpoints/logs", "storage_bytes"))
 
 
 def note(message):

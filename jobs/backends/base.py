@@ -52,6 +52,8 @@ class DeploySpec:
     framework_version: str = ""
     image: str = ""  # the learner image on container backends (from the framework registry)
     tensorboard_dir: str = ""  # the manifest's TensorBoard folder (learner_agent.tfevents), "" for none
+    # The job's disk caps (jobs.disk: results, checkpoints, work, tmp in bytes); empty: none enforced.
+    disk: dict = field(default_factory=dict)
 
 
 class LearnerState(str, Enum):

@@ -118,6 +118,7 @@ class LocalBackend:
             "max_unpacked_bytes": settings.MAX_UNPACKED_BYTES,
             "max_members": settings.MAX_ARCHIVE_MEMBERS,
             "network_namespace": network,
+            **_disk_config(spec.disk, job_dir=job_dir, work_dir=work_dir, state_dir=env["JOB_STATE_DIR"]),
         }
 
     def _start_agent(self, folder):
@@ -262,6 +263,28 @@ class LocalBackend:
             _signal_agent(folder, signal.SIGKILL)
         if folders:
             netns.stop(folders[0].parent)
+        for folder in folders:
+            _remove_scratch(folder)
+
+
+def _disk_config(caps, *, job_dir, work_dir, state_dir):
+    """The agent's disk caps (learner_agent.diskwatch): the job's results and all its checkpoints
+    as wholes, this learner's work and state folders together; /tmp's size."""
+    folders = {"results": [str(job_dir / "results")], "checkpoints": [str(job_dir / "checkpoints")],
+               "work": [str(work_dir), str(state_dir)]}
+    return {"disk_caps": [{"name": name, "bytes": caps[name], "paths": paths}
+                          for name, paths in folders.items() if caps.get(name)],
+            "tmp_bytes": caps.get("tmp")}
+
+
+def _remove_scratch(folder):
+    """A learner's work and state folders go with its attempt (results and checkpoints stay). Its
+    agent removes them as it ends; this is for one that was killed first. Only once no agent runs."""
+    if _agent_alive(folder):
+        return
+    # ".work.*.unpacking": what an agent killed while unpacking the code left (learner_agent.archive).
+    for path in [folder / "work", folder / "state", *folder.glob(".work.*.unpacking")]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_framework(name, version):

@@ -7,6 +7,8 @@ import pytest
 
 from jobs.backends import local
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec
+from jobs.backends.local import LocalBackend
+from learner_agent.config import parse_config
 from learner_agent.agent import _CLEAN_ENV_MARK, AGENT_ENV_KEEP, clean_environment
 from learner_agent.tests.conftest import ingest, outside_tmp, wait_for, write_agent_config  # noqa: F401 - fixtures
 # The spares' command lines name their FIFO, in the spare dir: found the way a platform stop finds agents.
@@ -136,3 +138,30 @@ def test_a_deploy_has_the_spares_topped_up_a_moment_later_not_beside_its_learner
     spare_agents()  # what the message does when it comes
     wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
     assert len(spare_pids(backend.spare_dir)) == 2
+
+
+def test_the_agent_gets_the_jobs_disk_caps_and_tmp_size(tmp_path):
+    job_dir = tmp_path / "job"
+    folder = job_dir / "attempt-1" / "learner-0"
+    spec = DeploySpec(
+        job_id="training-disk0001", attempt=1, tenant="team-a", command="true", code_archive=str(job_dir / "code.zip"),
+        job_dir=str(job_dir), learners=(local_learner(),), cpus=1.0, memory_bytes=2**30, gpus=0,
+        env={"CHECKPOINT_DIR": str(job_dir / "checkpoints" / "attempt-1"), "JOB_STATE_DIR": str(folder / "state")},
+        metric_regexes={}, checkpoint_signal="SIGTERM", grace_seconds=5, ingest_url="http://127.0.0.1:1/",
+        disk={"results": 1000, "checkpoints": 2000, "work": 3000, "tmp": 4000, "logs": 5, "log_lines": 6})
+    config = parse_config(LocalBackend()._agent_config(spec, local_learner(), folder), path=str(folder / "agent.json"))
+    caps = {cap.name: (cap.limit, cap.paths) for cap in config.disk_caps}
+    assert caps == {"results": (1000, (str(job_dir / "results"),)),
+                    "checkpoints": (2000, (str(job_dir / "checkpoints"),)),
+                    "work": (3000, (str(folder / "work"), str(folder / "state")))}
+    assert config.tmp_bytes == 4000
+
+
+def test_teardown_removes_the_learners_work_and_state_folders_and_keeps_their_output(tmp_path, settings):
+    settings.STORAGE_URL = f"file://{tmp_path}"
+    folder = local.storage.learner_dir("team-a", "training-disk0002", 1, 0)
+    for name in ("work/code.py", "state/logs/x", ".work.abc.unpacking/y", "exit.json"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("x")
+    LocalBackend().delete(tenant="team-a", job_id="training-disk0002", attempt=1, learners=1, wait_s=0)
+    assert sorted(p.name for p in folder.iterdir()) == ["exit.json"]

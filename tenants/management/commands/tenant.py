@@ -31,6 +31,8 @@ class Command(BaseCommand):
         create.add_argument("--gpus-per-user", type=int, help="GPUs one member may hold at once")
         create.add_argument("--gpu-hours", type=float, help="GPU-hours per period")
         create.add_argument("--cpu-hours", type=float, help="CPU-hours per period")
+        create.add_argument("--storage", help="stored results, checkpoints and logs of all its jobs, e.g. 500GiB")
+        create.add_argument("--disk-per-job", help="largest disk cap of one job's folder or log, e.g. 50GiB")
         create.add_argument("--period", choices=[p.value for p in Quota.Period])
         create.add_argument("--budget-mode", choices=[m.value for m in Quota.BudgetMode])
         create.add_argument("--can-borrow", action=argparse.BooleanOptionalAction, default=None,
@@ -61,11 +63,14 @@ class Command(BaseCommand):
         limits = {name: options[name] for name in ("gpus", "cpus", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours",
                                                    "period", "budget_mode", "can_borrow", *Quota.INTAKE)
                   if options[name] is not None}
-        if options["memory"] is not None:
-            try:
-                limits["memory_bytes"] = units.parse_memory_size(options["memory"])
-            except ValueError as exc:
-                raise CommandError(f"--memory: {options['memory']!r} is not a memory size; {exc}") from None
+        for option, name in (("memory", "memory_bytes"), ("storage", "storage_bytes"),
+                             ("disk_per_job", "disk_per_job_bytes")):
+            if options[option] is not None:
+                try:
+                    limits[name] = units.parse_memory_size(options[option])
+                except ValueError as exc:
+                    flag = option.replace("_", "-")
+                    raise CommandError(f"--{flag}: {options[option]!r} is not a size; {exc}") from None
         for name, value in limits.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative")

@@ -1,0 +1,122 @@
+"""Disk caps on a learner's folders, enforced by measuring them while it runs.
+
+A folder on the machine's own filesystem has no size limit of its own: project quotas need a
+filesystem mounted with them, a loop-mounted image per folder needs root and a file as large as the
+cap made before the learner starts. So the agent measures each capped folder (`usage`: the blocks
+its files take, walked with os.scandir and bounded in entries) every INTERVAL_S, and every
+FAST_INTERVAL_S once it is past half its cap (a walk of a few files costs well under a millisecond), and the learner is killed as soon as one is over, its
+exit reason naming the folder and the cap. A writer gets past the cap by what it writes between two
+measurements (README, "Disk caps", has the figure measured here); RLIMIT_FSIZE (set by
+learner_agent.launch at the largest cap) is the hard bound per file. /tmp and /dev/shm are not
+watched here: they are tmpfs mounts whose size is their cap, and the kernel refuses writes past it.
+
+Stdlib only: the agent imports this.
+"""
+import os
+import stat
+import time
+from dataclasses import dataclass
+
+INTERVAL_S = 0.25
+FAST_INTERVAL_S = 0.1
+# Files and folders one measurement walks at most: more in one capped folder is itself over the cap
+# (a million files is beyond any results or checkpoint folder, and takes the walk seconds).
+MAX_ENTRIES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Cap:
+    name: str  # "results" | "checkpoints" | "work"
+    limit: int  # bytes
+    paths: tuple  # the folders counted together against it
+
+
+@dataclass(frozen=True)
+class Breach:
+    cap: Cap
+    used: int  # bytes measured (or the entries counted when too_many)
+    too_many: bool = False
+
+    @property
+    def reason(self):
+        if self.too_many:
+            return (f"disk cap: the {self.cap.name} folder holds more than {MAX_ENTRIES} files and folders; "
+                    f"killed")
+        return (f"disk cap: the {self.cap.name} folder used {format_size(self.used)}, over its cap of "
+                f"{format_size(self.cap.limit)}; killed")
+
+
+class TooManyEntries(Exception):
+    pass
+
+
+def usage(paths, *, max_entries=MAX_ENTRIES):
+    """Bytes the files and folders under `paths` take on disk (allocated blocks, each inode once,
+    symlinks not followed); TooManyEntries past `max_entries`. A folder that is missing counts 0,
+    and one that vanishes while being walked counts what was seen of it."""
+    total = entries = 0
+    seen_links = set()  # (device, inode) of files with more than one name: counted once
+    stack = [p for p in paths if os.path.isdir(p) and not os.path.islink(p)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entries > max_entries:
+                        raise TooManyEntries(entries)
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append(entry.path)
+                    elif info.st_nlink > 1:
+                        key = (info.st_dev, info.st_ino)
+                        if key in seen_links:
+                            continue
+                        seen_links.add(key)
+                    total += info.st_blocks * 512
+        except OSError:
+            continue
+    return total
+
+
+def check(caps, *, max_entries=MAX_ENTRIES):
+    """(the first Breach or None, the largest share of its cap any folder uses)."""
+    share = 0.0
+    for cap in caps:
+        try:
+            used = usage(cap.paths, max_entries=max_entries)
+        except TooManyEntries as e:
+            return Breach(cap, e.args[0], too_many=True), 1.0
+        if used > cap.limit:
+            return Breach(cap, used), used / cap.limit
+        share = max(share, used / cap.limit)
+    return None, share
+
+
+def watch(caps, stopped, *, interval=INTERVAL_S, fast_interval=FAST_INTERVAL_S):
+    """Measure `caps` until one is over (returns its Breach) or the event `stopped` is set (None)."""
+    while not stopped.is_set():
+        started = time.monotonic()
+        breach, share = check(caps)
+        if breach is not None:
+            return breach
+        # A folder of many files is measured less often: the walks take at most a fifth of a core.
+        pause = max(fast_interval if share > 0.5 else interval, 4 * (time.monotonic() - started))
+        stopped.wait(pause)
+    return None
+
+
+def file_size_limit(caps, tmp_bytes=None):
+    """RLIMIT_FSIZE for the learner: no single file may grow past the largest cap it could count
+    against (a file is in one folder, so one past the largest cap is past its own)."""
+    limits = [cap.limit for cap in caps] + ([tmp_bytes] if tmp_bytes else [])
+    return max(limits) if limits else None
+
+
+def format_size(n):
+    """20971520 → "20.0MiB"."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f}GiB"
+    return f"{n / 2**20:.1f}MiB"

@@ -1,0 +1,121 @@
+"""Disk caps on a learner's folders (learner_agent.diskwatch), alone and in a real agent."""
+import os
+import threading
+import time
+
+import pytest
+
+from learner_agent import diskwatch
+from learner_agent.tests.conftest import read_exit, run_agent, write_agent_config
+
+MiB = 2**20
+
+
+def write(path, size):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(b"\1" * size)
+
+
+def test_usage_counts_blocks_under_every_folder_and_each_hard_linked_file_once(tmp_path):
+    write(tmp_path / "a" / "one", MiB)
+    write(tmp_path / "a" / "deep" / "er" / "two", 2 * MiB)
+    os.link(tmp_path / "a" / "one", tmp_path / "a" / "one-again")
+    write(tmp_path / "b" / "three", MiB)
+    os.symlink("/usr", tmp_path / "a" / "usr")  # not followed
+    used = diskwatch.usage([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "missing")])
+    assert 4 * MiB <= used < 4 * MiB + 100_000
+
+
+def test_a_folder_of_too_many_entries_is_a_breach_of_its_own(tmp_path):
+    for i in range(20):
+        (tmp_path / f"f{i}").touch()
+    cap = diskwatch.Cap("results", 10 * MiB, (str(tmp_path),))
+    breach, _ = diskwatch.check([cap], max_entries=10)
+    assert breach.too_many and "more than" in breach.reason and "results" in breach.reason
+
+
+def test_watch_returns_the_first_folder_over_its_cap(tmp_path):
+    caps = [diskwatch.Cap("results", 2 * MiB, (str(tmp_path / "r"),)),
+            diskwatch.Cap("work", 2 * MiB, (str(tmp_path / "w"), str(tmp_path / "s")))]
+    write(tmp_path / "r" / "small", MiB)
+    found = []
+    watcher = threading.Thread(target=lambda: found.append(diskwatch.watch(caps, threading.Event(), interval=0.05,
+                                                                           fast_interval=0.05)))
+    watcher.start()
+    time.sleep(0.2)
+    assert not found
+    write(tmp_path / "w" / "code", MiB)
+    write(tmp_path / "s" / "big", 2 * MiB)  # work and state count together
+    watcher.join(5)
+    assert found[0].cap.name == "work"
+    assert found[0].reason.startswith("disk cap: the work folder used 3.0MiB, over its cap of 2.0MiB")
+
+
+def test_watch_stops_when_asked(tmp_path):
+    stopped = threading.Event()
+    stopped.set()
+    assert diskwatch.watch([diskwatch.Cap("results", MiB, (str(tmp_path),))], stopped) is None
+
+
+def test_the_file_size_limit_is_the_largest_cap():
+    caps = [diskwatch.Cap("results", 5, ("/r",)), diskwatch.Cap("work", 9, ("/w",))]
+    assert diskwatch.file_size_limit(caps, 7) == 9
+    assert diskwatch.file_size_limit(caps, 20) == 20
+    assert diskwatch.file_size_limit((), None) is None
+
+
+WRITER = ("python3 -c \"import os, time\n"
+          "with open(os.environ['RESULT_DIR'] + '/big', 'wb') as f:\n"
+          "    for i in range(200):\n"
+          "        f.write(bytes(2**20)); f.flush(); time.sleep(0.02)\n"
+          "print('wrote all', flush=True)\"")
+
+
+@pytest.mark.parametrize("mode", ["none", "auto"])
+def test_the_agent_kills_a_learner_whose_results_pass_their_cap(outside_tmp, ingest, mode):
+    results = os.path.join(outside_tmp, "job", "results")
+    config = write_agent_config(outside_tmp, ingest, command=WRITER, sandbox=mode,
+                                env={"RESULT_DIR": results},
+                                disk_caps=[{"name": "results", "bytes": 20 * MiB, "paths": [results]}])
+    assert run_agent(config).returncode == 0
+    exit_info = read_exit(config)
+    assert exit_info["exit_code"] == 137, exit_info
+    assert exit_info["reason"].startswith("disk cap: the results folder used "), exit_info
+    assert "over its cap of 20.0MiB" in exit_info["reason"]
+    assert os.path.getsize(os.path.join(results, "big")) < 200 * MiB
+    assert not any(r.get("line") == "wrote all" for r in ingest.stored())
+
+
+def test_a_learner_that_exits_at_once_past_its_cap_still_fails(outside_tmp, ingest):
+    results = os.path.join(outside_tmp, "job", "results")
+    command = f"head -c {30 * MiB} /dev/zero > $RESULT_DIR/big; exit 0"
+    config = write_agent_config(outside_tmp, ingest, command=command, sandbox="none", env={"RESULT_DIR": results},
+                                disk_caps=[{"name": "results", "bytes": 20 * MiB, "paths": [results]}])
+    assert run_agent(config).returncode == 0
+    exit_info = read_exit(config)
+    assert exit_info["exit_code"] == 1 and exit_info["reason"].startswith("disk cap: the results folder"), exit_info
+
+
+def test_code_that_unpacks_past_the_work_cap_is_not_run_and_says_so(outside_tmp, ingest):
+    work = os.path.join(outside_tmp, "job", "attempt-1", "learner-0", "work")
+    config = write_agent_config(outside_tmp, ingest, command="touch started", sandbox="none",
+                                files={"big.bin": b"\0" * (3 * MiB)},
+                                disk_caps=[{"name": "work", "bytes": 2 * MiB, "paths": [work]}])
+    assert run_agent(config).returncode == 0
+    exit_info = read_exit(config)
+    assert exit_info["exit_code"] is None
+    assert exit_info["reason"].startswith("disk cap: the code archive unpacks to more than the work folder's cap "
+                                          "of 2.0MiB"), exit_info
+    assert not os.path.exists(work)
+
+
+def test_the_work_and_state_folders_go_when_the_learner_ends(outside_tmp, ingest):
+    learner_dir = os.path.join(outside_tmp, "job", "attempt-1", "learner-0")
+    state = os.path.join(learner_dir, "state")
+    config = write_agent_config(outside_tmp, ingest, command="echo hi > scratch; echo s > $JOB_STATE_DIR/s",
+                                sandbox="none", env={"JOB_STATE_DIR": state})
+    assert run_agent(config).returncode == 0
+    assert read_exit(config)["exit_code"] == 0
+    assert not os.path.exists(os.path.join(learner_dir, "work")) and not os.path.exists(state)
+    assert os.path.exists(os.path.join(learner_dir, "exit.json"))
