@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.browser import log_in as browser_log_in
+from tests.support.harness import EXAMPLES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -119,6 +120,22 @@ def test_a_researcher_submits_watches_halts_and_resumes_the_pytorch_example(brow
     wait_status(page, "TERMINATED")
     assert page.get_by_role("button", name="Resume").is_hidden()
     live_platform.wait_for(job_id, timeout=60)
+
+
+def test_the_job_page_lists_a_jobs_files_a_page_at_a_time(browser, live_platform):
+    manifest = (EXAMPLES / "custom-shell" / "manifest.yml").read_text().replace(
+        "command: bash run.sh", "command: 'for i in $(seq 1 250); do : > $RESULT_DIR/part-$i; done'")
+    job = live_platform.submit("custom-shell", manifest_text=manifest)
+    assert live_platform.wait_for(job["id"])["status"] == "COMPLETED"
+    page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
+    page.goto(f"{live_platform.url}/jobs/{job['id']}/")
+    rows = "n => document.querySelector('[data-testid=artifacts]').tBodies[0].rows.length === n"
+    page.wait_for_function(rows, arg=200)  # the API's first page: 250 results and the log are 251 files
+    more = page.get_by_role("button", name="Show more files")
+    assert page.locator("[data-testid=artifacts-count]").inner_text() == "200 of 251 files"
+    more.click()
+    page.wait_for_function(rows, arg=251)
+    assert more.is_hidden() and page.locator("[data-testid=artifacts-count]").inner_text() == ""
 
 
 def test_another_tenant_sees_none_of_it(browser, live_platform):
