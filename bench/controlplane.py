@@ -541,7 +541,7 @@ def setup_django(session, cluster):
 def backend_env(cluster):
     # The bench's one tenant stands for many users: it measures the control plane, not a tenant's intake limits.
     return {"TRAINYARD_BACKEND": "kubernetes", "KUBECONFIG": str(cluster.kubeconfig),
-            "TRAINYARD_K8S_STORAGE_VOLUME": json.dumps({"hostPath": {"path": "/srv/trainyard"}}),
+            "TRAINYARD_K8S_STORAGE_VOLUME": json.dumps({"persistentVolumeClaim": {"claimName": "trainyard-storage"}}),
             "TRAINYARD_SUBMITS_PER_MINUTE": "100000", "TRAINYARD_MAX_QUEUED_JOBS": "100000"}
 
 

@@ -103,6 +103,20 @@ def test_it_locks_down_learner_pods():
     assert pod["spec"]["enableServiceLinks"] is False
 
 
+
+def test_a_learner_pod_mounts_nothing_of_its_node():
+    """What a learner pod sees besides its image: the job's folder of the shared storage, the agent's
+    code, config and credential, its downward-API annotations, /tmp and /dev/shm. No host path, no
+    host namespace, no service account token."""
+    pod = objects.learner_pod(spec(), spec().learners[0], "ns", [], PODS)["spec"]
+    assert {v["name"]: next(k for k in v if k != "name") for v in pod["volumes"]} == {
+        "agent": "emptyDir", "storage": "persistentVolumeClaim", "agent-config": "configMap",
+        "ingest-secret": "secret", "ingest-token": "emptyDir", "podinfo": "downwardAPI", "tmp": "emptyDir",
+        "shm": "emptyDir"}
+    assert not {"hostNetwork", "hostPID", "hostIPC", "hostUsers", "serviceAccountName"} & set(pod)
+    assert pod["automountServiceAccountToken"] is False
+
+
 def test_a_learner_writes_only_its_own_folders_of_its_own_job():
     pod = objects.learner_pod(spec(), spec().learners[1], "ns", [], PODS)
     mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "storage"}
@@ -270,6 +284,7 @@ def test_it_reads_kubernetes_quantities_with_the_clients_parser():
 @pytest.mark.parametrize("value, complaint", [
     ("", "is not set"), ("{nope", "not valid JSON"), ('{"emptyDir": {}}', "one volume source"),
     ('{"nfs": {}, "csi": {}}', "one volume source"), ('["nfs"]', "one volume source"),
+    ('{"hostPath": {"path": "/srv/trainyard"}}', "one volume source"),  # the node's own folder: never
 ])
 def test_it_rejects_a_bad_storage_volume_setting_with_a_clear_error(value, complaint):
     with pytest.raises(BackendError, match="TRAINYARD_K8S_STORAGE_VOLUME") as caught:

@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 # The framework images under deploy/images/; keras runs in the tensorflow image.
 FRAMEWORK_IMAGES = {"pytorch": "pytorch", "tensorflow": "tensorflow", "keras": "tensorflow", "jax": "jax",
                     "sklearn": "sklearn", "custom": "custom"}
-VOLUME_SOURCES = {"persistentVolumeClaim", "nfs", "csi", "hostPath", "ephemeral", "cephfs", "glusterfs",
-                  "azureFile", "iscsi"}
+# Shared storage only: never hostPath, which would put a folder of the node's own in a learner's pod
+# (and which the namespaces' restricted Pod Security level refuses anyway).
+VOLUME_SOURCES = {"persistentVolumeClaim", "nfs", "csi", "ephemeral", "cephfs", "glusterfs", "azureFile", "iscsi"}
 # How long a namespace this process made sure of (with the tenant's quota then) is taken to be as it
 # left it. Within that time a deploy for the same tenant and quota sends only the attempt's own
 # objects: making sure again costs four requests (namespace, LimitRange, NetworkPolicy, quota), which
