@@ -8,6 +8,7 @@ tenant's jobs that are not private. The payload names the job, its tenant and th
 import base64
 import hashlib
 import json
+import re
 import secrets
 import socket
 from urllib.parse import urlsplit
@@ -182,9 +183,22 @@ def payload(hook, job, *, event, before, when, sequence):
     }
     if hook.format == Webhook.Format.SLACK:
         verb = "was preempted" if event == PREEMPTED else f"is {job.status}"
-        reason = f" ({job.status_reason})" if job.status_reason else ""
-        return {"text": f"Trainyard job {job.name} ({job.id}) {verb}{reason}", **fields}
-    return fields
+        reason = f" ({slack_text(job.status_reason)})" if job.status_reason else ""
+        return {"text": f"Trainyard job {slack_text(job.name)} ({job.id}) {verb}{reason}", **fields}
+    return fields  # JSON: the structured fields are data, which the receiver escapes for where it shows them
+
+
+_SLACK_CONTROL = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+# Mentions Mattermost and Rocket.Chat (which take the Slack format) act on as plain words.
+_MENTION = re.compile(r"@(?=(?:channel|here|all|everyone)\b)", re.IGNORECASE)
+
+
+def slack_text(text):
+    """`text` (a job's name, a reason quoting the learner's log) shown as itself in a Slack-format
+    message: &, < and > escaped as Slack asks, so `<!channel>` and `<http://evil|click>` are not a
+    mention and a link; and a word joiner after the @ of @channel/@here/@all/@everyone, which the
+    chat servers that take this format would otherwise notify everyone for."""
+    return _MENTION.sub("@\u2060", text.translate(_SLACK_CONTROL))
 
 
 # --- doing one delivery --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Starts and stops the whole platform as real processes: an embedded Redis (unless REDIS_URL is
-given), the ASGI server (daphne: HTTP + websockets), a Celery worker and celery beat.
+given), the ASGI server (daphne: HTTP + websockets), a Celery worker, the webhooks' Celery worker and
+celery beat.
 
 `make demo` runs it in the foreground, supervised (a part that crashes is started again); the
 end-to-end tests and benchmarks start it the same way, so what they measure is what a user runs.
@@ -72,6 +73,7 @@ class Platform:
         # same socket. One process (the default) binds its port itself, as before.
         try:
             self.web_processes = env_vars.integer("TRAINYARD_WEB_PROCESSES", 1, minimum=1, environ=self.env)
+            self.webhook_workers = env_vars.integer("TRAINYARD_WEBHOOK_WORKERS", 2, minimum=1, environ=self.env)
         except env_vars.ConfigError as exc:
             raise StartupError(str(exc)) from None
         self._web_socket = None
@@ -96,6 +98,7 @@ class Platform:
             for name in self.web_names():
                 self.start_web(name)
             self.start_worker()
+            self.start_webhooks()
             self.start_beat()
             self.wait_ready(timeout)
         except BaseException:
@@ -162,6 +165,13 @@ class Platform:
         self.spawn("worker", [sys.executable, "-m", "celery", "-A", "portal.celery", "worker", "--loglevel=INFO",
                               f"--concurrency={self.worker_concurrency}", "--without-gossip", "--without-mingle",
                               "-n", f"trainyard-{self.port}@%h"])
+
+    def start_webhooks(self):
+        """The worker of the webhook queue (settings.WEBHOOK_QUEUE) alone: deliveries wait on other
+        people's servers, so they never take the lifecycle worker's processes."""
+        self.spawn("webhooks", [sys.executable, "-m", "celery", "-A", "portal.celery", "worker", "--loglevel=INFO",
+                                "-Q", "webhooks", f"--concurrency={self.webhook_workers}", "--without-gossip",
+                                "--without-mingle", "-n", f"trainyard-webhooks-{self.port}@%h"])
 
     def start_beat(self):
         self.spawn("beat", [sys.executable, "-m", "celery", "-A", "portal.celery", "beat", "--loglevel=INFO",

@@ -114,6 +114,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
+# Webhook deliveries wait on other people's servers, so they have a queue of their own, served by a
+# worker of their own (portal.runner's `webhooks`; every deployment runs one): a receiver that
+# answers slowly holds one of that worker's processes, never the lifecycle worker's.
+WEBHOOK_QUEUE = "webhooks"
+CELERY_TASK_ROUTES = {"jobs.tasks.deliver_webhook": {"queue": WEBHOOK_QUEUE}}
 RECONCILE_INTERVAL_S = env.number("TRAINYARD_RECONCILE_INTERVAL", 10.0, minimum=0.5)
 # GPU-hours of service after which a job yields to fresh jobs of its priority (gpu_scheduler: service
 # levels); 0 turns service levels off.
@@ -158,7 +163,8 @@ STORAGE_URL = env.url("TRAINYARD_STORAGE_URL", f"file://{DATA_DIR / 'storage'}",
 DATASTORE_ALLOW_PRIVATE = env.boolean("TRAINYARD_DATASTORE_ALLOW_PRIVATE", False)
 DATASTORE_ALLOWED_HOSTS = env.host_list("TRAINYARD_DATASTORE_ALLOWED_HOSTS")
 # Webhooks (notifications/) likewise reach public addresses only unless this, their own switch, allows
-# private ones; each POST's connection and every read wait at most WEBHOOK_TIMEOUT_S.
+# private ones; each delivery (connecting, sending and the whole answer) takes at most
+# WEBHOOK_TIMEOUT_S in all, however slowly the receiver answers (notifications.delivery).
 WEBHOOK_ALLOW_PRIVATE = env.boolean("TRAINYARD_WEBHOOK_ALLOW_PRIVATE", False)
 WEBHOOK_TIMEOUT_S = env.number("TRAINYARD_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.5)
 BACKEND = env.choice("TRAINYARD_BACKEND", "local", ("local", "kubernetes"))

@@ -1,6 +1,7 @@
 """Webhooks: rows written with the status change for the hooks that may see the job, signed POSTs to
 a real receiver on 127.0.0.1, failures kept and retried, slow receivers cut off, and the API's checks."""
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -214,3 +215,50 @@ def test_it_checks_the_address_again_at_every_connection(sent, settings, receive
     assert receiver.received == []
     row.refresh_from_db()
     assert "cannot be reached" in row.last_error
+
+
+def test_a_receiver_trickling_its_answer_is_cut_off_at_the_deadline(private_allowed):
+    # One byte a second arrives within any read timeout; only a deadline for the whole delivery ends it.
+    trickler = Receiver(trickle_s=1.0).start()
+    try:
+        outcome = []
+
+        def deliver():
+            began = time.monotonic()
+            try:
+                delivery.post(trickler.url, b"{}", {}, secret="s", policy=services.egress_policy(), timeout_s=3)
+            except delivery.DeliveryFailed as exc:
+                outcome.append((str(exc), time.monotonic() - began))
+        sender = threading.Thread(target=deliver, daemon=True)  # daemon: a delivery that never ends fails the test
+        sender.start()
+        sender.join(10)
+        assert not sender.is_alive(), "the delivery still waits on a receiver that sends one byte a second"
+        [(error, took)] = outcome
+        assert error == "timed out: the receiver did not answer within 3s in all" and 2.9 < took < 4.5
+        assert trickler.received  # it was reached, and answered, slowly
+    finally:
+        trickler.stop()
+
+
+@pytest.mark.parametrize("raw, shown", [
+    ("<!channel>", "&lt;!channel&gt;"), ("<http://evil.example|click here>", "&lt;http://evil.example|click here&gt;"),
+    ("a & b", "a &amp; b"), ("&lt;", "&amp;lt;"), ("@channel @Here @all @everyone", "@\u2060channel @\u2060Here @\u2060all @\u2060everyone"),
+    ("@channels and mail@example.com", "@channels and mail@example.com"), ("plain name", "plain name"),
+])
+def test_slack_text_shows_text_as_itself(raw, shown):
+    assert services.slack_text(raw) == shown
+
+
+def test_a_slack_hook_gets_the_jobs_name_and_reason_escaped_and_a_json_hook_gets_them_as_they_are(
+        sent, private_allowed):
+    alice = member()
+    slack, _ = hook(alice, "http://127.0.0.1:9/s")
+    plain, _ = hook(alice, "http://127.0.0.1:9/j", format="json")
+    target = job(alice, name="<!channel> <http://evil.example|click>")
+    transition(target.id, Status.FAILED, actor="t", reason="log: <!here> & <@U123>")
+    text = Delivery.objects.get(webhook=slack).payload["text"]
+    assert text == (f"Trainyard job &lt;!channel&gt; &lt;http://evil.example|click&gt; ({target.id}) is FAILED "
+                    "(log: &lt;!here&gt; &amp; &lt;@U123&gt;)")
+    assert "<" not in text and ">" not in text
+    data = Delivery.objects.get(webhook=plain).payload
+    assert "text" not in data and data["job"]["name"] == "<!channel> <http://evil.example|click>"

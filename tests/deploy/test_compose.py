@@ -51,8 +51,8 @@ def test_it_is_valid_against_the_compose_specification():
 
 
 def test_it_runs_the_platform_and_the_services_it_needs():
-    assert {"postgres", "redis", "minio", "minio-setup", "migrate", "web", "worker", "beat"} <= set(SERVICES)
-    assert set(PLATFORM) == {"migrate", "web", "worker", "beat"}
+    assert {"postgres", "redis", "minio", "minio-setup", "migrate", "web", "worker", "webhooks", "beat"} <= set(SERVICES)
+    assert set(PLATFORM) == {"migrate", "web", "worker", "webhooks", "beat"}
     for name in PLATFORM:
         # (A service's own depends_on replaces the x-trainyard one: YAML merge keys are shallow.)
         assert {"postgres", "redis"} <= started_before(name), name

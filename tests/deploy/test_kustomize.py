@@ -14,7 +14,8 @@ from conftest import skip_or_fail
 KUBERNETES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 OVERLAYS = ("dev", "production")
 VERSIONS = ("1.25.0", kubernetes_validate.utils.latest_version())  # README: "Kubernetes 1.25 or newer"
-PLATFORM = {"trainyard-web", "trainyard-ingest", "trainyard-worker", "trainyard-beat", "trainyard-migrate"}
+PLATFORM = {"trainyard-web", "trainyard-ingest", "trainyard-worker", "trainyard-webhooks", "trainyard-beat",
+            "trainyard-migrate"}
 
 
 def render(overlay):

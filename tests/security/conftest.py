@@ -21,9 +21,12 @@ def platform():
     # Outside /tmp: every learner gets a private /tmp, which would hide a data directory under it for free;
     # here the sandbox must hide the platform's data the way it does for an install's var/.
     data_dir = tempfile.mkdtemp(prefix="trainyard-security-", dir="/var/tmp")
+    # Webhooks may reach 127.0.0.1, where test_webhooks' receivers listen (jobs.egress refuses it by
+    # default), and each delivery has 5 s in all.
     session = start_session(data_dir, TRAINYARD_SANDBOX="bwrap",
                             TRAINYARD_RECONCILE_INTERVAL="2", TRAINYARD_LOCAL_CPUS="8",
-                            TRAINYARD_MAX_RECORDED_FILES="1000")  # test_shared_capacity: a result past it
+                            TRAINYARD_MAX_RECORDED_FILES="1000",  # test_shared_capacity: a result past it
+                            TRAINYARD_WEBHOOK_ALLOW_PRIVATE="1", TRAINYARD_WEBHOOK_TIMEOUT_S="5")
     try:
         yield session
     finally:
