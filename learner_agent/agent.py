@@ -32,6 +32,7 @@ from learner_agent import address, archive, cgroups, diskwatch, procfs, sandbox,
 from learner_agent.config import ConfigError, load_config
 from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
+from learner_agent.pace import Pace
 from learner_agent.shipper import Shipper
 from learner_agent.spool import Spool, has_undelivered
 
@@ -78,6 +79,9 @@ class Agent:
                          if config.platform_file else None))
         self._started_at = time.time()
         self._extractor = MetricExtractor(config.metric_regexes)
+        self._pace = (Pace(config.log_bytes_per_second, config.log_burst_bytes)
+                      if config.log_bytes_per_second else None)
+        self._paced = False  # the learner has been told once that its output is slowed
         self._requests = SimpleQueue()  # reentrant put(): safe from signal handlers
         self._lock = threading.Lock()
         self._status_lock = threading.Lock()
@@ -337,8 +341,9 @@ class Agent:
                                 for point in self._extractor.extract(line)]
                 except Exception:  # a metric bug must never cost a log line
                     log.exception("metric extraction failed on a %s line", stream)
-                # Outside the lock: a full spool holds this pipe (and so the learner) back, never
-                # the agent's stop handling.
+                # Outside the lock: a full spool or the pace holds this pipe (and so the learner)
+                # back, never the agent's stop handling.
+                self._keep_pace(len(line))
                 self.shipper.wait_for_room()
                 with self._lock:
                     if not self._streams_open:
@@ -346,6 +351,14 @@ class Agent:
                     self.shipper.add_many(records)
         except (OSError, ValueError):
             log.exception("reading the command's %s failed", stream)
+
+    def _keep_pace(self, nbytes):
+        if self._pace is None or not self._pace.take(nbytes) or self._paced:
+            return
+        self._paced = True
+        self._system_notice(f"the learner prints faster than the platform takes output "
+                            f"({format_bytes(self._pace.rate)}/s after {format_bytes(self._pace.burst)}): "
+                            "its output is slowed to that pace, and its writes wait; nothing is dropped")
 
     def _watch_memory(self, learner):
         """Kill the whole learner once it exceeds its memory limit: as soon as the kernel OOM-killed

@@ -60,6 +60,10 @@ class AgentConfig:
     # Records the platform has not acked yet, on disk (learner_agent.spool); when full, the learner's
     # output waits. 256MiB is about 2.5 million typical lines: a day of a chatty learner.
     spool_max_bytes: int = 256 * 2**20
+    # How fast the learner's output is shipped (learner_agent.pace): past `log_burst_bytes`, at most
+    # `log_bytes_per_second`; a learner printing faster waits on its own writes. 0: no pace.
+    log_bytes_per_second: int = 0
+    log_burst_bytes: int = 16 * 2**20
     network_namespace: str = ""  # /proc/<pid>/ns/net shared by a distributed job's learners (netns.py)
     # On Kubernetes the config is a read-only mount: the agent keeps its files in `state_dir`
     # instead, and halts when `halt_file` (the pod's annotations, a downward-API file) asks it to.
@@ -139,8 +143,11 @@ def parse_config(data, *, path):
     for key, default in (("max_unpacked_bytes", AgentConfig.max_unpacked_bytes),
                          ("max_members", AgentConfig.max_members),
                          ("max_processes", AgentConfig.max_processes),
-                         ("spool_max_bytes", AgentConfig.spool_max_bytes)):
+                         ("spool_max_bytes", AgentConfig.spool_max_bytes),
+                         ("log_burst_bytes", AgentConfig.log_burst_bytes)):
         values[key] = _integer(data, key, minimum=1) if data.get(key) is not None else default
+    if data.get("log_bytes_per_second") is not None:
+        values["log_bytes_per_second"] = _integer(data, "log_bytes_per_second", minimum=0)
     values["disk_caps"] = _disk_caps(data.get("disk_caps") or [], base)
     if data.get("tmp_bytes") is not None:
         values["tmp_bytes"] = _integer(data, "tmp_bytes", minimum=1)

@@ -202,6 +202,10 @@ DISK_DEFAULTS = {
 LOG_MAX_BYTES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_MB_PER_LEARNER", 256, minimum=1) * 2**20
 LOG_MAX_LINES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_LINES_PER_LEARNER", 1_000_000, minimum=1)
 LOG_MAX_LINE_BYTES = env.integer("TRAINYARD_LOG_MAX_LINE_BYTES", 16384, minimum=256)
+# How fast one learner's output is shipped (learner_agent.pace): after a burst, at most this many
+# bytes a second; a learner printing faster is slowed (its writes wait), its lines are not dropped.
+LOG_PACE_BYTES_PER_SECOND = env.integer("TRAINYARD_LOG_PACE_KB", 512, minimum=0) * 2**10
+LOG_PACE_BURST_BYTES = env.integer("TRAINYARD_LOG_PACE_BURST_MB", 8, minimum=1) * 2**20
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
 # Threads of each web process that serve agents' ingest posts (jobs.ingest_asgi); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)

@@ -117,6 +117,8 @@ class LocalBackend:
             "grace_seconds": spec.grace_seconds,
             "max_unpacked_bytes": settings.MAX_UNPACKED_BYTES,
             "max_members": settings.MAX_ARCHIVE_MEMBERS,
+            "log_bytes_per_second": settings.LOG_PACE_BYTES_PER_SECOND,
+            "log_burst_bytes": settings.LOG_PACE_BURST_BYTES,
             "network_namespace": network,
             **_disk_config(spec.disk, job_dir=job_dir, work_dir=work_dir, state_dir=env["JOB_STATE_DIR"]),
         }

@@ -63,6 +63,7 @@ class K8sConfig:
     ingest_url: str = ""  # replaces scheme://host:port of the ingest URL given to agents
     run_as_user: int = 1000
     unschedulable_timeout_s: float = 300.0
+    log_pace: tuple = (0, 1)  # (bytes a second, burst bytes) of a learner's output (learner_agent.pace)
 
     @classmethod
     def from_settings(cls, settings):
@@ -73,7 +74,8 @@ class K8sConfig:
                                              ingest_port=settings.K8S_INGEST_PORT,
                                              pod_security=settings.K8S_POD_SECURITY),
                    ingest_url=parse_ingest_url(settings.K8S_INGEST_URL), run_as_user=settings.K8S_RUN_AS_USER,
-                   unschedulable_timeout_s=settings.K8S_UNSCHEDULABLE_TIMEOUT_S)
+                   unschedulable_timeout_s=settings.K8S_UNSCHEDULABLE_TIMEOUT_S,
+                   log_pace=(settings.LOG_PACE_BYTES_PER_SECOND, settings.LOG_PACE_BURST_BYTES))
 
 
 def parse_storage_volume(text):
@@ -219,6 +221,7 @@ class KubernetesBackend:
             "sandbox": "none",
             "cpus": spec.cpus, "memory_bytes": spec.memory_bytes,
             "checkpoint_signal": spec.checkpoint_signal, "grace_seconds": spec.grace_seconds,
+            "log_bytes_per_second": self.config.log_pace[0], "log_burst_bytes": self.config.log_pace[1],
         }
 
     def _distributed_env(self, spec, learner, namespace):
