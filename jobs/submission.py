@@ -32,12 +32,21 @@ class SubmitError(Exception):
 
 
 # --- submit --------------------------------------------------------------------------------------
-def submit(membership, *, manifest_bytes, code_file, private=False):
-    """Validate and store a new job; nothing is stored or reserved unless everything is valid."""
+def admit(membership):
+    """Refuse a member who may not submit now (403 for the role, 429 past the tenant's intake). It
+    reads no upload: the API calls it before parsing one, so refused submits, however large and
+    however many, cost the web process no parsing. Each call counts as an attempt."""
     if not membership.can_submit:
         raise SubmitError(f"your role in {membership.tenant.slug!r} ({membership.role}) cannot submit jobs",
                           status=403)
     _admit(membership.tenant)
+
+
+def submit(membership, *, manifest_bytes, code_file, private=False, admitted=False):
+    """Validate and store a new job; nothing is stored or reserved unless everything is valid.
+    `admitted`: the caller has called admit() for this submission already."""
+    if not admitted:
+        admit(membership)
     try:
         manifest = parse_manifest(manifest_bytes)
     except ManifestError as exc:

@@ -28,6 +28,20 @@ def test_past_its_submissions_per_minute_a_tenant_gets_429_with_retry_after(sett
     assert submit(client_for(bob)).status_code == 201  # counted per tenant
 
 
+def test_a_refused_submission_is_answered_before_its_upload_is_parsed(settings, monkeypatch):
+    """Refusals cost the web process no parsing: a tenant sending upload after upload past its rate
+    (archive bombs, say) gets its 429s without a byte of them parsed."""
+    from rest_framework.parsers import MultiPartParser
+    settings.SUBMITS_PER_MINUTE = 1
+    alice = member("team-a", "alice")
+    assert submit(client_for(alice)).status_code == 201
+    parsed = []
+    original = MultiPartParser.parse
+    monkeypatch.setattr(MultiPartParser, "parse", lambda self, *a, **k: parsed.append(1) or original(self, *a, **k))
+    assert submit(client_for(alice)).status_code == 429
+    assert parsed == []
+
+
 def test_with_as_many_jobs_queued_as_it_may_a_tenant_gets_429(settings):
     settings.MAX_QUEUED_JOBS = 2
     alice = member("team-a", "alice")
