@@ -23,7 +23,10 @@ Cross-tenant rules (also in gpu_scheduler/README.md):
   (c) of lower priority in the same tenant, or in the shared pool when the job's tenant is in it too
   and, with fair share on, the job keeps its tenant within its fair share (an equal weighted part of
   the cluster among the tenants with running or queued work, by dominant resource) while the
-  victim's tenant is above its own: a tenant at or over its fair share halts only its own work.
+  victim's tenant is above its own: a tenant at or over its fair share halts only its own work;
+  (d) with fair-share preemption, of the same priority in the shared pool under the same two
+  conditions (the job keeps its tenant within its fair share, the victim's tenant is above its own),
+  so one tenant's backlog holding the whole cluster cannot make another wait for its jobs to end.
   Victims are the fewest, lowest-priority, most recently started ones; the job itself waits until they
   have stopped, and the nodes it will use are held for it meanwhile.
 - Consolidation moves (halts, to restart at once elsewhere) small single-learner jobs of no higher
@@ -525,6 +528,8 @@ class _Cycle:
             pool = from_pool and other.nominal is None and self._above_fair_share(other)
             if mine or pool:
                 streams.append(self._outranked(by_preference, name, rank))
+            if pool and not mine and self.policy.fair_share and self.policy.fair_share_preemption:
+                streams.append(self._over_fair_share(by_preference, name, rank))
         seen = set()
         for _, victim, kind, name in heapq.merge(*streams, key=lambda item: item[0]):
             if victim.job_id in self.claimed or victim.job_id == workload.job_id or victim.job_id in seen:
@@ -567,10 +572,24 @@ class _Cycle:
             return f"preempted: tenant {victim.tenant} is over its soft budget and {needing} needs the capacity"
         if kind == "reclaim":
             return "reclaimed: another tenant needs its guaranteed quota back"
+        if kind == "fair":
+            return (f"preempted: tenant {victim.tenant} holds more than its fair share of the cluster, and "
+                    f"{needing} needs the room (fair share)")
         if kind == "service":
             return (f"preempted: it has had {victim.service_gpu_s(self.snapshot.now) / 3600:.1f} GPU-hours and "
                     f"{needing} of the same priority has had less (service levels)")
         return f"preempted for {job_seen_by(victim.tenant, workload, 'higher-priority ')}"
+
+    def _over_fair_share(self, victims, name, rank):
+        """Another pool tenant's victims of the job's own priority, as merge items after the
+        outranked ones: its tenant is above its fair share while the job's stays within its own (the
+        caller checked both), so the backlog of a tenant that holds the cluster cannot keep a tenant
+        that holds little of it waiting for its jobs to end (Kueue's fair-sharing preemption). Only
+        jobs that have run `fair_share_min_run_s` in their current attempt."""
+        now, min_run = self.snapshot.now, self.policy.fair_share_min_run_s
+        for victim_rank, victim in victims:
+            if victim_rank[0] == rank[0] and now - victim.started >= min_run:
+                yield _victim_key(victim, victim_rank, 2), victim, "fair", name
 
     def _outranked(self, victims, name, rank):
         """A tenant's victims (in preference order) that rank below a job of `rank` as merge items:

@@ -30,6 +30,10 @@ class Policy:
     reservations: int = 1  # blocked jobs per cycle that get the nodes likeliest to fit them soon held for them
     reserve_after_s: float = 4 * 3600.0  # ...once they have waited this long (Snapshot.now - Workload.queued_at)
     fair_share: bool = True  # order tenants by weighted dominant resource share beyond their quota
+    # With fair share: a pool tenant within its fair share may halt jobs of its own priority of a pool
+    # tenant above its own (Kueue's fairSharing preemption), once they have run this long per attempt.
+    fair_share_preemption: bool = True
+    fair_share_min_run_s: float = 0.0
     quotas: bool = True  # enforce per-tenant quotas; False = one shared pool
     borrowing: bool = True  # tenants with can_borrow may exceed their quota on idle capacity
     preemption: bool = True  # halt lower-priority / borrowing / soft-over-budget work through its checkpoint
@@ -67,13 +71,14 @@ class Policy:
 
     @classmethod
     def fifo_spread(cls):
-        return cls(placement="spread", gang=False, reservations=0, fair_share=False, quotas=False,
+        return cls(placement="spread", gang=False, reservations=0, fair_share=False, fair_share_preemption=False,
+                   quotas=False,
                    borrowing=False, preemption=False, consolidate=False, service_levels=(), name="fifo_spread")
 
     @classmethod
     def kueue_like(cls):
-        return cls(placement="spread", reservations=0, fair_share=False, preempt_for_placement=False,
-                   consolidate=False, service_levels=(), name="kueue_like")
+        return cls(placement="spread", reservations=0, fair_share=False, fair_share_preemption=False,
+                   preempt_for_placement=False, consolidate=False, service_levels=(), name="kueue_like")
 
     @classmethod
     def full(cls):

@@ -250,6 +250,39 @@ def test_across_tenants_a_job_halts_work_only_up_to_its_tenants_fair_share(case)
     assert decisions.preempt == expected
 
 
+# Fair-share preemption: at the same priority too, a tenant within its share (with the job) halts work of
+# a pool tenant above its own, so one tenant's backlog holding the cluster cannot keep another waiting.
+def test_a_tenant_below_its_share_halts_a_same_priority_job_of_a_tenant_holding_the_cluster():
+    snap = snapshot([node()], running("x", ("n1", range(8)), tenant="t2"))
+    decisions = schedule(snap, [job("a", gpus=1), job("q", gpus=8, tenant="t2")])
+    assert decisions.preempt == {"x": "preempted: tenant t2 holds more than its fair share of the cluster, and "
+                                      "a job of another tenant needs the room (fair share)"}
+
+
+@pytest.mark.parametrize("policy, busy", [
+    (dataclasses.replace(FULL, fair_share_preemption=False), ("n1", range(8))),
+    (dataclasses.replace(FULL, fair_share=False), ("n1", range(8))),
+    (Policy.kueue_like(), ("n1", range(8))),
+    (dataclasses.replace(FULL, fair_share_min_run_s=600.0), ("n1", range(8))),  # x started at 0, now 60
+])
+def test_fair_share_preemption_can_be_turned_off_and_spares_jobs_that_just_started(policy, busy):
+    snap = snapshot([node()], running("x", busy, tenant="t2"), now=60.0)
+    assert schedule(snap, [job("a", gpus=1)], policy).preempt == {}
+
+
+def test_a_tenant_at_its_share_does_not_halt_same_priority_work_of_another():
+    snap = snapshot([node()], running("mine", ("n1", range(4)), tenant="t1"),
+                    running("x", ("n1", range(4, 8)), tenant="t2"))
+    assert schedule(snap, [job("a", gpus=1)]).preempt == {}
+
+
+def test_only_tenants_above_their_share_lose_same_priority_work():
+    # three tenants with demand, a third each: t2 holds a quarter (its job stays), t3 three quarters
+    snap = snapshot([node()], running("x", ("n1", range(2)), tenant="t2"),
+                    running("y", ("n1", range(2, 8)), tenant="t3", gpus=6))
+    assert list(schedule(snap, [job("a", gpus=2, tenant="t1")]).preempt) == ["y"]
+
+
 def test_without_fair_share_priority_alone_rules_the_shared_pool():
     snap = snapshot([node()], running("mine", ("n1", range(4)), tenant="t1", priority="normal"),
                     running("x", ("n1", range(4, 8)), tenant="t2", priority="low"))
