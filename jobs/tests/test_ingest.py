@@ -121,11 +121,11 @@ def test_ingests_of_two_jobs_of_one_tenant_do_not_wait_for_each_other(monkeypatc
     storing, done = threading.Event(), threading.Event()
     store = ingest._store
 
-    def slow_store(target, learner, records):
+    def slow_store(target, learner, records, **kwargs):
         if target.pk == first.pk:  # the first job's batch stays in its transaction until `done`
             storing.set()
             done.wait(10)
-        return store(target, learner, records)
+        return store(target, learner, records, **kwargs)
     monkeypatch.setattr(ingest, "_store", slow_store)
 
     def post_first():
