@@ -72,7 +72,7 @@ def test_the_attempt_still_lives_while_its_job_is_active_on_it(pair, status):
 def test_a_bad_credential_is_refused_before_the_body_is_parsed(pair, body, monkeypatch):
     def parse(_):
         raise AssertionError("the body was parsed")
-    monkeypatch.setattr("jobs.api.orjson.loads", parse)
+    monkeypatch.setattr("jobs.ingest.decode", parse)
     for token in ("", "forged", "x" * 10_000):
         assert post(pair, token, body=body).status_code == 401
 
