@@ -101,8 +101,9 @@ def _admit(tenant):
     retry_s = throttling.submission_retry_after(tenant.pk, intake.submissions_per_minute)
     if retry_s:
         raise SubmitError(f"too many submissions: tenant {tenant.slug!r} may submit {intake.submissions_per_minute} "
-                          f"jobs per minute ({intake.source('submissions_per_minute')}); try again in {retry_s}s",
-                          status=429, retry_after=retry_s)
+                          f"jobs per minute ({intake.source('submissions_per_minute')}), at most "
+                          f"{throttling.submission_burst(intake.submissions_per_minute)} of them in any ten "
+                          f"seconds; try again in {retry_s}s", status=429, retry_after=retry_s)
     _check_queue(tenant, intake)
 
 

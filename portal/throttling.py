@@ -228,21 +228,36 @@ def token_failed(request):
 
 # --- submissions ---------------------------------------------------------------------------------------
 SUBMIT_WINDOW_S = 60
+# A minute's allowance may not arrive at once: within any clock-aligned BURST_WINDOW_S, at most its
+# share of it (a sixth), though never fewer than MIN_BURST (or the whole minute's, if smaller).
+# Submissions are served one after another by a web process's request thread, so a tenant sending its
+# whole minute in one burst would hold that thread from every other tenant's requests meanwhile.
+BURST_WINDOW_S = 10
+MIN_BURST = 5
+
+
+def submission_burst(per_minute):
+    return max(min(per_minute, MIN_BURST), math.ceil(per_minute * BURST_WINDOW_S / SUBMIT_WINDOW_S))
 
 
 def submission_retry_after(tenant_id, per_minute, now=None):
-    """Count one submission of the tenant in this minute; 0 while it is within `per_minute`, else the
-    seconds until the next minute starts (when it may submit again). Every attempt counts, refused
-    ones too: what an attempt costs (reading its upload, checking its archive) is what is limited."""
+    """Count one submission of the tenant in this minute and in this ten seconds; 0 while it is
+    within `per_minute` and its burst (submission_burst), else the seconds until the window it is
+    over ends (when it may submit again). Every attempt counts, refused ones too: what an attempt
+    costs (reading its upload, checking its archive) is what is limited."""
     now = time.time() if now is None else now
-    window = int(now // SUBMIT_WINDOW_S)
-    try:
-        count = _count(_key(Rule("submit", per_minute, SUBMIT_WINDOW_S, 0), (tenant_id, window), "count"),
-                       SUBMIT_WINDOW_S)
-    except Exception as exc:  # noqa: BLE001 - fail open
-        log.warning("throttling: cache unreachable (%s); submissions not counted", exc)
-        return 0
-    return 0 if count <= per_minute else max(1, math.ceil((window + 1) * SUBMIT_WINDOW_S - now))
+    waits = []
+    for window_s, limit in ((BURST_WINDOW_S, submission_burst(per_minute)), (SUBMIT_WINDOW_S, per_minute)):
+        window = int(now // window_s)
+        try:
+            count = _count(_key(Rule("submit", limit, window_s, 0), (tenant_id, window_s, window), "count"),
+                           window_s)
+        except Exception as exc:  # noqa: BLE001 - fail open
+            log.warning("throttling: cache unreachable (%s); submissions not counted", exc)
+            return 0
+        if count > limit:
+            waits.append(max(1, math.ceil((window + 1) * window_s - now)))
+    return max(waits, default=0)
 
 
 # --- ingest --------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def test_past_its_submissions_per_minute_a_tenant_gets_429_with_retry_after(sett
     assert 1 <= int(refused["Retry-After"]) <= 60
     assert refused.json()["detail"].startswith(
         "too many submissions: tenant 'team-a' may submit 2 jobs per minute "
-        "(the platform's TRAINYARD_SUBMITS_PER_MINUTE); try again in ")
+        "(the platform's TRAINYARD_SUBMITS_PER_MINUTE), at most 2 of them in any ten seconds; try again in ")
     assert Job.objects.filter(tenant=alice.tenant).count() == 2
     assert submit(client_for(bob)).status_code == 201  # counted per tenant
 

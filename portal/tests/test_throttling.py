@@ -148,3 +148,11 @@ def test_a_tenants_submissions_are_counted_per_clock_minute(any_cache):
     assert counts == [0, 0, 0, 40]  # the fourth waits for the next minute
     assert throttling.submission_retry_after(8, 3, now=minute) == 0  # another tenant counts apart
     assert throttling.submission_retry_after(7, 3, now=minute + 40) == 0  # the next minute starts again
+
+
+def test_a_minutes_submissions_cannot_arrive_in_one_burst(any_cache):
+    second = 29_000_000 * 60 + 3  # 3 s into a ten-second window
+    assert [throttling.submission_burst(n) for n in (3, 12, 60, 600)] == [3, 5, 10, 100]
+    counts = [throttling.submission_retry_after(7, 60, now=second) for _ in range(11)]
+    assert counts == [0] * 10 + [7]  # the eleventh waits for the next ten seconds
+    assert throttling.submission_retry_after(7, 60, now=second + 7) == 0
