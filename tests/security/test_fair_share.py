@@ -22,10 +22,11 @@ pytestmark = pytest.mark.e2e
 
 RESUMABLE = PROJECT_ROOT / "tests" / "e2e" / "jobs" / "resumable"
 BACKLOG = 200
-# The backlog is queued faster than a tenant may submit by default (TRAINYARD_SUBMITS_PER_MINUTE): this test
-# is about the queue's order once it is long, not about how fast it may grow (test_shared_capacity).
+# The backlog is queued faster than a tenant may submit by default (TRAINYARD_SUBMITS_PER_MINUTE, and a
+# sixth of it in ten seconds): this test is about the queue's order once it is long, not about how fast
+# it may grow (test_shared_capacity).
 ONE_NODE = {"TRAINYARD_LOCAL_CPUS": "2", "TRAINYARD_LOCAL_GPUS": "0", "TRAINYARD_RECONCILE_INTERVAL": "2",
-            "TRAINYARD_SANDBOX": "bwrap", "TRAINYARD_SUBMITS_PER_MINUTE": "1000"}
+            "TRAINYARD_SANDBOX": "bwrap", "TRAINYARD_SUBMITS_PER_MINUTE": "10000"}
 
 
 @pytest.fixture
