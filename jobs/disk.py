@@ -1,6 +1,6 @@
 """A job's disk: the caps on what it may write and keep, decided once at submission.
 
-Caps (README, "Disk caps"): `results` and `checkpoints` (bytes, per job: each folder as a whole,
+Caps (docs/submitting.md, "Disk caps"): `results` and `checkpoints` (bytes, per job: each folder as a whole,
 every attempt's checkpoints together), `work` (bytes, per learner: its work folder with the unpacked
 code, and its state folder), `tmp` (bytes, per learner: the size of its /tmp and /dev/shm, which are
 memory), `logs` and `log_lines` (what of its log the platform stores, per job; jobs.logcap).

@@ -4,7 +4,7 @@ and learning-rate factor an attempt runs with. The one home of these rules: mani
 
 Django-free, like jobs.manifest, so the CLI's offline `trainyard validate` applies the same rules.
 
-Rules (README "Elastic jobs"):
+Rules (docs/elastic.md, "Elastic jobs"):
 - the global batch of an attempt with n learners is the wanted batch clamped to [min, max], then
   rounded down to a multiple of n (never below n); if that falls below min, it is rounded up to the
   next multiple of n instead, which must not pass max (a manifest where no multiple of some n in

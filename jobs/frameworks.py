@@ -9,7 +9,7 @@ reason where there is none (`UNSUPPORTED`).
 
 Django-free on purpose: `trainyard validate` uses it offline, exactly as the server does.
 
-Adding a framework is one `Framework(...)` entry in `REGISTRY` (see README, "Adding a framework").
+Adding a framework is one `Framework(...)` entry in `REGISTRY` (see docs/frameworks.md, "Adding a framework").
 """
 import importlib.metadata
 import importlib.util

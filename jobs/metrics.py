@@ -1,4 +1,4 @@
-"""Trainyard's own Prometheus series (README, "Operating Trainyard", lists them): the one place that
+"""Trainyard's own Prometheus series (docs/operating.md, "Operating Trainyard", lists them): the one place that
 names them. Counters and histograms of work done in any process are shared through Redis
 (portal.metrics explains why); gauges of what the database holds are computed when scraped.
 

@@ -6,7 +6,7 @@ cap made before the learner starts. So the agent measures each capped folder (`u
 its files take, walked with os.scandir and bounded in entries) every INTERVAL_S, and every
 FAST_INTERVAL_S once it is past half its cap (a walk of a few files costs well under a millisecond), and the learner is killed as soon as one is over, its
 exit reason naming the folder and the cap. A writer gets past the cap by what it writes between two
-measurements (README, "Disk caps", has the figure measured here); RLIMIT_FSIZE (set by
+measurements (docs/submitting.md, "Disk caps", has the figure measured here); RLIMIT_FSIZE (set by
 learner_agent.launch at the largest cap) is the hard bound per file. /tmp and /dev/shm are not
 watched here: they are tmpfs mounts whose size is their cap, and the kernel refuses writes past it.
 

@@ -41,7 +41,7 @@ def sign(secret, timestamp, body):
 
 
 def verify(secret, timestamp, body, signature, *, now=None, tolerance_s=300):
-    """What a receiver does (also the README's example): the signature matches and the time is recent."""
+    """What a receiver does (also the example in docs/notifications.md): the signature matches and the time is recent."""
     fresh = abs((now or time.time()) - int(timestamp)) <= tolerance_s
     return fresh and hmac.compare_digest(sign(secret, timestamp, body), signature)
 

@@ -2,7 +2,7 @@
 
 On pub/sub a status change reaches each web process as one message, which it hands to every socket
 of its own in the group (the list-based layer queued a copy per socket in Redis and the web process
-fetched them one round trip each: bench controlplane, README "Many jobs at once").
+fetched them one round trip each: bench controlplane).
 
 Pub/sub channels belong to the whole Redis server, not to a database number as every other key of
 the platform does (cache, Celery). Platforms sharing a server on different database numbers would

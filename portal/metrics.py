@@ -6,7 +6,7 @@ cycles, admissions, preemptions, backend calls) and every web server (ingest, we
 the web servers answer HTTP, often in other containers or pods. So they live in Redis, which every
 process already reaches, rather than in prometheus_client's multiprocess mode (files in one directory
 of one host, which a worker pod cannot share with a web pod). Any web replica then reports the
-platform-wide totals: aggregate them across replicas with `max`, not `sum` (README, "Operating
+platform-wide totals: aggregate them across replicas with `max`, not `sum` (docs/operating.md, "Operating
 Trainyard"). Gauges of what the database holds are read at scrape time instead (jobs.metrics).
 
 Recording never fails the caller: with Redis unreachable the increment is dropped and logged once a

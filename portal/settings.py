@@ -1,4 +1,4 @@
-"""Django settings for Trainyard, read from the environment (see README "Configuration")."""
+"""Django settings for Trainyard, read from the environment (see docs/configuration.md, "Configuration")."""
 import os
 from pathlib import Path
 
@@ -42,7 +42,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First and last: django-prometheus times whole requests (/metrics, README "Operating Trainyard").
+    # First and last: django-prometheus times whole requests (/metrics, docs/operating.md, "Operating Trainyard").
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -124,7 +124,7 @@ RECONCILE_INTERVAL_S = env.number("TRAINYARD_RECONCILE_INTERVAL", 10.0, minimum=
 # levels); 0 turns service levels off.
 SERVICE_LEVEL_GPU_HOURS = env.number("TRAINYARD_SERVICE_LEVEL_GPU_HOURS", 4.0, minimum=0.0)
 # Between tenants, ties go to the one that has used the least lately: its GPU- and CPU-seconds with
-# each second counted 2^(-age / this half-life) (tenants.quotas.recent_service; README, Scheduling).
+# each second counted 2^(-age / this half-life) (tenants.quotas.recent_service; docs/scheduling.md).
 FAIR_SHARE_HALF_LIFE_S = env.number("TRAINYARD_FAIR_SHARE_HALF_LIFE", 3600.0, minimum=1.0)
 # Who may submit jobs with `priority: high` where the tenant's quota does not say (tenants.priority):
 # admins (tenant admins only), everyone (every member who may submit), or nobody.
@@ -187,7 +187,7 @@ RECORD_SECONDS = env.number("TRAINYARD_RECORD_SECONDS", 60.0, minimum=1.0)
 # Retry-After), and jobs waiting in QUEUED at once (past it a 429).
 SUBMITS_PER_MINUTE = env.integer("TRAINYARD_SUBMITS_PER_MINUTE", 60, minimum=1)
 MAX_QUEUED_JOBS = env.integer("TRAINYARD_MAX_QUEUED_JOBS", 500, minimum=1)
-# A job's disk caps when its manifest's `disk` block names none (jobs.disk; README, "Disk caps"):
+# A job's disk caps when its manifest's `disk` block names none (jobs.disk; docs/submitting.md, "Disk caps"):
 # results and checkpoints per job, work (its work folder with the unpacked code, and its state
 # folder) and tmp (/tmp and /dev/shm, memory-backed) per learner, stored log bytes and lines per job.
 DISK_DEFAULTS = {
@@ -220,7 +220,7 @@ SANDBOX = env.choice("TRAINYARD_SANDBOX", "auto", ("auto", "bwrap", "none"))
 # Learner agents the local backend keeps started ahead of deploys (learner_agent.spare); 0: none.
 SPARE_AGENTS = env.integer("TRAINYARD_SPARE_AGENTS", 1, minimum=0)
 
-# The `kubernetes` backend (README, "Run on Kubernetes"); read only when TRAINYARD_BACKEND=kubernetes, where
+# The `kubernetes` backend (docs/kubernetes.md, "Run on Kubernetes"); read only when TRAINYARD_BACKEND=kubernetes, where
 # jobs.backends.k8s checks the values that need more than a type (the volume JSON, the URL).
 K8S_CONTEXT = env.text("TRAINYARD_K8S_CONTEXT", "")  # kubeconfig context; empty: current / in-cluster
 K8S_NAMESPACE_PREFIX = env.text("TRAINYARD_K8S_NAMESPACE_PREFIX", "trainyard-")  # + tenant slug

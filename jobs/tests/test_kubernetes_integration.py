@@ -5,7 +5,7 @@ The lifecycle is the real one (jobs.lifecycle, with the outbox's work run in-pro
 kubelet is simulated by PATCHing pod status, and each learner agent by sending the ingest batches it
 would send (reading its token from the attempt's Secret and writing its exit.json). What only a real
 cluster shows (scheduling, the garbage collector, NetworkPolicy enforcement, the agent in a real pod)
-is listed in README.md, "Run on Kubernetes".
+is listed in docs/kubernetes.md.
 """
 import base64
 import json

@@ -1,5 +1,5 @@
 """deploy/grafana/trainyard.json: a dashboard Grafana can import, whose panels query only the series
-README's "Operating Trainyard" documents, and every documented Trainyard series at least once."""
+the manual's "Operating Trainyard" page documents, and every documented Trainyard series at least once."""
 import json
 import re
 from pathlib import Path
@@ -37,7 +37,7 @@ def test_it_is_a_dashboard_whose_panels_query_documented_series_only():
             assert names, (panel["title"], target["expr"])
             for name in names:
                 base = documented_name(name, documented)
-                assert base, f"panel {panel['title']!r} queries {name}, which README does not document"
+                assert base, f"panel {panel['title']!r} queries {name}, which docs/operating.md does not document"
                 used.add(base)
     trainyard = {name for name in documented if name.startswith("trainyard_")}
     assert trainyard - used == set(), "documented series without a panel"

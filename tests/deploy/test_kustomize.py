@@ -1,6 +1,6 @@
 """deploy/kubernetes: both overlays as `kubectl kustomize` renders them, valid against the Kubernetes
-schemas (strict: an unknown or misspelt field fails) of the oldest version README supports and the
-newest kubernetes-validate knows, and each overlay being what README says it is."""
+schemas (strict: an unknown or misspelt field fails) of the oldest version the manual supports and the
+newest kubernetes-validate knows, and each overlay being what the manual says it is."""
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +13,7 @@ from conftest import skip_or_fail
 
 KUBERNETES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 OVERLAYS = ("dev", "production")
-VERSIONS = ("1.25.0", kubernetes_validate.utils.latest_version())  # README: "Kubernetes 1.25 or newer"
+VERSIONS = ("1.25.0", kubernetes_validate.utils.latest_version())  # docs/kubernetes.md: "Kubernetes 1.25 or newer"
 PLATFORM = {"trainyard-web", "trainyard-ingest", "trainyard-worker", "trainyard-webhooks", "trainyard-beat",
             "trainyard-migrate"}
 

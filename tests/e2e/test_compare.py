@@ -96,7 +96,7 @@ def test_the_cli_prints_the_same_differences(live_platform, sweep):
     done = live_platform.cli("compare", *sweep)
     assert done.returncode == 0, done.stderr
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    (SCREENSHOTS / "compare-cli.txt").write_text(done.stdout)  # what the README shows
+    (SCREENSHOTS / "compare-cli.txt").write_text(done.stdout)  # what docs/compare.md shows
     lines = done.stdout.splitlines()
     assert lines[0].split() == sweep
     assert re.match(r"learning rate\s+0\.3\s+0\.1\s+0\.03$", next(l for l in lines if l.startswith("learning rate")))

@@ -1,6 +1,6 @@
 """/metrics after real activity: a platform with 2 virtual GPUs runs two low-priority jobs, a
 high-priority one preempts one of them, websockets are open, learners' lines are ingested; a scrape
-then has every series README's "Operating Trainyard" table documents, with exactly its labels, and
+then has every series docs/operating.md's table documents, with exactly its labels, and
 values that match what happened."""
 import time
 from pathlib import Path

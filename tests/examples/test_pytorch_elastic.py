@@ -28,7 +28,7 @@ MANIFEST = yaml.safe_load((EXAMPLE / "manifest.yml").read_text())
 COMMAND = [sys.executable if word == "python" else word for word in shlex.split(MANIFEST["framework"]["command"])]
 BASE_BATCH = MANIFEST["elastic"]["batch_size"]["global"]
 # Final validation accuracy of the elastic run against the same job at a fixed size: 360 digits, so
-# 0.03 is 11 of them (measured: README, "Elastic jobs").
+# 0.03 is 11 of them (measured: docs/elastic.md, "Elastic jobs").
 ACCURACY_TOLERANCE = 0.03
 ATTEMPT_TIMEOUT = 120
 

@@ -39,7 +39,7 @@ JOB_RUNS = 3  # A's two-line job, per phase
 API_READS = 100  # A's API requests, per phase
 SLOWDOWN = 2.0
 # Where the 2x target is not met yet, the bound this test holds instead (a regression to minutes of
-# waiting still fails it) and why; the README's security model gives the figures as measured.
+# waiting still fails it) and why; docs/security.md gives the figures as measured.
 KNOWN_GAPS = {
     # Submissions are served one after another by the web process's request thread: a burst of
     # bombs within the tenant's burst limit still delays other requests by their parsing (2.2x).

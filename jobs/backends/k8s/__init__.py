@@ -1,4 +1,4 @@
-"""The `kubernetes` backend (TRAINYARD_BACKEND=kubernetes); see README.md, "Run on Kubernetes".
+"""The `kubernetes` backend (TRAINYARD_BACKEND=kubernetes); see docs/kubernetes.md.
 
 Layout: `objects` builds every manifest (pure), `podstatus` reads pods (pure), `api` is the only
 module importing the `kubernetes` client, `watcher` keeps a pod cache, `backend` puts them together.
