@@ -13,6 +13,7 @@ than the effect being looked for.
 """
 import contextlib
 import io
+import os
 import shutil
 import socket
 import statistics
@@ -28,8 +29,7 @@ import requests
 from conftest import skip_or_fail
 from learner_agent import sandbox
 from portal.runner import PROJECT_ROOT
-from tests.support.harness import FINAL, start_session
-from trainyard.packing import code_upload
+from tests.support.harness import EXAMPLES, FINAL, start_session
 
 # A timing test: .ci/run runs it apart from the rest of the suite, whose platforms would share the machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.noisy_neighbour]
@@ -66,21 +66,13 @@ def neighbours():
 
 
 def submit(platform, command, *, token=None, cpus=0.5, memory="256MiB", priority="normal", wait_out_limits=True):
-    """Submit a job of the neighbour folder; B's set-up waits out its tenant's submission rate (a 429)."""
+    """Submit a job of the neighbour folder running `command`; B's set-up waits out its tenant's rate."""
     manifest = (NEIGHBOUR / "manifest.yml").read_text()
     manifest = manifest.replace("command: python3 two_lines.py", f"command: {command}")
     manifest = manifest.replace("cpus: 0.5", f"cpus: {cpus}").replace("memory: 256MiB", f"memory: {memory}")
     manifest += f"priority: {priority}\n"
-    code = code_upload(str(NEIGHBOUR))
-    with code.fileobj:
-        files = {"manifest": ("manifest.yml", manifest), "code": (code.filename, code.fileobj.read())}
-    while True:
-        response = platform.api("POST", "/api/v1/jobs/", token=token, files=files)
-        if response.status_code == 429 and wait_out_limits and "Retry-After" in response.headers:
-            time.sleep(int(response.headers["Retry-After"]))
-            continue
-        assert response.status_code == 201, response.text
-        return response.json()
+    return platform.submit(os.path.relpath(NEIGHBOUR, EXAMPLES), manifest_text=manifest, token=token,
+                           wait_out_limits=wait_out_limits)
 
 
 # --- what tenant A measures -------------------------------------------------------------------------

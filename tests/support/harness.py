@@ -49,8 +49,9 @@ class PlatformSession:
         headers.setdefault("Authorization", f"Token {token or self.token}")
         return requests.request(method, self.url + path, headers=headers, timeout=60, **kwargs)
 
-    def submit(self, example, *, manifest_text=None, token=None):
-        """Submit examples/<example> (optionally with another manifest); return the job JSON."""
+    def submit(self, example, *, manifest_text=None, token=None, wait_out_limits=True):
+        """Submit examples/<example> (optionally with another manifest); return the job JSON.
+        `wait_out_limits`: past the tenant's submission rate, wait and submit again (below)."""
         folder = EXAMPLES / example
         manifest = manifest_text if manifest_text is not None else (folder / "manifest.yml").read_text()
         code = code_upload(str(folder))
@@ -59,7 +60,7 @@ class PlatformSession:
         response = self.api("POST", "/api/v1/jobs/", token=token, files=files)
         # Past its tenant's submission rate (a 429 with Retry-After) it waits, as a polite script does:
         # the suites sharing a platform submit in bursts; the limits have tests of their own.
-        for _ in range(3):
+        for _ in range(3 if wait_out_limits else 0):
             if response.status_code != 429 or "Retry-After" not in response.headers:
                 break
             time.sleep(int(response.headers["Retry-After"]))
