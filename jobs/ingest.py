@@ -19,7 +19,7 @@ import orjson
 from django.db import connection, transaction
 
 from jobs import bulk, credentials, ingest_records, lifecycle, live, logcap, metrics, tensorboard
-from jobs.ingest_records import AGENT_STREAMS, MAX_LINE, MAX_REASON
+from jobs.ingest_records import AGENT_STREAMS, MAX_REASON
 from jobs.models import Job, Learner, MetricPoint
 from jobs.serializers import metric_json
 
@@ -263,7 +263,7 @@ def _store(job, learner, records, *, through=None, rejected=()):
             continue
         if record["kind"] == "log":
             # The hot path (one learner may send tens of thousands a second): no datetime objects.
-            line, size = logcap.cut(record.get("line", "")[:MAX_LINE])
+            line, size = logcap.cut(record.get("line", ""))
             if not meter.admit(size):  # past a log cap: counted on the rows, not stored
                 if (notice := meter.reached_notice()) is not None:
                     system_line(notice)

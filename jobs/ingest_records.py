@@ -9,13 +9,12 @@ only, never the rest of the batch or of the job.
 Every bound is the storage's own, so a record that passes can always be written: steps are the
 BigIntegerField's int64, exit codes the IntegerField's int32, times what a datetime (and a
 PostgreSQL timestamptz) holds, names and reasons their columns' lengths. Anything a stored record
-cannot be is refused rather than coerced, with two exceptions that lose nothing: a log line longer
-than MAX_LINE characters is cut there (the agent already cuts at 64 KiB of bytes, learner_agent.learner),
-and a reason longer than MAX_REASON is cut.
+cannot be is refused rather than coerced, with two exceptions: a log line's length is jobs.logcap's
+(LOG_MAX_LINE_BYTES: longer is cut and marked there; the agent already cuts at 64 KiB of bytes,
+learner_agent.learner), and a reason longer than MAX_REASON is cut.
 """
 import sys
 
-MAX_LINE = 64 * 1024  # characters of one log line; longer is cut
 MAX_REASON = 2000  # characters of an exit reason; longer is cut
 MAX_NAME = 100  # MetricPoint.name
 INT64 = (-2**63, 2**63 - 1)  # MetricPoint.step: BigIntegerField
