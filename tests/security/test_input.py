@@ -52,6 +52,14 @@ HOSTILE_MANIFESTS = {
     "unknown-top-level-key": (BASE + "gpu: 1\n", "gpu"),
     "unknown-nested-key": (BASE + "restart_policy: {retries: 3}\n", "restart_policy.retries"),
     "impossible-date": (BASE + "version: 2001-02-30\n", "manifest"),
+    "disk-1e30GiB": (BASE + "disk: {results: 1e30GiB}\n", "disk.results"),
+    "disk-negative": (BASE + "disk: {checkpoints: -1MiB}\n", "disk.checkpoints"),
+    "disk-nan": (BASE + "disk: {logs: .nan}\n", "disk.logs"),
+    "disk-zero": (BASE + "disk: {work: 0MiB}\n", "disk.work"),
+    "disk-23-digits": (BASE + "disk: {tmp: 99999999999999999999999GiB}\n", "disk.tmp"),
+    "disk-lines-1e400": (BASE + "disk: {log_lines: 1e400}\n", "disk.log_lines"),
+    "disk-unknown-key": (BASE + "disk: {resultz: 1GiB}\n", "disk.resultz"),
+    "disk-not-a-mapping": (BASE + "disk: [1, 2]\n", "disk"),
 }
 
 
