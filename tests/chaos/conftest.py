@@ -51,7 +51,22 @@ class ChaosPlatform:
         return self.api("GET", f"/api/v1/jobs/{job_id}/").json()
 
     def wait_for(self, job_id, statuses, *, timeout):
-        return wait_for_status(self.job, job_id, statuses, timeout=timeout)
+        try:
+            return wait_for_status(self.job, job_id, statuses, timeout=timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.describe(job_id)}") from None
+
+    def describe(self, job_id):
+        """What a failed wait needs to be understood afterwards: the job's events and, per learner
+        folder, the files there and the end of its agent's log."""
+        events = self.api("GET", f"/api/v1/jobs/{job_id}/events/").json().get("results", [])
+        lines = [f"events: {[(e['time'], e['attempt'], e['to_status'], e['reason']) for e in events]}"]
+        for folder in sorted(self.session.data_dir.glob(f"storage/*/{job_id}/attempt-*/learner-*")):
+            lines.append(f"{folder.relative_to(self.session.data_dir)}: {sorted(p.name for p in folder.iterdir())}")
+            agent_log = folder / "agent.log"
+            if agent_log.exists():
+                lines += ["  " + line for line in agent_log.read_text(errors="replace").splitlines()[-15:]]
+        return "\n".join(lines)
 
     def kill(self, part, *, downtime):
         """SIGKILL one part of the platform, leave it down for `downtime` seconds, start it again."""
