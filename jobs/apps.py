@@ -7,7 +7,7 @@ class JobsConfig(AppConfig):
 
     def ready(self):
         from jobs import allocations, dispatch, live, metrics, sharing, states, transfers
-        from portal import metrics as exposition
+        from jobs import prometheus as exposition
         from jobs.models import ACTIVE, JobEvent
         from tenants import quotas
         from tenants.models import Membership, Quota

@@ -22,8 +22,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
 from jobs import listhub, live, metrics, tenancy
-from portal import throttling
-from tenants import access
+from tenants import access, throttling
 from tenants.models import Membership
 from tenants.auth import user_for_key
 
@@ -116,7 +115,7 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         return membership
 
     def _token_user(self):
-        # Guessing keys here is throttled per address like on the REST API (portal.throttling).
+        # Guessing keys here is throttled per address like on the REST API (tenants.throttling).
         key, address = self.query("token"), (self.scope.get("client") or ("",))[0]
         if not key or throttling.retry_after(throttling.TOKEN_FAILURES, address):
             return None

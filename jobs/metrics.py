@@ -1,8 +1,8 @@
 """Trainyard's own Prometheus series (docs/operating.md, "Operating Trainyard", lists them): the one place that
 names them. Counters and histograms of work done in any process are shared through Redis
-(portal.metrics explains why); gauges of what the database holds are computed when scraped.
+(jobs.prometheus explains why); gauges of what the database holds are computed when scraped.
 
-Tenant slugs appear as a label: /metrics is for the operator only (portal.metrics.metrics_view).
+Tenant slugs appear as a label: /metrics is for the operator only (jobs.prometheus.metrics_view).
 """
 import os
 import socket
@@ -15,9 +15,9 @@ from django.db.models import Count, Min
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
+from jobs import prometheus as shared
 from jobs.manifest import PRIORITIES
 from jobs.models import Job, Status
-from portal import metrics as shared
 
 BACKEND_OPERATIONS = ("deploy", "status", "halt", "delete", "logs", "capacity")
 SOCKET_STREAMS = ("job", "list")
@@ -68,7 +68,7 @@ def preempted(tenant):
     transaction.on_commit(lambda: PREEMPTIONS.inc(tenant))
 
 
-# Written on every ingest post: added up in the process and sent once a second (portal.metrics.Accumulated).
+# Written on every ingest post: added up in the process and sent once a second (jobs.prometheus.Accumulated).
 INGEST_WRITES = shared.Accumulated("ingest")
 
 

@@ -15,8 +15,7 @@ from jobs import datastores, disk, dispatch, live, runtime, storage, transfers
 from jobs.manifest import ManifestError, parse_manifest
 from jobs.models import Job, Status
 from learner_agent.archive import ArchiveError, InspectBounds, inspect_archive
-from portal import throttling
-from tenants import priority, quotas
+from tenants import priority, quotas, throttling
 from tenants.models import Tenant
 from trainyard.units import format_bytes
 

@@ -34,6 +34,7 @@ from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
 from learner_agent.pace import Pace
 from learner_agent.shipper import Shipper
+from learner_agent.sizes import format_bytes
 from learner_agent.spool import Spool, has_undelivered
 
 log = logging.getLogger("learner_agent")
@@ -637,13 +638,6 @@ class Agent:
             held, self._held_statuses = self._held_statuses, []
             if held:
                 self.shipper.add_many(held)
-
-
-def format_bytes(n):
-    """4294967296 → "4.0GiB", 200000000 → "190.7MiB"."""
-    if n >= 2**30:
-        return f"{n / 2**30:.1f}GiB"
-    return f"{n / 2**20:.1f}MiB"
 
 
 def _write_json_atomically(path, data):

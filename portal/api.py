@@ -1,5 +1,5 @@
 """API-wide plumbing: errors always come back as JSON with a `detail` (and a `field` when one is
-to blame), never as an HTML page or a traceback. Bounded reading of parameters and bodies: portal.bounds."""
+to blame), never as an HTML page or a traceback. Bounded reading of parameters and bodies: jobs.bounds."""
 from django.http import JsonResponse
 from django.views import defaults
 from rest_framework.response import Response
@@ -7,7 +7,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from jobs.submission import SubmitError
 from jobs.states import InvalidTransition
-from portal.bounds import BadParameter
+from jobs.bounds import BadParameter
 from tenants.access import NoTenant
 
 

@@ -2,9 +2,8 @@
 Loaded lazily by DRF (DEFAULT_SCHEMA_CLASS), after the views exist."""
 from drf_spectacular.openapi import AutoSchema
 
+from jobs.bounds import ERROR_BODY
 
-ERROR_BODY = {"type": "object", "properties": {"detail": {"type": "string"}, "field": {"type": "string"}},
-              "description": "What went wrong; `field` names the parameter or field to blame, when one is"}
 # Answers any endpoint may give, whatever it does: checked by tests/security/test_api_fuzz.py.
 ERROR_RESPONSES = {
     "400": "A parameter or body field is not what the endpoint reads (`field` names it)",

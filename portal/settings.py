@@ -148,7 +148,7 @@ CELERY_BEAT_SCHEDULE = {
     "autoscale": {"task": "jobs.tasks.autoscale", "schedule": ELASTIC_INTERVAL_S},
 }
 
-# Shared by every process, so counters (portal.throttling) add up across web servers.
+# Shared by every process, so counters (tenants.throttling) add up across web servers.
 # Short timeouts: a Redis that hangs must not hang every login and ingest post with it.
 CACHES = {"default": {"BACKEND": "portal.cache.RedisCache", "LOCATION": REDIS_URL,
                       "KEY_PREFIX": "trainyard", "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2,
@@ -238,7 +238,7 @@ K8S_API_RETRIES = env.integer("TRAINYARD_K8S_API_RETRIES", 4, minimum=0)
 K8S_WATCH = env.boolean("TRAINYARD_K8S_WATCH", True)  # keep a pod cache fed by a watch in each worker
 K8S_RESYNC_S = env.number("TRAINYARD_K8S_RESYNC", 300.0, minimum=1)
 
-# --- monitoring: /metrics (portal.metrics) answers only this bearer token; unset, it does not exist ---
+# --- monitoring: /metrics (jobs.prometheus) answers only this bearer token; unset, it does not exist ---
 METRICS_TOKEN = env.text("TRAINYARD_METRICS_TOKEN", "")
 
 # --- hosts and origins: derived from the public URL (portal.hosts) --------------------------------
@@ -248,7 +248,7 @@ CSRF_TRUSTED_ORIGINS = hosts.trusted_origins(PUBLIC_URL, extra=env.text("TRAINYA
 
 # --- auth and API -------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [
-    "portal.throttling.ThrottledModelBackend",  # Django's ModelBackend behind the login throttle
+    "tenants.throttling.ThrottledModelBackend",  # Django's ModelBackend behind the login throttle
     "guardian.backends.ObjectPermissionBackend",
 ]
 LOGIN_URL = "/login/"
@@ -259,8 +259,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "portal.bounds.BoundedLimitOffsetPagination",
-    "DEFAULT_PARSER_CLASSES": ["portal.bounds.BoundedJSONParser", "rest_framework.parsers.FormParser",
+    "DEFAULT_PAGINATION_CLASS": "jobs.bounds.BoundedLimitOffsetPagination",
+    "DEFAULT_PARSER_CLASSES": ["jobs.bounds.BoundedJSONParser", "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "portal.schema.ApiSchema",

@@ -3,12 +3,13 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from jobs import api
+from jobs import api, prometheus
 from notifications import api as notifications_api
 from notifications import views as notifications_views
 from tenants import api as tenants_api
+from tenants import throttling
 from tenants import views as tenants_views
-from portal import metrics, throttling, views
+from portal import views
 
 api_v1 = [
     path("jobs/", api.JobList.as_view(), name="job-list"),
@@ -66,7 +67,7 @@ urlpatterns = [
     # The split view serves its start-up script as a file: the Content-Security-Policy refuses inline ones.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include(api_v1)),
-    path("metrics", metrics.metrics_view, name="metrics"),  # Prometheus's default path; operators only
+    path("metrics", prometheus.metrics_view, name="metrics"),  # Prometheus's default path; operators only
 ]
 
 # The admin console's sign-in is throttled like the portal's and says so when it refuses.

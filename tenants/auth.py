@@ -4,7 +4,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from portal import throttling
+from tenants import throttling
 from tenants.models import ApiToken
 
 # A token's last use is recorded to the minute: writing it at every request was a write and a commit
@@ -17,7 +17,7 @@ class ApiTokenAuthentication(authentication.TokenAuthentication):
     keyword = "Token"
 
     def authenticate(self, request):
-        # Guessing keys is throttled per address (portal.throttling): refused before any is looked up.
+        # Guessing keys is throttled per address (tenants.throttling): refused before any is looked up.
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower() != self.keyword.lower().encode():
             return None

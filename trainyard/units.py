@@ -1,7 +1,7 @@
 """Byte sizes as people read them ("1.5 GiB") and write them ("4GiB"), for the client's output, the
 manifest and the operator's quota commands alike: the one home of both on the server and client side.
 
-The learner agent keeps its own compact form (`learner_agent.agent.format_bytes`, "4.0GiB"): it is
+The learner agent keeps its own compact form (`learner_agent.sizes.format_bytes`, "4.0GiB"): it is
 copied alone into Kubernetes pods and runs on the framework image's Python, so it cannot import this
 package; the Kubernetes backend uses the agent's form for the memory-limit reason, so both backends
 word that reason the same way.

@@ -151,7 +151,7 @@ def test_a_browser_socket_closes_when_the_password_changes():
 
 
 def test_guessing_tokens_on_the_websocket_is_throttled_like_the_api(settings):
-    from portal import throttling
+    from tenants import throttling
     alice = member()
     target = job(alice)
     for _ in range(throttling.TOKEN_FAILURES.limit):

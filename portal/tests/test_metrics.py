@@ -1,4 +1,4 @@
-"""/metrics: who may scrape it, and the Redis-shared series (portal.metrics, jobs.metrics) against a
+"""/metrics: who may scrape it, and the Redis-shared series (jobs.prometheus, jobs.metrics) against a
 real Redis server (the embedded one `make demo` runs). The end-to-end scrape after real activity is
 tests/e2e/test_metrics.py."""
 import os
@@ -11,9 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs import metrics
+from jobs import prometheus as shared
 from jobs.backends.base import BackendError
 from portal import runner
-from portal import metrics as shared
 from tests.support.redis_server import RedisServer
 
 TOKEN = "s3cret-scrape-token"

@@ -1,4 +1,4 @@
-"""Throttling of logins, API-token failures and ingest posts (portal.throttling), through the real
+"""Throttling of logins, API-token failures and ingest posts (tenants.throttling), through the real
 views and authentication, with each test's own cache."""
 import pytest
 from django.contrib.auth import get_user_model
@@ -6,7 +6,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from jobs.tests.builders import member, token_for
-from portal import throttling
+from tenants import throttling
 
 pytestmark = pytest.mark.django_db
 

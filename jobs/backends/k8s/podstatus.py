@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 from jobs.backends.base import LearnerState, LearnerStatus
 from jobs.backends.k8s.api import parse_quantity
-from learner_agent.agent import format_bytes  # the agent words the local backend's reason the same way
+from learner_agent.sizes import format_bytes  # the agent words the local backend's reason the same way
 
 # Waiting reasons that will not fix themselves: the kubelet has given up or cannot even try.
 IMAGE_PULL_FAILED = {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
