@@ -147,16 +147,15 @@ def test_a_forked_process_publishes_from_a_loop_of_its_own(server, monkeypatch):
 
 
 def test_the_receive_loop_keeps_reading_once_every_socket_has_left(server):
-    """channels_redis' loop sleeps 0.1 s at a time while its connection holds no subscription, and a
+    """channels_redis' loop sleeps between looks while its connection holds no subscription, and a
     socket opened then waited out the sleep before its first message (portal.fanout.PubSubLayer)."""
+    listening = lambda: redis.Redis.from_url(server.url).pubsub_channels("trainyard.db0.listening.*")
+
     async def scenario():
         layer = layer_on(server.url)
-        shard = layer._get_layer()._shards[0]
         for n in range(3):
             channel = await layer.new_channel()
             await layer.group_add("job.j-1", channel)
-            # A subscription is held from the first socket on.
-            assert shard._pubsub.subscribed
             await layer.group_send("job.j-1", {"type": "job.status", "n": n})
             assert (await asyncio.wait_for(layer.receive(channel), 5))["n"] == n
             await layer.group_discard("job.j-1", channel)
@@ -165,7 +164,9 @@ def test_the_receive_loop_keeps_reading_once_every_socket_has_left(server):
             receiving.cancel()  # as a consumer that closes: its own channel is unsubscribed
             with pytest.raises(asyncio.CancelledError):
                 await receiving
-            await asyncio.sleep(0.2)  # every socket gone: the library's loop would be sleeping now
-            assert shard._pubsub.subscribed, "no subscription left: the receive loop polls every 0.1 s"
+            await asyncio.sleep(0.2)
+            # Every socket gone, and the connection still holds one subscription (one per loop).
+            assert len(listening()) == 1, "no subscription left: the receive loop sleeps between looks"
         await layer.flush()
+        assert listening() == []
     asyncio.run(scenario())
