@@ -150,7 +150,7 @@ CELERY_BEAT_SCHEDULE = {
 
 # Shared by every process, so counters (tenants.throttling) add up across web servers.
 # Short timeouts: a Redis that hangs must not hang every login and ingest post with it.
-CACHES = {"default": {"BACKEND": "portal.cache.RedisCache", "LOCATION": REDIS_URL,
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
                       "KEY_PREFIX": "trainyard", "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2,
                                                                  "pool_class": "portal.cache.SharedConnectionPool"}}}
 

@@ -6,10 +6,9 @@ import redis
 from django.core.cache.backends.redis import RedisCache
 
 import portal.settings as platform_settings
-from portal.tests.test_metrics import redis_url  # noqa: F401 - the fixture: an embedded Redis of the test's own
 
 
-def test_a_cache_object_per_thread_shares_one_connection_to_redis(redis_url):  # noqa: F811
+def test_a_cache_object_per_thread_shares_one_connection_to_redis(redis_url):
     """Django builds a cache object per thread and request context; under daphne each request's sync
     code runs in a thread of its own. Forty of them, one after another, as forty requests would."""
     options = platform_settings.CACHES["default"]["OPTIONS"]
@@ -61,29 +60,3 @@ def test_caches_are_not_closed_after_each_request_when_no_backend_has_anything_t
         assert not closes_caches_after_requests()
     finally:
         signals.request_finished.disconnect(close_caches)
-
-
-def test_every_cache_object_of_a_process_calls_redis_through_one_client(redis_url):  # noqa: F811
-    """Django's client built a redis.Redis per call; ours is built once per connection pool and
-    shared by the threads, each command still taking a connection of the pool."""
-    from portal.cache import RedisCache as PlatformRedisCache
-    options = platform_settings.CACHES["default"]["OPTIONS"]
-    caches = [PlatformRedisCache(redis_url, {"OPTIONS": options}) for _ in range(3)]
-    clients = {id(cache._cache.get_client(write=write)) for cache in caches for write in (True, False)}
-    assert len(clients) == 1
-    failures = []
-
-    def request(n):
-        try:
-            cache = caches[n % 3]
-            cache.add("shared", 0, timeout=60)
-            cache.incr("shared")
-        except Exception as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
-
-    threads = [threading.Thread(target=request, args=(n,)) for n in range(30)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == [] and caches[0].get("shared") == 30
