@@ -6,7 +6,7 @@ from pathlib import Path
 
 import bench
 
-EXCLUDED = {"baseline", "report", "timeline"}
+EXCLUDED = {"baseline", "docs", "report", "targets", "timeline"}
 
 
 def available():
