@@ -67,6 +67,9 @@ def submit(membership, *, manifest_bytes, code_file, private=False, admitted=Fal
                                    max_members=settings.MAX_ARCHIVE_MEMBERS, bounds=_inspect_bounds())
         except ArchiveError as exc:
             raise SubmitError(f"code archive refused: {exc}", field="code") from None
+        if info.files == 0:
+            raise SubmitError("code archive refused: it holds no files (an empty code folder?); a job "
+                              "runs its command in the unpacked code", field="code")
         job = _create_job(membership, manifest, manifest_bytes, upload, info, private=private, disk_caps=disk_caps)
     finally:
         upload.unlink(missing_ok=True)

@@ -49,6 +49,7 @@ class ArchiveTooLarge(ArchiveError):
 class ArchiveInfo:
     kind: str  # "zip" | "tar" | "tar.gz"
     members: int  # files and directories
+    files: int  # files alone: an archive of none has no code to run
     unpacked_bytes: int  # declared by the headers (inspect) or actually written (extract)
 
 
@@ -77,15 +78,16 @@ def inspect_archive(path, *, max_unpacked_bytes, max_members, bounds=InspectBoun
     allowed = _allowed_bytes(os.path.getsize(path), max_unpacked_bytes, bounds.max_ratio)
     deadline = time.monotonic() + bounds.max_seconds if bounds.max_seconds is not None else None
     budget = _ReadBudget(allowed + _TAR_OVERHEAD_PER_MEMBER * max_members, deadline, bounds.max_seconds)
-    members = total = 0
+    members = files = total = 0
     for entry in _entries(path, kind, max_unpacked_bytes=max_unpacked_bytes, max_members=max_members,
                           budget=budget):
         members += 1
+        files += not entry.is_dir
         total += entry.size
         if total > allowed:  # a tighter limit than max_unpacked_bytes: the ratio's
             raise ArchiveError(_ratio_refusal(total, os.path.getsize(path), bounds.max_ratio), member=entry.name)
         budget.check_time()
-    return ArchiveInfo(kind=kind, members=members, unpacked_bytes=total)
+    return ArchiveInfo(kind=kind, members=members, files=files, unpacked_bytes=total)
 
 
 def _allowed_bytes(archive_bytes, max_unpacked_bytes, max_ratio):
@@ -190,9 +192,10 @@ class _Entry:
 
 
 def _unpack(path, kind, root, *, max_unpacked_bytes, max_members):
-    members = written = 0
+    members = files = written = 0
     for entry in _entries(path, kind, max_unpacked_bytes=max_unpacked_bytes, max_members=max_members):
         members += 1
+        files += not entry.is_dir
         target = os.path.join(root, *entry.parts)
         try:
             if entry.is_dir:
@@ -202,7 +205,7 @@ def _unpack(path, kind, root, *, max_unpacked_bytes, max_members):
             written = _write_file(entry, target, written, max_unpacked_bytes)
         except OSError as e:
             raise ArchiveError(f"cannot be unpacked: {e.strerror or e}", member=entry.name) from e
-    return ArchiveInfo(kind=kind, members=members, unpacked_bytes=written)
+    return ArchiveInfo(kind=kind, members=members, files=files, unpacked_bytes=written)
 
 
 def _write_file(entry, target, written, max_unpacked_bytes):

@@ -68,6 +68,16 @@ def test_it_refuses_malicious_or_broken_archives(alice, code, words):
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("code", [tar_gz({}), zip_bytes({}), zip_bytes({"src/": b"", "src/pkg/": b""})],
+                         ids=["empty tar.gz", "empty zip", "folders only"])
+def test_it_refuses_an_archive_without_files(alice, code):
+    response = submit(client_for(alice), code=code)
+    assert response.status_code == 400, response.json()
+    assert response.json()["field"] == "code"
+    assert "holds no files" in response.json()["detail"]
+    assert not Job.objects.exists()
+
+
 def test_it_refuses_an_archive_over_the_size_limit(alice, settings):
     settings.MAX_CODE_BYTES = 1024
     response = submit(client_for(alice), code=tar_gz({"big.bin": os.urandom(4096)}))

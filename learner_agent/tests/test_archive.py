@@ -190,7 +190,7 @@ def test_it_extracts_a_good_zip(tmp_path):
         zf.writestr(run, "#!/bin/sh\n")
     (tmp_path / "dest").mkdir()  # an empty directory may already be there
     info = extract_archive(str(path), tmp_path / "dest", **LIMITS)
-    assert info == archive.ArchiveInfo(kind="zip", members=4, unpacked_bytes=28)
+    assert info == archive.ArchiveInfo(kind="zip", members=4, files=3, unpacked_bytes=28)
     dest = tmp_path / "dest"
     assert os.listdir(dest) == ["project"]  # the single top-level directory is kept
     assert (dest / "project" / "train.py").read_text() == "print('hi')\n"
@@ -207,7 +207,7 @@ def test_it_extracts_a_good_tar_detected_by_content(tmp_path, mode, kind):
                                             file_member("./src/train.py", b"print(1)\n"),
                                             file_member("./run.sh", b"#!/bin/sh\n", mode=0o755)],
                     mode=mode)
-    assert inspect_archive(path, **LIMITS) == archive.ArchiveInfo(kind=kind, members=3, unpacked_bytes=19)
+    assert inspect_archive(path, **LIMITS) == archive.ArchiveInfo(kind=kind, members=3, files=2, unpacked_bytes=19)
     extract_archive(path, tmp_path / "dest", **LIMITS)
     dest = tmp_path / "dest"
     assert sorted(os.listdir(dest)) == ["run.sh", "src"]
@@ -322,7 +322,7 @@ def test_inspection_gives_up_at_its_deadline(tmp_path, monkeypatch):
 def test_a_good_archive_passes_the_bounds(tmp_path):
     path = make_tar(tmp_path / "code.tgz", [file_member("train.py", b"print(1)\n" * 1000)])
     info = inspect_archive(path, **BOUNDED, bounds=archive.InspectBounds(max_ratio=100, max_seconds=15))
-    assert info == archive.ArchiveInfo(kind="tar.gz", members=1, unpacked_bytes=9000)
+    assert info == archive.ArchiveInfo(kind="tar.gz", members=1, files=1, unpacked_bytes=9000)
 
 def understate_zip_sizes(path, name, size):
     """Rewrite the uncompressed size of `name` in its local header and central directory entry."""
