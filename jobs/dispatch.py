@@ -19,7 +19,7 @@ from django.core.cache import cache
 from django.db import transaction
 from kombu.exceptions import ChannelError, OperationalError
 
-from portal.serving import serving_loop
+from jobs.serving import serving_loop
 
 log = logging.getLogger(__name__)
 PREFIX = "jobs.tasks."

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.models import AT_REST, FINAL, Job
-from portal.serving import serving_loop
+from jobs.serving import serving_loop
 
 log = logging.getLogger(__name__)
 CHUNK = 500  # lines per websocket message: big enough to batch, small enough to render smoothly

@@ -3,27 +3,24 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
-import django  # noqa: E402
+from django.core.asgi import get_asgi_application  # noqa: E402
 
-django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
-
-from portal.handler import ThreadedASGIHandler  # noqa: E402
-
-# Django's ASGI handling, with each request's middleware and view run in one thread (portal.handler).
-django_asgi_app = ThreadedASGIHandler()
+django_asgi_app = get_asgi_application()  # sets Django up before the imports below load models
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.sessions import SessionMiddlewareStack  # noqa: E402
 
-from jobs.ingest_asgi import IngestRoute  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
+from jobs.serving import ServingLoop  # noqa: E402
 from portal.hosts import WebsocketOriginValidator  # noqa: E402
+from portal.overrides.ingest import IngestRoute  # noqa: E402
 
 # The session's cookie only, no AuthMiddleware: the consumers authenticate afresh from the session key
 # or token at every check (jobs.consumers), and AuthMiddleware loaded a user nobody read, for every
 # socket opening, in the one thread channels gives synchronous code by default.
-application = ProtocolTypeRouter({
+# ServingLoop: a request's live updates are handed to the server's event loop (jobs.live).
+application = ServingLoop(ProtocolTypeRouter({
     # Agents' posts go straight to their view, past the middleware a browser's request needs.
     "http": IngestRoute(django_asgi_app),
     "websocket": WebsocketOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
-})
+}))

@@ -207,7 +207,7 @@ LOG_MAX_LINE_BYTES = env.integer("TRAINYARD_LOG_MAX_LINE_BYTES", 16384, minimum=
 LOG_PACE_BYTES_PER_SECOND = env.integer("TRAINYARD_LOG_PACE_KB", 512, minimum=0) * 2**10
 LOG_PACE_BURST_BYTES = env.integer("TRAINYARD_LOG_PACE_BURST_MB", 8, minimum=1) * 2**20
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
-# Threads of each web process that serve agents' ingest posts (jobs.ingest_asgi); one on SQLite.
+# Threads of each web process that serve agents' ingest posts (portal.overrides.ingest); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 

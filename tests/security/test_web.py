@@ -237,7 +237,7 @@ def test_a_flood_of_forged_ingest_credentials_gets_429(platform, quiet_job):
 
 
 def test_the_ingest_route_refuses_a_host_the_platform_was_not_given(platform, quiet_job):
-    """Agents' posts skip Django's middleware (jobs.ingest_asgi), not its Host check."""
+    """Agents' posts skip Django's middleware (portal.overrides.ingest), not its Host check."""
     path = f"/api/v1/ingest/{quiet_job['id']}/"
     for host in ("evil.example", "127.0.0.1.evil.example"):
         status, _, _ = from_address(platform, "127.0.0.6", "POST", path, body=b"{}", headers={

@@ -1,19 +1,17 @@
 """The ingest endpoint served beside Django's request stack, on threads of its own.
 
-Every agent posts here about once a second, so at hundreds of learners it is most of what a web
-process does (bench controlplane: 112 posts a second at 250 running jobs, web process 0.9 of a core,
-the one core its interpreter can use). Through Django's ASGI handler a post ran the whole middleware
-stack (sessions, CSRF, messages, the audit actor, CSP, django-prometheus) and hopped between the
-event loop and the one thread Django gives synchronous code, where it also waited, one post at a
-time, on each of its queries: every other post, submission and page of the process queued behind it.
+Why kept: every agent posts here about once a second, so ingest is most of what a web process
+does; through Django's ASGI handler each post runs the whole middleware stack and hops between the
+event loop and a thread several times. Here a post goes straight to its view in a pool of threads.
+It relies on ASGIHandler's read_body, create_request and send_response and on
+django.core.handlers.exception.response_for_exception (undocumented; tests/test_canary.py).
 
-Here a post to /api/v1/ingest/<job id>/ goes straight to the same view (jobs.api.ingest_view: its
-throttling, credential check and batch), in a pool of INGEST_THREADS threads: posts overlap each
-other's waits on PostgreSQL and Redis, and the rest of the portal no longer waits behind them. What
-the skipped middleware gave it is done here: the Host is validated (a request for a name the
-platform does not answer as gets a 400), the request signals run (they hand the thread's database
-connection back), and an error is answered as Django answers it. The route in portal/urls.py stays,
-for the test client and `reverse`; both reach the one view.
+A post to /api/v1/ingest/<job id>/ reaches the same view as through Django (jobs.api.ingest_view:
+its throttling, credential check and batch), in a pool of INGEST_THREADS threads, so posts overlap
+each other's waits on PostgreSQL and Redis. What the skipped middleware gave it is done here: the
+Host is validated (a name the platform does not answer as gets a 400), the request signals run
+(they hand the thread's database connection back), and an error is answered as Django answers it.
+The route in portal/urls.py stays, for the test client and `reverse`; both reach the one view.
 """
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core import signals
-from django.core.handlers.exception import response_for_exception
 from django.core.exceptions import RequestAborted
+from django.core.handlers.exception import response_for_exception
 
 PATH = re.compile(r"/api/v1/ingest/(?P<job_id>[^/]+)/")
 
@@ -58,8 +56,8 @@ class IngestRoute:
 
 def respond(request, job_id):
     """One post, as Django would serve it: request signals around the view (they reset and close this
-    thread's database connection, which the process keeps for its next request), the Host checked
-    as CommonMiddleware checks it, and an exception answered by Django's own handling."""
+    thread's database connection), the Host checked as CommonMiddleware checks it, and an exception
+    answered by Django's own handling."""
     from jobs.api import ingest_view
     signals.request_started.send(sender=IngestRoute)
     try:
@@ -69,4 +67,3 @@ def respond(request, job_id):
         return response_for_exception(request, exc)
     finally:
         signals.request_finished.send(sender=IngestRoute)
-

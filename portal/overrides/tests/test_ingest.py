@@ -1,5 +1,5 @@
-"""Ingest posts through the ASGI application (jobs.ingest_asgi): the same answers as through Django's
-stack, without it."""
+"""Ingest posts through the ASGI application (portal.overrides.ingest): the same answers as through
+Django's stack, without it."""
 import json
 
 import pytest
@@ -8,8 +8,8 @@ from channels.testing import HttpCommunicator
 
 from jobs import credentials
 from jobs.models import LogLine
-from jobs.tests.builders import job, member
 from portal.asgi import application
+from tests.support.builders import job, member
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
