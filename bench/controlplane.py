@@ -100,7 +100,7 @@ def require_services():
 # --- the emulated API server, in a process of its own --------------------------------------------
 def serve_cluster(url_file):
     """Entry point of the API server's process: run until SIGTERM."""
-    from jobs.tests.k8s_fake import FakeCluster
+    from tests.support.k8s_fake import FakeCluster
     cluster = FakeCluster().start()
     Path(url_file).write_text(cluster.url)
     stop = threading.Event()
@@ -345,7 +345,7 @@ def seed_queued(count, start_index):
     from jobs import runtime, storage
     from jobs.manifest import parse_manifest
     from jobs.models import Job, JobEvent
-    from jobs.tests.builders import tar_gz
+    from tests.support.builders import tar_gz
     from tenants.models import Tenant
     tenant = Tenant.objects.get(slug=TENANT)
     owner = get_user_model().objects.get(username="alice")

@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from bench.autovacuum import Autovacuum
-from conftest import skip_or_fail
+from tests.support.optional import skip_or_fail
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from gpu_scheduler import Policy, SchedulingInputError, schedule
-from gpu_scheduler.tests.builders import gpus_in_use, job, node, nodes, running, snapshot, tenant
+from tests.support.scheduler_builders import gpus_in_use, job, node, nodes, running, snapshot, tenant
 
 FULL = Policy.full()
 HOUR = 3600.0

@@ -15,7 +15,7 @@ from gpu_scheduler import Policy, Resources, Snapshot, TenantPolicy, Workload, s
 from gpu_scheduler.model import CPU_EPSILON
 from gpu_scheduler.placement import FreeMap
 from gpu_scheduler.simulator import Simulation, TraceJob, summarise
-from gpu_scheduler.tests.builders import node
+from tests.support.scheduler_builders import node
 
 GIB = 2**30
 TENANTS = ("t1", "t2", "t3")

@@ -7,7 +7,7 @@ import pytest
 from gpu_scheduler import Policy
 from gpu_scheduler.simulator import (Simulation, TraceError, TraceJob, equal_quotas, jain_index, read_csv,
                                      summarise, synthetic_trace, write_csv)
-from gpu_scheduler.tests.builders import node, nodes
+from tests.support.scheduler_builders import node, nodes
 
 GIB = 2**30
 

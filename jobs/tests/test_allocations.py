@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import Allocation
-from jobs.tests.builders import client_for, job, member
+from tests.support.builders import client_for, job, member
 
 pytestmark = pytest.mark.django_db
 

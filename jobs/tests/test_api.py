@@ -5,7 +5,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from jobs.models import Job, LogLine
-from jobs.tests.builders import MANIFEST, client_for, job, member, tar_gz, upload, zip_bytes
+from tests.support.builders import MANIFEST, client_for, job, member, tar_gz, upload, zip_bytes
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs import artifacts, storage
-from jobs.tests.builders import job, member
+from tests.support.builders import job, member
 
 
 def test_digests_are_each_files_own_whether_hashed_one_by_one_or_together(tmp_path):

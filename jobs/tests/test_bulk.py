@@ -3,7 +3,7 @@ from django.utils import timezone
 
 from jobs import bulk
 from jobs.models import LogLine
-from jobs.tests.builders import job, member
+from tests.support.builders import job, member
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from jobs import compare, sharing
 from jobs.models import MetricPoint
-from jobs.tests.builders import client_for, job, logged_in, member
+from tests.support.builders import client_for, job, logged_in, member
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/jobs/compare/"
@@ -198,7 +198,7 @@ def test_the_jobs_page_offers_a_box_per_job_and_the_compare_button(alice, sweep)
 
 @pytest.mark.django_db(transaction=True)
 def test_the_cli_prints_the_table_of_differences_from_the_real_endpoint(live_server, monkeypatch, capsys):
-    from jobs.tests.builders import token_for
+    from tests.support.builders import token_for
     from trainyard import cli
 
     alice = member("team-a", "alice")

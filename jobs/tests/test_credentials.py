@@ -9,7 +9,7 @@ from jobs import credentials, ingest
 from jobs.lifecycle import deploy_spec
 from jobs.backends.local import LocalBackend
 from jobs.models import Job, LearnerCredential, LogLine
-from jobs.tests.builders import job, member
+from tests.support.builders import job, member
 
 pytestmark = pytest.mark.django_db
 

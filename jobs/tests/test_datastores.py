@@ -8,8 +8,8 @@ from jobs import datastores, runtime, storage, transfers
 from jobs.datastores import DataStoreError, LocalStore, Location, S3Store
 from jobs.manifest import parse_manifest
 from jobs.models import Job, LogLine
-from jobs.tests.builders import member, tar_gz, token_for, upload
-from jobs.tests.s3_server import s3_server
+from tests.support.builders import member, tar_gz, token_for, upload
+from tests.support.s3_server import s3_server
 
 SECRET = "s3cr3t-Pa55"
 
@@ -205,7 +205,7 @@ def test_submission_stores_no_credential_and_the_api_shows_none(settings):
 
 @pytest.mark.django_db
 def test_an_older_row_with_a_clear_text_secret_is_still_redacted_in_the_api():
-    from jobs.tests.builders import job as make_job
+    from tests.support.builders import job as make_job
     alice = member()
     row = make_job(alice, manifest=parse_manifest(MANIFEST).raw, manifest_yaml=MANIFEST)
     client = APIClient()

@@ -2,8 +2,8 @@
 import pytest
 
 from jobs.models import Artifact, Job
-from jobs.tests.builders import client_for, member, tar_gz, upload
 from tenants import quotas
+from tests.support.builders import client_for, member, tar_gz, upload
 
 pytestmark = pytest.mark.django_db
 MiB, GiB = 2**20, 2**30

@@ -180,7 +180,7 @@ def test_a_cycle_does_its_first_follow_up_itself_and_sends_the_others(broker, mo
     from jobs import admission, tasks
     from jobs.backends.base import Capacity, Node
     from jobs.models import FollowUp
-    from jobs.tests.builders import job, member
+    from tests.support.builders import job, member
     capacity = Capacity(nodes=(Node("node-0", 4, 64.0, 256 * 2**30),))
     monkeypatch.setattr(admission, "get_backend", lambda: SimpleNamespace(capacity=lambda: capacity))
     deployed = []

@@ -8,8 +8,8 @@ import pytest
 from jobs import datastores, egress
 from jobs.datastores import DataStoreError, Location, S3Store
 from jobs.egress import EgressPolicy
-from jobs.tests.s3_server import s3_server
 from portal.runner import free_port
+from tests.support.s3_server import s3_server
 
 STRICT = EgressPolicy()
 

@@ -5,7 +5,7 @@ from django.utils import timezone
 from jobs.lifecycle import deploy_spec
 from jobs.models import Allocation, Job, Learner, MetricPoint, Status
 from jobs.states import transition
-from jobs.tests.builders import job, member
+from tests.support.builders import job, member
 
 ELASTIC = """
 name: elastic
@@ -94,7 +94,7 @@ def cluster(monkeypatch):
 
 @pytest.fixture
 def sent(monkeypatch):
-    from jobs.tests.builders import record_sends
+    from tests.support.builders import record_sends
     return record_sends(monkeypatch)
 
 
@@ -151,7 +151,7 @@ def test_a_resize_goes_on_as_the_next_attempt_without_the_queue(sent):
     statuses = list(row.events.values_list("to_status", flat=True))
     assert statuses[-3:] == [Status.HALTING, Status.STORING, Status.PENDING] and Status.QUEUED not in statuses[1:]
     assert row.events.last().reason.startswith("resized 1→3 learners, batch 64→63: idle GPUs (")
-    from jobs.tests.builders import open_follow_ups
+    from tests.support.builders import open_follow_ups
     assert {("teardown", 1), ("deploy", 2)} <= set(open_follow_ups(row))
     spec = deploy_spec(row)
     assert [lr.env["WORLD_SIZE"] for lr in spec.learners] == ["3"] * 3
@@ -238,19 +238,13 @@ def reports(row, *points, attempt=None):
                                    time=now - timezone.timedelta(seconds=ago))
 
 
-def test_a_cycle_wakes_the_autoscaler_only_while_an_elastic_job_runs(cluster, sent):
-    from django.core.cache import cache
-
-    from jobs import tasks
-    cluster(gpus=1)
-    running(job(member(), gpus=1), gpus=[0])
-    waiting = elastic_job(learners=1)  # no GPU left for it: it stays queued
-    tasks.schedule()
-    assert ("autoscale", ()) not in sent
-    running(waiting, gpus=[1])
-    cache.clear()  # the last cycle's rest (jobs.dispatch pacing)
-    tasks.schedule()
-    assert ("autoscale", ()) in sent
+def test_the_scheduling_loops_cycle_grows_an_elastic_job_onto_what_it_left_idle(four_gpus, sent):
+    from jobs import scheduler_loop
+    row = running(elastic_job(learners=1), gpus=[0])
+    reports(row, (20, 0), (0, 2000))
+    scheduler_loop.run_cycle()  # nothing queued: the cycle admits nothing, the autoscaler's pass follows
+    row.refresh_from_db()
+    assert row.status == Status.HALTING and row.events.last().actor == "autoscaler"
 
 
 def test_a_pass_without_an_elastic_job_running_reads_nothing_else(four_gpus, sent, django_assert_num_queries):

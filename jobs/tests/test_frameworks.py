@@ -114,7 +114,7 @@ def test_the_local_backend_refuses_another_major_version_than_installed():
 @pytest.mark.django_db
 def test_deploy_spec_carries_the_image_and_each_learners_rendezvous():
     from jobs.lifecycle import deploy_spec
-    from jobs.tests.builders import job, member
+    from tests.support.builders import job, member
     row = job(member(), learners=2, framework="keras", manifest_yaml=(
         "name: k\nlearners: 2\nframework: {name: keras, version: '3.15', command: python train.py}\n"))
     spec = deploy_spec(row)

@@ -4,22 +4,9 @@ from django.test import Client
 
 from jobs import credentials
 from jobs.models import Job, Learner, LogLine, MetricPoint
-from jobs.tests.builders import job, member
+from tests.support.builders import job, member, post
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def running_job():
-    target = job(member(), status="PENDING")
-    target.tokens = credentials.issue_for_attempt(target)
-    return target
-
-
-def post(target, records, *, attempt=1, learner=0, token=None):
-    token = token or target.tokens[learner]
-    return Client().post(f"/api/v1/ingest/{target.id}/", {"attempt": attempt, "learner": learner, "records": records},
-                         content_type="application/json", HTTP_AUTHORIZATION=f"Ingest {token}")
 
 
 def logs(start, count):
@@ -111,7 +98,7 @@ def test_ingests_of_two_jobs_of_one_tenant_do_not_wait_for_each_other(monkeypatc
 
     from django.db import connection, connections
 
-    from conftest import skip_or_fail
+    from tests.support.optional import skip_or_fail
     from jobs import ingest
     if connection.vendor != "postgresql":
         skip_or_fail("row locks are PostgreSQL's (set DATABASE_URL)")

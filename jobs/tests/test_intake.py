@@ -3,8 +3,8 @@ minute and jobs queued at once, from the platform's settings or the tenant's quo
 import pytest
 
 from jobs.models import Job, Status
-from jobs.tests.builders import MANIFEST, client_for, job, member, tar_gz, upload
 from tenants import quotas
+from tests.support.builders import MANIFEST, client_for, job, member, tar_gz, upload
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,6 @@
 """Elastic jobs on the Kubernetes backend, against the same stateful fake API server (kmock's
-KubernetesEmulator through the official client) as test_kubernetes_integration.py, on its cluster:
-node-1 and node-2 with 2 GPUs each (node-3 is cordoned), 4 GPUs in all.
+KubernetesEmulator through the official client) as test_kubernetes_integration.py, on its cluster
+(tests/support/k8s_lifecycle.py): node-1 and node-2 with 2 GPUs each (node-3 is cordoned), 4 GPUs in all.
 
 - a grow: the autoscaler grows a job onto idle GPUs, its learners checkpoint on the signal, and its
   next attempt's pods are created with the new count and the new batch while the old attempt's are
@@ -25,11 +25,11 @@ import learner_agent
 from jobs import admission, autoscaler, elasticity, lifecycle, reconcile, storage
 from jobs.backends.k8s import objects
 from jobs.models import Allocation, Artifact, Job, Learner, Status
-from jobs.tests.builders import client_for, job as make_job, member, tar_gz
-from jobs.tests.k8s_fake import Kubelet
-from jobs.tests.test_kubernetes_integration import (CONFIG, NS, Agent, assert_schema_valid, backend,  # noqa: F401
-                                                    cluster, history, use, worker)
 from learner_agent.metrics import MetricExtractor
+from tests.support.builders import client_for, job as make_job, member, tar_gz
+from tests.support.k8s_fake import Kubelet
+from tests.support.k8s_lifecycle import (CONFIG, NS, Agent, assert_schema_valid, backend, cluster,  # noqa: F401
+                                         history, use, worker)
 
 pytestmark = pytest.mark.django_db
 MANIFEST = """

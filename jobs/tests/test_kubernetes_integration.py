@@ -1,39 +1,31 @@
 """The Kubernetes backend driving real job lifecycles against a stateful fake API server over HTTP
-(kmock's KubernetesEmulator, see k8s_fake.py) through the official client.
+(kmock's KubernetesEmulator, see tests/support/k8s_fake.py) through the official client.
 
 The lifecycle is the real one (jobs.lifecycle, with the outbox's work run in-process by `worker`); the
 kubelet is simulated by PATCHing pod status, and each learner agent by sending the ingest batches it
-would send (reading its token from the attempt's Secret and writing its exit.json). What only a real
-cluster shows (scheduling, the garbage collector, NetworkPolicy enforcement, the agent in a real pod)
-is listed in docs/kubernetes.md.
+would send (reading its token from the attempt's Secret and writing its exit.json): the harness is
+tests/support/k8s_lifecycle.py. What only a real cluster shows (scheduling, the garbage collector,
+NetworkPolicy enforcement, the agent in a real pod) is listed in docs/kubernetes.md.
 """
-import base64
 import json
 import time
 
-import kubernetes_validate
 import pytest
 import yaml
 
-from jobs import admission, lifecycle, outbox, reconcile, storage, tasks
+from jobs import admission, lifecycle, reconcile, storage
 from jobs.backends.base import BackendError
 from jobs.backends.k8s import objects
 from jobs.backends.k8s import backend as k8s_backend
 from jobs.backends.k8s.api import Gone, KubeApi, NotFound, api_client_for
-from jobs.backends.k8s.backend import K8sConfig, KubernetesBackend
 from jobs.backends.k8s.watcher import PodWatcher
-from jobs.ingest import authenticate, ingest
 from jobs.models import Job, Learner, Status
-from jobs.tests.builders import job as make_job, member, tar_gz
-from jobs.tests.k8s_fake import FakeCluster, Kubelet
+from tests.support.builders import job as make_job, member, tar_gz
+from tests.support.k8s_fake import FakeCluster, Kubelet
+from tests.support.k8s_lifecycle import (NS, Agent, assert_schema_valid, backend, cluster, history,  # noqa: F401
+                                         new_backend, use, worker)
 
 pytestmark = pytest.mark.django_db
-NS = "trainyard-team-a"
-CONFIG = K8sConfig(namespace_prefix="trainyard-", image_prefix="registry.example/learner-", image_tag="1.0",
-                   agent_image="registry.example/learner-agent:1.0",
-                   storage_volume={"persistentVolumeClaim": {"claimName": "trainyard-storage"}},
-                   platform=objects.Platform(namespace="trainyard", ingest_port=8000),
-                   ingest_url="http://trainyard-web.trainyard.svc:8000")
 MANIFEST = """
 name: k8s-job
 learners: {learners}
@@ -45,56 +37,6 @@ checkpoint: {{signal: SIGUSR1, grace_seconds: 30}}
 """
 
 
-@pytest.fixture
-def cluster():
-    fake = FakeCluster().start()
-    fake.add_node("node-1", gpus=2)
-    fake.add_node("node-2", gpus=2)
-    fake.add_node("node-3", gpus=8, cordoned=True)
-    yield fake
-    fake.stop()
-
-
-def new_backend(cluster, *, watcher=False, quota=None):
-    api = KubeApi(api_client_for(cluster.url), retries=1, backoff_s=0.01)
-    return KubernetesBackend(api, CONFIG, quota_for=lambda slug: quota,
-                             watcher=PodWatcher(api) if watcher else None)
-
-
-def use(monkeypatch, chosen):
-    """Make `chosen` the backend of the lifecycle (what get_backend() returns with TRAINYARD_BACKEND=kubernetes)."""
-    for module in (lifecycle, reconcile, admission):
-        monkeypatch.setattr(module, "get_backend", lambda: chosen)
-    return chosen
-
-
-@pytest.fixture
-def backend(cluster, monkeypatch):
-    return use(monkeypatch, new_backend(cluster, quota={"gpus": 4, "cpus": 16, "memory_bytes": 64 * 2**30, "jobs": 2}))
-
-
-class Worker:
-    """Runs the lifecycle's Celery tasks in-process, in the order they were sent."""
-    TASKS = {"schedule": lambda: admission.run_cycle(),
-             "follow_up": lambda row_id: outbox.run(row_id, tasks.HANDLERS)}
-
-    def __init__(self):
-        self.sent = []
-
-    def run(self):
-        while self.sent:
-            name, args = self.sent.pop(0)
-            self.TASKS[name](*args)
-
-
-@pytest.fixture
-def worker(monkeypatch):
-    running = Worker()
-    monkeypatch.setattr("jobs.dispatch.send", lambda name, *args, countdown=None: running.sent.append((name, args)))
-    monkeypatch.setattr("jobs.dispatch.send_on_commit", lambda name, *args: running.sent.append((name, args)))
-    return running
-
-
 def submitted(learners=2):
     target = make_job(member(), learners=learners, gpus=1, cpus=2.0, framework="pytorch",
                       manifest_yaml=MANIFEST.format(learners=learners))
@@ -103,36 +45,8 @@ def submitted(learners=2):
     return target
 
 
-class Agent:
-    """What one learner agent sends and writes, as learner_agent does it inside the pod."""
-
-    def __init__(self, cluster, target, index, attempt=1):
-        self.job, self.index, self.attempt, self.seq = target, index, attempt, 0
-        namespace = objects.namespace_name(CONFIG.namespace_prefix, target.tenant.slug)
-        secret = cluster.get(f"/api/v1/namespaces/{namespace}/secrets/{objects.secret_name(target.id, attempt)}")
-        key = objects.credential_key(index)
-        self.token = secret.get("stringData", {}).get(key) or base64.b64decode(secret["data"][key]).decode()
-
-    def send(self, **record):
-        self.seq += 1
-        ingest(authenticate(self.job.id, self.token), {"attempt": self.attempt, "learner": self.index,
-                                                       "records": [{"seq": self.seq, "time": time.time(), **record}]})
-
-    def exit(self, exit_code, reason=""):
-        self.write_exit_record(exit_code, reason)
-        self.send(kind="status", state="exited", exit_code=exit_code, reason=reason)
-
-    def write_exit_record(self, exit_code, reason=""):
-        folder = storage.learner_dir(self.job.tenant.slug, self.job.id, self.attempt, self.index)
-        (folder / "exit.json").write_text(json.dumps({"exit_code": exit_code, "reason": reason}))
-
-
 def status_of(target):
     return Job.objects.get(pk=target.id).status
-
-
-def history(target):
-    return list(Job.objects.get(pk=target.id).events.order_by("id").values_list("to_status", flat=True))
 
 
 def deployed(cluster, target, worker, learners):
@@ -147,13 +61,6 @@ def deployed(cluster, target, worker, learners):
         agent.send(kind="status", state="preparing")
         agent.send(kind="status", state="running")
     return kubelet, agents
-
-
-def assert_schema_valid(obj):
-    try:
-        kubernetes_validate.validate(obj, "1.34.0", strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        pytest.fail(f"{obj.get('kind')} {obj['metadata']['name']}: {exc.message} at {list(exc.path)}")
 
 
 # --- the lifecycle -------------------------------------------------------------------------------

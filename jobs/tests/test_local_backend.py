@@ -10,7 +10,7 @@ from jobs.backends.base import BackendError, DeploySpec, LearnerSpec
 from jobs.backends.local import LocalBackend
 from learner_agent.config import parse_config
 from learner_agent.agent import _CLEAN_ENV_MARK, AGENT_ENV_KEEP, clean_environment
-from learner_agent.tests.conftest import ingest, outside_tmp, wait_for, write_agent_config  # noqa: F401 - fixtures
+from tests.support.agent_runs import wait_for, write_agent_config
 # The spares' command lines name their FIFO, in the spare dir: found the way a platform stop finds agents.
 from portal.runner import _agent_pids as spare_pids, stop_learner_agents
 

@@ -5,7 +5,7 @@ from django.test import Client
 from jobs import credentials, logcap, runtime
 from jobs.manifest import parse_manifest
 from jobs.models import Job, Learner, LogLine
-from jobs.tests.builders import job, member
+from tests.support.builders import job, member
 
 pytestmark = pytest.mark.django_db
 

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from jobs.manifest import ManifestError, parse_manifest, parse_memory
+from tests.support.bombs import billion_laughs
 
 FFDL_EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "shared" / "ffdl" / "examples").glob("*.yml"))
 PROJECT_EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/manifest.yml"))
@@ -170,13 +171,6 @@ def test_it_bounds_every_number_naming_the_field_and_range(line, field, says):
 def test_it_keeps_only_json_safe_values_anywhere(line, field):
     text = BASE.replace("framework: {name: custom, command: sh run.sh}\n", "") if line.startswith("framework") else BASE
     assert _refusal(text + line + "\n").field == field
-
-
-def billion_laughs(levels=9):
-    lines = ['lol0: &lol0 "lol"']
-    for level in range(1, levels + 1):
-        lines.append(f"lol{level}: &lol{level} [" + ", ".join([f"*lol{level - 1}"] * 10) + "]")
-    return "\n".join(lines) + "\n"
 
 
 def test_it_refuses_an_alias_bomb_before_expanding_it():

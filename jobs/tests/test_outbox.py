@@ -12,7 +12,7 @@ from jobs import lifecycle, outbox, storage, tasks
 from jobs.backends.base import LearnerState, LearnerStatus
 from jobs.models import FollowUp, Job, Learner, Status
 from jobs.states import transition
-from jobs.tests.builders import job, member, open_follow_ups, record_sends
+from tests.support.builders import job, member, open_follow_ups, record_sends
 
 pytestmark = pytest.mark.django_db
 Kind = FollowUp.Kind

@@ -1,6 +1,6 @@
 """A restart of the platform on another address, seen from the local backend and its agents.
 
-The platform is a fake ingest endpoint here (learner_agent.tests.conftest.IngestServer): "stopping"
+The platform is a fake ingest endpoint here (tests.support.agent_runs.IngestServer): "stopping"
 it closes it, "starting it again elsewhere" opens another with what the first had stored (the same
 database) and announces the new address in the data directory, as a starting worker does
 (jobs.tasks.start_spare_agents). The agents, the learner, the spool and the backend's status() are real.
@@ -14,8 +14,8 @@ import pytest
 from jobs.backends import local
 from jobs.backends.base import LearnerState
 from learner_agent import address
-from learner_agent.tests.conftest import IngestServer, outside_tmp, wait_for, write_agent_config  # noqa: F401 - fixtures
 from portal.runner import stop_learner_agents
+from tests.support.agent_runs import IngestServer, wait_for, write_agent_config
 
 CHATTY = "i=0; while true; do i=$((i+1)); echo line $i; sleep 0.05; done"
 

@@ -1,14 +1,11 @@
 """reconcile() against a backend double (the project's own interface): it settles learners the
 backend knows more about, and re-drives steps whose tasks were lost."""
-import time
-
 import pytest
-from django.core.cache import cache
 
 from jobs import admission, lifecycle, reconcile
 from jobs.backends.base import Capacity, LearnerState, LearnerStatus, Node
 from jobs.models import Learner
-from jobs.tests.builders import job, member, open_follow_ups, record_sends
+from tests.support.builders import WAKE_SCHEDULER, job, member, open_follow_ups, record_sends
 
 pytestmark = pytest.mark.django_db
 
@@ -108,19 +105,14 @@ def reconcile_queries(monkeypatch, jobs_of_each_kind):
 
     from jobs import outbox
     from jobs.models import FollowUp
-    tenant = member()  # one tenant: a cycle reads each tenant's quota and usage, a cost per tenant
+    tenant = member()
     for _ in range(jobs_of_each_kind):
         running_job(learners=2, tenant=tenant.tenant, owner=tenant.user)
         storing = job(tenant, status="STORING")
         outbox.add(storing.id, 1, FollowUp.Kind.FINISH)  # its finish is under way
-        job(tenant, status="QUEUED", gpus=1, wait_reason="stale")  # no GPU anywhere: it waits
+        job(tenant, status="QUEUED", gpus=1, wait_reason="stale")  # the queue is the scheduling loop's
     use_backend(monkeypatch, {})
-    monkeypatch.setattr(reconcile.admission, "get_backend", lambda: BackendDouble({}))
-    # Both passes run a cycle of their own (no earlier cycle counts): the first writes every wait
-    # reason; the one measured sees them settled.
-    cache.delete(admission.CYCLE_STARTED_KEY)
-    reconcile.reconcile()
-    cache.delete(admission.CYCLE_STARTED_KEY)
+    reconcile.reconcile()  # the first pass writes every row it adds; the one measured sees them settled
     with CaptureQueriesContext(connection) as queries:
         reconcile.reconcile()
     return len(queries)
@@ -143,77 +135,12 @@ def test_a_pass_settles_learners_and_adds_missing_steps_in_one_go(monkeypatch, s
     assert len(open_follow_ups(ended)) == 1
 
 
-# --- the pass's scheduling cycle: its own only when no worker's cycle started within the interval ---
-def queued_job(monkeypatch):
-    """A queued job the double's node has room for, as a pass over no running job finds it."""
+# --- the pass wakes the scheduling loop and runs no cycle of its own ----------------------------------
+def test_a_pass_wakes_the_scheduling_loop_and_admits_nothing_itself(monkeypatch, sent):
     use_backend(monkeypatch, {})
-    monkeypatch.setattr(reconcile.admission, "get_backend", lambda: BackendDouble({}))
-    return job(member(), status="QUEUED", gpus=0, cpus=1)
-
-
-def test_a_pass_runs_a_cycle_when_none_started_within_the_interval(monkeypatch, sent):
-    waiting = queued_job(monkeypatch)
+    monkeypatch.setattr(admission, "get_backend", lambda: BackendDouble({}))
+    waiting = job(member(), status="QUEUED", gpus=0, cpus=1)  # the double's node has room for it
     reconcile.reconcile()
     waiting.refresh_from_db()
-    assert waiting.status == "PENDING"
-    assert ("schedule", ()) not in sent
-
-
-def test_after_a_recent_cycle_a_pass_asks_for_one_instead_of_running_its_own(monkeypatch, sent):
-    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 1)  # a worker's cycle, a second ago
-    waiting = queued_job(monkeypatch)
-    reconcile.reconcile()
-    waiting.refresh_from_db()
-    assert waiting.status == "QUEUED"  # the requested cycle admits it
-    assert sent == [("schedule", ())]
-
-
-def status_after_a_pass(monkeypatch, *, cycle_started_ago, asked_ago):
-    """A queued job's status after a pass, the last cycle having started `cycle_started_ago` seconds
-    ago and a scheduling request waiting for its run since `asked_ago` seconds ago."""
-    from jobs import dispatch
-    cache.set(admission.CYCLE_STARTED_KEY, time.time() - cycle_started_ago)
-    cache.set(dispatch._waiting_key("schedule"), time.time() - asked_ago)
-    waiting = queued_job(monkeypatch)
-    reconcile.reconcile()
-    waiting.refresh_from_db()
-    return waiting.status
-
-
-def test_a_pass_runs_its_own_cycle_when_a_requested_one_is_overdue(monkeypatch, sent):
-    from jobs import dispatch
-    # stuck behind deploys
-    assert status_after_a_pass(monkeypatch, cycle_started_ago=1, asked_ago=dispatch.OVERDUE_S + 1) == "PENDING"
-
-
-def test_a_request_waiting_less_than_overdue_is_left_to_its_cycle(monkeypatch, sent):
-    assert status_after_a_pass(monkeypatch, cycle_started_ago=1, asked_ago=1) == "QUEUED"
-
-
-def test_a_paced_run_waiting_past_the_interval_is_left_to_its_cycle(monkeypatch, sent, settings):
-    """Cycles of seconds each, with a rest as long after each: the requested run waits longer than
-    the interval for its turn, and is not overdue yet."""
-    settings.RECONCILE_INTERVAL_S = 10.0
-    assert status_after_a_pass(monkeypatch, cycle_started_ago=12, asked_ago=11) == "QUEUED"
-
-
-def test_a_cycle_older_than_the_interval_does_not_count(monkeypatch, sent, settings):
-    settings.RECONCILE_INTERVAL_S = 10.0
-    cache.set(admission.CYCLE_STARTED_KEY, time.time() - 11)
-    waiting = queued_job(monkeypatch)
-    reconcile.reconcile()
-    waiting.refresh_from_db()
-    assert waiting.status == "PENDING"
-
-
-def test_a_pass_runs_its_own_cycle_when_the_cache_cannot_tell(monkeypatch, sent):
-    class Unreachable:
-        def get(self, *args, **kwargs):
-            raise ConnectionError("redis down")
-        set = get
-
-    monkeypatch.setattr(admission, "cache", Unreachable())
-    waiting = queued_job(monkeypatch)
-    reconcile.reconcile()
-    waiting.refresh_from_db()
-    assert waiting.status == "PENDING"
+    assert waiting.status == "QUEUED"  # the loop's cycle admits it (jobs.scheduler_loop)
+    assert sent == [WAKE_SCHEDULER]

@@ -10,8 +10,8 @@ import pytest
 
 from jobs import tensorboard
 from jobs.models import Learner, LogLine, MetricPoint
-from jobs.tests.test_ingest import post, running_job  # noqa: F401 - a fixture shared with the ingest tests
 from learner_agent import tfevents
+from tests.support.builders import post
 
 tb = pytest.importorskip("tensorboard")
 from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402

@@ -10,9 +10,9 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from jobs import sharing
-from jobs.tests.builders import job, logged_in, member, token_for
-from jobs.tests.test_websockets import session, status_change
 from tenants.models import ApiToken, Membership
+from tests.support.builders import job, logged_in, member, token_for
+from tests.support.websockets import session, status_change
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

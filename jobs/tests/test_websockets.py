@@ -10,15 +10,14 @@ from datetime import datetime
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.db import transaction
 from django.utils import timezone
 
 from jobs import live
 from jobs.models import Job, LogLine, MetricPoint
 from jobs.serializers import JobDetailSerializer
-from jobs.tests.builders import MANIFEST, client_for, job, member, tar_gz, token_for, upload
-from portal.asgi import application
+from tests.support.builders import MANIFEST, client_for, job, member, tar_gz, token_for, upload
+from tests.support.websockets import communicator_for, receive_all, session, status_change
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,22 +33,6 @@ def lines(target, count):
                                 for i in range(1, count + 1))
 
 
-async def receive_all(communicator):
-    """(JSON messages received, close code or None) until the server goes quiet or closes."""
-    messages = []
-    while not await communicator.receive_nothing(timeout=0.3):
-        output = await communicator.receive_output()
-        if output["type"] == "websocket.close":
-            return messages, output.get("code")
-        messages.append(json.loads(output["text"]))
-    return messages, None
-
-
-def communicator_for(path, headers=()):
-    return WebsocketCommunicator(application, path,
-                                 headers=[(b"host", b"testserver"), (b"origin", b"http://testserver"), *headers])
-
-
 @contextlib.asynccontextmanager
 async def sync_thread_held():
     """The one thread channels gives synchronous code, busy (as with a slow request) while inside."""
@@ -60,22 +43,6 @@ async def sync_thread_held():
     finally:
         release.set()
         await busy
-
-
-@async_to_sync
-async def session(path, then=None, headers=()):
-    """Connect, read everything, optionally do `then()` and read again; return (close code, messages)."""
-    communicator = communicator_for(path, headers)
-    connected, code = await communicator.connect()
-    if not connected:
-        return code, []
-    messages, code = await receive_all(communicator)
-    if then is not None and code is None:
-        await then()
-        more, code = await receive_all(communicator)
-        messages += more
-    await communicator.disconnect()
-    return code, messages
 
 
 def test_it_sends_the_job_then_the_backlog_after_since():
@@ -242,18 +209,6 @@ def test_an_outsider_is_refused_with_not_found_and_gets_no_data(mode):
     lines(target, 3)
     outsider = member("team-b", "bob")
     assert session(f"/ws/jobs/{target.id}/?{mode}token={token_for(outsider)}") == (4404, [])
-
-
-def status_change(target):
-    """A status change of `target` published as the state machine does (its tenant's list group)."""
-    async def publish():
-        from channels.layers import get_channel_layer
-
-        from jobs.serializers import JobSerializer
-        await get_channel_layer().group_send(live.tenant_group(target.tenant_id), {
-            "type": "job.status", "status": {"job": target.id, "status": "PROCESSING"},
-            "job": await database_sync_to_async(lambda: JobSerializer(target).data)()})
-    return publish
 
 
 def test_a_status_change_does_not_wait_for_the_thread_of_synchronous_code():

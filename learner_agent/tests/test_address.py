@@ -4,7 +4,7 @@ import json
 from learner_agent import address
 from learner_agent.shipper import Shipper
 from learner_agent.spool import Spool
-from learner_agent.tests.conftest import TOKEN, IngestServer
+from tests.support.agent_runs import TOKEN, IngestServer
 
 JOB = "training-test0001"
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from learner_agent import sandbox
-from learner_agent.tests.conftest import (
+from tests.support.agent_runs import (
     agent_command, agent_env, has_status, read_exit, run_agent, stop_process, wait_for,
     write_agent_config)
 

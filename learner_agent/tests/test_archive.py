@@ -11,6 +11,7 @@ import pytest
 
 from learner_agent import archive
 from learner_agent.archive import ArchiveError, extract_archive, inspect_archive
+from tests.support.bombs import tar_bomb
 
 LIMITS = {"max_unpacked_bytes": 10 * 10**6, "max_members": 100}
 
@@ -219,28 +220,6 @@ def test_it_extracts_a_good_tar_detected_by_content(tmp_path, mode, kind):
 # --- inspection's bounds: what checking an archive may cost the submit request ---
 
 BOUNDED = {"max_unpacked_bytes": 2**30, "max_members": 20000}
-
-
-class Zeros:
-    """A readable stream of `size` zero bytes, never held whole in memory."""
-
-    def __init__(self, size):
-        self.left = size
-
-    def read(self, size=-1):
-        size = self.left if size is None or size < 0 else min(size, self.left)
-        self.left -= size
-        return bytes(size)
-
-
-def tar_bomb(path, sizes):
-    """A .tar.gz of members of zeros, one per size: about a thousandth of what it unpacks to."""
-    with tarfile.open(path, "w:gz", compresslevel=9) as tf:
-        for i, size in enumerate(sizes):
-            info = tarfile.TarInfo(f"zeros-{i}.bin")
-            info.size = size
-            tf.addfile(info, Zeros(size))
-    return str(path)
 
 
 @pytest.fixture

@@ -4,8 +4,7 @@ import os
 import pytest
 
 from learner_agent import cgroups
-from learner_agent.tests.conftest import read_exit, run_agent, write_agent_config
-from learner_agent import sandbox
+from tests.support.agent_runs import CPU_BURNER, needs_cgroups, read_exit, run_agent, write_agent_config
 
 
 def fake_v1(tmp_path):
@@ -72,27 +71,6 @@ def test_without_any_hierarchy_it_says_why(tmp_path):
     mounts.write_text("proc /proc proc rw 0 0\n")
     with pytest.raises(cgroups.CgroupError, match="no cgroup v1 memory, cpu, pids"):
         cgroups.create("j", memory_bytes=None, cpus=1, max_processes=10, mounts=mounts, own=tmp_path / "own")
-
-
-def _real_cgroups_problem():
-    if os.geteuid() != 0:
-        return "cgroups need root"
-    if sandbox.bwrap_problem() is not None:
-        return sandbox.bwrap_problem()
-    try:
-        cgroups.create("probe", memory_bytes=2**30, cpus=1, max_processes=10).remove()
-    except cgroups.CgroupError as e:
-        return str(e)
-    return None
-
-
-needs_cgroups = pytest.mark.skipif(_real_cgroups_problem() is not None,
-                                   reason=f"no writable cgroups here: {_real_cgroups_problem()}")
-
-CPU_BURNER = ("python3 -c \"import time\n"
-              "wall, cpu = time.monotonic(), time.process_time()\n"
-              "while time.monotonic() - wall < 2: pass\n"
-              "print('cpu share', round((time.process_time() - cpu) / (time.monotonic() - wall), 2))\"")
 
 
 @needs_cgroups

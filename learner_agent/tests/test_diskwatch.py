@@ -6,7 +6,7 @@ import time
 import pytest
 
 from learner_agent import diskwatch
-from learner_agent.tests.conftest import read_exit, run_agent, write_agent_config
+from tests.support.agent_runs import read_exit, run_agent, write_agent_config
 
 MiB = 2**20
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from learner_agent.config import ConfigError, load_config
-from learner_agent.tests.conftest import TOKEN, agent_command, agent_env, stop_process, wait_for, write_agent_config
+from tests.support.agent_runs import TOKEN, agent_command, agent_env, stop_process, wait_for, write_agent_config
 
 
 def kubernetes_layout(base, ingest, *, command, **overrides):

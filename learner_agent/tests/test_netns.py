@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from conftest import skip_or_fail
 from learner_agent import netns, sandbox
 from learner_agent.config import ConfigError, parse_config
+from tests.support.optional import skip_or_fail
 
 SERVER = "import socket,sys; s=socket.create_server(('127.0.0.1', int(sys.argv[1]))); c,_=s.accept(); print(c.recv(9).decode())"
 CLIENT = r"""

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from learner_agent.pace import Pace
-from learner_agent.tests.conftest import run_agent, write_agent_config
+from tests.support.agent_runs import run_agent, write_agent_config
 
 
 class FakeClock:

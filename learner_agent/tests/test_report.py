@@ -7,7 +7,7 @@ import pytest
 
 from learner_agent import report
 from learner_agent.metrics import MetricExtractor
-from learner_agent.tests.conftest import PACKAGE_PARENT
+from tests.support.agent_runs import PACKAGE_PARENT
 
 
 def metric_lines(text):

@@ -7,7 +7,7 @@ import pytest
 
 from learner_agent import sandbox
 from learner_agent.sandbox import SandboxError, build_argv, build_env, bwrap_plan
-from learner_agent.tests.conftest import PACKAGE_PARENT, run_agent, write_agent_config
+from tests.support.agent_runs import PACKAGE_PARENT, run_agent, write_agent_config
 
 needs_bwrap = pytest.mark.skipif(sandbox.bwrap_problem() is not None,
                                  reason=f"bubblewrap unusable here: {sandbox.bwrap_problem()}")

@@ -8,7 +8,7 @@ import pytest
 
 from learner_agent.shipper import Shipper
 from learner_agent.spool import Spool
-from learner_agent.tests.conftest import TOKEN, IngestServer, wait_for
+from tests.support.agent_runs import TOKEN, IngestServer, wait_for
 
 
 def shipper_for(server, folder, **kwargs):

@@ -10,9 +10,8 @@ import pytest
 
 from learner_agent import cgroups, procfs, sandbox, spare
 from learner_agent.agent import clean_environment
-from learner_agent.tests.conftest import (  # noqa: F401 - fixtures
-    agent_env, ingest, outside_tmp, read_exit, stop_process, wait_for, write_agent_config)
-from learner_agent.tests.test_cgroups import CPU_BURNER, needs_cgroups
+from tests.support.agent_runs import (CPU_BURNER, agent_env, needs_cgroups, read_exit, stop_process, wait_for,
+                                      write_agent_config)
 
 
 @pytest.fixture

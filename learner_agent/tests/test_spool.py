@@ -9,7 +9,7 @@ import pytest
 
 from learner_agent.shipper import Shipper
 from learner_agent.spool import Spool, SpoolError, has_undelivered
-from learner_agent.tests.conftest import TOKEN, IngestServer
+from tests.support.agent_runs import TOKEN, IngestServer
 
 
 def numbered(first, count, size=40):

@@ -15,7 +15,7 @@ import pytest
 
 from learner_agent import sandbox
 from learner_agent.agent import agent_argv, clean_environment
-from learner_agent.tests.conftest import ingest, outside_tmp, wait_for, write_agent_config  # noqa: F401 - fixtures
+from tests.support.agent_runs import wait_for, write_agent_config
 
 
 def _imported(argv, *, env, cwd=None):

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from learner_agent import tfevents
-from learner_agent.tests.conftest import agent_command, agent_env, run_agent, stop_process, wait_for, write_agent_config
+from tests.support.agent_runs import agent_command, agent_env, run_agent, stop_process, wait_for, write_agent_config
 
 tb = pytest.importorskip("tensorboard", reason="the platform's dependency tensorboard is not installed")
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader  # noqa: E402

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from notifications.tests.receiver import Receiver
 from tests.support.harness import start_session
+from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.e2e
 DOWN_S = 60

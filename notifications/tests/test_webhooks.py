@@ -10,11 +10,11 @@ from django.utils import timezone
 
 from jobs.models import Status
 from jobs.states import transition
-from jobs.tests.builders import client_for, job, logged_in, member, record_sends
 from notifications import delivery, services
 from notifications.models import Delivery, Webhook
-from notifications.tests.receiver import Receiver
 from tenants.models import AuditEntry
+from tests.support.builders import client_for, job, logged_in, member, record_sends
+from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db
 

@@ -5,8 +5,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
-from jobs.tests.builders import member, token_for
 from tenants import throttling
+from tests.support.builders import member, token_for
 
 pytestmark = pytest.mark.django_db
 

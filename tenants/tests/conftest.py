@@ -6,7 +6,7 @@ import pytest
 
 from jobs import admission
 from jobs.backends.base import Capacity, Node
-from jobs.tests.builders import record_sends
+from tests.support.builders import record_sends
 
 
 @pytest.fixture

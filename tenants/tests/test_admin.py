@@ -5,9 +5,9 @@ from django.test import Client
 
 from jobs.models import Status
 from jobs.states import transition
-from jobs.tests.builders import job, member
 from tenants import quotas
 from tenants.models import Quota
+from tests.support.builders import job, member
 
 pytestmark = pytest.mark.django_db
 

@@ -9,13 +9,13 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from conftest import skip_or_fail
 from gpu_scheduler.reasons import position_prefix, split_position
 from jobs import admission, submission
 from jobs.models import Job, Status
-from jobs.tests.builders import client_for, job, member, open_follow_ups, tar_gz, upload
 from tenants import quotas
 from tenants.models import UsageRecord
+from tests.support.builders import WAKE_SCHEDULER, client_for, job, member, open_follow_ups, tar_gz, upload
+from tests.support.optional import skip_or_fail
 
 pytestmark = pytest.mark.django_db
 SMALL_JOB = b"name: small\ncpus: 0.5\nmemory: 256MiB\nframework: {name: custom, command: sh run.sh}\n"
@@ -61,7 +61,7 @@ def test_raising_a_quota_admits_the_waiting_job(cluster, sent):
     assert statuses(waiting) == [Status.QUEUED]
     sent.clear()
     quotas.set_quota(alice.tenant, gpus=2)
-    assert ("schedule", ()) in sent  # the change re-runs the scheduler on its own
+    assert WAKE_SCHEDULER in sent  # the change wakes the scheduling loop on its own
     admission.run_cycle()
     assert statuses(running, waiting) == [Status.PENDING, Status.PENDING]
 

@@ -4,9 +4,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
-from jobs.tests.builders import client_for, member
 from tenants import quotas
 from tenants.models import ApiToken, AuditEntry, Membership
+from tests.support.builders import client_for, member
 
 pytestmark = pytest.mark.django_db
 

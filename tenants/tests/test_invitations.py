@@ -7,9 +7,9 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from jobs import sharing
-from jobs.tests.builders import client_for, job, logged_in, member
 from tenants import people
 from tenants.models import AuditEntry, Invitation, Membership
+from tests.support.builders import client_for, job, logged_in, member
 
 pytestmark = pytest.mark.django_db
 

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 from django.contrib.auth import get_user_model
 
-from jobs.tests.builders import logged_in, member
 from tenants.models import ApiToken, AuditEntry, Invitation, Membership
+from tests.support.builders import logged_in, member
 
 pytestmark = pytest.mark.django_db
 

@@ -4,8 +4,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from jobs.models import Job
-from jobs.tests.builders import client_for, member, tar_gz, upload
 from tenants import quotas
+from tests.support.builders import client_for, member, tar_gz, upload
 
 pytestmark = pytest.mark.django_db
 CODE = tar_gz({"run.sh": b"echo hi\n"})

@@ -2,7 +2,7 @@
 import pytest
 
 from jobs.models import Status
-from jobs.tests.builders import client_for, job, member
+from tests.support.builders import client_for, job, member
 
 pytestmark = pytest.mark.django_db
 

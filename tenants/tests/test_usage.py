@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from jobs.models import Status
 from jobs.states import transition
-from jobs.tests.builders import job, member
 from tenants import quotas
 from tenants.models import Quota, UsageRecord
+from tests.support.builders import job, member
 
 pytestmark = pytest.mark.django_db
 

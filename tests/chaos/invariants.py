@@ -1,5 +1,5 @@
-"""What must hold after every chaos scenario, checked against the platform's API, its database and
-this machine's processes.
+"""The workload every chaos scenario submits, and what must hold after it, checked against the
+platform's API, its database and this machine's processes.
 
 The workload (workload/chatter.py) is deterministic, so for each attempt we know exactly which lines
 it prints, in which order, and which metric points they carry: the platform's copy must be that
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from jobs.models import Status
 from jobs.states import TRANSITIONS
+from trainyard.packing import code_upload
 
 WORKLOAD = Path(__file__).parent / "workload"
 LINES, EVERY, SECONDS = 3000, 100, 6.0
@@ -21,6 +22,17 @@ def manifest(*, max_retries=0):
     restart = f"restart_policy: {{max_retries: {max_retries}}}\n" if max_retries else ""
     return (f"name: chaos-chatter\ncpus: 0.5\nmemory: 256MiB\n{restart}"
             f'framework: {{name: custom, command: "python3 chatter.py {LINES} {EVERY} {SECONDS}"}}\n')
+
+
+def submit(chaos, *, max_retries=0):
+    """Submit the workload; (job id, when it was submitted on the monotonic clock)."""
+    code = code_upload(str(WORKLOAD))
+    with code.fileobj:
+        response = chaos.api("POST", "/api/v1/jobs/", files={
+            "manifest": ("manifest.yml", manifest(max_retries=max_retries)),
+            "code": (code.filename, code.fileobj.read())})
+    assert response.status_code == 201, response.text
+    return response.json()["id"], time.monotonic()
 
 
 def printed_by(attempt):

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from learner_agent import procfs
-from tests.chaos.invariants import WORKLOAD, check_job, lines_by_attempt, manifest, printed_by
-from trainyard.packing import code_upload
+from tests.chaos.invariants import check_job, lines_by_attempt, printed_by, submit
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 
@@ -40,16 +39,6 @@ class Moment:
             time.sleep(self.delay)
         else:
             time.sleep(max(0.0, submitted_at + self.delay - time.monotonic()))
-
-
-def submit(chaos, *, max_retries=0):
-    code = code_upload(str(WORKLOAD))
-    with code.fileobj:
-        response = chaos.api("POST", "/api/v1/jobs/", files={
-            "manifest": ("manifest.yml", manifest(max_retries=max_retries)),
-            "code": (code.filename, code.fileobj.read())})
-    assert response.status_code == 201, response.text
-    return response.json()["id"], time.monotonic()
 
 
 def kill_part_scenario(chaos, part, seed, window):

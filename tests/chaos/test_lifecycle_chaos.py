@@ -13,8 +13,7 @@ import time
 import pytest
 import redis
 
-from tests.chaos.invariants import WORKLOAD, check_job, check_no_agent_left, check_usage_released
-from tests.chaos.test_chaos import submit
+from tests.chaos.invariants import WORKLOAD, check_job, check_no_agent_left, check_usage_released, submit
 from trainyard.packing import code_upload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import skip_or_fail
+from tests.support.optional import skip_or_fail
 
 KUBERNETES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 OVERLAYS = ("dev", "production")

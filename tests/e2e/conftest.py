@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
-from conftest import skip_or_fail
 from tests.support import browser as chromium
 from tests.support.harness import start_session
+from tests.support.optional import skip_or_fail
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.e2e.test_browser import SCREENSHOTS
+from tests.support.pages import SCREENSHOTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

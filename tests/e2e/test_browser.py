@@ -1,44 +1,15 @@
 """The dashboard in a real Chromium against the real platform: a researcher submits the PyTorch
 example through the form and watches, halts and resumes it live; another tenant sees none of it."""
-import os
 import re
-from pathlib import Path
 
 import pytest
 
-from tests.support.browser import log_in as browser_log_in
 from tests.support.harness import EXAMPLES
+from tests.support.pages import log_in, number, shoot, wait_more, wait_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-SCREENSHOTS = Path(os.environ.get("TRAINYARD_SCREENSHOTS", "/tmp/trainyard-screenshots"))
 LOSS_CHART = "[data-testid=chart][data-metric='train.loss']"
-WAIT_MS = 90_000  # two shared cores: PyTorch's import alone can take many seconds
-
-
-def log_in(browser, url, username, password):
-    return browser_log_in(browser, url, username, password, timeout_ms=WAIT_MS)
-
-
-def number(page, selector, attribute):
-    return int(page.get_attribute(selector, attribute) or 0)
-
-
-def wait_status(page, *statuses):
-    page.wait_for_function("s => s.includes(document.querySelector('[data-testid=job-status]').dataset.status)",
-                           arg=list(statuses))
-
-
-def wait_more(page, selector, attribute, than):
-    page.wait_for_function("([sel, attr, n]) => Number(document.querySelector(sel)?.getAttribute(attr) || 0) > n",
-                           arg=[selector, attribute, than])
-    return number(page, selector, attribute)
-
-
-def shoot(page, name):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.evaluate("document.activeElement?.blur(); window.scrollTo(0, 0)")
-    page.screenshot(path=str(SCREENSHOTS / name))
 
 
 def submit_the_pytorch_example(page, url):

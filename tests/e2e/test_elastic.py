@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.examples.test_pytorch_elastic import (ACCURACY_TOLERANCE, FINAL_LINE, SAMPLES_LINE, STEP_LINE,
-                                                 TRAINING_SET, expand)
+from tests.support.elastic_example import (ACCURACY_TOLERANCE, FINAL_LINE, SAMPLES_LINE, STEP_LINE, TRAINING_SET,
+                                           expand)
 from tests.support.harness import EXAMPLES, start_session, wait_for_status
 
 pytestmark = pytest.mark.e2e

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import skip_or_fail
-from tests.support.harness import EXAMPLES
-from trainyard.packing import code_upload
+from tests.support.optional import skip_or_fail
+from tests.support.submitting import manifest_with_command, metrics_of, submit_folder
 
 pytestmark = pytest.mark.e2e
 
@@ -28,17 +27,8 @@ FRAMEWORK_EXAMPLES = [
 ]
 
 
-def manifest_with_command(example, command):
-    text = (EXAMPLES / example / "manifest.yml").read_text()
-    return re.sub(r"(?m)^  command: .*$", f"  command: {command}", text) if command else text
-
-
 def artifacts_of(platform, job_id):
     return {a["name"]: a for a in platform.api("GET", f"/api/v1/jobs/{job_id}/artifacts/").json()["results"]}
-
-
-def metrics_of(platform, job_id):
-    return platform.api("GET", f"/api/v1/jobs/{job_id}/metrics/").json()["results"]
 
 
 @pytest.mark.parametrize("example, command, metric, checkpoint, module", FRAMEWORK_EXAMPLES,
@@ -156,16 +146,6 @@ def test_the_learners_of_one_job_reach_each_other_and_nothing_else(live_platform
     assert sum(line.endswith("platform ConnectionRefusedError") for line in lines) == 2, lines
 
 
-def submit_folder(platform, folder, manifest_text):
-    """Submit code from any folder (the harness submits examples/<name> only)."""
-    code = code_upload(str(folder))
-    with code.fileobj:
-        response = platform.api("POST", "/api/v1/jobs/", files={
-            "manifest": ("manifest.yml", manifest_text), "code": (code.filename, code.fileobj.read())})
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
 GANG = """
 name: gang
 learners: 2
@@ -191,7 +171,7 @@ def test_one_failed_learner_fails_the_attempt_and_stops_the_others(live_platform
 def s3_server():
     """An S3-compatible server with access-key checking; yields (endpoint, key id, secret)."""
     pytest.importorskip("boto3")
-    from jobs.tests.s3_server import s3_server
+    from tests.support.s3_server import s3_server
     with s3_server({"train-data": {"digits/digits.npz": digits_npz()}, "train-results": {}}) as server:
         yield server
 

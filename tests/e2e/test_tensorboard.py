@@ -3,9 +3,9 @@
 import importlib.util
 import pytest
 
-from conftest import skip_or_fail
-from tests.e2e.test_browser import WAIT_MS, log_in, shoot, wait_more, wait_status
-from tests.e2e.test_frameworks import manifest_with_command, metrics_of
+from tests.support.optional import skip_or_fail
+from tests.support.pages import WAIT_MS, log_in, shoot, wait_more, wait_status
+from tests.support.submitting import manifest_with_command, metrics_of
 
 pytestmark = pytest.mark.e2e
 

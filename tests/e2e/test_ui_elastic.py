@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_browser import SCREENSHOTS, log_in, shoot, wait_more
-from tests.e2e.test_frameworks import submit_folder
 from tests.support.harness import EXAMPLES, start_session
+from tests.support.pages import SCREENSHOTS, log_in, shoot, wait_more
+from tests.support.submitting import submit_folder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

@@ -2,7 +2,7 @@
 lines and 200,000 metric points fed through the page's own intake, as the websocket would."""
 import pytest
 
-from tests.e2e.test_browser import log_in
+from tests.support.pages import log_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

@@ -6,8 +6,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.models import Job, LogLine
-from jobs.tests.builders import job, logged_in, member, token_for
 from portal import assets
+from tests.support.builders import job, logged_in, member, token_for
 
 pytestmark = pytest.mark.django_db
 

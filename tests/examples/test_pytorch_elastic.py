@@ -21,23 +21,15 @@ import pytest
 import yaml
 
 from jobs import checkpoints
+from tests.support.elastic_example import (ACCURACY_TOLERANCE, FINAL_LINE, SAMPLES_LINE, STEP_LINE, STOP_LINE,
+                                           TOTAL, TRAINING_SET, expand)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "pytorch-elastic"
 MANIFEST = yaml.safe_load((EXAMPLE / "manifest.yml").read_text())
 COMMAND = [sys.executable if word == "python" else word for word in shlex.split(MANIFEST["framework"]["command"])]
 BASE_BATCH = MANIFEST["elastic"]["batch_size"]["global"]
-# Final validation accuracy of the elastic run against the same job at a fixed size: 360 digits, so
-# 0.03 is 11 of them (measured: docs/elastic.md, "Elastic jobs").
-ACCURACY_TOLERANCE = 0.03
 ATTEMPT_TIMEOUT = 120
-
-SAMPLES_LINE = re.compile(r"^samples epoch=(\d+) step=(\d+) rank=(\d+) idx=([\d.,]*)$")
-STEP_LINE = re.compile(r"^step (\d+) samples=(\d+) loss ([\d.]+) lr ([\d.]+)$")
-STOP_LINE = re.compile(r"^learner (\d+): stop requested; checkpoint at samples=(\d+) step (\d+); exiting$")
-TRAINING_SET = re.compile(r"^learner 0 of \d+: (\d+) training digits")
-FINAL_LINE = re.compile(r"final val_acc ([\d.]+)$")
-TOTAL = re.compile(r"epochs = (\d+) samples$")
 
 
 def free_port():
@@ -124,15 +116,6 @@ class Attempt:
     def matches(self, pattern, rank=None):
         ranks = self.lines if rank is None else [rank]
         return [m for r in ranks for line in self.lines[r] if (m := pattern.search(line))]
-
-
-def expand(ranges):
-    """`"3,17..19"` -> [3, 17, 18, 19]: the inverse of the example's log format."""
-    indices = []
-    for part in filter(None, ranges.split(",")):
-        first, _, last = part.partition("..")
-        indices.extend(range(int(first), int(last or first) + 1))
-    return indices
 
 
 def step_losses(attempt):

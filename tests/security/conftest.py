@@ -9,9 +9,9 @@ import tempfile
 
 import pytest
 
-from conftest import skip_or_fail
 from learner_agent import sandbox
 from tests.support.harness import start_session
+from tests.support.optional import skip_or_fail
 
 
 @pytest.fixture(scope="session")

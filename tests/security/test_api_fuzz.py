@@ -26,8 +26,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from jobs.tests.builders import job, member
 from tenants.models import ApiToken
+from tests.support.builders import job, member
 
 pytestmark = pytest.mark.django_db
 

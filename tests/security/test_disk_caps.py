@@ -10,8 +10,8 @@ import tarfile
 
 import pytest
 
-from tests.security.test_learner_escape import HOSTILE, log_lines
 from tests.support.harness import EXAMPLES
+from tests.support.hostile import HOSTILE, log_lines
 
 pytestmark = pytest.mark.e2e
 MiB = 2**20

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from conftest import skip_or_fail
 from learner_agent import sandbox
 from portal.runner import PROJECT_ROOT
 from tests.support.harness import start_session
+from tests.support.optional import skip_or_fail
 
 pytestmark = pytest.mark.e2e
 

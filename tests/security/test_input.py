@@ -9,8 +9,8 @@ import json
 import pytest
 
 from jobs.models import Job
-from jobs.tests.builders import MANIFEST, client_for, job, logged_in, member, tar_gz, upload
-from jobs.tests.test_manifest import billion_laughs
+from tests.support.bombs import billion_laughs
+from tests.support.builders import MANIFEST, client_for, job, logged_in, member, tar_gz, upload
 
 pytestmark = pytest.mark.django_db
 

@@ -15,26 +15,14 @@ import pytest
 
 from learner_agent import sandbox
 from portal.runner import PROJECT_ROOT
-from tests.support.harness import EXAMPLES
+from tests.support.hostile import log_lines, submit_hostile
 
 pytestmark = pytest.mark.e2e
 
-HOSTILE = PROJECT_ROOT / "tests" / "security" / "jobs" / "hostile"
 ATTEMPTS = ("capeff", "remount_root_rw", "umount_tmp", "mount_proc", "unhide_mounts", "ptrace_agent",
             "host_proc_environ", "read_platform_files", "read_other_tenants_result", "write_host_file",
             "hand_spare_a_config", "raw_socket", "host_unix_sockets", "run_visible", "cgroups_of_jobs",
             "nested_userns", "setuid_root")
-
-
-def submit_hostile(platform, command, *, token=None, cpus=0.5, memory="256MiB"):
-    manifest = (HOSTILE / "manifest.yml").read_text()
-    manifest = manifest.replace("command: python3 escape.py", f"command: {command}")
-    manifest = manifest.replace("cpus: 0.5", f"cpus: {cpus}").replace("memory: 256MiB", f"memory: {memory}")
-    return platform.submit(os.path.relpath(HOSTILE, EXAMPLES), manifest_text=manifest, token=token)
-
-
-def log_lines(platform, job_id, prefix):
-    return [line["line"] for line in platform.all_logs(job_id) if line["line"].startswith(prefix)]
 
 
 @pytest.fixture(scope="module")

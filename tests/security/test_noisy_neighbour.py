@@ -26,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from conftest import skip_or_fail
 from learner_agent import sandbox
 from portal.runner import PROJECT_ROOT
 from tests.support.harness import EXAMPLES, FINAL, start_session
+from tests.support.optional import skip_or_fail
 
 # A timing test: .ci/run runs it apart from the rest of the suite, whose platforms would share the machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.noisy_neighbour]

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from learner_agent.tests.test_archive import tar_bomb
-from tests.security.test_learner_escape import HOSTILE, submit_hostile
+from tests.support.bombs import tar_bomb
+from tests.support.hostile import HOSTILE, submit_hostile
 
 pytestmark = pytest.mark.e2e
 

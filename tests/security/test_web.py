@@ -18,9 +18,9 @@ import requests
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from conftest import skip_or_fail
 from portal.runner import PROJECT_ROOT, free_port, migrate, port_is_free
 from tests.support import browser as chromium
+from tests.support.optional import skip_or_fail
 from trainyard.packing import code_upload
 
 pytestmark = pytest.mark.e2e

@@ -4,7 +4,7 @@ The findings: a receiver sending one byte a second held a worker as long as it l
 was per read), and with two such hooks another tenant's trivial job sat in PENDING for 15 minutes
 instead of 1.3 s; job names and log lines reached Slack-format hooks unescaped (`<!channel>`, links).
 
-The receivers are real HTTP servers in this process (notifications.tests.receiver); the security
+The receivers are real HTTP servers in this process (tests.support.webhook_receiver); the security
 platform lets hooks reach 127.0.0.1 (TRAINYARD_WEBHOOK_ALLOW_PRIVATE, tests/security/conftest.py) and
 gives each delivery TRAINYARD_WEBHOOK_TIMEOUT_S=5 s in all.
 """
@@ -15,8 +15,8 @@ import time
 import pytest
 
 from notifications import delivery
-from notifications.tests.receiver import Receiver
 from tests.support.harness import EXAMPLES
+from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.e2e
 

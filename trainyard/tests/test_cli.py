@@ -1,6 +1,6 @@
 """The `trainyard` CLI: offline checks, packing, configuration, and its dialogue with a fake API server.
 
-No database is needed: the server side is trainyard/tests/fake_api.py on a real local port.
+No database is needed: the server side is tests/support/fake_api.py on a real local port.
 """
 import io
 import json
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from learner_agent.archive import inspect_archive
+from tests.support.fake_api import TOKEN, FakeTrainyard
 from trainyard import cli, client, config, packing, render
 from trainyard.errors import TrainyardError, UsageError
-from trainyard.tests.fake_api import TOKEN, FakeTrainyard
 
 REPO = Path(__file__).resolve().parents[2]
 FFDL_EXAMPLES = sorted((REPO.parent / "shared" / "ffdl" / "examples").glob("*.yml"))

@@ -1,13 +1,14 @@
-"""Small builders for tenants, users, tokens and jobs."""
+"""Small builders for tenants, users, tokens and jobs, and an agent's ingest post."""
 import io
 import tarfile
 import zipfile
 
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 
 from jobs import runtime
-from jobs.manifest import parse_manifest
+from trainyard.manifest import parse_manifest
 from jobs.models import FollowUp, Job
 from tenants.models import ApiToken, Membership, Tenant
 
@@ -77,15 +78,28 @@ def job(membership, **fields):
     return Job.objects.create(**values)
 
 
+WAKE_SCHEDULER = ("wake_scheduler", ())  # how record_sends records a wake of the scheduling loop
+
+
 def record_sends(monkeypatch):
-    """The tasks jobs.dispatch sends, as (name, args), recorded at once instead of sent to a broker
-    (the tests' transaction never commits, so on-commit sends are recorded when asked for)."""
+    """The tasks jobs.dispatch sends, as (name, args), and its wakes of the scheduling loop, as
+    WAKE_SCHEDULER, recorded at once instead of sent to a broker or Redis (the tests' transaction
+    never commits, so on-commit sends are recorded when asked for)."""
     sent = []
     monkeypatch.setattr("jobs.dispatch.send", lambda task, *args, countdown=None: sent.append((task, args)))
     monkeypatch.setattr("jobs.dispatch.send_on_commit", lambda task, *args: sent.append((task, args)))
+    monkeypatch.setattr("jobs.dispatch.wake_scheduler", lambda: sent.append(WAKE_SCHEDULER))
+    monkeypatch.setattr("jobs.dispatch.wake_scheduler_on_commit", lambda: sent.append(WAKE_SCHEDULER))
     return sent
 
 
 def open_follow_ups(target):
     """{(kind, attempt)} of the job's outbox rows not done yet."""
     return set(FollowUp.objects.filter(job_id=target.id, done_at=None).values_list("kind", "attempt"))
+
+
+def post(target, records, *, attempt=1, learner=0, token=None):
+    """POST `records` to the job's ingest endpoint as its learner's agent (the running_job fixture's tokens)."""
+    token = token or target.tokens[learner]
+    return Client().post(f"/api/v1/ingest/{target.id}/", {"attempt": attempt, "learner": learner, "records": records},
+                         content_type="application/json", HTTP_AUTHORIZATION=f"Ingest {token}")

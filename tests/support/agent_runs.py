@@ -1,4 +1,5 @@
-"""A fake ingest endpoint and builders for agent runs, shared by the learner_agent tests.
+"""A fake ingest endpoint and builders for agent runs, shared by the learner_agent and jobs tests (the
+`ingest` and `outside_tmp` fixtures are in tests.support.fixtures).
 
 The fake implements the ingest protocol the way the platform does (store only what continues the
 stored sequence, drop resends, 409 on a gap, 410 when the attempt is over) and can drop connections at
@@ -7,13 +8,11 @@ random, before or after storing, to show that nothing is lost or repeated.
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import zipfile
@@ -21,6 +20,8 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from learner_agent import cgroups, sandbox
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKEN = "test-token"
@@ -145,22 +146,6 @@ def _handler_for(server):
     return Handler
 
 
-@pytest.fixture
-def ingest():
-    server = IngestServer()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def outside_tmp():
-    """A scratch dir outside /tmp: inside bubblewrap /tmp is a fresh tmpfs, which would hide everything."""
-    base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else PACKAGE_PARENT
-    path = tempfile.mkdtemp(prefix="learner-agent-test-", dir=base)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def make_zip(path, files):
     with zipfile.ZipFile(path, "w") as zf:
         for name, content in files.items():
@@ -229,3 +214,25 @@ def stop_process(proc):
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+def _real_cgroups_problem():
+    if os.geteuid() != 0:
+        return "cgroups need root"
+    if sandbox.bwrap_problem() is not None:
+        return sandbox.bwrap_problem()
+    try:
+        cgroups.create("probe", memory_bytes=2**30, cpus=1, max_processes=10).remove()
+    except cgroups.CgroupError as e:
+        return str(e)
+    return None
+
+
+_CGROUPS_PROBLEM = _real_cgroups_problem()
+needs_cgroups = pytest.mark.skipif(_CGROUPS_PROBLEM is not None, reason=f"no writable cgroups here: {_CGROUPS_PROBLEM}")
+
+
+CPU_BURNER = ("python3 -c \"import time\n"
+              "wall, cpu = time.monotonic(), time.process_time()\n"
+              "while time.monotonic() - wall < 2: pass\n"
+              "print('cpu share', round((time.process_time() - cpu) / (time.monotonic() - wall), 2))\"")
