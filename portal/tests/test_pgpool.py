@@ -8,8 +8,8 @@ import psycopg2
 import pytest
 from django.db import connection, connections
 
-from conftest import skip_or_fail
 from portal.pgpool import base as pool
+from tests.support.optional import skip_or_fail
 
 pytestmark = pytest.mark.django_db
 
