@@ -93,10 +93,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # reuse them: on SQLite that is a new connection and its PRAGMAs per task, and each open waits
     # on the writers (a fifth of a worker's time in bench concurrency). Reused for 500 tasks.
     CELERY_DB_REUSE_MAX = 500
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # Django's PostgreSQL backend with each process's closed connections kept for its next ones:
-    # under the ASGI server every request otherwise opens one (portal/pgpool/base.py says why).
-    DATABASES["default"]["ENGINE"] = "portal.pgpool"
+# On PostgreSQL a connection per request (CONN_MAX_AGE 0): the ASGI server runs each request in a
+# thread of its own, where a kept connection would outlive its thread. Opening one is cheap when
+# DATABASE_URL names a PgBouncer in front of the server (deploy/pgbouncer, docs/operating.md).
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: broker for Celery and the channel layer for websockets ----------------------------

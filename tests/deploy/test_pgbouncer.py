@@ -1,0 +1,141 @@
+"""PgBouncer as deploy/pgbouncer/pgbouncer.ini configures it, in front of the machine's PostgreSQL (on a
+database of the test's own): the platform's connections, a new one per request as Django opens them,
+run on server sessions PgBouncer keeps, and what one client leaves on a session never reaches the next.
+"""
+import configparser
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import dj_database_url
+import psycopg2
+import pytest
+from django.db.utils import ConnectionHandler
+
+from tests.support.optional import skip_or_fail
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "deploy" / "pgbouncer" / "pgbouncer.ini"
+pytestmark = pytest.mark.postgres
+
+
+def shipped_config():
+    config = configparser.ConfigParser(interpolation=None, comment_prefixes=(";",), delimiters=("=",))
+    config.optionxform = str  # keys as written
+    config.read(SHIPPED)
+    return config
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def server():
+    """(direct URL, URL through PgBouncer) of a scratch database on the machine's PostgreSQL."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://", "pgsql://")):
+        skip_or_fail("needs PostgreSQL (DATABASE_URL=postgres://...)")
+    if shutil.which("pgbouncer") is None and not Path("/usr/sbin/pgbouncer").exists():
+        skip_or_fail("needs pgbouncer (apt-get install pgbouncer)")
+    params = dj_database_url.parse(url)
+    host, port, user = params["HOST"] or "127.0.0.1", int(params["PORT"] or 5432), params["USER"] or "postgres"
+    name = f"pgbouncer_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(host=host, port=port, user=user, password=params["PASSWORD"] or None, dbname="postgres")
+    admin.autocommit = True
+    admin.cursor().execute(f'CREATE DATABASE "{name}"')
+
+    # What the test changes is where things are; pooling and resetting are the shipped file's.
+    config = shipped_config()
+    listen = free_port()
+    folder = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
+    folder.chmod(0o755)  # PgBouncer refuses to run as root: it drops to the postgres user, who reads these
+    config["databases"] = {"*": f"host={host} port={port}"}
+    config["pgbouncer"].update({"listen_addr": "127.0.0.1", "listen_port": str(listen), "auth_type": "trust",
+                                "auth_file": str(folder / "userlist.txt"), "unix_socket_dir": ""})
+    (folder / "userlist.txt").write_text(f'"{user}" "{params["PASSWORD"] or ""}"\n')
+    with open(folder / "pgbouncer.ini", "w") as out:
+        config.write(out)
+    for path in folder.iterdir():
+        path.chmod(0o644)
+    command = [shutil.which("pgbouncer") or "/usr/sbin/pgbouncer", str(folder / "pgbouncer.ini")]
+    if os.geteuid() == 0:
+        command[1:1] = ["-u", "postgres"]
+    log = open(folder / "pgbouncer.log", "w+b")  # opened here: PgBouncer's user need not write the folder
+    bouncer = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", listen), timeout=1).close()
+                break
+            except OSError:
+                assert bouncer.poll() is None, (folder / "pgbouncer.log").read_text()
+                assert time.monotonic() < deadline, "PgBouncer did not start listening"
+                time.sleep(0.05)
+        credentials = f"{user}:{params['PASSWORD']}@" if params["PASSWORD"] else f"{user}@"
+        yield (f"postgres://{credentials}{host}:{port}/{name}",
+               f"postgres://{credentials}127.0.0.1:{listen}/{name}")
+    finally:
+        bouncer.terminate()
+        bouncer.wait(10)
+        log.close()
+        admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def requests_may_connect(django_db_blocker):
+    with django_db_blocker.unblock():  # databases of the test's own, not the suite's test database
+        yield
+
+
+def sessions_of_requests(url, count):
+    """The server session (backend pid) each of `count` requests ran on, each request opening and
+    closing its connection through Django's PostgreSQL backend as the platform's settings make it."""
+    pids = []
+    for _ in range(count):
+        connection = ConnectionHandler({"default": dj_database_url.parse(url, conn_max_age=0)})["default"]
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                pids.append(cursor.fetchone()[0])
+        finally:
+            connection.close()
+    return pids
+
+
+def test_it_runs_each_request_on_a_kept_session_instead_of_a_new_server_process(server, requests_may_connect):
+    direct, pooled = server
+    assert len(set(sessions_of_requests(direct, 3))) == 3  # without it: a backend forked per request
+    assert len(set(sessions_of_requests(pooled, 3))) == 1
+
+
+def test_what_a_client_leaves_on_its_session_does_not_reach_the_next(server):
+    _, pooled = server
+    first = psycopg2.connect(pooled)
+    first.autocommit = True
+    with first.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+        # An abandoned .iterator()'s holdable cursor, whose name a later request could reuse, and a setting.
+        cursor.execute("DECLARE left_open CURSOR WITH HOLD FOR SELECT 1")
+        cursor.execute("SET statement_timeout = 1234")
+    first.close()
+
+    second = psycopg2.connect(pooled)
+    try:
+        with second.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid(), (SELECT count(*) FROM pg_cursors),"
+                           " current_setting('statement_timeout')")
+            assert cursor.fetchone() == (pid, 0, "0")
+    finally:
+        second.close()
