@@ -52,12 +52,11 @@ def _record_artifacts(job, refused=None):
     as (name, why) (storage.artifact_name_problem).
 
     One query for what is recorded already, one insert per thousand new rows, an update only for what
-    changed. (Two queries per file before: a quarter of the time from STORING to COMPLETED for a job
-    with a dozen checkpoints, in bench frameworks' timeline.)"""
+    changed, rather than queries per file, which made a job of many checkpoints slow to complete."""
     deadline = time.monotonic() + settings.RECORD_SECONDS
     # "job" too: read through the reverse relation, Django sets the job on each row from its job_id,
-    # which only() would defer: one query per file recorded (a PyTorch example's second store: 8 more
-    # queries, about 1 ms of its 12 on SQLite; a job of thousands of files, thousands of round trips).
+    # which only() would defer: one query per file recorded (a job of thousands of files, thousands of
+    # round trips).
     recorded = {artifact.name: artifact for artifact in job.artifacts.only("id", "job", "name", "size", "sha256")}
     listing = storage.list_artifacts(job.tenant.slug, job.id, folders=RECORD_ORDER, refused=refused)
     files = list(itertools.islice(listing, settings.MAX_RECORDED_FILES))
@@ -112,8 +111,8 @@ def _count_rest(listing, deadline):
 
 def _digests(paths):
     """The files' SHA-256, several at once where there is much to read: hashlib lets go of the GIL
-    while it hashes, and the learners have ended, so their cores are free (a PyTorch example's four
-    4 MB checkpoints took 16 of the 24 ms of storing its results, one after another)."""
+    while it hashes, and the learners have ended, so their cores are free (hashing a job's checkpoints
+    one after another was most of the time spent storing its results)."""
     if len(paths) < 2 or sum(path.stat().st_size for path in paths) < PARALLEL_HASH_BYTES:
         return [storage.sha256_of(path) for path in paths]
     with ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1)) as pool:

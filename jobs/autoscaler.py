@@ -63,8 +63,8 @@ def may_resize():
     """Whether a pass could resize anything: a job runs that is elastic and holds GPUs (what
     _candidate asks first). One query on the running jobs. A pass reads the cluster's capacity and
     every active job whole, and one ran after every scheduling cycle even on a cluster without a
-    single elastic job: three passes per job (a task each, beside the job's own steps: bench
-    frameworks' timeline), and at 1,000 running jobs each pass loaded all 1,000 (bench controlplane)."""
+    single elastic job: several passes per job, each a task beside the job's own steps and each
+    loading every running job."""
     return Job.objects.filter(status=Status.PROCESSING, gpus__gt=0).exclude(runtime__elastic=None).exists()
 
 

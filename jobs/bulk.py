@@ -1,7 +1,7 @@
 """Fast inserts of log lines for the ingest path.
 
-One learner can print tens of thousands of lines a second; the ORM spends ~100 µs preparing each
-row of a bulk_create, which would cap ingestion well below that. These rows are simple and
+One learner can print tens of thousands of lines a second; the ORM's preparation of each row of a
+bulk_create would cap ingestion well below that. These rows are simple and
 trusted (built by jobs.ingest), so they go to the database as plain tuples: PostgreSQL's COPY
 (several times faster than INSERT ... VALUES), SQLite's executemany.
 """
@@ -20,8 +20,8 @@ def insert_log_lines(rows, *, along=()):
     already formats it once for the websockets, and formatting is a good part of the cost per row).
 
     along: (sql, params) statements to run as well, before the lines, in the same round trip to
-    PostgreSQL (a query string may hold statements before its COPY; each post's two updates of its
-    progress cost two round trips of their own, bench controlplane)."""
+    PostgreSQL (a query string may hold statements before its COPY; otherwise each post's two updates
+    of its progress cost two round trips of their own)."""
     table = connection.ops.quote_name(LogLine._meta.db_table)
     columns = ", ".join(connection.ops.quote_name(c) for c in COLUMNS)
     with connection.cursor() as cursor:

@@ -34,9 +34,9 @@ CLOSE_UNAUTHORIZED = 4401
 
 def _db(function):
     """database_sync_to_async, on any of the event loop's pool threads rather than the one thread
-    channels gives synchronous code by default: 100 browsers opening their sockets at once checked
-    their credentials there one after the other, and under load half of them waited past daphne's
-    5 s limit for a handshake and were dropped (bench controlplane). A call shares nothing with
+    channels gives synchronous code by default: many browsers opening their sockets at once checked
+    their credentials there one after the other, and under load many waited past daphne's limit for
+    a handshake and were dropped. A call shares nothing with
     another one (each socket awaits its own in turn), and it closes the connection it opened in that
     thread when it ends, as database_sync_to_async does."""
     return database_sync_to_async(function, thread_sensitive=False)
@@ -62,9 +62,9 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
 
     async def dispatch(self, message):
         # Channels (4.2 on) first hops into the web process's one thread for synchronous code to close
-        # stale database connections, for every message of every socket: a status change reaching 100
-        # sockets queued 100 turns behind the requests that thread serves (ingest, submits), and the
-        # fan-out fell seconds behind (bench controlplane; py-spy put a third of the event loop there).
+        # stale database connections, for every message of every socket: a status change reaching many
+        # sockets queued a turn per socket behind the requests that thread serves (ingest, submits),
+        # and the fan-out fell behind.
         # Every database access here goes through _db (database_sync_to_async), which closes stale
         # connections around its own call, so a message that reads nothing does not hop at all.
         handler = getattr(self, get_handler_name(message), None)
@@ -156,7 +156,7 @@ class JobConsumer(_ScopedConsumer):
         # and its status changes, not its logs and metrics.
         self.status_only = self.query("only") == "status"
         # `&until=COMPLETED,FAILED`: the statuses the script waits for; only a change to one of them
-        # carries the job's detail (reading it took 5-12 ms, and a change it is read for holds up the
+        # carries the job's detail (reading it takes a query, and a change it is read for holds up the
         # next one: STORING's, just before COMPLETED's). Without it, every change carries it.
         until = self.query("until")
         self.detail_for = frozenset(until.split(",")) if until else None
@@ -198,7 +198,7 @@ class JobConsumer(_ScopedConsumer):
         message = {"type": "status", **event["status"], "job_detail": event["job"]}
         if self.status_only and (self.detail_for is None or event["status"]["status"] in self.detail_for):
             # The job as the REST API shows it, read after the change committed: a waiting script
-            # returns it instead of reading it again (an HTTP request, about 20 ms of every job's wait).
+            # returns it instead of reading it again (an HTTP request at the end of every job's wait).
             # The change to a status scripts wait for brings it along (jobs.models.AT_REST; jobs.live).
             message["detail"] = event.get("detail") or await self._detail()
         await self.send_json(message)

@@ -50,8 +50,8 @@ def attempt_over(*, status, current_attempt, attempt):
 
 # digest -> (job id, attempt, learner) of credentials seen valid: what a credential grants never changes
 # once issued, so a process asks the database once per learner, not at every post (a round trip of
-# the nine an ingest post made to PostgreSQL, each waiting for a turn on the busy cores under load,
-# bench controlplane). Whether its attempt lives is not remembered: ingest reads that under the
+# its own to PostgreSQL, waiting for a turn on the busy cores under load). Whether its attempt
+# lives is not remembered: ingest reads that under the
 # job's lock at every post. Bounded; the oldest is forgotten first.
 _KNOWN = {}
 KNOWN_MAX = 16384

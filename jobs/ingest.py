@@ -186,13 +186,12 @@ _LOCK_STATEMENTS = _lock_statements()
 
 
 def _lock(job_id, attempt, index):
-    """The job and the learner's row, both locked, read in one query (one round trip: a post made
-    nine to PostgreSQL, each waiting for a turn on the busy cores, bench controlplane); None if the
-    job is gone.
+    """The job and the learner's row, both locked, read in one query (one round trip: under load each
+    round trip to PostgreSQL waits for a turn on the busy cores); None if the job is gone.
 
     The job's row only is locked, not its tenant's: a lock on a join locks the joined rows too, and
     every job of a tenant shares its tenant row, so each tenant's ingests ran one at a time and
-    waited, with its submissions and admissions, for each other's transactions (0.26 s a batch).
+    waited, with its submissions and admissions, for each other's transactions.
     NO KEY: rows that only refer to the job (events, outbox rows) need not wait. The job is locked
     before the learner (the CTE is read first), in the order workers lock them. The learner's row is
     locked as read: what the batch writes to it must not undo a worker's change."""

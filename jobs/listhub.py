@@ -2,9 +2,9 @@
 
 Every socket of a tenant's list gets every status change of the tenant's jobs. When each socket was a
 member of the tenant's group, each change cost the web process a decoding, a consumer dispatch and a
-send per socket: when jobs that started together end together, a burst of 400 changes to 100 sockets
-was 40,000 of each within seconds, and the sockets fell seconds behind (bench controlplane: fan-out
-p95 1.1 s at 1,000 running jobs, most of it in such bursts). Here one hub per tenant joins the group
+send per socket: when jobs that started together end together, a burst of changes to many sockets
+was the product of the two within seconds, and the sockets fell seconds behind. Here one hub per
+tenant joins the group
 with one channel, reads each change once, and sends the sockets one message per burst: the first
 change at once, the changes of the next COALESCE_S together (`{"type": "statuses", "changes": [...]}`),
 each as a lone `status` message would be. A burst's message is encoded once for every socket that

@@ -56,8 +56,8 @@ def publish_status_on_commit(job):
     payload, own, listing = status_payload(job), job_group(job.id), tenant_group(job.tenant_id)
     # A change to a status at rest (what a script waits for) carries the job's REST detail to the
     # job's own sockets, built once by the process that made the change, after it committed. The web
-    # process read it for each waiting socket instead, through a thread of its pool: 5-10 ms of every
-    # job's end as its script saw it (bench frameworks' timeline).
+    # process read it for each waiting socket instead, through a thread of its pool, which delayed
+    # every job's end as its script saw it.
     detailed = job.status in AT_REST
 
     def send():
@@ -118,8 +118,8 @@ def _send(groups, *messages):
     loop = serving_loop()
     if loop is not None:
         # A web request's thread: the process's event loop publishes, and the request goes on. Waiting
-        # for it was half of an ingest request's time under load (bench controlplane, py-spy): the loop
-        # is busy with the sockets when many changes fan out.
+        # for it made ingest requests slow under load: the loop is busy with the sockets when many
+        # changes fan out.
         try:
             loop.call_soon_threadsafe(_enqueue, layer, groups, messages)
             return
@@ -141,9 +141,9 @@ _publisher_lock = threading.Lock()
 def _publishing_loop():
     """An event loop of this process's own, running in a daemon thread, that publishes for code
     outside an ASGI server. Before, each publication ran async_to_sync, which started a loop in a
-    thread and the channel layer a Redis connection for that loop: 6–13 ms on every status change a
-    worker made, in the on-commit hooks that also send the next step's message (the deploy after an
-    admission) and ahead of the client's news of the end (bench frameworks' timeline). Here the
+    thread and the channel layer a Redis connection for that loop, on every status change a worker
+    made, in the on-commit hooks that also send the next step's message (the deploy after an
+    admission) and ahead of the client's news of the end. Here the
     layer keeps one connection for the loop. Per process id: a forked child (Celery's pool) starts
     its own, the parent's thread does not exist there."""
     global _publisher

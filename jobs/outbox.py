@@ -189,8 +189,8 @@ def _sweep_table(model, task, now, *, backlog=None):
 
     Before, every pass sent every row older than SEND_GRACE_S again (up to 500): when a burst of
     admissions queued hundreds of deploys, each pass added hundreds of messages behind them, every
-    one a task that found its row taken, and the queue only grew (bench controlplane: a quarter of
-    the follow-up tasks a worker ran, and about half of the reconcile pass's time, spent sending)."""
+    one a task that found its row taken, and the queue only grew (workers ran empty follow-ups, and
+    the reconcile pass spent its time sending)."""
     stale = now - timedelta(seconds=CLAIM_TTL_S)
     grace = SEND_GRACE_S if not backlog else BACKLOG_TRUST_S
     unsent = Q(claimed_at=None, created__lt=now - timedelta(seconds=grace))

@@ -24,8 +24,8 @@ def queue_position(job):
     wait_reason begins with), or None: not queued, or no cycle has seen it yet (a cycle follows each
     submission). One home for the place: a count of the jobs ahead by priority and submission time
     disagreed with the scheduler's order (service levels, requeued jobs keeping theirs) and cost every
-    queued job in an answer a count of its tenant's queue: at 10,000 queued, about 30 ms of a
-    submission's p95 under load (bench controlplane). Places past the head of a long queue are as
+    queued job in an answer a count of its tenant's queue, which slowed submissions to a long queue
+    under load. Places past the head of a long queue are as
     fresh as the positions' refresh (jobs.admission._reasons_to_write)."""
     if job.status != Status.QUEUED:
         return None
@@ -67,7 +67,7 @@ class JobSerializer(serializers.ModelSerializer):
 class JobDetailSerializer(JobSerializer):
     """A job in full. With context {"just_submitted": True} (the job the request itself created and
     nobody has run yet), what it cannot have yet (metric points, usage) is not looked up: under load
-    each query of a submission's answer waited for a turn on the busy cores (bench controlplane)."""
+    each query of a submission's answer waited for a turn on the busy cores."""
     latest_metrics = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
     elastic = serializers.SerializerMethodField()

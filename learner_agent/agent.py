@@ -623,9 +623,8 @@ class Agent:
         """Record `state` (as of now) with the next status change, or on its own after `seconds`.
 
         Recorded at once, `preparing` went out in a request of its own just as the command was being
-        started, and the agent's and the platform's work on it took the very milliseconds the
-        learner's start waited for (bench frameworks' timeline, "agent running → command started").
-        Held back, it leaves with `running` in one request, in order and with its own time, so the
+        started, and the agent's and the platform's work on it took the very moments the learner's
+        start waited for. Held back, it leaves with `running` in one request, in order and with its own time, so the
         job's events say the same; an unpack that takes longer is still shown while it lasts."""
         with self._status_lock:
             self._held_statuses.append({"kind": "status", "state": state, "time": time.time()})
@@ -826,8 +825,8 @@ def _drop_inherited_environment(config):
 def agent_argv(config_path):
     """The command line that starts an agent. `-S`: the agent needs only the standard library and
     finds this package through PYTHONPATH (clean_environment), so site-packages and their .pth
-    files are skipped: a third of the interpreter's start-up (27 ms → 9 ms on this machine), paid
-    once per learner before its command can start."""
+    files are skipped: a large share of the interpreter's start-up, paid once per learner before its
+    command can start."""
     return [sys.executable, "-S", "-m", "learner_agent", "run", "--config", str(config_path)]
 
 

@@ -233,7 +233,7 @@ def _safe_name(name):
 
 
 def _quota_us(cpus):
-    """`cpus` worth of CPU time per period (the kernel's minimum quota is 1ms)."""
+    """`cpus` worth of CPU time per period (the kernel's minimum quota is a millisecond)."""
     return max(1000, int(round(cpus * CPU_PERIOD_US)))
 
 

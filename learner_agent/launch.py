@@ -2,7 +2,7 @@
 
 The agent starts `python -I -S .../learner_agent/launch.py PLAN_FD` with a fixed environment and the
 plan (built by learner_agent.sandbox.bwrap_plan) in an inherited memfd, in `marshal`'s format: built
-into the interpreter, where importing json (and with it `re`) cost 8 ms of every learner's start.
+into the interpreter, where importing json (and with it `re`) would lengthen every learner's start.
 Only the agent writes it, before the learner exists. A spare agent starts its launcher ahead, as
 `launch.py -`, and hands it the plan through its stdin (see _read_plan). In order, each step
 only when the plan asks for it:

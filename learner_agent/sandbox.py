@@ -267,8 +267,8 @@ def launcher_argv(plan_fd):
     (a launcher a spare starts ahead) on its stdin: isolated (`-I`: no PYTHON* variable, no user site, not
     even the script's own folder on sys.path) and without site-packages (`-S`: no .pth file runs while
     it may be root). Run as a script, not `-m`: launch.py needs only the standard library, and
-    importing this package first (its dataclass pulls in inspect, re, enum) was 21 ms of the
-    learner's start (47 ms against 26 ms for the launcher's start-up on this machine)."""
+    importing this package first (its dataclass pulls in inspect, re, enum) nearly doubled the
+    launcher's start-up, which every learner's start waits for."""
     return [sys.executable, "-I", "-S", LAUNCHER, str(plan_fd)]
 
 

@@ -295,7 +295,7 @@ class Shipper:
     def _send(self, batch):
         """One request; returns ("progress" | "retry" | "stop", detail)."""
         # Imported here, on the shipping thread, not with the module: http.client (with ssl and
-        # email) is a fifth of the agent's imports, and the learner's command can start without it.
+        # email) is a large share of the agent's imports, and the learner's command can start without it.
         import http.client
         body = self._body_head + b",".join(b for _, b in batch) + b"]}"
         reused = self._conn is not None and self._conn_requests > 0

@@ -1,9 +1,8 @@
 """Spare agents: agent processes started before their learner exists, so that a deploy on the local
 backend hands the learner to an interpreter that has already started and imported the agent.
 
-A cold start costs each learner about 50 ms before its command can begin (the interpreter, then the
-agent's modules: "agent config → agent running" in bench frameworks' timeline), which is 5% of a
-1-second job. A spare pays it ahead of time, while no job is waiting.
+A cold start costs each learner time before its command can begin (the interpreter, then the
+agent's modules), which a short job feels. A spare pays it ahead of time, while no job is waiting.
 
 The spares live in one directory of the backend's (0700, under the platform's data directory,
 which learners never see): one FIFO each, moved between names by atomic renames, so any number of

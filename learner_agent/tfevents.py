@@ -41,8 +41,8 @@ EVENT_FILE_MARK = ".tfevents"  # TensorBoard reads files whose name contains it;
 MAX_FILES = 256
 MAX_DEPTH = 4  # tb/<run>/<sub-run>/...: keras writes train/ and validation/, FfDL's example tb/test
 MAX_RECORD_BYTES = 64 * 1024
-# Bytes checksummed per pass. The CRC is pure Python: about 1MiB/s measured on the project's shared
-# 2-core machine under load, so a pass costs at most ~0.25s of CPU; scalars are ~60-byte records.
+# Bytes checksummed per pass. The CRC is pure Python and slow, so this bounds the CPU a pass takes
+# beside the learner; scalar records are small, so it is still many of them.
 MAX_READ_PER_POLL = 256 * 1024
 POLL_INTERVAL_S = 1.0
 DRAIN_TIMEOUT_S = 60.0  # reading what is left once the learner ended, before `exited`

@@ -87,11 +87,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
     # A file, not a server: a connection is kept for the life of the thread that opened it, so a
-    # worker task or a request does not open (and set up) one of its own (bench concurrency).
+    # worker task or a request does not open (and set up) one of its own.
     DATABASES["default"]["CONN_MAX_AGE"] = None
     # Celery's Django fix-up closes every connection before and after each task unless told to
     # reuse them: on SQLite that is a new connection and its PRAGMAs per task, and each open waits
-    # on the writers (a fifth of a worker's time in bench concurrency). Reused for 500 tasks.
+    # on the writers, a large share of a busy worker's time.
     CELERY_DB_REUSE_MAX = 500
 # On PostgreSQL a connection per request (CONN_MAX_AGE 0): the ASGI server runs each request in a
 # thread of its own, where a kept connection would outlive its thread. Opening one is cheap when

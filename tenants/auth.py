@@ -8,8 +8,8 @@ from tenants import throttling
 from tenants.models import ApiToken
 
 # A token's last use is recorded to the minute: writing it at every request was a write and a commit
-# (a WAL flush) on every call of every script, one of a submission's nine round trips to PostgreSQL,
-# each waiting for a turn on the busy cores under load (bench controlplane).
+# (a WAL flush) on every call of every script, a round trip of its own in every submission, waiting
+# for a turn on the busy cores under load.
 LAST_USED_PRECISION = timedelta(minutes=1)
 
 

@@ -62,9 +62,9 @@ class LocalBackend:
             _write_private_json(folder / "agent.json", config)
             self._start_agent(folder)
         # Not now: starting a spare (a process start-up, then its imports) beside this job's agents
-        # took CPU from them on a small machine, just as their learners were starting (bench
-        # frameworks' timeline, "agent running → command started"). A spare started a moment later
-        # is ready for the next deploy all the same, unless that one comes within the moment.
+        # took CPU from them on a small machine, just as their learners were starting. A spare
+        # started a moment later is ready for the next deploy all the same, unless that one comes
+        # within the moment.
         dispatch.send("spare_agents", countdown=SPARES_AFTER_DEPLOY_S)
 
     def _learner_folder(self, spec, learner):
@@ -175,8 +175,8 @@ class LocalBackend:
         `setsid --fork` does the detaching (its own session, a child of init), so neither a
         detaching Python process nor the re-exec that clears the agent's environment runs first:
         the agent gets its clean environment (learner_agent.agent.clean_environment) from here.
-        The deploy no longer waits for an interpreter, so a worker deploys many jobs a second
-        (bench concurrency). Without setsid the agent detaches itself (`--detach`)."""
+        The deploy does not wait for an interpreter, so a worker deploys many jobs a second.
+        Without setsid the agent detaches itself (`--detach`)."""
         # The platform's own Python comes first on PATH: on the local backend, the frameworks a
         # learner's `python` imports are the ones installed beside Trainyard.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])

@@ -38,8 +38,8 @@ FRAMEWORK_IMAGES = {"pytorch": "pytorch", "tensorflow": "tensorflow", "keras": "
 VOLUME_SOURCES = {"persistentVolumeClaim", "nfs", "csi", "ephemeral", "cephfs", "glusterfs", "azureFile", "iscsi"}
 # How long a namespace this process made sure of (with the tenant's quota then) is taken to be as it
 # left it. Within that time a deploy for the same tenant and quota sends only the attempt's own
-# objects: making sure again costs four requests (namespace, LimitRange, NetworkPolicy, quota), which
-# were 4 of the 9 requests of every deploy (bench controlplane). A changed quota is mirrored at the
+# objects: making sure again costs four requests (namespace, LimitRange, NetworkPolicy, quota), close
+# to half of what a deploy sends. A changed quota is mirrored at the
 # next deploy; a namespace deleted behind the platform's back shows as a 404 on a create, which
 # forgets it, and the re-driven deploy makes it again; a hand-edited LimitRange or policy is put
 # back at the latest this long after.
