@@ -27,14 +27,16 @@ import math
 import time
 from dataclasses import dataclass
 
+import redis
 from django import forms
+from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.cache import cache, caches
-from django.core.cache.backends.redis import RedisCache
+from django.core.cache.backends.redis import RedisCache, RedisSerializer
 from django.core.exceptions import PermissionDenied
 from django.http import JsonResponse
 
@@ -119,15 +121,24 @@ def _add_count(pipe, counter, window_s):
 
 
 def _redis():
-    """The Redis client behind the default cache, or None if it is not Django's Redis backend. Counters
-    are stored as that backend stores integers (plain, not pickled), so its get and incr read them."""
-    backend = caches["default"]
-    return backend._cache.get_client(write=True) if isinstance(backend, RedisCache) else None
+    """A Redis client on the default cache's server (the one it writes to), or None if the cache is not
+    Django's Redis backend. Counters are stored as that backend stores integers (plain, not pickled),
+    so its get and incr read them."""
+    if not isinstance(caches["default"], RedisCache):
+        return None
+    location = settings.CACHES["default"]["LOCATION"]
+    return _client((location.split(",") if isinstance(location, str) else location)[0])
+
+
+@functools.cache
+def _client(url):
+    # Short timeouts, as the cache's: a Redis that hangs must not hang every login and ingest post.
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
 
 
 def _cached(raw):
     """A value cache.set stored, as read straight from Redis (None: no such key) in that backend's format."""
-    return None if raw is None else caches["default"]._cache._serializer.loads(raw)
+    return None if raw is None else RedisSerializer().loads(raw)
 
 
 def reset(rule, *parts):
