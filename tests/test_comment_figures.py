@@ -4,12 +4,11 @@ import ast
 import io
 import re
 import tokenize
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("portal", "tenants", "jobs", "notifications", "gpu_scheduler", "learner_agent", "trainyard")
+from tests.support.shipped import PACKAGES, ROOT
+
 FIGURES = re.compile(r"\d+(\.\d+)? ?(ms|µs)\b|py-spy|(?<!-m )\bbench (controlplane|concurrency|frameworks|overhead|recovery|"
                      r"scheduler|ui)\b")
 # Being rewritten as a whole; each joins the check once its rewrite has landed.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_layers import PACKAGES, ROOT
+from tests.support.shipped import PACKAGES, ROOT
 
 LIBRARIES = ("django", "channels", "channels_redis", "asgiref", "celery")
 OVERRIDES = ROOT / "portal" / "overrides"

@@ -5,11 +5,11 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.shipped import ROOT
+
 NOT_SOURCE = ("*.egg-info", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis")
 NOT_COPIED = (".git", ".venv", "node_modules", "var", *NOT_SOURCE)
 PROJECTS = sorted(p.parent.relative_to(ROOT).as_posix()
