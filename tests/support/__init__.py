@@ -1,2 +1,3 @@
-"""Test support shared by the end-to-end, chaos and security suites and the benchmarks (which run
-from the repository root, so they import it as `tests.support`). Not part of the installed package."""
+"""Test support: the builders, fakes and fixtures that the unit tests, the end-to-end, chaos and
+security suites and the benchmarks share (they run from the repository root, so they import it as
+`tests.support`; the root conftest.py loads `fixtures.py` as a pytest plugin). Never installed."""
