@@ -343,7 +343,7 @@ def seed_queued(count, start_index):
     from django.utils import timezone
 
     from jobs import runtime, storage
-    from jobs.manifest import parse_manifest
+    from trainyard.manifest import parse_manifest
     from jobs.models import Job, JobEvent
     from tests.support.builders import tar_gz
     from tenants.models import Tenant

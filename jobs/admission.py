@@ -23,12 +23,13 @@ from django.utils import timezone
 
 import gpu_scheduler as scheduler
 from gpu_scheduler.reasons import job_seen_by, position_prefix, split_position
-from jobs import elasticity, lifecycle, metrics
+from jobs import lifecycle, metrics
 from jobs.backends import get_backend
 from jobs.models import ACTIVE, Job, Status
 from jobs.states import transition
 from tenants import quotas
 from tenants.models import Tenant
+from trainyard import elasticity
 
 log = logging.getLogger(__name__)
 ACTOR = "scheduler"

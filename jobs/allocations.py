@@ -20,15 +20,16 @@ change, so the timeline never disagrees with the job's history:
 """
 from django.db.models import Max, Min
 
-from jobs import elasticity, runtime
+from jobs import runtime
 from jobs.models import ACTIVE, Allocation, MetricPoint, Status
+from trainyard import elasticity
 
 # The metric an elastic job's rank 0 reports its cumulative samples under (learner_agent.report(samples=)).
 SAMPLES_METRIC = "samples"
 
 
 def bounds(job):
-    """The job's elastic block as stored at submission (jobs.elasticity.Elastic), or None for a fixed-size job."""
+    """The job's elastic block as stored at submission (trainyard.elasticity.Elastic), or None for a fixed-size job."""
     return elasticity.of(job)
 
 
@@ -84,7 +85,7 @@ def on_transition(job, *, before, when):
 
 
 def shape_of(job, wanted_batch=None):
-    """The Shape (jobs.elasticity) of the job's current attempt at its current learners."""
+    """The Shape (trainyard.elasticity) of the job's current attempt at its current learners."""
     elastic = runtime.of(job).elastic
     if elastic is None:
         return elasticity.Shape(job.learners, None, None, 1.0)

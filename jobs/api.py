@@ -17,10 +17,10 @@ from jobs.backends import get_backend
 from jobs.serializers import (AllocationSerializer, ArtifactSerializer, JobDetailSerializer, JobEventSerializer,
                               JobSerializer, log_line_json, metric_json)
 from jobs.bounds import ERROR_BODY, BadParameter, BoundedJSONParser, whole_number
-from jobs.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
 from jobs.models import ACTIVE, FINAL, Artifact
 from tenants import access
 from tenants.throttling import throttle_ingest
+from trainyard.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
 
 MAX_LOG_LIMIT = 10000
 ARTIFACT_PAGE = 200  # files per page of a job's artifacts by default, and at most

@@ -34,11 +34,12 @@ from django.utils import timezone
 
 from gpu_scheduler import elastic as optimizer
 from gpu_scheduler import throughput
-from jobs import admission, allocations, elasticity, lifecycle
+from jobs import admission, allocations, lifecycle
 from jobs.backends import get_backend
 from jobs.models import ACTIVE, Allocation, Job, MetricPoint, Status
 from tenants import quotas
 from tenants.models import UsageRecord
+from trainyard import elasticity
 
 log = logging.getLogger(__name__)
 ACTOR = "autoscaler"

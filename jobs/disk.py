@@ -33,7 +33,7 @@ class DiskError(ValueError):
 
 def caps_for(asked, quota):
     """{cap: value} for a new job of a tenant with `quota` (or None) whose manifest asks `asked`
-    (jobs.manifest.Manifest.disk)."""
+    (trainyard.manifest.Manifest.disk)."""
     tenant_limit = quota.disk_per_job_bytes if quota is not None else None
     caps = {}
     for name in CAPS:

@@ -14,13 +14,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import (allocations, artifacts, checkpoints, credentials, dispatch, elasticity, frameworks, outbox, runtime,
-                  storage, transfers)
+from jobs import allocations, artifacts, checkpoints, credentials, dispatch, outbox, runtime, storage, transfers
 from jobs.backends import get_backend
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
 from jobs.models import ACTIVE, Allocation, FollowUp, Job, Learner, LogLine, Status
 from jobs.states import require_transition, transition
 from jobs.submission import code_archive
+from trainyard import elasticity, frameworks
 
 log = logging.getLogger(__name__)
 SYSTEM = "lifecycle-manager"

@@ -16,8 +16,8 @@ from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
 from jobs import prometheus as shared
-from jobs.manifest import PRIORITIES
 from jobs.models import Job, Status
+from trainyard.manifest import PRIORITIES
 
 BACKEND_OPERATIONS = ("deploy", "status", "halt", "delete", "logs", "capacity")
 SOCKET_STREAMS = ("job", "list")

@@ -10,7 +10,8 @@ existed got theirs from a data migration; one whose manifest no longer parsed th
 """
 from dataclasses import dataclass, field
 
-from jobs import datastores, disk, elasticity
+from jobs import datastores, disk
+from trainyard import elasticity
 
 VERSION = 1
 
@@ -31,7 +32,7 @@ class Runtime:
     tensorboard_dir: str = ""  # where the learners write TensorBoard event files to read ("": none)
     # The manifest's data stores with every credential redacted (the credentials are sealed beside the job).
     data_stores: tuple = ()
-    # The manifest's elastic block (jobs.elasticity.Elastic); None for a job of a fixed size.
+    # The manifest's elastic block (trainyard.elasticity.Elastic); None for a job of a fixed size.
     elastic: elasticity.Elastic | None = None
     # The job's disk caps (jobs.disk: results, checkpoints, work, tmp, logs, log_lines).
     disk: dict = field(default_factory=dict)
@@ -42,7 +43,7 @@ class Runtime:
 
 
 def from_manifest(manifest, *, disk_caps=None):
-    """The mapping stored in Job.runtime for a parsed jobs.manifest.Manifest; `disk_caps` as
+    """The mapping stored in Job.runtime for a parsed trainyard.manifest.Manifest; `disk_caps` as
     jobs.disk.caps_for decided them for its tenant."""
     return {"version": VERSION, "command": manifest.command, "framework": manifest.framework,
             "framework_version": manifest.framework_version, "checkpoint_signal": manifest.checkpoint_signal,

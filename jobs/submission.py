@@ -12,11 +12,11 @@ from django.conf import settings
 from django.db import transaction
 
 from jobs import datastores, disk, dispatch, live, runtime, storage, transfers
-from jobs.manifest import ManifestError, parse_manifest
 from jobs.models import Job, Status
 from learner_agent.archive import ArchiveError, InspectBounds, inspect_archive
 from tenants import priority, quotas, throttling
 from tenants.models import Tenant
+from trainyard.manifest import ManifestError, parse_manifest
 from trainyard.units import format_bytes
 
 

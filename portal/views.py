@@ -14,10 +14,10 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from jobs import allocations, compare, listing, submission, tenancy
-from jobs.manifest import FRAMEWORKS
 from jobs.models import Status
 from tenants import access
 from tenants.models import Membership
+from trainyard.manifest import FRAMEWORKS
 from trainyard.packing import code_upload
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -1,8 +1,9 @@
 """`trainyard`: the command line on top of the SDK (`trainyard.Client`), SPEC §5.
 
-It talks to the platform only over HTTP and never imports Django, so it starts fast on a laptop. The
-one piece of the server it shares is `jobs.manifest` (Django-free), so `trainyard validate` and the
-check before every upload give the same verdict as a submission.
+It talks to the platform only over HTTP and never imports Django, so it starts fast on a laptop and
+installs without the server. The manifest rules are this package's own (`trainyard.manifest`), and the
+server validates submissions with the same module, so `trainyard validate` and the check before every
+upload give the same verdict as a submission.
 
 Every failure is one line on stderr, never a traceback, with an exit code scripts can rely on:
 0 ok, 1 the job failed or the server said no (or could not be reached), 2 a usage or local problem
@@ -14,10 +15,10 @@ import os
 import re
 import sys
 
-from jobs.manifest import ManifestError, parse_manifest
 from trainyard.client import Client
 from trainyard.config import Config, config_path, normalize_url, save_config
 from trainyard.errors import TrainyardError, UsageError
+from trainyard.manifest import ManifestError, parse_manifest
 from trainyard.packing import code_upload
 from trainyard.render import (QUOTA_ROWS, Progress, comparison_rows, final_message, human_bytes, isatty, local_time,
                               note, number, print_json, print_table, quota_value, render_allocations, render_job)

@@ -4,7 +4,7 @@ The agent is started detached (its own session, a child of init rather than of t
 learners keep running when the worker, the web server or Redis restarts. Everything the backend
 knows is on disk in the learner's folder (agent.pid, exit.json), so a restarted worker finds it.
 
-A learner runs in the platform's own Python environment, so its framework (jobs.frameworks) must be
+A learner runs in the platform's own Python environment, so its framework (trainyard.frameworks) must be
 importable there; that is checked before anything starts. The learners of a distributed job share
 one private network namespace, held per attempt (learner_agent.netns, `attempt-<n>/netns.pid`):
 they reach each other on 127.0.0.1 and nothing else.
@@ -22,11 +22,12 @@ from pathlib import Path
 
 from django.conf import settings
 
-from jobs import dispatch, frameworks, storage
+from jobs import dispatch, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
 from learner_agent import address, netns, procfs, sandbox, spare, spool
 from learner_agent.agent import agent_argv, clean_environment
 from learner_agent.config import ConfigError, parse_config
+from trainyard import frameworks
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ marked unreadable (jobs.runtime.unreadable) and fails with that reason if a step
 from django.db import migrations
 
 from jobs import runtime
-from jobs.manifest import ManifestError, parse_manifest
+from trainyard.manifest import ManifestError, parse_manifest
 
 BATCH = 500
 

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from jobs import frameworks
-from jobs.frameworks import FrameworkError, resolve
-from jobs.manifest import parse_manifest
+from trainyard import frameworks
+from trainyard.frameworks import FrameworkError, resolve
+from trainyard.manifest import parse_manifest
 
 
 @pytest.mark.parametrize("name", ["pytorch", "tensorflow", "keras", "jax", "sklearn", "custom"])

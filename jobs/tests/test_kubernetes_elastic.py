@@ -22,10 +22,11 @@ import pytest
 from django.utils import timezone
 
 import learner_agent
-from jobs import admission, autoscaler, elasticity, lifecycle, reconcile, storage
+from jobs import admission, autoscaler, lifecycle, reconcile, storage
 from jobs.backends.k8s import objects
 from jobs.models import Allocation, Artifact, Job, Learner, Status
 from learner_agent.metrics import MetricExtractor
+from trainyard import elasticity
 from tests.support.builders import client_for, job as make_job, member, tar_gz
 from tests.support.k8s_fake import Kubelet
 from tests.support.k8s_lifecycle import (CONFIG, NS, Agent, assert_schema_valid, backend, cluster,  # noqa: F401
@@ -230,7 +231,7 @@ def test_an_elastic_jobs_next_attempt_runs_with_the_new_count_and_batch(cluster,
     assert cluster.names("secrets", NS) == [objects.secret_name(target.id, 2)]
     assert cluster.names("configmaps", NS) == [objects.attempt_name(target.id, 2)]
     # Every learner's environment carries the new world size and the new batch.
-    # (the optimizer chose the batch; the one rule of jobs.elasticity makes the rest of the shape)
+    # (the optimizer chose the batch; the one rule of trainyard.elasticity makes the rest of the shape)
     after = elasticity.shape(elasticity.of(job), 4, resized.global_batch)
     assert after.global_batch == resized.global_batch != first.global_batch
     assert (resized.local_batch, resized.lr_scale) == (after.local_batch, pytest.approx(after.lr_scale))

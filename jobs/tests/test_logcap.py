@@ -3,7 +3,7 @@ import pytest
 from django.test import Client
 
 from jobs import credentials, logcap, runtime
-from jobs.manifest import parse_manifest
+from trainyard.manifest import parse_manifest
 from jobs.models import Job, Learner, LogLine
 from tests.support.builders import job, member
 

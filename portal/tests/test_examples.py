@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.manifest import parse_manifest
+from trainyard.manifest import parse_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -21,12 +21,13 @@ from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
 from gpu_scheduler import SchedulingInputError
-from jobs import frameworks, storage
+from jobs import storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, Node
 from jobs.backends.k8s import objects
 from jobs.backends.k8s.api import AlreadyExists, KubeApi, KubeError, NotFound, parse_quantity
 from jobs.backends.k8s.objects import ObjectError
 from jobs.backends.k8s.podstatus import learner_status
+from trainyard import frameworks
 
 log = logging.getLogger(__name__)
 

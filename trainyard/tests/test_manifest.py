@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.manifest import ManifestError, parse_manifest, parse_memory
 from tests.support.bombs import billion_laughs
+from trainyard.manifest import ManifestError, parse_manifest, parse_memory
 
 FFDL_EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "shared" / "ffdl" / "examples").glob("*.yml"))
 PROJECT_EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/manifest.yml"))

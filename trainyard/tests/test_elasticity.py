@@ -1,9 +1,9 @@
-"""The one home of an elastic job's batch arithmetic (jobs.elasticity), table-driven."""
+"""The one home of an elastic job's batch arithmetic (trainyard.elasticity), table-driven."""
 import math
 
 import pytest
 
-from jobs.elasticity import BatchBounds, Elastic, global_batch, shape
+from trainyard.elasticity import BatchBounds, Elastic, global_batch, shape
 
 BOUNDS = BatchBounds(base=64, low=32, high=256)
 

@@ -1,8 +1,8 @@
 """The arithmetic of an elastic job's shape: for a number of learners, which global batch, local batch
 and learning-rate factor an attempt runs with. The one home of these rules: manifest validation
-(jobs.manifest), the deploy environment (jobs.lifecycle) and the autoscaler (jobs.autoscaler) all ask here.
+(trainyard.manifest), the deploy environment (jobs.lifecycle) and the autoscaler (jobs.autoscaler) all ask here.
 
-Django-free, like jobs.manifest, so the CLI's offline `trainyard validate` applies the same rules.
+Django-free, like trainyard.manifest, so the CLI's offline `trainyard validate` applies the same rules.
 
 Rules (docs/elastic.md, "Elastic jobs"):
 - the global batch of an attempt with n learners is the wanted batch clamped to [min, max], then

@@ -13,9 +13,8 @@ from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
-from jobs import elasticity, frameworks
 from learner_agent import tfevents
-from trainyard import units
+from trainyard import elasticity, frameworks, units
 
 FRAMEWORKS = tuple(frameworks.REGISTRY)  # what jobs can run as (filters, forms); FfDL names map onto these
 DATA_STORE_TYPES = ("s3_datastore", "mount_cos", "local")
@@ -92,7 +91,7 @@ class Manifest:
     max_retries: int = 0
     data_stores: list = field(default_factory=list)
     evaluation_metrics: dict | None = None
-    # The elastic block (jobs.elasticity.Elastic), or None for a job of a fixed size.
+    # The elastic block (trainyard.elasticity.Elastic), or None for a job of a fixed size.
     elastic: elasticity.Elastic | None = None
     # The `disk` block as asked ({"results": bytes, ..., "log_lines": n}); caps not named take the
     # platform's defaults (jobs.disk, at submission).
@@ -350,7 +349,7 @@ def _elastic(data, learners):
 
 def _elastic_batch(section, low, high):
     """`elastic.batch_size`: min <= global <= max, and for every learner count a global batch that
-    splits evenly between the learners (jobs.elasticity's rounding rule)."""
+    splits evenly between the learners (trainyard.elasticity's rounding rule)."""
     if section.get("batch_size") is None:
         return None
     batch = section["batch_size"]
