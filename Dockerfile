@@ -11,7 +11,7 @@ COPY notifications notifications
 COPY gpu_scheduler gpu_scheduler
 COPY learner_agent learner_agent
 COPY trainyard trainyard
-RUN pip install --no-cache-dir -e ".[ml]"
+RUN pip install --no-cache-dir -e ".[server,ml]"
 COPY . .
 ENV DJANGO_SETTINGS_MODULE=portal.settings PYTHONUNBUFFERED=1 TRAINYARD_DATA_DIR=/data
 # Never root: the same uid as the Kubernetes manifests' runAsUser. Its data directory is its own; the

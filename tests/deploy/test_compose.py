@@ -73,7 +73,10 @@ def started_before(name):
 def test_the_image_installs_the_project_with_the_programs_the_commands_run():
     assert re.search(r'pip install [^\n]*-e "\.\[', DOCKERFILE), "the Dockerfile installs the project"
     assert "COPY . ." in DOCKERFILE and "WORKDIR /app" in DOCKERFILE
-    dependencies = " ".join(__import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    # What the image installs: the client's dependencies and those of the extras it names (server, ...).
+    project = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = re.search(r'pip install [^\n]*-e "\.\[([^\]]*)\]"', DOCKERFILE).group(1).split(",")
+    dependencies = " ".join(project["dependencies"] + [d for e in extras for d in project["optional-dependencies"][e]])
     programs = {command_of(s)[0] for s in PLATFORM.values()}
     assert programs <= {"python", "celery"}, programs
     assert "celery[redis]" in dependencies and "daphne" in dependencies  # `celery` and `python -m daphne`
