@@ -23,7 +23,7 @@ from django.utils import timezone
 
 import gpu_scheduler as scheduler
 from gpu_scheduler.reasons import job_seen_by, position_prefix, split_position
-from jobs import lifecycle, metrics
+from jobs import lifecycle, prometheus_series
 from jobs.backends import get_backend
 from jobs.models import ACTIVE, Job, Status
 from jobs.states import transition
@@ -82,7 +82,7 @@ def run_cycle():
         admitted = [job_id for job_id, placement in decisions.admitted.items()
                     if _admit(by_id[job_id], placement, tenant=tenants[by_id[job_id].tenant_id].name)]
         _record_wait_reasons(_reasons_to_write(decisions.waiting, by_id))
-    metrics.scheduling_cycle(time.perf_counter() - started)
+    prometheus_series.scheduling_cycle(time.perf_counter() - started)
     return admitted
 
 
@@ -247,7 +247,7 @@ def _admit(job, placement, *, tenant):
                        placement=[{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in placement], wait_reason="",
                        learners=len(placement))
     if moved is not None:
-        metrics.admitted(tenant, queued_since)
+        prometheus_series.admitted(tenant, queued_since)
     return moved is not None
 
 
@@ -319,7 +319,7 @@ def _preempt(job, reason, *, tenant):
     moved = transition(job.id, Status.HALTING, actor=ACTOR, reason=f"preempted: {reason}", attempt=job.attempt,
                        preempted_reason=reason)
     if moved:
-        metrics.preempted(tenant)
+        prometheus_series.preempted(tenant)
         log.info("%s: preempted (%s)", job.id, reason)
 
 

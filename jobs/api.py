@@ -12,7 +12,7 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import admission, allocations, compare, ingest, lifecycle, listing, sharing, storage, submission, tenancy
+from jobs import admission, compare, elastic_timeline, ingest, lifecycle, listing, sharing, storage, submission, tenancy
 from jobs.backends import get_backend
 from jobs.serializers import (AllocationSerializer, ArtifactSerializer, JobDetailSerializer, JobEventSerializer,
                               JobSerializer, log_line_json, metric_json)
@@ -171,7 +171,7 @@ class JobAllocations(TenantScoped, APIView):
 
     @extend_schema(responses={200: inline_serializer("AllocationList", {"results": AllocationSerializer(many=True)})})
     def get(self, request, job_id):
-        return Response({"results": AllocationSerializer(allocations.timeline(self.job()), many=True).data})
+        return Response({"results": AllocationSerializer(elastic_timeline.timeline(self.job()), many=True).data})
 
 
 class JobArtifactDownload(TenantScoped, APIView):
@@ -220,7 +220,7 @@ def _tenant_jobs_by_node(request):
             row = next((r for r in rows if r["id"] == job.id), None)
             if row is None:
                 row = {"id": job.id, "name": job.name, "owner": job.owner.username, "status": job.status,
-                       "gpus": 0, "learners": 0, "elastic": allocations.size(job)}
+                       "gpus": 0, "learners": 0, "elastic": elastic_timeline.size(job)}
                 rows.append(row)
             row["gpus"] += len(learner.get("gpu_ids") or [])
             row["learners"] += 1

@@ -6,7 +6,7 @@ class JobsConfig(AppConfig):
     name = "jobs"
 
     def ready(self):
-        from jobs import allocations, dispatch, live, metrics, sharing, states, transfers
+        from jobs import dispatch, elastic_timeline, live, prometheus_series, sharing, states, transfers
         from jobs import prometheus as exposition
         from jobs.models import ACTIVE, JobEvent
         from tenants import quotas
@@ -20,7 +20,7 @@ class JobsConfig(AppConfig):
             dispatch.send_on_commit("schedule")  # a quota change takes effect at once
 
         states.listen(account_usage)
-        states.listen(allocations.on_transition)
+        states.listen(elastic_timeline.on_transition)
         states.listen(live.on_status_change)
         post_save.connect(reschedule, sender=Quota, weak=False, dispatch_uid="quota-change-reschedules")
         post_delete.connect(sharing.on_membership_deleted, sender=Membership, dispatch_uid="jobs.unshare-on-leave")
@@ -28,4 +28,4 @@ class JobsConfig(AppConfig):
         post_save.connect(transfers.on_job_event, sender=JobEvent, dispatch_uid="jobs.forget_credentials")
         # Open websockets check their access again whenever something that grants it changes.
         live.connect_access_signals()
-        exposition.register(metrics.COLLECTOR)  # Trainyard's series on /metrics
+        exposition.register(prometheus_series.COLLECTOR)  # Trainyard's series on /metrics

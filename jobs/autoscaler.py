@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from gpu_scheduler import elastic as optimizer
 from gpu_scheduler import throughput
-from jobs import admission, allocations, lifecycle
+from jobs import admission, elastic_timeline, lifecycle
 from jobs.backends import get_backend
 from jobs.models import ACTIVE, Allocation, Job, MetricPoint, Status
 from tenants import quotas
@@ -117,7 +117,7 @@ def _candidate(job, now):
     elastic = elasticity.of(job)
     if elastic is None or not job.gpus or job.status != Status.PROCESSING or job.preempted_reason:
         return None
-    current = allocations.of_attempt(job)
+    current = elastic_timeline.of_attempt(job)
     last_resize = (Allocation.objects.filter(job=job, resize_requested_at__isnull=False)
                    .aggregate(last=Max("resize_requested_at"))["last"])
     frozen = last_resize is not None and now - last_resize < timedelta(seconds=settings.ELASTIC_MIN_INTERVAL_S)
@@ -174,7 +174,8 @@ def _no_batch(elastic, job):
 # --- 2. measure -------------------------------------------------------------------------------------
 def _current_rate(job):
     """Samples per second of the current attempt from learner 0's `samples` reports, or None."""
-    points = MetricPoint.objects.filter(job=job, attempt=job.attempt, learner=0, name=allocations.SAMPLES_METRIC)
+    points = MetricPoint.objects.filter(job=job, attempt=job.attempt, learner=0,
+                                        name=elastic_timeline.SAMPLES_METRIC)
     span = points.aggregate(first=Min("time"), last=Max("time"), low=Min("value"), high=Max("value"))
     if span["first"] is None or span["last"] <= span["first"] or span["high"] <= span["low"]:
         return None

@@ -21,7 +21,7 @@ from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
-from jobs import listhub, live, metrics, tenancy
+from jobs import listhub, live, prometheus_series, tenancy
 from tenants import access, throttling
 from tenants.models import Membership
 from tenants.auth import user_for_key
@@ -52,7 +52,7 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         await super().accept(subprotocol, headers)
         if not self.counted:
             self.counted = True
-            metrics.SOCKETS.opened(self.stream)
+            prometheus_series.SOCKETS.opened(self.stream)
 
     async def refuse(self, code):
         # Accept-then-close, so the browser sees why (4401/4404) instead of an anonymous 1006;
@@ -84,7 +84,7 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code):
         if self.counted:
             self.counted = False
-            metrics.SOCKETS.closed(self.stream)
+            prometheus_series.SOCKETS.closed(self.stream)
         await self.leave()
 
     async def leave(self):

@@ -18,7 +18,7 @@ from datetime import datetime, timezone as dt_timezone
 import orjson
 from django.db import connection, transaction
 
-from jobs import bulk, credentials, ingest_records, lifecycle, live, logcap, metrics, tensorboard
+from jobs import bulk, credentials, ingest_records, lifecycle, live, logcap, prometheus_series, tensorboard
 from jobs.ingest_records import AGENT_STREAMS, MAX_REASON
 from jobs.models import Job, Learner, MetricPoint
 from jobs.serializers import metric_json
@@ -128,7 +128,7 @@ def ingest(grant, payload, *, text_checked=True):
         good, rejected = _checked(fresh, text_checked)
         lines, points = _store(job, learner, good, through=fresh[-1]["seq"] if fresh else None, rejected=rejected)
     live.publish_records_on_commit(job.id, lines, points)
-    metrics.ingested(slot.tenant_slug, lines=len(lines), oldest_time=_oldest_time(good))
+    prometheus_series.ingested(slot.tenant_slug, lines=len(lines), oldest_time=_oldest_time(good))
     return Stored(learner.acked_seq, rejected)
 
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import allocations, artifacts, checkpoints, credentials, dispatch, outbox, runtime, storage, transfers
+from jobs import artifacts, checkpoints, credentials, dispatch, elastic_timeline, outbox, runtime, storage, transfers
 from jobs.backends import get_backend
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
 from jobs.models import ACTIVE, Allocation, FollowUp, Job, Learner, LogLine, Status
@@ -114,10 +114,10 @@ def ingest_url(job_id):
 def _attempt_shape(job):
     """An elastic attempt's batch sizes and learning-rate factor: as its allocation row records them
     (a resize chose them), else the manifest's batch at the job's learners."""
-    row = allocations.of_attempt(job)
+    row = elastic_timeline.of_attempt(job)
     if row is not None and row.learners == job.learners:
         return elasticity.Shape(row.learners, row.global_batch, row.local_batch, row.lr_scale)
-    return allocations.shape_of(job)
+    return elastic_timeline.shape_of(job)
 
 
 def latest_checkpoint(job):
@@ -267,9 +267,9 @@ def resize(job, *, learners, placement, why, actor, wanted_batch=None):
     if not elastic.min_learners <= learners <= elastic.max_learners or len(placement) != learners:
         raise ValueError(f"job {job.id}: {learners} learners on {len(placement)} placements is outside "
                          f"{elastic.min_learners}..{elastic.max_learners}")
-    current = allocations.of_attempt(job)
+    current = elastic_timeline.of_attempt(job)
     before = (elasticity.Shape(job.learners, current.global_batch, current.local_batch, current.lr_scale)
-              if current else allocations.shape_of(job))
+              if current else elastic_timeline.shape_of(job))
     after = elasticity.shape(elastic, learners, wanted_batch or before.global_batch)
     holding = list(job.placement) + [p for p in placement if p not in job.placement]
     now = timezone.now()

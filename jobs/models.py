@@ -100,7 +100,7 @@ class Job(models.Model):
         starts a new attempt (jobs.states' attempt_next), and a resize writes the rows of the attempt
         after the running one. So nothing of an earlier attempt (an open allocation or usage record)
         and no samples reported can exist for it: its status changes skip those lookups
-        (jobs.allocations, tenants.quotas), three queries of its first scheduling cycle among them."""
+        (jobs.elastic_timeline, tenants.quotas), three queries of its first scheduling cycle among them."""
         return self.attempt == 1
 
     def __str__(self):

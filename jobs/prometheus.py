@@ -1,5 +1,5 @@
 """Prometheus `/metrics` for operators: django-prometheus's generic series plus Trainyard's own
-(jobs.metrics defines them), behind a bearer token.
+(jobs.prometheus_series defines them), behind a bearer token.
 
 Trainyard's counters and histograms are incremented in several processes — Celery workers (scheduling
 cycles, admissions, preemptions, backend calls) and every web server (ingest, websockets) — while only
@@ -7,7 +7,7 @@ the web servers answer HTTP, often in other containers or pods. So they live in 
 process already reaches, rather than in prometheus_client's multiprocess mode (files in one directory
 of one host, which a worker pod cannot share with a web pod). Any web replica then reports the
 platform-wide totals: aggregate them across replicas with `max`, not `sum` (docs/operating.md, "Operating
-Trainyard"). Gauges of what the database holds are read at scrape time instead (jobs.metrics).
+Trainyard"). Gauges of what the database holds are read at scrape time instead (jobs.prometheus_series).
 
 Recording never fails the caller: with Redis unreachable the increment is dropped and logged once a
 minute (Redis down also stops Celery, so little is lost that anything else would have counted).

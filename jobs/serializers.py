@@ -4,7 +4,7 @@ from urllib.parse import quote
 from rest_framework import serializers
 
 from gpu_scheduler.reasons import split_position
-from jobs import allocations, datastores, disk
+from jobs import datastores, disk, elastic_timeline
 from jobs.models import Allocation, Artifact, Job, JobEvent, MetricPoint, Status
 from jobs.models import FINAL
 
@@ -91,7 +91,7 @@ class JobDetailSerializer(JobSerializer):
         return disk.stored_caps((job.runtime or {}).get("disk"))
 
     def get_elastic(self, job) -> dict | None:
-        return allocations.summary(job)
+        return elastic_timeline.summary(job)
 
     def to_representation(self, job):
         data = super().to_representation(job)
@@ -111,7 +111,7 @@ class JobEventSerializer(serializers.ModelSerializer):
 
 
 class AllocationSerializer(serializers.ModelSerializer):
-    """One stretch of an elastic job's allocation timeline (jobs.allocations)."""
+    """One stretch of an elastic job's allocation timeline (jobs.elastic_timeline)."""
 
     samples_per_s = serializers.FloatField(read_only=True, allow_null=True)
 

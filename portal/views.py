@@ -13,7 +13,7 @@ from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from jobs import allocations, compare, listing, submission, tenancy
+from jobs import compare, elastic_timeline, listing, submission, tenancy
 from jobs.models import Status
 from tenants import access
 from tenants.models import Membership
@@ -84,7 +84,7 @@ SORT_LABELS = {"-created": "Newest first", "created": "Oldest first", "name": "N
 def job_page(request, membership, job_id):
     job = tenancy.job_or_404(membership, job_id)
     return render(request, "jobs/detail.html", {"job": job, "membership": membership,
-                                                "elastic": allocations.summary(job)})
+                                                "elastic": elastic_timeline.summary(job)})
 
 
 @tenant_page

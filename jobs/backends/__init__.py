@@ -6,8 +6,8 @@ from django.conf import settings
 
 @lru_cache(maxsize=None)
 def get_backend():
-    """The configured backend; its failing calls are counted for /metrics (jobs.metrics)."""
-    from jobs.metrics import CountingBackend
+    """The configured backend; its failing calls are counted for /metrics (jobs.prometheus_series)."""
+    from jobs.prometheus_series import CountingBackend
     return CountingBackend(_build_backend())
 
 

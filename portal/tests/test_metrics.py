@@ -1,5 +1,5 @@
-"""/metrics: who may scrape it, and the Redis-shared series (jobs.prometheus, jobs.metrics) against a
-real Redis server (the embedded one `make demo` runs). The end-to-end scrape after real activity is
+"""/metrics: who may scrape it, and the Redis-shared series (jobs.prometheus, jobs.prometheus_series)
+against a real Redis server (the embedded one `make demo` runs). The end-to-end scrape after real activity is
 tests/e2e/test_metrics.py."""
 import os
 import subprocess
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import metrics
+from jobs import prometheus_series
 from jobs import prometheus as shared
 from jobs.backends.base import BackendError
 from portal import runner
@@ -67,7 +67,7 @@ def test_it_counts_failing_backend_calls_by_operation(client, redis_url, setting
         def status(self, **kwargs):
             return []
 
-    backend = metrics.CountingBackend(Failing())
+    backend = prometheus_series.CountingBackend(Failing())
     for _ in range(2):
         with pytest.raises(BackendError):
             backend.deploy(None)
@@ -76,13 +76,13 @@ def test_it_counts_failing_backend_calls_by_operation(client, redis_url, setting
     assert errors[(("backend", settings.BACKEND), ("operation", "deploy"))] == 2
     # The other operations are shown at 0, so an alert on them has a series before the first error.
     assert errors[(("backend", settings.BACKEND), ("operation", "status"))] == 0
-    assert len(errors) == len(metrics.BACKEND_OPERATIONS)
+    assert len(errors) == len(prometheus_series.BACKEND_OPERATIONS)
 
 
 @pytest.mark.django_db
 def test_its_histograms_are_cumulative_with_sum_and_count(client, redis_url):
     for seconds in (0.5, 2, 2, 7200, 10 ** 6):
-        metrics.QUEUE_WAIT.observe(seconds, "team-a")
+        prometheus_series.QUEUE_WAIT.observe(seconds, "team-a")
     family = scrape(client)["trainyard_queue_wait_seconds"]
     buckets = {dict(s.labels)["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
     assert buckets["1.0"] == 1 and buckets["5.0"] == 3 and buckets["14400.0"] == 4 and buckets["+Inf"] == 5
@@ -96,11 +96,11 @@ def test_ingest_posts_record_their_lines_and_lag_added_up_in_one_round_trip(clie
     execute = shared.redis.client.Pipeline.execute
     monkeypatch.setattr(shared.redis.client.Pipeline, "execute",
                         lambda pipe, *a, **kw: sent.append(len(pipe.command_stack)) or execute(pipe, *a, **kw))
-    monkeypatch.setattr(metrics, "INGEST_WRITES", shared.Accumulated("ingest"))
+    monkeypatch.setattr(prometheus_series, "INGEST_WRITES", shared.Accumulated("ingest"))
     monkeypatch.setattr(shared.Accumulated, "FLUSH_S", 0.2)
-    metrics.ingested("team-a", lines=7, oldest_time=time.time() - 0.3)
-    metrics.ingested("team-a", lines=5, oldest_time=time.time() - 0.4)
-    metrics.ingested("team-a", lines=0, oldest_time=None)  # nothing to record
+    prometheus_series.ingested("team-a", lines=7, oldest_time=time.time() - 0.3)
+    prometheus_series.ingested("team-a", lines=5, oldest_time=time.time() - 0.4)
+    prometheus_series.ingested("team-a", lines=0, oldest_time=None)  # nothing to record
     assert sent == []  # not on the post's time
     deadline = time.monotonic() + 5
     while not sent and time.monotonic() < deadline:
@@ -114,8 +114,8 @@ def test_ingest_posts_record_their_lines_and_lag_added_up_in_one_round_trip(clie
 @pytest.mark.django_db
 def test_a_process_sends_its_added_up_writes_when_it_exits(client, redis_url):
     # Well within the flush interval: only the exit can have sent them.
-    code = ("import django; django.setup(); from jobs import metrics; "
-            "metrics.ingested('team-b', lines=3, oldest_time=None)")
+    code = ("import django; django.setup(); from jobs import prometheus_series; "
+            "prometheus_series.ingested('team-b', lines=3, oldest_time=None)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=Path(__file__).parents[2],
                    env={**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "portal.settings"})
     assert samples(scrape(client)["trainyard_ingest_lines"], "_total")[(("tenant", "team-b"),)] == 3
@@ -123,15 +123,16 @@ def test_a_process_sends_its_added_up_writes_when_it_exits(client, redis_url):
 
 @pytest.mark.django_db
 def test_it_counts_the_sockets_of_live_processes_only(client, redis_url):
-    gauge = metrics.SocketGauge()
+    gauge = prometheus_series.SocketGauge()
     gauge.opened("job")
     gauge.opened("job")
     gauge.opened("list")
     gauge.closed("job")
     gauge.publish()
     dead = shared.redis_client()
-    dead.hset(metrics.SocketGauge.KEY, mapping={"gone:1|job": 40})
-    dead.hset(metrics.SocketGauge.SEEN_KEY, "gone:1", time.time() - metrics.SocketGauge.STALE_S - 1)
+    dead.hset(prometheus_series.SocketGauge.KEY, mapping={"gone:1|job": 40})
+    dead.hset(prometheus_series.SocketGauge.SEEN_KEY, "gone:1",
+              time.time() - prometheus_series.SocketGauge.STALE_S - 1)
     sockets = samples(scrape(client)["trainyard_websocket_connections"])
     assert sockets == {(("stream", "job"),): 1, (("stream", "list"),): 1}
 
@@ -140,6 +141,6 @@ def test_it_counts_the_sockets_of_live_processes_only(client, redis_url):
 def test_recording_without_redis_neither_fails_nor_blocks(settings):
     settings.REDIS_URL = f"redis://127.0.0.1:{runner.free_port()}/0"
     started = time.monotonic()
-    metrics.ADMISSIONS.inc("team-a")
-    metrics.INGEST_LAG.observe(1.0)
+    prometheus_series.ADMISSIONS.inc("team-a")
+    prometheus_series.INGEST_LAG.observe(1.0)
     assert time.monotonic() - started < 2 * shared.REDIS_TIMEOUT_S + 0.5

@@ -1,5 +1,5 @@
 """An elastic job as people read it over REST: the detail's `elastic`, the allocation timeline, the
-cluster's elastic sizes (jobs.allocations). Allocation rows are written directly, as the platform's
+cluster's elastic sizes (jobs.elastic_timeline). Allocation rows are written directly, as the platform's
 resize writes them."""
 from datetime import timedelta
 
