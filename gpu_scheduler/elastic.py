@@ -171,14 +171,83 @@ def shape_options(policy, gpus_per_node, model, noise_scale, base, low, high, ma
 
 def job_options(job, policy, gpus_per_node, now=0.0):
     base_rate, _ = best_batch_plain(job, policy, gpus_per_node)
-    result = [] if job.running else [(0, waiting_value(policy), 0, 0)]
-    for learners in learner_range(job, policy):
-        value, batch = best_batch(job, learners, policy, gpus_per_node, now)
-        if batch and base_rate > 0:
-            result.append((learners * job.gpus_per_learner, speedup_value(value / base_rate, policy), learners, batch))
+    if policy.name == "fixed":
+        result = [] if job.running else [(0, waiting_value(policy), 0, 0)]
+        for learners in learner_range(job, policy):
+            value, batch = best_batch(job, learners, policy, gpus_per_node, now)
+            if batch and base_rate > 0:
+                result.append((learners * job.gpus_per_learner, speedup_value(value / base_rate, policy), learners,
+                               batch))
+        result = undominated(result)
+    else:
+        result = scaled_options(job, policy, gpus_per_node, now, base_rate)
     if job.running and len(result) == 0:  # nothing allowed: keep what it has
         result.append((job.learners * job.gpus_per_learner, 0.0, job.learners, job.batch))
-    return undominated(result)
+    return result
+
+
+def scaled_options(job, policy, gpus_per_node, now, base_rate):
+    """`job_options` for the scaling policies, as arrays: every learner count's best rate (one cached
+    table per job state), a running job's restart discount and current shape, the policy's value of
+    the speedup, and `undominated` (sizes grow with the learner count, so a running maximum)."""
+    noise = job.noise_scale if policy.name == "trainyard" else None
+    counts, rates, batches = rate_table(policy.name, policy.batch_steps, job.model, noise, job.base_batch,
+                                        job.batch_min, job.batch_max, job.max_local_batch, job.gpus_per_learner,
+                                        job.min_learners, job.max_learners, gpus_per_node)
+    if job.running and policy.name == "trainyard":
+        rates = rates * restart_discount(job, policy, now)
+        index = job.learners - job.min_learners
+        if job.batch and 0 <= index < len(counts):
+            current = rate(job, job.learners, job.batch, policy, gpus_per_node)
+            if current >= rates[index]:
+                rates, batches = rates.copy(), batches.copy()
+                rates[index], batches[index] = current, job.batch
+    if base_rate <= 0:
+        counts = counts[:0]
+    keep = batches > 0
+    counts, batches, speedups = counts[keep], batches[keep], rates[keep] / base_rate if base_rate > 0 else rates[:0]
+    values = -1.0 / np.maximum(speedups, 1e-9) if policy.name == "trainyard" else speedups
+    sizes = counts * job.gpus_per_learner
+    if not job.running:
+        sizes, values = np.concatenate(([0], sizes)), np.concatenate(([waiting_value(policy)], values))
+        counts, batches = np.concatenate(([0], counts)), np.concatenate(([0], batches))
+    best_before = np.maximum.accumulate(np.concatenate(([NEG], values)))[:-1]
+    kept = np.flatnonzero(values > best_before)
+    return list(zip(sizes[kept].tolist(), values[kept].astype(float).tolist(), counts[kept].tolist(),
+                    batches[kept].tolist()))
+
+
+@functools.lru_cache(maxsize=20_000)
+def rate_table(policy_name, steps, model, noise, base, low, high, max_local, per, lo, hi, gpus_per_node):
+    """Arrays (learner counts, best rate, its batch) for learners lo..hi, as `_best_batch` computes them one
+    count at a time: the same arithmetic in the same order, so the same floats; the first of equal
+    rates wins (argmax), and a count with no allowed batch gets (0.0, 0)."""
+    counts = np.arange(lo, hi + 1)
+    gpus = counts.astype(float)[:, None] * per
+    gpn = max(gpus_per_node, per)
+    nodes = np.maximum(1, np.ceil(gpus / gpn))
+    if policy_name in ("fixed", "gpu_only"):
+        candidates = {base}
+    else:
+        candidates = {min(max(int(round(base * 2.0**k)), low), high) for k in range(-steps, steps + 1)}
+    batch = np.array(sorted(candidates), dtype=float)[None, :]
+    allowed = (gpus <= batch) & (batch <= gpus * max_local)
+    extra = np.maximum(0.0, gpus - 2)
+    comm = np.where(nodes > 1, model.e + model.f * extra, np.where(gpus > 1, model.c + model.d * extra, 0.0))
+    step = (model.a + model.b * (batch / gpus)) + comm
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = batch / step
+        if noise is not None:
+            value = value * ((noise + base) / (noise + batch))
+    value = np.where(allowed & (value > 0), value, 0.0)
+    if len(counts) == 0:
+        return counts, np.zeros(0), np.zeros(0, dtype=int)
+    best = value.argmax(axis=1)
+    rates = value[np.arange(len(counts)), best]
+    batches = np.where(rates > 0, batch[0, best], 0).astype(int)
+    for array in (counts, rates, batches):
+        array.flags.writeable = False  # cached: shared by every caller
+    return counts, rates, batches
 
 
 def undominated(opts):
