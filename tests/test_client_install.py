@@ -1,6 +1,6 @@
 """`pip install trainyard` is the client alone: the wheel, built from a copy of the working tree and
-installed into a fresh virtual environment, brings requests, PyYAML and websockets but not Django (the
-server is the [server] extra); its `trainyard` command runs there, and `trainyard validate` applies the
+installed into a fresh virtual environment, brings requests and the client's few libraries but not
+Django (the server is the [server] extra); its `trainyard` command runs there, and `trainyard validate` applies the
 manifest rules the server applies (trainyard.manifest, trainyard.elasticity)."""
 import json
 import os
@@ -61,7 +61,7 @@ def run(argv, *, cwd, timeout=300):
 def test_it_installs_the_client_without_django(client_env):
     listed = run([str(client_env / "bin" / "python"), "-m", "pip", "list", "--format=json"], cwd=client_env)
     names = {entry["name"].lower() for entry in json.loads(listed.stdout)}
-    assert {"trainyard", "requests", "pyyaml", "websockets"} <= names, names
+    assert {"trainyard", "requests", "requests-toolbelt", "tenacity", "pyyaml", "websockets"} <= names, names
     assert not names & SERVER_DISTRIBUTIONS, names & SERVER_DISTRIBUTIONS
     django = run([str(client_env / "bin" / "python"), "-c", "import django"], cwd=client_env)
     assert django.returncode != 0 and "No module named 'django'" in django.stderr, django.stderr

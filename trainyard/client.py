@@ -9,8 +9,8 @@
 
 Jobs, log lines, metric points and artifacts are the API's own JSON objects (dicts), so nothing here
 hides a field the server adds. Failures are `trainyard.errors` exceptions with one-line messages.
-Stdlib and `requests` (and `websockets`, for `wait`, when it is there): it starts fast and never
-imports Django.
+The standard library, `requests` with `requests-toolbelt` (uploads) and `tenacity` (retries), and
+`websockets` for `wait` when it is there: it starts fast and never imports Django.
 """
 import contextlib
 import hashlib
@@ -21,12 +21,13 @@ import os
 import re
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote, urljoin, urlsplit
 
 import requests
+import tenacity
+from requests_toolbelt.multipart.encoder import MultipartEncoder, MultipartEncoderMonitor
 
 from trainyard.config import load_config
 from trainyard.errors import (ApiError, ConnectionFailed, TrainyardError, Unauthorized, UsageError, WaitTimeout,
@@ -110,7 +111,6 @@ class Client:
         instead. WaitTimeout after `timeout` seconds (None: no limit). A server restart meanwhile is
         ridden out, like `logs(follow=True)`."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        patience = Patience(self.notify)
         watch = StatusWatch.open(self, job_id, statuses)  # before the first read: no change can fall in between
         try:
             # The socket's first message is the job as the REST API shows it, read after the socket
@@ -120,12 +120,7 @@ class Client:
                                   max(0.0, min(FIRST_MESSAGE_SECONDS, deadline - time.monotonic()))) if watch else None
             while True:
                 if job is None:
-                    try:
-                        job = self.job(job_id)
-                    except TrainyardError as error:
-                        patience.wait(error)
-                        continue
-                    patience.recovered()
+                    job = self._patiently(lambda: self.job(job_id))
                 if job.get("status") in statuses:
                     return job
                 left = None if deadline is None else deadline - time.monotonic()
@@ -158,18 +153,13 @@ class Client:
         an empty page that comes after the job was already seen at rest, so lines stored just before
         the last status change are never lost. Server restarts are ridden out for a minute.
         """
-        patience = Patience(self.notify)
         at_rest_before, status = False, None
         path = _job_path(job_id) + "logs/"
         while True:
-            try:
+            if follow:
+                page = self._patiently(lambda: self.get(path, since=since, limit=LOG_PAGE))
+            else:
                 page = self.get(path, since=since, limit=LOG_PAGE)
-            except TrainyardError as error:
-                if not follow:
-                    raise
-                patience.wait(error)
-                continue
-            patience.recovered()
             lines = page.get("results") or []
             if lines:
                 yield lines
@@ -278,6 +268,25 @@ class Client:
     def get(self, path, **params):
         """GET an API path; the decoded JSON. Parameters that are None are left out."""
         return self.request_json("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def _patiently(self, read):
+        """`read()`, riding out a server restart: a transient error (no connection, a 5xx) is retried
+        with backoff for up to FOLLOW_PATIENCE_SECONDS, said once through `notify`, and so is the
+        server's return; a bad answer is never retried."""
+        def say_retrying(state):
+            if state.attempt_number == 1:
+                self.notify(f"{state.outcome.exception()}; retrying for up to {FOLLOW_PATIENCE_SECONDS:.0f}s")
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda error: isinstance(error, TrainyardError) and error.transient),
+            wait=tenacity.wait_exponential(multiplier=POLL_SECONDS, max=5.0),
+            stop=tenacity.stop_after_delay(FOLLOW_PATIENCE_SECONDS), before_sleep=say_retrying, reraise=True)
+        for attempt in retrying:
+            with attempt:
+                result = read()
+        if retrying.statistics["attempt_number"] > 1:
+            self.notify("reconnected")
+        return result
 
     def request_json(self, method, path, **kwargs):
         response = self.request(method, path, **kwargs)
@@ -479,72 +488,20 @@ def _status_in(message):
     return message.get("status") if message.get("type") == "status" else None
 
 
-class Patience:
-    """Lets a long poll ride out a server restart: transient errors are retried with backoff for a
-    while (saying so once through `notify`) before they become fatal. Bad answers are never retried."""
-
-    def __init__(self, notify, seconds=FOLLOW_PATIENCE_SECONDS, *, sleep=time.sleep, clock=time.monotonic):
-        self.notify, self.seconds, self.sleep, self.clock = notify, seconds, sleep, clock
-        self.failing_since, self.delay = None, POLL_SECONDS
-
-    def wait(self, error):
-        if not error.transient:
-            raise error
-        now = self.clock()
-        if self.failing_since is None:
-            self.failing_since = now
-            self.notify(f"{error}; retrying for up to {self.seconds:.0f}s")
-        elif now - self.failing_since > self.seconds:
-            raise error
-        self.sleep(self.delay)
-        self.delay = min(self.delay * 2, 5.0)
-
-    def recovered(self):
-        if self.failing_since is not None:
-            self.notify("reconnected")
-        self.failing_since, self.delay = None, POLL_SECONDS
-
-
-class MultipartBody:
-    """A multipart/form-data body read piece by piece from files (nothing is loaded whole into
-    memory), calling `on_read(sent, total)` as the HTTP library consumes it."""
+class MultipartBody(MultipartEncoderMonitor):
+    """A multipart/form-data body streamed from the uploads' files by requests-toolbelt's encoder
+    (nothing is loaded whole into memory), calling `on_read(sent, total)` as requests reads it."""
 
     def __init__(self, files, *, on_read=None):
-        self.boundary = uuid.uuid4().hex
-        self._pieces, self._index, self.sent, self.on_read = [], 0, 0, on_read
-        self.length = 0
-        for field, upload in files:
-            head = (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; "
-                    f"filename=\"{upload.filename}\"\r\nContent-Type: {upload.content_type}\r\n\r\n").encode()
-            self._add(io.BytesIO(head), len(head))
-            self._add(upload.fileobj, upload.size)
-            self._add(io.BytesIO(b"\r\n"), 2)
-        tail = f"--{self.boundary}--\r\n".encode()
-        self._add(io.BytesIO(tail), len(tail))
+        self._on_read, self._reported = on_read, 0
+        encoder = MultipartEncoder(fields=[(field, (upload.filename, upload.fileobj, upload.content_type))
+                                           for field, upload in files])
+        super().__init__(encoder, self._report if on_read else None)
 
-    def _add(self, fileobj, size):
-        self._pieces.append(fileobj)
-        self.length += size
-
-    @property
-    def content_type(self):
-        return f"multipart/form-data; boundary={self.boundary}"
+    def _report(self, body):
+        if body.bytes_read != self._reported:  # the encoder reports its last, empty read too
+            self._reported = body.bytes_read
+            self._on_read(body.bytes_read, body.len)
 
     def __len__(self):
-        return self.length
-
-    def read(self, size=-1):
-        chunks, wanted = [], size if size is not None and size >= 0 else None
-        while self._index < len(self._pieces) and (wanted is None or wanted > 0):
-            chunk = self._pieces[self._index].read(-1 if wanted is None else wanted)
-            if not chunk:
-                self._index += 1
-                continue
-            chunks.append(chunk)
-            if wanted is not None:
-                wanted -= len(chunk)
-        data = b"".join(chunks)
-        self.sent += len(data)
-        if self.on_read and data:
-            self.on_read(self.sent, self.length)
-        return data
+        return self.len
