@@ -70,9 +70,8 @@ def one_trip(what):
 
 class Accumulated:
     """Metric writes of one process added up in memory and sent to Redis together every FLUSH_S by a
-    thread, for series written on a hot path: ingest records two on every post, and that round trip
-    to Redis was one of a post's seven (four to PostgreSQL, three to Redis) while the cores were
-    saturated (bench controlplane's profile of the ingest process). Duck-types a one_trip() pipeline
+    thread, for series written on a hot path: ingest records two on every post, and a round trip to
+    Redis per post is felt when the cores are saturated. Duck-types a one_trip() pipeline
     (SharedCounter.inc and SharedHistogram.observe take it as `trip`). A scrape sees the writes up
     to FLUSH_S late; a process that exits normally sends what it holds; one killed loses at most
     FLUSH_S of them, as it would lose the requests it was serving."""

@@ -293,8 +293,7 @@ def throttle_ingest(view):
 
 def _ingest_refusal(address, credential):
     """retry_after(INGEST_FAILURES, address) or record(INGEST_POSTS, credential), in one round trip
-    to Redis instead of two (every post pays it, while the cores are saturated under load: bench
-    controlplane). Unlike the two calls, a post from a refused address is still counted against its
+    to Redis instead of two (every post pays it, and under load the cores are saturated). Unlike the two calls, a post from a refused address is still counted against its
     credential; it is refused either way."""
     client = _redis()
     if client is None:

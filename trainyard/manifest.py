@@ -133,9 +133,8 @@ def parse_memory(value, field_name="memory"):
 
 def _safe_loader():
     """PyYAML's SafeLoader, with libyaml's scanner and parser (C) under PyYAML's own composer where
-    PyYAML was built with libyaml: a manifest's events come five times faster (1.3 → 0.28 ms for an
-    example's), and the composer stays Python, so _ManifestLoader's checks still see every node
-    before anything is built. libyaml words some syntax errors differently."""
+    PyYAML was built with libyaml: a manifest's events come several times faster, and the composer
+    stays Python, so _ManifestLoader's checks still see every node before anything is built. libyaml words some syntax errors differently."""
     try:
         from yaml._yaml import CParser
     except ImportError:
