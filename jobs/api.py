@@ -5,8 +5,9 @@ from urllib.parse import urlencode
 from django.http import FileResponse, Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import generics, serializers, status
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import generics, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
@@ -14,9 +15,13 @@ from rest_framework.views import APIView
 
 from jobs import admission, compare, elastic_timeline, ingest, lifecycle, listing, sharing, storage, submission, tenancy
 from jobs.backends import get_backend
-from jobs.serializers import (AllocationSerializer, ArtifactSerializer, JobDetailSerializer, JobEventSerializer,
-                              JobSerializer, log_line_json, metric_json)
-from jobs.bounds import ERROR_BODY, BadParameter, BoundedJSONParser, whole_number
+from jobs.serializers import (AllocationListSerializer, AllocationSerializer, ArtifactPageSerializer,
+                              ArtifactSerializer, ClusterSerializer, ComparisonSerializer, ErrorSerializer,
+                              JobDetailSerializer, JobEventListSerializer, JobEventSerializer, JobSerializer,
+                              LogPageSerializer, ManifestRequestSerializer, ManifestValidSerializer,
+                              MetricListSerializer, ShareRequestSerializer, SharesSerializer,
+                              SubmitRequestSerializer, log_line_json, metric_json)
+from jobs.bounds import BadParameter, BoundedJSONParser, whole_number
 from jobs.models import ACTIVE, FINAL, Artifact
 from tenants import access
 from tenants.throttling import throttle_ingest
@@ -51,6 +56,15 @@ class JobList(TenantScoped, generics.ListCreateAPIView):
             raise ValidationError({"detail": str(exc), "field": exc.field}) from None
         return query.ordered(query.filter(tenancy.jobs_of(self.membership()).select_related("owner", "tenant")))
 
+    @extend_schema(request={"multipart/form-data": SubmitRequestSerializer}, responses={
+        201: JobDetailSerializer,
+        403: OpenApiResponse(ErrorSerializer, description="a viewer, or `priority: high` not allowed here"),
+        413: OpenApiResponse(ErrorSerializer, description="the code archive is larger than the platform takes"),
+        429: OpenApiResponse(ErrorSerializer, description="past the tenant's intake: jobs queued at once or "
+                                                          "submissions per minute (Retry-After says when)")})
+    def post(self, request, *args, **kwargs):
+        return super().post(request, *args, **kwargs)
+
     def create(self, request, *args, **kwargs):
         membership = self.membership()
         submission.admit(membership)  # before the upload is parsed (request.FILES)
@@ -65,6 +79,7 @@ class JobList(TenantScoped, generics.ListCreateAPIView):
 
 
 class JobDetail(TenantScoped, APIView):
+    @extend_schema(responses={200: JobDetailSerializer})
     def get(self, request, job_id):
         return Response(JobDetailSerializer(self.job()).data)
 
@@ -73,13 +88,15 @@ class JobCompare(TenantScoped, APIView):
     """GET ?ids=a,b,c: the jobs' metrics, one line per job, and what differs between their manifests
     (jobs.compare). 400 naming `ids` for too few, too many or malformed ids; 404 for any id not seen."""
 
-    @extend_schema(parameters=[OpenApiParameter("ids", str, required=True, description=(
-        "2 to 8 job ids, comma-separated (the parameter may also repeat)"))],
-                   responses={200: OpenApiResponse(description="jobs, rows that differ, facts in common, "
-                                                               "metrics with one series per job and final values"),
-                              400: OpenApiResponse(ERROR_BODY, description="`ids` missing, malformed, "
-                                                                            "repeated, fewer than 2 or more than 8"),
-                              404: OpenApiResponse(ERROR_BODY, description="an id the caller cannot see")})
+    @extend_schema(
+        parameters=[OpenApiParameter("ids", str, required=True, description=(
+            "2 to 8 job ids, comma-separated (the parameter may also repeat)"))],
+        responses={
+            200: OpenApiResponse(ComparisonSerializer, description=(
+                "jobs, rows that differ, facts in common, metrics with one series per job and final values")),
+            400: OpenApiResponse(ErrorSerializer, description=(
+                "`ids` missing, malformed, repeated, fewer than 2 or more than 8")),
+            404: OpenApiResponse(ErrorSerializer, description="an id the caller cannot see")})
     def get(self, request):
         try:
             ids = compare.parse_ids(request.query_params.getlist("ids"))
@@ -95,7 +112,7 @@ class JobAction(TenantScoped, APIView):
     ACTIONS = {"halt": lifecycle.halt, "resume": lifecycle.resume, "terminate": lifecycle.terminate}
 
     @extend_schema(request=None, responses={202: JobDetailSerializer, 409: OpenApiResponse(
-        ERROR_BODY, description="Not in this state (e.g. resuming a running job); `detail` says why")})
+        ErrorSerializer, description="Not in this state (e.g. resuming a running job); `detail` says why")})
     def post(self, request, job_id):
         job = self.job()
         if not tenancy.can_control(self.membership(), job):
@@ -108,11 +125,20 @@ class JobAction(TenantScoped, APIView):
 
 
 class JobEvents(TenantScoped, APIView):
+    """The job's status history, oldest first."""
+
+    @extend_schema(responses={200: JobEventListSerializer})
     def get(self, request, job_id):
         return Response({"results": JobEventSerializer(self.job().events.all(), many=True).data})
 
 
 class JobLogs(TenantScoped, APIView):
+    """Up to `limit` lines after `since`, and whether more can follow (the job's status)."""
+
+    @extend_schema(parameters=[
+        OpenApiParameter("since", int, description=f"lines after this seq (0..{MAX_SEQ}; 0 by default)"),
+        OpenApiParameter("limit", int, description=f"lines at most, 0..{MAX_LOG_LIMIT} (1000 by default)")],
+        responses={200: LogPageSerializer})
     def get(self, request, job_id):
         job = self.job()
         since = whole_number(request.query_params, "since", default=0, minimum=0, maximum=MAX_SEQ)
@@ -124,6 +150,10 @@ class JobLogs(TenantScoped, APIView):
 
 
 class JobMetrics(TenantScoped, APIView):
+    """Every metric point of the job in the order they arrived, or of one metric (?name=)."""
+
+    @extend_schema(parameters=[OpenApiParameter("name", str, description="only this metric's points")],
+                   responses={200: MetricListSerializer})
     def get(self, request, job_id):
         points = self.job().metric_points.order_by("id")
         if name := request.query_params.get("name"):
@@ -139,9 +169,7 @@ class JobArtifacts(TenantScoped, APIView):
         OpenApiParameter("limit", int, description=f"files per page, 1..{MAX_ARTIFACT_PAGE} "
                                                    f"({ARTIFACT_PAGE} by default)"),
         OpenApiParameter("after", str, description="the page starts after this name (as the `next` link gives it)")],
-        responses={200: inline_serializer("ArtifactPage", {
-            "count": serializers.IntegerField(), "next": serializers.CharField(allow_null=True),
-            "results": ArtifactSerializer(many=True)})})
+        responses={200: ArtifactPageSerializer})
     def get(self, request, job_id):
         limit = whole_number(request.query_params, "limit", default=ARTIFACT_PAGE, minimum=1, maximum=MAX_ARTIFACT_PAGE)
         after = _artifact_name_param(request.query_params, "after")
@@ -169,12 +197,17 @@ class JobAllocations(TenantScoped, APIView):
     """The allocation timeline: one row per attempt with the shape it ran at, why, what the resize cost and
     the throughput it measured. Empty for a job that never had an allocation row (a fixed job before any)."""
 
-    @extend_schema(responses={200: inline_serializer("AllocationList", {"results": AllocationSerializer(many=True)})})
+    @extend_schema(responses={200: AllocationListSerializer})
     def get(self, request, job_id):
         return Response({"results": AllocationSerializer(elastic_timeline.timeline(self.job()), many=True).data})
 
 
 class JobArtifactDownload(TenantScoped, APIView):
+    """One recorded file, as an attachment; its content type is guessed from its name."""
+
+    @extend_schema(operation_id="v1_jobs_artifact_download", responses={
+        (200, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, description="the file"),
+        404: OpenApiResponse(ErrorSerializer, description="no such artifact, or no longer stored")})
     def get(self, request, job_id, name):
         job = self.job()
         if not job.artifacts.filter(name=name).exists():
@@ -189,6 +222,7 @@ class JobArtifactDownload(TenantScoped, APIView):
 class Cluster(APIView):
     """Capacity per node in tenant-neutral figures; `my_jobs` lists only the caller's own tenant's jobs."""
 
+    @extend_schema(responses={200: ClusterSerializer})
     def get(self, request):
         capacity = get_backend().capacity()
         used = admission.used_resources()
@@ -233,8 +267,9 @@ class ManifestValidate(APIView):
 
     parser_classes = [BoundedJSONParser, MultiPartParser, FormParser]
 
+    @extend_schema(request=ManifestRequestSerializer, responses={200: ManifestValidSerializer})
     def post(self, request):
-        text = request.data.get("manifest")
+        text = _fields(request).get("manifest")
         if hasattr(text, "read"):
             if text.size > MAX_MANIFEST_BYTES:
                 raise submission.SubmitError("manifest is larger than 64 KiB", field="manifest")
@@ -287,13 +322,15 @@ class JobSharing(SharingScoped, APIView):
     """GET who a job is shared with; POST {username, access: view|control} shares it. Its owner and the
     tenant's admins decide."""
 
+    @extend_schema(responses={200: SharesSerializer})
     def get(self, request, job_id):
         return Response({"private": self.job().private, "results": sharing.shared_with(self.job())})
 
+    @extend_schema(request=ShareRequestSerializer, responses={200: SharesSerializer})
     def post(self, request, job_id):
-        job = self.owned_job()
+        job, fields = self.owned_job(), _fields(request)
         try:
-            people = sharing.share(job, str(request.data.get("username", "")), str(request.data.get("access", "view")))
+            people = sharing.share(job, str(fields.get("username", "")), str(fields.get("access", "view")))
         except sharing.ShareError as exc:
             return Response({"detail": exc.detail, "field": exc.field}, status=400)
         return Response({"private": job.private, "results": people})
@@ -303,11 +340,16 @@ class JobUnshare(SharingScoped, APIView):
     """DELETE .../share/<username>/ stops sharing with them (its own view: the collection takes no DELETE
     and one person's share takes no GET or POST, so those are 405s, not a view called without its argument)."""
 
-    @extend_schema(responses={200: OpenApiResponse(description="Who the job is still shared with")})
+    @extend_schema(responses={200: OpenApiResponse(SharesSerializer, description="Who the job is still shared with")})
     def delete(self, request, job_id, username):
         job = self.owned_job()
         sharing.unshare(job, username)
         return Response({"private": job.private, "results": sharing.shared_with(job)})
+
+
+def _fields(request):
+    """The body's fields; a JSON body that is not an object has none, so each is refused by name as missing."""
+    return request.data if isinstance(request.data, dict) else {}
 
 
 def _flag(value):

@@ -1,6 +1,8 @@
 """How jobs, events, log lines and metric points look in JSON (REST and websockets alike)."""
 from urllib.parse import quote
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gpu_scheduler.reasons import split_position
@@ -40,6 +42,62 @@ def latest_metrics(job):
     return latest
 
 
+# --- what the job detail's computed fields hold -----------------------------------------------------
+class LatestMetricSerializer(serializers.Serializer):
+    value = serializers.FloatField()
+    step = serializers.IntegerField(allow_null=True)
+
+
+class JobUsageSerializer(serializers.Serializer):
+    """tenants.quotas.job_usage(): all attempts together."""
+    gpu_hours = serializers.FloatField()
+    cpu_hours = serializers.FloatField()
+    seconds = serializers.FloatField(help_text="seconds holding resources")
+
+
+class DiskCapsSerializer(serializers.Serializer):
+    """jobs.disk.stored_caps(): bytes per folder and the log; log_lines a count."""
+    results = serializers.IntegerField()
+    checkpoints = serializers.IntegerField()
+    work = serializers.IntegerField()
+    tmp = serializers.IntegerField()
+    logs = serializers.IntegerField()
+    log_lines = serializers.IntegerField()
+
+
+class ElasticBatchSerializer(serializers.Serializer):
+    # "global" is a Python keyword: the field is declared below under its JSON name.
+    min = serializers.IntegerField()
+    max = serializers.IntegerField()
+
+
+ElasticBatchSerializer._declared_fields["global"] = serializers.IntegerField()
+
+
+class ElasticSummarySerializer(serializers.Serializer):
+    """jobs.elastic_timeline.summary(): an elastic job's bounds and the shape it runs at now."""
+    min_learners = serializers.IntegerField()
+    max_learners = serializers.IntegerField()
+    batch = ElasticBatchSerializer(allow_null=True)
+    lr_scaling = serializers.CharField()
+    learners = serializers.IntegerField()
+    global_batch = serializers.IntegerField(allow_null=True)
+    local_batch = serializers.IntegerField(allow_null=True)
+    lr_scale = serializers.FloatField(allow_null=True)
+    allocation_attempt = serializers.IntegerField(allow_null=True)
+
+
+class PlacementSerializer(serializers.Serializer):
+    """Where one learner runs."""
+    node = serializers.CharField()
+    gpu_ids = serializers.ListField(child=serializers.IntegerField())
+
+
+@extend_schema_field(PlacementSerializer(many=True))
+class PlacementField(serializers.JSONField):
+    """The stored placement as it is; the schema says its shape."""
+
+
 class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     tenant = serializers.CharField(source="tenant.slug")
@@ -73,23 +131,29 @@ class JobDetailSerializer(JobSerializer):
     elastic = serializers.SerializerMethodField()
     log_lines = serializers.IntegerField(source="log_seq", read_only=True)  # stored so far, all attempts
     disk = serializers.SerializerMethodField()
+    placement = PlacementField(read_only=True)
 
     class Meta(JobSerializer.Meta):
         fields = JobSerializer.Meta.fields + ["manifest", "manifest_yaml", "placement", "latest_metrics", "usage",
                                               "log_lines", "log_bytes", "log_dropped_lines", "log_dropped_bytes",
                                               "elastic", "disk"]
 
+    @extend_schema_field(serializers.DictField(child=LatestMetricSerializer(), help_text=(
+        "each metric's most recent point, by name")))
     def get_latest_metrics(self, job) -> dict:
         return {} if self.context.get("just_submitted") else latest_metrics(job)
 
+    @extend_schema_field(JobUsageSerializer)
     def get_usage(self, job) -> dict:
         from tenants.quotas import job_usage, records_usage
         return records_usage([]) if self.context.get("just_submitted") else job_usage(job)
 
+    @extend_schema_field(DiskCapsSerializer)
     def get_disk(self, job) -> dict:
         """The job's disk caps (jobs.disk): bytes, and log_lines a count."""
         return disk.stored_caps((job.runtime or {}).get("disk"))
 
+    @extend_schema_field(ElasticSummarySerializer(allow_null=True))
     def get_elastic(self, job) -> dict | None:
         return elastic_timeline.summary(job)
 
@@ -131,3 +195,202 @@ class ArtifactSerializer(serializers.ModelSerializer):
 
     def get_url(self, artifact) -> str:
         return f"/api/v1/jobs/{artifact.job_id}/artifacts/{quote(artifact.name)}"  # "#" and "?" are a name's too
+
+
+# --- the shapes of answers built by hand ------------------------------------------------------------
+# Log lines, metric points, the cluster and the manifest summary are built as plain dicts on paths
+# where a serializer per row would cost (log tails, websockets); these classes are what the OpenAPI
+# schema says of them, and the API fuzz test checks every answer against it, keys included.
+class LogLineSerializer(serializers.Serializer):
+    """One line as log_line_json() builds it."""
+    seq = serializers.IntegerField()
+    learner = serializers.IntegerField()
+    stream = serializers.CharField(help_text="stdout, stderr or system (the platform's and the agent's own)")
+    time = serializers.DateTimeField()
+    line = serializers.CharField(allow_blank=True)
+
+
+class LogPageSerializer(serializers.Serializer):
+    results = LogLineSerializer(many=True)
+    next_since = serializers.IntegerField(help_text="pass as ?since= to read on")
+    status = serializers.ChoiceField(choices=Status.choices)
+    final = serializers.BooleanField(help_text="the job has finished: no line will follow")
+
+
+class MetricPointSerializer(serializers.Serializer):
+    """One point as metric_json() builds it."""
+    name = serializers.CharField()
+    step = serializers.IntegerField(allow_null=True)
+    value = serializers.FloatField()
+    time = serializers.DateTimeField()
+    learner = serializers.IntegerField()
+    attempt = serializers.IntegerField()
+
+
+class MetricListSerializer(serializers.Serializer):
+    results = MetricPointSerializer(many=True)
+
+
+class JobEventListSerializer(serializers.Serializer):
+    results = JobEventSerializer(many=True)
+
+
+class AllocationListSerializer(serializers.Serializer):
+    results = AllocationSerializer(many=True)
+
+
+class ArtifactPageSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="files in all")
+    next = serializers.CharField(allow_null=True, help_text="the link to the page after; null on the last")
+    results = ArtifactSerializer(many=True)
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error answer of the API (portal.api.exception_handler)."""
+    detail = serializers.CharField(help_text="what went wrong")
+    field = serializers.CharField(required=False, help_text="the parameter or body field to blame, when one is")
+
+
+class ElasticSizeSerializer(serializers.Serializer):
+    """jobs.elastic_timeline.size()."""
+    learners = serializers.IntegerField()
+    min_learners = serializers.IntegerField()
+    max_learners = serializers.IntegerField()
+
+
+class ClusterJobSerializer(serializers.Serializer):
+    """One of the caller's tenant's active jobs on a node."""
+    id = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    owner = serializers.CharField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    gpus = serializers.IntegerField(help_text="GPUs it holds on this node")
+    learners = serializers.IntegerField(help_text="its learners on this node")
+    elastic = ElasticSizeSerializer(allow_null=True)
+
+
+class ClusterNodeSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    gpus = serializers.IntegerField()
+    cpus = serializers.FloatField()
+    memory_bytes = serializers.IntegerField()
+    gpus_used = serializers.IntegerField()
+    gpus_free = serializers.IntegerField()
+    cpus_used = serializers.FloatField()
+    cpus_free = serializers.FloatField()
+    memory_used = serializers.IntegerField()
+    my_jobs = ClusterJobSerializer(many=True)
+
+
+class ClusterSerializer(serializers.Serializer):
+    """Capacity in tenant-neutral figures; only `my_jobs` names jobs, and only the caller's tenant's."""
+    backend = serializers.CharField()
+    nodes = ClusterNodeSerializer(many=True)
+    gpus_total = serializers.IntegerField()
+    gpus_used = serializers.IntegerField()
+
+
+class ShareSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    access = serializers.ChoiceField(choices=["view", "control"])
+
+
+class SharesSerializer(serializers.Serializer):
+    private = serializers.BooleanField()
+    results = ShareSerializer(many=True)
+
+
+class ShareRequestSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    access = serializers.ChoiceField(choices=["view", "control"], required=False, default="view")
+
+
+@extend_schema_field(OpenApiTypes.BINARY)
+class UploadField(serializers.FileField):
+    """A file of a multipart request (drf-spectacular would call a FileField a URL, as answers show one)."""
+
+
+class SubmitRequestSerializer(serializers.Serializer):
+    manifest = UploadField(help_text="the manifest (YAML), at most 64 KiB")
+    code = UploadField(required=False, help_text="the code folder as a zip or tar.gz")
+    private = serializers.BooleanField(required=False, help_text="only its owner and tenant admins see it")
+
+
+class ManifestRequestSerializer(serializers.Serializer):
+    manifest = serializers.CharField(help_text="the manifest's YAML text (or, multipart, the file)")
+
+
+class ManifestSummarySerializer(serializers.Serializer):
+    """jobs.api.manifest_summary(): per learner, and in total."""
+    name = serializers.CharField(allow_blank=True)
+    framework = serializers.CharField()
+    framework_version = serializers.CharField(allow_blank=True, allow_null=True)
+    command = serializers.CharField()
+    learners = serializers.IntegerField()
+    gpus = serializers.IntegerField()
+    cpus = serializers.FloatField()
+    memory_bytes = serializers.IntegerField()
+    priority = serializers.CharField()
+    total_gpus = serializers.IntegerField()
+    total_cpus = serializers.FloatField()
+    total_memory_bytes = serializers.IntegerField()
+    max_retries = serializers.IntegerField()
+
+
+class ManifestValidSerializer(serializers.Serializer):
+    valid = serializers.BooleanField()
+    manifest = ManifestSummarySerializer()
+
+
+class CompareJobSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    status = serializers.ChoiceField(choices=Status.choices)
+    owner = serializers.CharField()
+    attempt = serializers.IntegerField()
+    page_url = serializers.CharField()
+
+
+class CompareRowSerializer(serializers.Serializer):
+    """A fact that differs: one value per job, in the order of `jobs` ("" = not set)."""
+    key = serializers.CharField()
+    label = serializers.CharField()
+    values = serializers.ListField(child=serializers.CharField(allow_blank=True))
+
+
+class CompareSameSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    label = serializers.CharField()
+    value = serializers.CharField()
+
+
+class CompareSeriesSerializer(serializers.Serializer):
+    job = serializers.CharField()
+    points = serializers.ListField(child=serializers.ListField(child=serializers.FloatField(allow_null=True),
+                                                               min_length=2, max_length=2),
+                                   help_text="[step, value] pairs; step null for points without one")
+    count = serializers.IntegerField(help_text="points the job has, before thinning or averaging")
+    thinned = serializers.BooleanField()
+    averaged = serializers.BooleanField()
+
+
+class CompareMetricSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    final = serializers.ListField(child=serializers.FloatField(allow_null=True), help_text="one per job")
+    series = CompareSeriesSerializer(many=True)
+
+
+class CompareLimitsSerializer(serializers.Serializer):
+    max_jobs = serializers.IntegerField()
+    max_metrics = serializers.IntegerField()
+    max_points = serializers.IntegerField()
+
+
+class ComparisonSerializer(serializers.Serializer):
+    """jobs.compare.Comparison.as_json()."""
+    jobs = CompareJobSerializer(many=True)
+    rows = CompareRowSerializer(many=True)
+    same = CompareSameSerializer(many=True)
+    metrics = CompareMetricSerializer(many=True)
+    omitted_metrics = serializers.ListField(child=serializers.CharField())
+    limits = CompareLimitsSerializer()

@@ -34,7 +34,7 @@ class NewWebhookSerializer(serializers.Serializer):
     url = serializers.CharField(help_text="http:// or https:// URL at a public address")
     events = serializers.ListField(child=serializers.ChoiceField(choices=services.EVENTS), required=False,
                                    help_text="The events to send; empty or absent: all")
-    format = serializers.ChoiceField(choices=Webhook.Format.values, required=False, default="slack")
+    format = serializers.ChoiceField(choices=Webhook.Format.choices, required=False, default="slack")
     scope = serializers.ChoiceField(choices=["user", "tenant"], required=False, default="user",
                                     help_text="tenant: the tenant's hook (its admins only)")
 
@@ -71,7 +71,7 @@ class Webhooks(APIView):
     """GET the hooks the caller manages; POST {url, events?, format?, scope?} adds one and returns its
     signing secret, shown this once."""
 
-    @extend_schema(responses={200: WebhookListSerializer})
+    @extend_schema(operation_id="v1_webhooks_list", responses={200: WebhookListSerializer})
     def get(self, request):
         hooks = services.hooks_of(access.request_membership(request)).order_by("pk")
         return Response({"results": WebhookSerializer(hooks, many=True).data})

@@ -1,8 +1,9 @@
 """The OpenAPI schema's additions to drf-spectacular's: the error answers every operation can give.
 Loaded lazily by DRF (DEFAULT_SCHEMA_CLASS), after the views exist."""
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiResponse
 
-from jobs.bounds import ERROR_BODY
+from jobs.serializers import ErrorSerializer
 
 # Answers any endpoint may give, whatever it does: checked by tests/security/test_api_fuzz.py.
 ERROR_RESPONSES = {
@@ -16,12 +17,16 @@ ERROR_RESPONSES = {
 
 class ApiSchema(AutoSchema):
     """drf-spectacular's schema, with the error answers every operation can give documented as the JSON
-    they are, so clients (and the fuzzer) know them."""
+    they are (the Error component), so clients (and the fuzzer) know them."""
 
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)
         if direction == "response":
-            for status, description in ERROR_RESPONSES.items():
-                responses.setdefault(status, {"description": description,
-                                              "content": {"application/json": {"schema": ERROR_BODY}}})
+            errors = dict(ERROR_RESPONSES)
+            if self.method in ("POST", "PUT", "PATCH"):
+                errors["415"] = "The body's content type is not one the endpoint reads, or the body is not that type"
+            for status, description in errors.items():
+                if status not in responses:
+                    responses[status] = self._get_response_for_code(
+                        OpenApiResponse(ErrorSerializer, description=description), status, direction=direction)
         return responses

@@ -2,13 +2,28 @@
 admins, and the caller's own API tokens."""
 from django.core.exceptions import ValidationError
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import access, people, quotas
-from tenants.models import ApiToken, Invitation, Membership, Quota, Tenant
+from tenants.models import ApiToken, Invitation, Membership, Tenant
+from tenants.serializers import (CurrentTenantSerializer, DefaultTenantRequestSerializer, DefaultTenantSerializer,
+                                 InvitationListSerializer, InvitationSerializer, InvitedSerializer, JoinedSerializer,
+                                 MemberListSerializer, MemberSerializer, NewMemberSerializer, NewTokenSerializer,
+                                 QuotaSerializer, RoleSerializer, TokenListSerializer, TokenRequestSerializer,
+                                 TokenSerializer)
+
+# The Error component, which portal.schema gives every operation (tenants does not import jobs, its home).
+ERROR = {"$ref": "#/components/schemas/Error"}
+# A refusal of tenants.people that is not a 400: a member or invitation that already exists, the last admin.
+CONFLICT = OpenApiResponse(ERROR, description="Conflicts with what exists (`detail` says what)")
+
+
+def _fields(request):
+    """The body's fields; a JSON body that is not an object has none, so each is refused by name as missing."""
+    return request.data if isinstance(request.data, dict) else {}
 
 
 def _forbidden(detail):
@@ -18,6 +33,7 @@ def _forbidden(detail):
 class CurrentTenant(APIView):
     """GET: the tenant the caller acts in, their role, the quota, usage now and this period, what is queued."""
 
+    @extend_schema(responses={200: CurrentTenantSerializer})
     def get(self, request):
         membership = access.request_membership(request)
         tenant = membership.tenant
@@ -25,15 +41,17 @@ class CurrentTenant(APIView):
                          **quotas.summary(tenant, user=request.user)})
 
 
-class QuotaSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Quota
-        fields = [*Quota.LIMITS, "period", "budget_mode", "can_borrow", "high_priority", *Quota.INTAKE]
+# The quota's fields are checked by its serializer, whose refusals name each field with its messages.
+QUOTA_REFUSED = OpenApiResponse({"oneOf": [ERROR, {
+    "type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}},
+    "description": "{field: [what is wrong with it]} for each field refused"}]},
+    description="A field is not a quota's, or the quota as a whole is not sane")
 
 
 class TenantQuota(APIView):
     """GET the quota of a tenant the caller belongs to; PUT/PATCH it (platform admins only)."""
 
+    @extend_schema(responses={200: QuotaSerializer})
     def get(self, request, slug):
         try:
             membership = access.membership_for(request.user, slug)
@@ -41,6 +59,7 @@ class TenantQuota(APIView):
             raise Http404(f"No tenant {slug!r}.") from None
         return Response(quotas.summary(membership.tenant)["quota"])
 
+    @extend_schema(request=QuotaSerializer, responses={200: QuotaSerializer, 400: QUOTA_REFUSED})
     def patch(self, request, slug):
         if not access.is_platform_admin(request.user):
             if Membership.objects.filter(user=request.user, tenant__slug=slug).exists():
@@ -58,7 +77,10 @@ class TenantQuota(APIView):
             return Response({"detail": "; ".join(exc.messages)}, status=400)
         return Response(quotas.summary(tenant)["quota"])
 
-    put = patch
+    @extend_schema(request=QuotaSerializer, responses={200: QuotaSerializer, 400: QUOTA_REFUSED},
+                   description="The same as PATCH: the fields given change, the others stay")
+    def put(self, request, slug):
+        return self.patch(request, slug)
 
 
 class Members(APIView):
@@ -66,20 +88,26 @@ class Members(APIView):
     answer whether or not the username exists; they join once they accept); a platform admin adds
     an existing user at once (201)."""
 
+    @extend_schema(responses={200: MemberListSerializer})
     def get(self, request):
         membership = access.request_membership(request)
         members = Membership.objects.filter(tenant=membership.tenant).select_related("user").order_by("user__username")
-        return Response({"results": [_member_json(m) for m in members]})
+        return Response({"results": MemberSerializer(members, many=True).data})
 
+    @extend_schema(request=NewMemberSerializer, responses={
+        201: OpenApiResponse(MemberSerializer, description="a platform admin added the user"),
+        202: OpenApiResponse(InvitedSerializer, description="invited; they join once they accept"),
+        409: CONFLICT})
     def post(self, request):
         membership = access.request_membership(request)
         if not membership.is_admin:
             return _forbidden("only tenant admins manage members")
-        username = str(request.data.get("username", ""))
-        role = request.data.get("role", Membership.Role.RESEARCHER)
+        fields = _fields(request)
+        username, role = str(fields.get("username", "")), fields.get("role", Membership.Role.RESEARCHER)
         try:
             if access.is_platform_admin(request.user):
-                return Response(_member_json(people.add_member(membership.tenant, username, role)), status=201)
+                return Response(MemberSerializer(people.add_member(membership.tenant, username, role)).data,
+                                status=201)
             invitation = people.invite(membership.tenant, username, role, invited_by=request.user.username)
         except people.PeopleError as exc:
             return _refused(exc)
@@ -91,17 +119,19 @@ class Members(APIView):
 class TenantInvitations(APIView):
     """GET the invitations of the caller's tenant that wait for an answer (tenant admins)."""
 
+    @extend_schema(responses={200: InvitationListSerializer})
     def get(self, request):
         membership = access.request_membership(request)
         if not membership.is_admin:
             return _forbidden("only tenant admins manage members")
         waiting = Invitation.objects.filter(tenant=membership.tenant).select_related("tenant").order_by("username")
-        return Response({"results": [_invitation_json(i) for i in waiting]})
+        return Response({"results": InvitationSerializer(waiting, many=True).data})
 
 
 class TenantInvitation(APIView):
     """DELETE withdraws an invitation of the caller's tenant (tenant admins)."""
 
+    @extend_schema(responses={204: None})
     def delete(self, request, invitation_id):
         membership = access.request_membership(request)
         invitation = Invitation.objects.filter(pk=invitation_id, tenant=membership.tenant).first()
@@ -116,37 +146,49 @@ class TenantInvitation(APIView):
 class MyInvitations(APIView):
     """GET the invitations waiting for the caller (any logged-in user, member of a tenant or not)."""
 
+    @extend_schema(responses={200: InvitationListSerializer})
     def get(self, request):
-        return Response({"results": [_invitation_json(i) for i in people.invitations_for(request.user)]})
+        return Response({"results": InvitationSerializer(people.invitations_for(request.user), many=True).data})
 
 
-class MyInvitationAnswer(APIView):
-    """POST accept/ (200, the new membership) or decline/ (204) one of the caller's invitations;
-    anyone else's invitation is 404."""
+def _my_invitation(request, invitation_id):
+    """One of the caller's invitations; anyone else's is 404."""
+    invitation = people.invitations_for(request.user).filter(pk=invitation_id).first()
+    if invitation is None:
+        raise Http404(f"No invitation {invitation_id} for you.")
+    return invitation
 
-    answer = None
 
+class AcceptInvitation(APIView):
+    """POST accept/: the caller joins the tenant; 200 with the new membership."""
+
+    @extend_schema(request=None, responses={200: JoinedSerializer})
     def post(self, request, invitation_id):
-        invitation = people.invitations_for(request.user).filter(pk=invitation_id).first()
-        if invitation is None:
-            raise Http404(f"No invitation {invitation_id} for you.")
-        if self.answer == "decline":
-            people.decline(invitation)
-            return Response(status=204)
-        member = people.accept(invitation, request.user)
-        return Response({"tenant": {"slug": member.tenant.slug, "name": member.tenant.name}, "role": member.role})
+        member = people.accept(_my_invitation(request, invitation_id), request.user)
+        return Response(JoinedSerializer(member).data)
+
+
+class DeclineInvitation(APIView):
+    """POST decline/: the invitation is gone; 204."""
+
+    @extend_schema(request=None, responses={204: None})
+    def post(self, request, invitation_id):
+        people.decline(_my_invitation(request, invitation_id))
+        return Response(status=204)
 
 
 class DefaultTenant(APIView):
     """GET the tenant the caller's requests act in when they name none; PUT {"tenant": slug} chooses it."""
 
+    @extend_schema(responses={200: DefaultTenantSerializer})
     def get(self, request):
         membership = access.membership_for(request.user)
         return Response(_default_json(request.user, membership))
 
+    @extend_schema(request=DefaultTenantRequestSerializer, responses={200: DefaultTenantSerializer})
     def put(self, request):
         try:
-            chosen = people.set_default_tenant(request.user, str(request.data.get("tenant") or ""))
+            chosen = people.set_default_tenant(request.user, str(_fields(request).get("tenant") or ""))
         except people.PeopleError as exc:
             return _refused(exc)
         return Response(_default_json(request.user, access.membership_for(request.user, chosen.tenant.slug)))
@@ -154,14 +196,8 @@ class DefaultTenant(APIView):
 
 def _default_json(user, membership):
     mine = Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
-    return {"tenant": membership.tenant.slug, "chosen": bool(membership.is_default),
-            "tenants": [m.tenant.slug for m in mine]}
-
-
-def _invitation_json(invitation, **extra):
-    return {"id": invitation.pk, "tenant": {"slug": invitation.tenant.slug, "name": invitation.tenant.name},
-            "username": invitation.username, "role": invitation.role, "invited_by": invitation.invited_by,
-            "created_at": invitation.created_at, **extra}
+    return DefaultTenantSerializer({"tenant": membership.tenant.slug, "chosen": bool(membership.is_default),
+                                    "tenants": [m.tenant.slug for m in mine]}).data
 
 
 class Member(APIView):
@@ -174,15 +210,17 @@ class Member(APIView):
             raise Http404(f"No member {username!r} in tenant {membership.tenant.slug!r}.")
         return membership, member
 
+    @extend_schema(request=RoleSerializer, responses={200: MemberSerializer, 409: CONFLICT})
     def patch(self, request, username):
         membership, member = self._member(request, username)
         if not membership.is_admin:
             return _forbidden("only tenant admins manage members")
         try:
-            return Response(_member_json(people.change_role(member, request.data.get("role"))))
+            return Response(MemberSerializer(people.change_role(member, _fields(request).get("role"))).data)
         except people.PeopleError as exc:
             return _refused(exc)
 
+    @extend_schema(responses={204: None, 409: CONFLICT})
     def delete(self, request, username):
         membership, member = self._member(request, username)
         if not membership.is_admin:
@@ -201,29 +239,22 @@ def _refused(exc):
     return Response(body, status=exc.status)
 
 
-def _member_json(m):
-    return {"username": m.user.username, "role": m.role, "email": m.user.email}
-
-
-class TokenSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = ApiToken
-        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
-
-
 class Tokens(APIView):
     """GET the caller's API tokens; POST creates one and returns its key, shown this once."""
 
+    @extend_schema(responses={200: TokenListSerializer})
     def get(self, request):
         tokens = ApiToken.objects.filter(user=request.user).order_by("-created_at")
         return Response({"results": TokenSerializer(tokens, many=True).data})
 
+    @extend_schema(request=TokenRequestSerializer, responses={201: NewTokenSerializer})
     def post(self, request):
         try:
-            token, key = people.create_token(request.user, str(request.data.get("name") or ""))
+            token, key = people.create_token(request.user, str(_fields(request).get("name") or ""))
         except people.PeopleError as exc:
             return _refused(exc)
-        return Response({**TokenSerializer(token).data, "key": key}, status=201)
+        token.key = key  # the one answer that carries it
+        return Response(NewTokenSerializer(token).data, status=201)
 
 
 class Token(APIView):
