@@ -28,7 +28,7 @@ import threading
 import time
 from queue import SimpleQueue
 
-from learner_agent import address, archive, cgroups, diskwatch, procfs, sandbox, tfevents
+from learner_agent import address, archive, cgroups, diskwatch, procfs, sandbox, telemetry, tfevents
 from learner_agent.config import ConfigError, load_config
 from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
@@ -314,9 +314,12 @@ class Agent:
                              daemon=True).start()
         if self.config.disk_caps:
             threading.Thread(target=self._watch_disk, args=(learner,), name="disk", daemon=True).start()
+        sampler = self._start_sampler(learner)
         returncode = learner.wait()
         self._learner_ended.set()
         self._note_kernel_oom_kill()
+        if sampler is not None:
+            sampler.stop()  # its last sample reads the group before anything is killed or removed
         # Anything the command left running in the background dies with it, as in a container; it
         # would otherwise keep the pipes open and the readers waiting forever.
         learner.kill()
@@ -331,6 +334,17 @@ class Agent:
                         READERS_DRAIN_TIMEOUT_S)
         log.info("the command ended with returncode %d", returncode)
         return returncode
+
+    def _start_sampler(self, learner):
+        """Sample the learner's CPU, memory and GPUs into `resource` records (learner_agent.telemetry)."""
+        config = self.config
+        if not config.resource_sample_s:
+            return None
+        sampler = telemetry.Sampler(period_s=config.resource_sample_s, emit=self.shipper.add, cgroup=self._cgroup,
+                                    pid=learner.pid, memory_limit_bytes=config.memory_bytes,
+                                    visible_gpus=config.env.get("CUDA_VISIBLE_DEVICES"))
+        sampler.start()
+        return sampler
 
     def _ship_lines(self, pipe, stream):
         try:

@@ -64,6 +64,9 @@ class AgentConfig:
     # `log_bytes_per_second`; a learner printing faster waits on its own writes. 0: no pace.
     log_bytes_per_second: int = 0
     log_burst_bytes: int = 16 * 2**20
+    # How often the learner's CPU, memory and GPUs are sampled (learner_agent.telemetry); 0: never,
+    # unless the platform asks (TRAINYARD_RESOURCE_SAMPLE_S), so a config from before has no new records.
+    resource_sample_s: float = 0.0
     network_namespace: str = ""  # /proc/<pid>/ns/net shared by a distributed job's learners (netns.py)
     # On Kubernetes the config is a read-only mount: the agent keeps its files in `state_dir`
     # instead, and halts when `halt_file` (the pod's annotations, a downward-API file) asks it to.
@@ -136,6 +139,7 @@ def parse_config(data, *, path):
     values["checkpoint_signal"] = _signal_name(data.get("checkpoint_signal", "SIGTERM"))
     values["grace_seconds"] = _number(data, "grace_seconds", 60.0, minimum=0)
     values["flush_timeout_s"] = _number(data, "flush_timeout_s", 86400.0, minimum=0)
+    values["resource_sample_s"] = _number(data, "resource_sample_s", AgentConfig.resource_sample_s, minimum=0)
     network_namespace = data.get("network_namespace") or ""
     if not isinstance(network_namespace, str) or (network_namespace and not os.path.isabs(network_namespace)):
         raise ConfigError("network_namespace: must be an absolute path such as /proc/<pid>/ns/net")
