@@ -159,7 +159,7 @@ def test_it_runs_every_job_to_its_target(short_workload, policy):
 def test_trainyard_keeps_the_asked_batch_until_it_has_measured_a_noise_scale(short_workload):
     from gpu_scheduler.simulator.pollux_replay import ElasticDecider, ReplayJob
     decider = ElasticDecider("trainyard", {f"n{i}": 4 for i in range(16)}, RESTART_S)
-    spec = short_workload[1]
+    spec = short_workload[0]  # DeepSpeech2 at 320, below its largest traced batch (640)
     job = ReplayJob(spec.name, spec.arrival_s, pollux.application(spec.app), spec.gpus, spec.batch, 0)
     assert decider.elastic_job(job).batch_max == spec.batch and decider.elastic_job(job).noise_scale is None
     job.placement, job.batch, job.progress = {"n0": 4}, spec.batch, job.app.target / 2
