@@ -77,9 +77,9 @@ class ReplayResult:
 
 
 def replay(workload_jobs, policy, *, nodes=NODES, gpus_per_node=GPUS_PER_NODE, interval_s=INTERVAL_S,
-           restart_s=RESTART_S, root=None, horizon_s=None):
+           restart_s=RESTART_S, root=None):
     """Run every job of `workload_jobs` (pollux.WorkloadJob) to its target under `policy` (one of
-    REPLAY_POLICIES); returns a ReplayResult. `horizon_s` stops early (tests), leaving jobs unfinished."""
+    REPLAY_POLICIES); returns a ReplayResult."""
     if policy not in REPLAY_POLICIES:
         raise ValueError(f"replay policy must be one of {REPLAY_POLICIES}, got {policy!r}")
     cluster = {f"node-{i:02d}": gpus_per_node for i in range(nodes)}
@@ -88,8 +88,6 @@ def replay(workload_jobs, policy, *, nodes=NODES, gpus_per_node=GPUS_PER_NODE, i
     jobs = [ReplayJob(w.name, w.arrival_s, application(w.app, root), w.gpus, w.batch, i) for i, w in enumerate(pending)]
     waiting_to_arrive, active, now = list(jobs), [], 0.0
     while waiting_to_arrive or active:
-        if horizon_s is not None and now >= horizon_s:
-            break
         while waiting_to_arrive and waiting_to_arrive[0].arrival_s <= now:
             active.append(waiting_to_arrive.pop(0))
         if not active:  # idle cluster: jump to the decision after the next arrival

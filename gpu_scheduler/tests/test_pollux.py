@@ -165,3 +165,19 @@ def test_trainyard_keeps_the_asked_batch_until_it_has_measured_a_noise_scale(sho
     job.placement, job.batch, job.progress = {"n0": 4}, spec.batch, job.app.target / 2
     assert decider.elastic_job(job).noise_scale is not None
     assert decider.elastic_job(job).batch_max == job.app.max_batch
+
+
+@needs_data
+@pytest.mark.parametrize("policy", ["gpu_only", "paper"])
+def test_skipping_a_decision_nothing_changed_for_gives_the_same_replay(short_workload, policy, monkeypatch):
+    from gpu_scheduler.simulator import pollux_replay
+
+    skipping = replay(short_workload, policy).jcts()
+
+    class DecidingEveryTime(pollux_replay.ElasticDecider):
+        def __call__(self, *args):
+            self.last_state = None
+            return super().__call__(*args)
+
+    monkeypatch.setattr(pollux_replay, "ElasticDecider", DecidingEveryTime)
+    assert replay(short_workload, policy).jcts() == skipping
