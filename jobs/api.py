@@ -21,6 +21,7 @@ from jobs.serializers import (AllocationListSerializer, AllocationSerializer, Ar
                               LogPageSerializer, ManifestRequestSerializer, ManifestValidSerializer,
                               MetricListSerializer, ShareRequestSerializer, SharesSerializer,
                               SubmitRequestSerializer, log_line_json, metric_json)
+from jobs.serializers import ResourcePageSerializer, ResourceSampleSerializer
 from jobs.bounds import BadParameter, BoundedJSONParser, whole_number
 from jobs.models import ACTIVE, FINAL, Artifact
 from tenants import access
@@ -30,6 +31,7 @@ from trainyard.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
 MAX_LOG_LIMIT = 10000
 ARTIFACT_PAGE = 200  # files per page of a job's artifacts by default, and at most
 MAX_ARTIFACT_PAGE = 1000
+MAX_RESOURCE_LIMIT = 10000  # resource samples in one page
 MAX_SEQ = 2**53  # log sequence numbers: far beyond any log, within what every JSON client reads exactly
 
 
@@ -159,6 +161,24 @@ class JobMetrics(TenantScoped, APIView):
         if name := request.query_params.get("name"):
             points = points.filter(name=name)
         return Response({"results": [metric_json(p) for p in points]})
+
+
+class JobResources(TenantScoped, APIView):
+    """What the job's learners used (CPU, memory, GPUs) as their agents sampled it, oldest first: up
+    to `limit` samples after the one `after` names (keyset: each page is one range of the index)."""
+
+    @extend_schema(parameters=[
+        OpenApiParameter("after", int, description="samples after this id (as `next_after` gives it; 0 by default)"),
+        OpenApiParameter("limit", int, description=f"samples at most, 1..{MAX_RESOURCE_LIMIT} (1000 by default)")],
+        responses={200: ResourcePageSerializer})
+    def get(self, request, job_id):
+        after = whole_number(request.query_params, "after", default=0, minimum=0, maximum=MAX_SEQ)
+        limit = whole_number(request.query_params, "limit", default=1000, minimum=1, maximum=MAX_RESOURCE_LIMIT)
+        rows = list(self.job().resource_samples.filter(id__gt=after).order_by("id")[:limit + 1])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Response({"results": ResourceSampleSerializer(rows, many=True).data,
+                         "next_after": rows[-1].id if rows else after, "more": more})
 
 
 class JobArtifacts(TenantScoped, APIView):

@@ -20,7 +20,7 @@ from django.db import connection, transaction
 
 from jobs import bulk, credentials, ingest_records, lifecycle, live, logcap, prometheus_series, tensorboard
 from jobs.ingest_records import AGENT_STREAMS, MAX_REASON
-from jobs.models import Job, Learner, MetricPoint
+from jobs.models import Job, Learner, MetricPoint, ResourceSample
 from jobs.serializers import metric_json
 
 MAX_RECORDS = 20000
@@ -231,14 +231,16 @@ def _store(job, learner, records, *, through=None, rejected=()):
 
     Returns the stored log lines and metric points as the JSON the websockets send.
     """
-    stored_lines, stored_points, rows, points = [], [], [], []
+    stored_lines, stored_points, rows, points, samples = [], [], [], [], []
 
     def flush(along=()):
         bulk.insert_log_lines(rows, along=along)
         MetricPoint.objects.bulk_create(points)
+        ResourceSample.objects.bulk_create(samples)
         stored_points.extend(metric_json(p) for p in points)
         rows.clear()
         points.clear()
+        samples.clear()
 
     job_pk, attempt, index = job.pk, learner.attempt, learner.index
     events = None  # the learner's TensorBoard files, read at its first tfevent record
@@ -277,6 +279,9 @@ def _store(job, learner, records, *, through=None, rejected=()):
             stored_lines.append({"seq": job.log_seq, "learner": index, "stream": stream, "time": iso, "line": line})
             continue
         when = _time(record.get("time"))
+        if record["kind"] == "resource":
+            samples.append(_resource_sample(record, job, learner, when))
+            continue
         if record["kind"] == "metric":
             point = _metric(record, learner, when)
             point.job = job
@@ -325,6 +330,16 @@ def _metric(record, learner, when):
     """The point of a metric record that passed ingest_records.problem."""
     return MetricPoint(attempt=learner.attempt, learner=learner.index, name=record["name"],
                        step=ingest_records.integer(record.get("step")), value=float(record["value"]), time=when)
+
+
+def _resource_sample(record, job, learner, when):
+    """The sample of a resource record that passed ingest_records.problem."""
+    integer = ingest_records.integer
+    return ResourceSample(job=job, attempt=learner.attempt, learner=learner.index, time=when,
+                          cpu_cores=float(record["cpu_cores"]), memory_bytes=integer(record["memory_bytes"]),
+                          memory_peak_bytes=integer(record["memory_peak_bytes"]),
+                          memory_limit_bytes=integer(record.get("memory_limit_bytes")),
+                          gpus=ingest_records.resource_gpus(record))
 
 
 def _event_points(job, events, record, learner):

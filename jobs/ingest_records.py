@@ -25,7 +25,12 @@ AGENT_STREAMS = ("stdout", "stderr", "system")
 STATES = ("preparing", "running", "exited")
 # `tfevent`: one record of a TensorBoard event file (learner_agent.tfevents, jobs.tensorboard), whose
 # own fields jobs.tensorboard checks (a malformed one is noted in the job's log there).
-KINDS = ("log", "metric", "status", "tfevent")
+# `resource`: what the learner used (learner_agent.telemetry), stored as a ResourceSample.
+KINDS = ("log", "metric", "status", "tfevent", "resource")
+MAX_GPUS = 64  # GPUs in one resource sample: more than any machine gives one learner
+MAX_CORES = 100_000.0  # CPU cores of one learner: beyond any machine, so only nonsense is refused
+GPU_NUMBERS = {"utilization": 100.0, "power_watts": 1_000_000.0}  # what each may be at most
+GPU_BYTES = ("memory_used_bytes", "memory_total_bytes", "learner_memory_bytes")
 _MAX_FLOAT = sys.float_info.max  # an int beyond it (JSON has no limit) is no float either
 
 
@@ -50,6 +55,8 @@ def problem(record, *, text_checked=True):
         return _metric_problem(record)
     if kind == "status":
         return _status_problem(record, text_checked)
+    if kind == "resource":
+        return _resource_problem(record)
     return None
 
 
@@ -89,6 +96,47 @@ def _status_problem(record, text_checked):
     if reason and not text_checked and not _utf8(reason):
         return "reason: must be valid UTF-8 text"
     return None
+
+
+def _resource_problem(record):
+    cores = record.get("cpu_cores")
+    if not _number(cores) or not 0 <= cores <= MAX_CORES:
+        return f"cpu_cores: must be a number between 0 and {MAX_CORES:.0f}"
+    for field in ("memory_bytes", "memory_peak_bytes", "memory_limit_bytes"):
+        optional = field == "memory_limit_bytes"
+        if (wrong := _integer_problem(record.get(field), (0, INT64[1]), field, optional=optional)) is not None:
+            return wrong
+    gpus = record.get("gpus", [])
+    if type(gpus) is not list or len(gpus) > MAX_GPUS:
+        return f"gpus: must be a list of at most {MAX_GPUS} GPUs"
+    for position, gpu in enumerate(gpus):
+        if (wrong := _gpu_problem(gpu)) is not None:
+            return f"gpus[{position}].{wrong}"
+    return None
+
+
+def _gpu_problem(gpu):
+    """What is wrong with one GPU of a resource sample (its field name first), or None."""
+    if type(gpu) is not dict:
+        return "index: each GPU must be an object with an index"
+    if (wrong := _integer_problem(gpu.get("index"), (0, MAX_GPUS - 1), "index", optional=False)) is not None:
+        return wrong
+    for field, most in GPU_NUMBERS.items():
+        value = gpu.get(field)
+        if value is not None and (not _number(value) or not 0 <= value <= most):
+            return f"{field}: must be null or a number between 0 and {most:.0f}"
+    for field in GPU_BYTES:
+        if (wrong := _integer_problem(gpu.get(field), (0, INT64[1]), field, optional=True)) is not None:
+            return wrong
+    return None
+
+
+def resource_gpus(record):
+    """The GPUs of a resource record that passed `problem`, with only the fields a sample keeps."""
+    def kept(gpu):
+        numbers = {field: None if gpu.get(field) is None else float(gpu[field]) for field in GPU_NUMBERS}
+        return {"index": integer(gpu["index"]), **numbers, **{field: integer(gpu.get(field)) for field in GPU_BYTES}}
+    return [kept(gpu) for gpu in record.get("gpus") or []]
 
 
 def _integer_problem(value, bounds, field, *, optional):

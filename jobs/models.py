@@ -202,6 +202,25 @@ class MetricPoint(models.Model):
         indexes = [models.Index(fields=["job", "name", "id"])]
 
 
+class ResourceSample(models.Model):
+    """What one learner used at one moment, as its agent sampled it (learner_agent.telemetry): CPU
+    cores over the last period, memory now and at its highest against the limit, and each of its GPUs
+    ({index, utilization, memory_used_bytes, memory_total_bytes, power_watts, learner_memory_bytes})."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="resource_samples")
+    attempt = models.PositiveIntegerField(default=1)
+    learner = models.PositiveIntegerField(default=0)
+    time = models.DateTimeField()
+    cpu_cores = models.FloatField()
+    memory_bytes = models.BigIntegerField()
+    memory_peak_bytes = models.BigIntegerField()
+    memory_limit_bytes = models.BigIntegerField(null=True, blank=True)
+    gpus = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "id"])]
+
+
 class Artifact(models.Model):
     """A stored result file or checkpoint, recorded when the job's results are stored."""
 

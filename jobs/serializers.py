@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from gpu_scheduler.reasons import split_position
 from jobs import datastores, disk, elastic_timeline
-from jobs.models import Allocation, Artifact, Job, JobEvent, MetricPoint, Status
+from jobs.models import Allocation, Artifact, Job, JobEvent, MetricPoint, ResourceSample, Status
 from jobs.models import FINAL
 
 
@@ -394,3 +394,29 @@ class ComparisonSerializer(serializers.Serializer):
     metrics = CompareMetricSerializer(many=True)
     omitted_metrics = serializers.ListField(child=serializers.CharField())
     limits = CompareLimitsSerializer()
+
+
+class ResourceGpuSerializer(serializers.Serializer):
+    """One of a learner's GPUs in a resource sample; a reading its device does not give is null."""
+    index = serializers.IntegerField(help_text="the GPU as the learner numbers it (CUDA_VISIBLE_DEVICES order)")
+    utilization = serializers.FloatField(allow_null=True, help_text="percent of the time a kernel ran")
+    memory_used_bytes = serializers.IntegerField(allow_null=True, help_text="in use on the GPU, by anyone")
+    memory_total_bytes = serializers.IntegerField(allow_null=True)
+    power_watts = serializers.FloatField(allow_null=True)
+    learner_memory_bytes = serializers.IntegerField(allow_null=True, help_text="held by the learner's own processes")
+
+
+class ResourceSampleSerializer(serializers.ModelSerializer):
+    """What one learner used at one moment (jobs.models.ResourceSample)."""
+    gpus = ResourceGpuSerializer(many=True)
+
+    class Meta:
+        model = ResourceSample
+        fields = ["id", "attempt", "learner", "time", "cpu_cores", "memory_bytes", "memory_peak_bytes",
+                  "memory_limit_bytes", "gpus"]
+
+
+class ResourcePageSerializer(serializers.Serializer):
+    results = ResourceSampleSerializer(many=True)
+    next_after = serializers.IntegerField(help_text="pass as ?after= to read on")
+    more = serializers.BooleanField(help_text="more samples follow this page now")

@@ -205,6 +205,8 @@ LOG_MAX_LINE_BYTES = env.integer("TRAINYARD_LOG_MAX_LINE_BYTES", 16384, minimum=
 # bytes a second; a learner printing faster is slowed (its writes wait), its lines are not dropped.
 LOG_PACE_BYTES_PER_SECOND = env.integer("TRAINYARD_LOG_PACE_KB", 512, minimum=0) * 2**10
 LOG_PACE_BURST_BYTES = env.integer("TRAINYARD_LOG_PACE_BURST_MB", 8, minimum=1) * 2**20
+# How often each learner's agent samples its CPU, memory and GPUs (learner_agent.telemetry); 0: never.
+RESOURCE_SAMPLE_S = env.number("TRAINYARD_RESOURCE_SAMPLE_S", 5.0, minimum=0.0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
 # Threads of each web process that serve agents' ingest posts (portal.overrides.ingest); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)

@@ -22,6 +22,7 @@ api_v1 = [
     path("jobs/<str:job_id>/share/<str:username>/", api.JobUnshare.as_view(), name="job-unshare"),
     path("jobs/<str:job_id>/logs/", api.JobLogs.as_view(), name="job-logs"),
     path("jobs/<str:job_id>/metrics/", api.JobMetrics.as_view(), name="job-metrics"),
+    path("jobs/<str:job_id>/resources/", api.JobResources.as_view(), name="job-resources"),
     path("jobs/<str:job_id>/allocations/", api.JobAllocations.as_view(), name="job-allocations"),
     path("jobs/<str:job_id>/artifacts/", api.JobArtifacts.as_view(), name="job-artifacts"),
     path("jobs/<str:job_id>/artifacts/<path:name>", api.JobArtifactDownload.as_view(), name="job-artifact"),

@@ -120,6 +120,7 @@ class LocalBackend:
             "max_members": settings.MAX_ARCHIVE_MEMBERS,
             "log_bytes_per_second": settings.LOG_PACE_BYTES_PER_SECOND,
             "log_burst_bytes": settings.LOG_PACE_BURST_BYTES,
+            "resource_sample_s": settings.RESOURCE_SAMPLE_S,
             "network_namespace": network,
             **_disk_config(spec.disk, job_dir=job_dir, work_dir=work_dir, state_dir=env["JOB_STATE_DIR"]),
         }
