@@ -261,8 +261,10 @@
   const elasticSection = root.querySelector("[data-testid=elastic]");
   const elastic = elasticSection ? new T.ElasticChart(elasticSection, jobId) : null;
 
+  const resources = new T.ResourceCharts(root.querySelector("[data-testid=resources]"), root, jobId);
+
   // For the console and the browser tests, which feed the log and charts without a real job.
-  T.page = { logView, logIntake, charts, elastic };
+  T.page = { logView, logIntake, charts, elastic, resources };
 
   function onMessage(message) {
     switch (message.type) {
@@ -294,6 +296,7 @@
     loadArtifacts();
     ui.artifactsMore.addEventListener("click", () => loadArtifacts(true));
     if (elastic) { elastic.reload(); setInterval(() => elastic.tick(), 5000); }
+    resources.start();
     new T.LiveSocket({
       url: () => T.wsUrl(`/ws/jobs/${encodeURIComponent(jobId)}/?since=${logIntake.lastSeq}`),
       onMessage,
