@@ -8,11 +8,6 @@ from rest_framework.exceptions import ParseError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import JSONParser
 
-# The JSON of every error answer (portal.api makes them; the OpenAPI schema documents them).
-ERROR_BODY = {"type": "object", "properties": {"detail": {"type": "string"}, "field": {"type": "string"}},
-              "description": "What went wrong; `field` names the parameter or field to blame, when one is"}
-
-
 class BadParameter(ValueError):
     """A query parameter that is not what the endpoint reads: 400 {detail, field}."""
 
