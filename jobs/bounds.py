@@ -8,6 +8,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import JSONParser
 
+
 class BadParameter(ValueError):
     """A query parameter that is not what the endpoint reads: 400 {detail, field}."""
 
