@@ -18,7 +18,7 @@ What the traces say, and how this module reads them:
   end are not its average. Between traced batches the gain is interpolated in log-log. phi is what
   a job measures (`measured_phi`): it grows over training, as the traces show.
 - A job is done when its progress reaches the B0 run's final progress (the whole training run).
-- Batch bounds: B0 to the largest traced batch; local batches from the smallest measured.
+- Batch bounds: B0 to the largest traced batch.
 """
 import bisect
 import csv
@@ -100,7 +100,6 @@ class Application:
         self.shapes = {shape: _curve(rows) for shape, rows in by_shape.items()}
         self.node_levels = sorted({n for n, _ in self.shapes})
         self.max_local = int(self.exact[(1,)].local[-1])  # what fits in one GPU's memory
-        self.min_local = int(min(c.local[0] for c in self.exact.values()))
         self.traces = {}
         for path in folder.glob("validation-*.csv"):
             rows = _rows(path)
@@ -150,11 +149,6 @@ class Application:
     def segments(self, batch):
         """(ends, gain): progress per step is gain[i] until progress reaches ends[i] (the last holds on)."""
         return _segments(self, int(batch))
-
-    def phi(self, batch, progress):
-        """The noise scale (in units of B0) at this batch and progress, as the traces measured it."""
-        ends, phis = _interpolated(self, int(batch), 1)
-        return float(phis[min(bisect.bisect_left(ends, progress), len(ends) - 1)])
 
     def measured_phi(self, batch, progress):
         """What a job at this batch has measured by now: the last interval it has finished (None before
