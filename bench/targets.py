@@ -95,6 +95,19 @@ BENCHES = (
               Figure("reconcile_pass_s", "one reconcile pass (s)", "≤ 2"),
               Figure("ingest_p95_ms", "an agent's ingest post, p95 (ms)", "≤ 100"),
               Figure("ws_fanout_p95_ms", "a status change to a websocket client, p95 (ms)", "≤ 250"))),
+    Bench("telemetry", "Real agents run sleeping learners side by side, three each with resource sampling "
+          "off, every 5 s and every 0.5 s; the agents' own CPU time (their /proc stat, not their children's) "
+          "over one window of the learners' run, on minus off, per learner-hour. And the sampler's reading "
+          "of a real process burning a core and of one holding 300 MiB, against their own /proc counters (where "
+          "other work shares the cores the burner gets less than a core: the figure is how well its share "
+          "is read).", (
+              Figure("sampling_cpu_s_per_learner_hour", "the agent's CPU seconds per learner-hour, sampling "
+                     "every 5 s, on minus off", "≤ 36"),
+              Figure("sampling_cpu_s_per_learner_hour_every_0_5_s", "the same, sampling every 0.5 s"),
+              Figure("sampling_cpu_ms_per_sample", "the agent's CPU per sample (ms)"),
+              Figure("one_core_error_pp_proc", "a process burning a core, read from /proc against its own "
+                     "counters, error (percentage points)", "≤ 10"),
+              Figure("memory_300mib_error_pct_proc", "300 MiB held, read against /proc's RSS, error (%)", "≤ 5"))),
 )
 
 
