@@ -8,7 +8,8 @@ and load, each replay in its own process (as many as there are CPUs). `pollux_wo
 Trainyard's policy, averaged over the 8 workloads as Pollux averages (the mean of each workload's
 mean, p99 and makespan); `mean_jct_ratio_vs_pollux_published_<load>` divides that mean by Pollux's
 published mean, `tiresias_replay_vs_published_<load>` our Tiresias's by Tiresias's published mean
-(both computed here from the published per-job JCTs). `pollux_replay` has every policy's figures.
+(both computed here from the published per-job JCTs). `pollux_replay` has every policy's figures, and
+`trainyard_free_restarts` Trainyard's with re-allocations costing nothing (what its restarts cost it).
 
 Cluster: 16 nodes x 4 GPUs (FfDL's 4-GPU nodes). Traces: BENCH_ELASTIC_JOBS jobs per trace, one per
 seed (BENCH_ELASTIC_SEEDS), offered at each load of BENCH_ELASTIC_LOADS (the first is "light", the
@@ -34,7 +35,7 @@ from bench.report import percentile, publish
 from gpu_scheduler.elastic import POLICIES, ElasticCluster, ElasticJob, ElasticPolicy, optimize
 from gpu_scheduler.simulator import pollux
 from gpu_scheduler.simulator.elastic import PROFILES, elastic_trace, run_elastic
-from gpu_scheduler.simulator.pollux_replay import REPLAY_POLICIES, replay
+from gpu_scheduler.simulator.pollux_replay import REPLAY_POLICIES, RESTART_S, replay
 
 SEEDS = [int(s) for s in os.environ.get("BENCH_ELASTIC_SEEDS", "1,2,3").split(",")]
 JOBS = int(os.environ.get("BENCH_ELASTIC_JOBS", 200))
@@ -154,8 +155,8 @@ def time_optimizer(policy, repeats=5):
 
 # --- Pollux's workloads --------------------------------------------------------------------------------
 def pollux_run(task):
-    load, number, policy = task
-    result = replay(pollux.workload(number, load), policy)
+    load, number, policy, restart_s = task
+    result = replay(pollux.workload(number, load), policy, restart_s=restart_s)
     return {"mean_jct_s": result.mean_jct_s(), "p99_jct_s": result.p99_jct_s(), "makespan_s": result.makespan_s(),
             "restarts_per_job": result.restarts_per_job()}
 
@@ -175,14 +176,17 @@ def published_figures(policy, load):
 
 def pollux_figures():
     """Every policy on every workload and load; figures as the module docstring says."""
-    tasks = [(load, number, policy) for load in reversed(pollux.LOADS) for policy in REPLAY_POLICIES
+    # Trainyard once more with re-allocations free: how much of its JCT its restarts cost.
+    variants = [(policy, RESTART_S) for policy in REPLAY_POLICIES] + [("trainyard", 0.0)]
+    tasks = [(load, number, policy, restart) for load in reversed(pollux.LOADS) for policy, restart in variants
              for number in pollux.WORKLOADS]  # heaviest first, so the processes finish together
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        runs = dict(zip(tasks, pool.map(pollux_run, tasks)))
+        runs = {(load, number, policy) if restart == RESTART_S else (load, number, "trainyard_free_restarts"): run
+                for (load, number, policy, restart), run in zip(tasks, pool.map(pollux_run, tasks))}
     figures, table_rows, by_policy = {}, [], {}
     for load in pollux.LOADS:
         published = {name: published_figures(name, load) for name in pollux.PUBLISHED_POLICIES}
-        for policy in REPLAY_POLICIES:
+        for policy in (*REPLAY_POLICIES, "trainyard_free_restarts"):
             per_workload = [runs[(load, number, policy)] for number in pollux.WORKLOADS]
             means = {key: statistics.fmean(r[key] for r in per_workload) for key in per_workload[0]}
             means["ratio_vs_pollux_published"] = means["mean_jct_s"] / published["pollux"]["mean_jct_s"]
@@ -195,6 +199,8 @@ def pollux_figures():
         figures[f"mean_jct_ratio_vs_pollux_published_{load}"] = round(ours["ratio_vs_pollux_published"], 3)
         figures[f"pollux_workloads_p99_jct_s_{load}"] = round(ours["p99_jct_s"])
         figures[f"pollux_workloads_makespan_s_{load}"] = round(ours["makespan_s"])
+        figures[f"mean_jct_ratio_vs_pollux_published_{load}_free_restarts"] = round(
+            by_policy["trainyard_free_restarts"][load]["ratio_vs_pollux_published"], 3)
         figures[f"tiresias_replay_vs_published_{load}"] = round(
             by_policy["tiresias"][load]["mean_jct_s"] / published["tiresias"]["mean_jct_s"], 3)
         for name, values in published.items():
