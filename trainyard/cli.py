@@ -44,7 +44,9 @@ def _read_manifest(path):
     try:
         return text, parse_manifest(text)
     except ManifestError as exc:
-        raise UsageError(f"{path}: invalid manifest: {exc}") from None
+        problems = exc.problems
+        shown = f" {exc}" if len(problems) == 1 else "".join(f"\n  {problem}" for problem in problems)
+        raise UsageError(f"{path}: invalid manifest:{shown}") from None
 
 
 def _job_id(value):

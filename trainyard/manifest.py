@@ -3,6 +3,7 @@
 Django-free on purpose: the CLI's offline `trainyard validate` and the REST API run this same code,
 so a manifest that validates on a laptop is accepted by the server. It accepts every FfDL manifest.
 """
+import difflib
 import math
 import re
 from dataclasses import dataclass, field
@@ -65,12 +66,53 @@ MAX_LOG_LINES = 10**12
 
 
 class ManifestError(ValueError):
-    """A manifest broke a rule; `field` names where (dotted path), the message says which rule."""
+    """A manifest broke a rule; `field` names where (dotted path), the message says which rule.
+    `problems` is every rule it broke (this one alone, unless it is ManifestProblems)."""
 
     def __init__(self, field_name, rule):
         self.field = field_name
         self.rule = rule
         super().__init__(f"{field_name}: {rule}")
+
+    @property
+    def problems(self):
+        return [self]
+
+
+class ManifestProblems(ManifestError):
+    """Several rules broken at once: each field is checked on its own, so one submission names them all.
+    `field` and `rule` are the first's, for callers that show one."""
+
+    def __init__(self, problems):
+        self._problems = list(problems)
+        first = self._problems[0]
+        super().__init__(first.field, first.rule)
+        self.args = (f"{len(self._problems)} problems: " + "; ".join(map(str, self._problems)),)
+
+    @property
+    def problems(self):
+        return list(self._problems)
+
+
+class _Problems:
+    """Collects what each independent check of a manifest finds, to raise them together."""
+
+    def __init__(self):
+        self.found = []
+
+    def check(self, run, default=None):
+        """run() or, when it breaks a rule, `default` with the problems noted."""
+        try:
+            return run()
+        except ManifestError as exc:
+            self.found += exc.problems
+            return default
+
+    def raise_any(self):
+        if len(self.found) == 1:
+            raise self.found[0]
+        if self.found:
+            raise ManifestProblems(self.found)
 
 
 @dataclass(frozen=True)
@@ -246,56 +288,86 @@ def _shown(value, limit=40):
 
 
 def validate(data: dict[str, Any]) -> Manifest:
-    unknown = sorted(set(map(str, data)) - set(TOP_LEVEL_FIELDS))
-    if unknown:
-        raise ManifestError(unknown[0], f"unknown field; known fields are {', '.join(TOP_LEVEL_FIELDS)}")
-    framework = _mapping(data, "framework", required=True)
-    ignored = _known_keys(framework, "framework", "framework")
-    try:
-        resolved = frameworks.resolve(_string(framework, "name", "framework.name", required=True),
-                                      _string(framework, "version", "framework.version"))
-    except frameworks.FrameworkError as exc:
-        raise ManifestError(exc.field, exc.rule) from None
-    checkpoint = _mapping(data, "checkpoint")
-    _known_keys(checkpoint, "checkpoint", "checkpoint")
-    signal_name = _string(checkpoint, "signal", "checkpoint.signal") or "SIGTERM"
-    if signal_name not in SIGNALS:
-        raise ManifestError("checkpoint.signal", f"{signal_name!r} is not one of {', '.join(SIGNALS)}")
-    restart = _mapping(data, "restart_policy")
-    _known_keys(restart, "restart_policy", "restart_policy")
-    priority = _string(data, "priority", "priority") or "normal"
-    if priority not in PRIORITIES:
-        raise ManifestError("priority", f"{priority!r} is not one of {', '.join(PRIORITIES)}")
+    """The Manifest `data` describes, or ManifestError naming every field that breaks a rule (each
+    field and section is checked on its own; a check that needs another field's value is skipped
+    while that field is wrong)."""
+    problems = _Problems()
+    for key in sorted(set(map(str, data)) - set(TOP_LEVEL_FIELDS)):
+        problems.found.append(ManifestError(key, _unknown_rule(key, TOP_LEVEL_FIELDS, "known fields are")))
+    framework = problems.check(lambda: _mapping(data, "framework", required=True), {})
+    ignored = problems.check(lambda: _known_keys(framework, "framework", "framework"), ())
+    resolved = problems.check(lambda: _framework(framework))
+    checkpoint = problems.check(lambda: _mapping(data, "checkpoint"), {})
+    ignored += problems.check(lambda: _known_keys(checkpoint, "checkpoint", "checkpoint"), ())
+    signal_name = problems.check(lambda: _choice(checkpoint, "signal", "checkpoint.signal", SIGNALS, "SIGTERM"))
+    restart = problems.check(lambda: _mapping(data, "restart_policy"), {})
+    ignored += problems.check(lambda: _known_keys(restart, "restart_policy", "restart_policy"), ())
+    priority = problems.check(lambda: _choice(data, "priority", "priority", PRIORITIES, "normal"))
     memory = data.get("memory")
-    learners = _integer(data, "learners", 1, minimum=1, maximum=MAX_LEARNERS)
-    data_stores = _data_stores(data.get("data_stores"))
-    ignored += _data_store_ignored(data_stores) + _metric_ignored(data.get("evaluation_metrics"))
+    learners = problems.check(lambda: _integer(data, "learners", 1, minimum=1, maximum=MAX_LEARNERS))
+    data_stores = problems.check(lambda: _data_stores(data.get("data_stores")), [])
+    ignored += problems.check(lambda: _data_store_ignored(data_stores), ())
+    ignored += problems.check(lambda: _metric_ignored(data.get("evaluation_metrics")), ())
+    fields = dict(
+        name=problems.check(lambda: _name(data)),
+        description=problems.check(lambda: _string(data, "description", "description")),
+        version=problems.check(lambda: _string(data, "version", "version")),
+        command=problems.check(lambda: _command(framework)),
+        gpus=problems.check(lambda: _integer(data, "gpus", 0, minimum=0, maximum=MAX_GPUS)),
+        cpus=problems.check(lambda: _cpus(data)),
+        memory_bytes=problems.check(lambda: parse_memory(memory) if memory is not None else Manifest.memory_bytes),
+        grace_seconds=problems.check(lambda: _integer(checkpoint, "grace_seconds", 60, minimum=0, maximum=3600,
+                                                      path="checkpoint.grace_seconds")),
+        max_retries=problems.check(lambda: _integer(restart, "max_retries", 0, minimum=0, maximum=100,
+                                                    path="restart_policy.max_retries")),
+        evaluation_metrics=problems.check(lambda: _evaluation_metrics(data.get("evaluation_metrics"))),
+        elastic=problems.check(lambda: _elastic(data, learners)) if learners is not None else None,
+        disk=problems.check(lambda: _disk(data)),
+        notes=problems.check(lambda: _data_store_notes(data_stores) + _metric_notes(data.get("evaluation_metrics")),
+                             ()),
+    )
+    problems.raise_any()
     return Manifest(
-        name=_name(data),
-        description=_string(data, "description", "description"),
-        version=_string(data, "version", "version"),
-        command=_command(framework),
+        **dict(fields, notes=resolved.notes + fields["notes"] + ignored),
         framework=resolved.name,
         framework_version=resolved.version,
         framework_asked=resolved.asked_as,
         learners=learners,
-        gpus=_integer(data, "gpus", 0, minimum=0, maximum=MAX_GPUS),
-        cpus=_cpus(data),
-        memory_bytes=parse_memory(memory) if memory is not None else Manifest.memory_bytes,
         priority=priority,
         checkpoint_signal=signal_name,
-        grace_seconds=_integer(checkpoint, "grace_seconds", 60, minimum=0, maximum=3600,
-                               path="checkpoint.grace_seconds"),
-        max_retries=_integer(restart, "max_retries", 0, minimum=0, maximum=100,
-                             path="restart_policy.max_retries"),
         data_stores=data_stores,
-        evaluation_metrics=_evaluation_metrics(data.get("evaluation_metrics")),
-        elastic=_elastic(data, learners),
-        disk=_disk(data),
         raw=data,
-        notes=(resolved.notes + _data_store_notes(data_stores) + _metric_notes(data.get("evaluation_metrics"))
-               + ignored),
     )
+
+
+def _framework(section):
+    try:
+        return frameworks.resolve(_string(section, "name", "framework.name", required=True),
+                                  _string(section, "version", "framework.version"))
+    except frameworks.FrameworkError as exc:
+        raise ManifestError(exc.field, exc.rule) from None
+
+
+def _choice(section, key, path, choices, default):
+    value = _string(section, key, path) or default
+    if value not in choices:
+        raise ManifestError(path, f"{value!r} is not one of {', '.join(choices)};{_did_you_mean(value, choices)}"
+                                  .rstrip(";"))
+    return value
+
+
+def _unknown_rule(key, known, listing):
+    suggestion = _did_you_mean(key, known)
+    return f"unknown field;{suggestion}" if suggestion else f"unknown field; {listing} {', '.join(known)}"
+
+
+def _did_you_mean(word, choices):
+    """" did you mean 'gpus'?" for a near miss of one of `choices`; "" when nothing is close."""
+    close = difflib.get_close_matches(str(word).lower(), [str(c).lower() for c in choices], n=1, cutoff=0.6)
+    if not close:
+        return ""
+    original = next(c for c in choices if str(c).lower() == close[0])
+    return f" did you mean {original!r}?"
 
 
 def _disk(data):
@@ -379,9 +451,10 @@ def _known_keys(section, path, kind):
     """Refuse a key neither Trainyard nor FfDL knows in a section (naming it); return a note for each FfDL key
     Trainyard accepts and ignores."""
     known, ffdl_only = SECTION_FIELDS[kind]
-    for key in section:
-        if key not in known and key not in ffdl_only:
-            raise ManifestError(f"{path}.{key}", f"unknown field; {path} has {', '.join(known)}")
+    problems = _Problems()
+    problems.found = [ManifestError(f"{path}.{key}", _unknown_rule(key, known, f"{path} has"))
+                      for key in section if key not in known and key not in ffdl_only]
+    problems.raise_any()
     return tuple(f"{path}.{key} is an FfDL field Trainyard ignores" for key in section if key in ffdl_only)
 
 

@@ -9,17 +9,23 @@ word that reason the same way.
 import re
 from decimal import Decimal
 
-MEMORY_UNITS = {"MB": 10**6, "MiB": 2**20, "GB": 10**9, "GiB": 2**30, "Gb": 10**9}
+# SPEC §2's units, then Kubernetes' quantity suffixes (M/G/T powers of 1000, Mi/Gi/Ti of 1024) and the
+# terabyte forms, so a size written for a pod's limits is read the same way here.
+MEMORY_UNITS = {"MB": 10**6, "MiB": 2**20, "GB": 10**9, "GiB": 2**30, "Gb": 10**9,
+                "M": 10**6, "Mi": 2**20, "G": 10**9, "Gi": 2**30, "T": 10**12, "Ti": 2**40,
+                "TB": 10**12, "TiB": 2**40}
+UNITS_HELP = ("write a number and a unit: MB, GB, TB (or M, G, T) count in 1000s, MiB, GiB, TiB (or Mi, Gi, Ti) "
+              "in 1024s (e.g. 4GiB)")
 _MEMORY_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*")
 
 
 def parse_memory_size(text):
-    """'4GiB' -> 4294967296; ValueError for anything else. Only MB, MiB, GB, GiB and Gb (SPEC §2).
+    """'4GiB' -> 4294967296; ValueError for anything else: a unit of MEMORY_UNITS is required.
     Decimal, not float: 400 digits must come out as a (huge) int the caller can bound, never an
     OverflowError or a rounded infinity."""
     match = _MEMORY_SIZE.fullmatch(text) if isinstance(text, str) and len(text) <= 1000 else None
     if not match or match.group(2) not in MEMORY_UNITS:
-        raise ValueError(f"write a number and one of {', '.join(MEMORY_UNITS)} (e.g. 4GiB)")
+        raise ValueError(UNITS_HELP)
     return int(Decimal(match.group(1)) * MEMORY_UNITS[match.group(2)])
 
 

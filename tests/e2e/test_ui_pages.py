@@ -103,8 +103,14 @@ def test_it_validates_a_manifest_by_the_submit_rules(alice):
     bad = api.post("/api/v1/manifests/validate/", {"manifest": "name: x\nmemory: 4XB\n"
                    "framework: {name: pytorch, command: python t.py}\n"}, format="json")
     assert bad.status_code == 400
-    assert bad.json() == {"field": "memory", "detail": "memory: '4XB' is not a memory size; write a number and one "
-                          "of MB, MiB, GB, GiB, Gb (e.g. 4GiB)"}
+    assert bad.json() == {"field": "memory", "detail": "memory: '4XB' is not a memory size; write a number and a "
+                          "unit: MB, GB, TB (or M, G, T) count in 1000s, MiB, GiB, TiB (or Mi, Gi, Ti) in 1024s "
+                          "(e.g. 4GiB)"}
+    several = api.post("/api/v1/manifests/validate/", {"manifest": "name: x\ngpu: 1\nlearners: 0\n"
+                       "framework: {name: pytorch, command: python t.py}\n"}, format="json")
+    assert several.status_code == 400
+    assert several.json() == {"field": "gpu", "detail": "2 problems: gpu: unknown field; did you mean 'gpus'?; "
+                              "learners: 0 is outside 1..64"}
     assert api.post("/api/v1/manifests/validate/", {}, format="json").json()["field"] == "manifest"
     assert Job.objects.count() == 0
 

@@ -118,6 +118,14 @@ def test_it_rejects_a_bad_manifest_naming_the_field(tmp_path, capsys, text, fiel
     assert "Traceback" not in err
 
 
+def test_it_lists_every_problem_of_a_manifest_one_per_line(tmp_path, capsys):
+    manifest = write(tmp_path / "manifest.yml", "name: x\ngpu: 1\nlearners: 0\nframework: {name: pytorch, command: a}\n")
+    assert run("validate", manifest) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("invalid manifest:\n  gpu: unknown field; did you mean 'gpus'?\n"
+                        "  learners: 0 is outside 1..64\n"), err
+
+
 def test_it_reports_a_missing_manifest_file(tmp_path, capsys):
     assert run("validate", tmp_path / "nope.yml") == 2
     assert "No such file" in capsys.readouterr().err

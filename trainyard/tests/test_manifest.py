@@ -64,9 +64,60 @@ def test_it_parses_the_documented_fields():
 
 
 @pytest.mark.parametrize("text, size", [("1Gb", 10**9), ("1000MiB", 1000 * 2**20), ("512MB", 512 * 10**6),
-                                        ("2GB", 2 * 10**9), ("1.5GiB", int(1.5 * 2**30))])
+                                        ("2GB", 2 * 10**9), ("1.5GiB", int(1.5 * 2**30)), ("2G", 2 * 10**9),
+                                        ("2Gi", 2 * 2**30), ("512M", 512 * 10**6), ("512Mi", 512 * 2**20),
+                                        ("1T", 10**12), ("1Ti", 2**40), ("1TB", 10**12), ("1TiB", 2**40)])
 def test_it_reads_memory_units(text, size):
     assert parse_memory(text) == size
+
+
+@pytest.mark.parametrize("text", ["2g", "2", "2 lots", "2KiB", "GiB"])
+def test_it_refuses_a_size_without_a_known_unit_saying_which_are(text):
+    with pytest.raises(ManifestError, match="MiB, GiB, TiB .or Mi, Gi, Ti."):
+        parse_memory(text)
+
+
+def test_it_names_every_field_that_breaks_a_rule_at_once():
+    with pytest.raises(ManifestError) as error:
+        parse_manifest("name: x\ngpu: 1\nlearners: 0\nmemory: 4XB\npriority: urgent\n"
+                       "framework: {name: pytorch, comand: python t.py}\ncheckpoint: {signal: SIGSTOP}\n")
+    fields = [problem.field for problem in error.value.problems]
+    assert fields == ["gpu", "framework.comand", "checkpoint.signal", "priority", "learners", "framework.command",
+                      "memory"]
+    assert error.value.field == "gpu"  # the first, for callers that show one
+    assert str(error.value).startswith("7 problems: gpu: unknown field")
+
+
+def test_one_broken_rule_reads_as_before():
+    with pytest.raises(ManifestError) as error:
+        parse_manifest(GOOD.replace("learners: 2", "learners: 0"))
+    assert [p.field for p in error.value.problems] == ["learners"]
+    assert str(error.value) == "learners: 0 is outside 1..64"
+
+
+def test_a_check_that_needs_a_broken_field_is_skipped_not_reported_twice():
+    # The elastic bounds are checked against `learners`; a wrong `learners` is the one problem.
+    with pytest.raises(ManifestError) as error:
+        parse_manifest(BASE + "learners: many\nelastic: {min_learners: 1, max_learners: 4}\n")
+    assert [p.field for p in error.value.problems] == ["learners"]
+
+
+@pytest.mark.parametrize("line, field, says", [
+    ("gpu: 1", "gpu", "did you mean 'gpus'?"),
+    ("lerners: 2", "lerners", "did you mean 'learners'?"),
+    ("framework: {name: custom, command: x, comand: y}", "framework.comand", "did you mean 'command'?"),
+    ("priority: hihg", "priority", "did you mean 'high'?"),
+    ("checkpoint: {signal: sigterm}", "checkpoint.signal", "did you mean 'SIGTERM'?"),
+])
+def test_it_suggests_the_name_a_typo_meant(line, field, says):
+    text = BASE.replace("framework: {name: custom, command: sh run.sh}\n", "") if line.startswith("framework") else BASE
+    error = _refusal(text + line + "\n")
+    assert error.field == field and error.rule.endswith(says), error.rule
+
+
+def test_an_unknown_field_far_from_any_lists_the_known_ones():
+    error = _refusal(BASE + "zzzqqq: 1\n")
+    assert "did you mean" not in error.rule and "known fields are name, description" in error.rule
 
 
 @pytest.mark.parametrize("change, field", [
