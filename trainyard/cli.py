@@ -49,11 +49,12 @@ def _read_manifest(path):
         raise UsageError(f"{path}: invalid manifest:{shown}") from None
 
 
-def _job_id(value):
+def _job_id(client, value):
+    """The whole id of the job `value` names: its id, or the start of one (`training-5o2`, `5o2`)."""
     value = value.strip()
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
         raise UsageError(f"{value!r} is not a job id (they look like training-ab12cd34)")
-    return value
+    return client.resolve_job_id(value)
 
 
 # --- commands --------------------------------------------------------------------------------------
@@ -124,7 +125,7 @@ def cmd_list(args):
 
 def cmd_show(args):
     client = _client()
-    job = client.job(_job_id(args.id))
+    job = client.job(_job_id(client, args.id))
     timeline = client.allocations(job["id"]) if job.get("elastic") else None
     if args.json:
         print_json(job if timeline is None else dict(job, allocations=timeline))
@@ -138,14 +139,15 @@ def cmd_show(args):
 
 def cmd_logs(args):
     client = _client()
-    job = client.job(_job_id(args.id))
+    job = client.job(_job_id(client, args.id))
     print_logs(client.log_pages(job["id"], since=args.since, follow=args.follow),
                show_learner=job.get("learners", 1) > 1)
     return OK
 
 
 def cmd_metrics(args):
-    points = _client().metrics(_job_id(args.id), name=args.name)
+    client = _client()
+    points = client.metrics(_job_id(client, args.id), name=args.name)
     if args.json:
         print_json(points)
         return OK
@@ -161,7 +163,8 @@ def cmd_metrics(args):
 
 def cmd_compare(args):
     """The server decides how many jobs make a comparison (its 400 names the limit); ids are checked here."""
-    comparison = _client().compare([_job_id(job_id) for job_id in args.ids])
+    client = _client()
+    comparison = client.compare([_job_id(client, job_id) for job_id in args.ids])
     if args.json:
         print_json(comparison)
         return OK
@@ -174,14 +177,14 @@ def cmd_compare(args):
 
 def cmd_action(args):
     client = _client()
-    job = getattr(client, args.command)(_job_id(args.id))  # halt, resume or terminate
+    job = getattr(client, args.command)(_job_id(client, args.id))  # halt, resume or terminate
     print(f"{job.get('id')}: {job.get('status')}")
     return OK
 
 
 def cmd_download(args):
     client = _client()
-    job_id = _job_id(args.id)
+    job_id = _job_id(client, args.id)
     kind = "checkpoint" if args.checkpoint else "result"
     artifacts = client.artifacts(job_id, checkpoint=args.checkpoint)
     if not artifacts:

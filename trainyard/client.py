@@ -99,6 +99,23 @@ class Client:
         """The job as the REST detail: status, status_reason, attempt, exit_code, latest_metrics..."""
         return self.get(_job_path(job_id))
 
+    def resolve_job_id(self, text):
+        """The id of the one job of the tenant whose id starts with `text` (with or without its
+        `training-`), among the newest jobs that mention it: `text` itself when it is a whole id or
+        starts none (the server's 404 then says so). UsageError when it starts several."""
+        text = text.strip()
+        if WHOLE_JOB_ID.fullmatch(text):
+            return text
+        wanted = text if text.startswith(JOB_ID_PREFIX) else JOB_ID_PREFIX + text
+        page = self.get("/api/v1/jobs/", q=text, limit=MAX_PAGE)
+        matches = sorted(job["id"] for job in page.get("results") or [] if job["id"].startswith(wanted))
+        if text in matches or not matches:
+            return text
+        if len(matches) == 1:
+            return matches[0]
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise UsageError(f"{wanted!r} starts the ids of {len(matches)} jobs ({shown}); give more of the id")
+
     def jobs(self, *, status=None, user=None, limit=50):
         """The tenant's jobs, newest first: at most `limit` (1..200, one page of the API).
         `status` may name several, comma-separated."""
@@ -322,6 +339,11 @@ class Client:
         if url.startswith("/api/"):
             return self.config.url + url
         return urljoin(self.config.url + "/", url)
+
+
+JOB_ID_PREFIX = "training-"
+WHOLE_JOB_ID = re.compile(r"training-[a-z0-9]{10}")  # jobs.models.new_job_id's form
+MAX_PAGE = 200  # the most the jobs list answers at once
 
 
 def _job_path(job_id):

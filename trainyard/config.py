@@ -51,9 +51,11 @@ def load_config(environ=None, *, url=None, token=None, tenant=None):
 
 
 def normalize_url(url):
+    """The platform's base URL: no trailing slash, and no API path a user copied with it
+    (`http://host:8000/api/v1` is the platform at `http://host:8000`; the client adds the path)."""
     if not re.match(r"^https?://[^/]+", url):
         raise ConfigError(f"{url!r} is not a Trainyard URL; write it like http://localhost:8000")
-    return url.rstrip("/")
+    return re.sub(r"(/api(/v1)?)?/*$", "", url)
 
 
 def save_config(config, path):

@@ -117,7 +117,9 @@ class FakeTrainyard:
         return 201, self.jobs[job_id].json()
 
     def list_jobs(self, *, query, **_):
+        text = query.get("q", "").lower()  # the server's q: in the id or the name
         jobs = [j.json() for j in self.jobs.values() if query.get("status") in (None, j.status)]
+        jobs = [j for j in jobs if text in j["id"].lower() or text in j["name"].lower()]
         limit = int(query.get("limit", 50))
         return 200, {"count": len(jobs), "next": None, "previous": None, "results": jobs[:limit]}
 

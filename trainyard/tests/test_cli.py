@@ -357,6 +357,20 @@ def test_show_prints_a_summary_or_json(api, capsys):
     assert json.loads(capsys.readouterr().out)["status"] == "COMPLETED"
 
 
+def test_a_job_may_be_named_by_the_start_of_its_id(api, capsys):
+    api.add_job("training-5o220ujggl").status = "COMPLETED"
+    api.add_job("training-7hq2aaaaaa")
+    api.add_job("training-7hq2bbbbbb")
+    for given in ("training-5o2", "5o22", "5"):
+        assert run("show", given, "--json") == 0, capsys.readouterr().err
+        assert json.loads(capsys.readouterr().out)["id"] == "training-5o220ujggl"
+    assert run("show", "7hq2") == 2
+    assert "'training-7hq2' starts the ids of 2 jobs (training-7hq2aaaaaa, training-7hq2bbbbbb)" in \
+        capsys.readouterr().err
+    assert run("show", "zzz") == 1  # starts no id: the server's 404 says so
+    assert "not found" in capsys.readouterr().err.lower()
+
+
 def test_show_prints_an_elastic_jobs_allocation_timeline(api, capsys):
     job = api.add_job("training-elas0001", "elastic")
     job.status = "PROCESSING"
@@ -388,6 +402,14 @@ def test_show_prints_no_timeline_for_a_fixed_job(api, capsys):
     out = capsys.readouterr().out
     assert "allocations" not in out and "elastic" not in out
     assert not any("/allocations/" in str(h) for h in api.requested_paths)
+
+
+@pytest.mark.parametrize("suffix", ["/", "/api/v1", "/api/v1/", "/api"])
+def test_it_takes_a_url_copied_with_the_api_path(api, monkeypatch, capsys, suffix):
+    api.add_job("training-aaaa0001", "first")
+    monkeypatch.setenv("TRAINYARD_URL", api.url + suffix)
+    assert run("list") == 0, capsys.readouterr().err
+    assert "training-aaaa0001" in capsys.readouterr().out
 
 
 def test_list_prints_a_table(api, capsys):
