@@ -36,6 +36,9 @@ def _client():
 
 
 def _read_manifest(path):
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: is a folder, not a manifest (the job's YAML file); `trainyard train` takes "
+                         "the manifest first, then the code: trainyard train MANIFEST CODE_DIR_OR_ARCHIVE")
     try:
         with open(path, "rb") as manifest_file:
             text = manifest_file.read()

@@ -70,6 +70,10 @@ def pack_directory(root, out, *, warn=None):
     root_real = os.path.realpath(root)
     with tarfile.open(fileobj=out, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         _pack_tree(tar, root_real, "", root_real, frozenset({root_real}), warn or log.warning)
+        if not any(member.isfile() for member in tar.getmembers()):
+            # The platform refuses such an archive too; saying so here names the folder.
+            raise PackingError(f"{root}: holds no files to send (caches and version control folders are "
+                               "left out); the code folder is where the job's command runs")
     out.seek(0)
 
 

@@ -313,6 +313,24 @@ def test_train_uploads_the_packed_code_and_prints_the_job_id(api, tmp_path, code
         assert set(tar.getnames()) == {"run.sh", "pkg", "pkg/model.py"}
 
 
+def test_train_names_swapped_arguments(api, tmp_path, code_dir, capsys):
+    manifest = write(tmp_path / "m.yml", GOOD_MANIFEST)
+    assert run("train", code_dir, manifest) == 2
+    err = capsys.readouterr().err
+    assert "is a folder, not a manifest" in err and "trainyard train MANIFEST CODE_DIR_OR_ARCHIVE" in err
+    assert not api.jobs
+
+
+def test_train_refuses_a_code_folder_without_files(api, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    (empty / "__pycache__").mkdir(parents=True)
+    (empty / "__pycache__" / "x.pyc").write_bytes(b"")
+    (empty / "src").mkdir()
+    assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), empty) == 2
+    assert "holds no files to send" in capsys.readouterr().err
+    assert not api.jobs
+
+
 def test_train_follow_streams_every_line_and_exits_0_on_completed(api, tmp_path, code_dir, capsys):
     assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir, "--follow") == 0
     out, err = capsys.readouterr()
