@@ -6,7 +6,7 @@ that is what keeps a cycle over 10,000 queued jobs within its budget. A node is 
 while it is schedulable and not reserved for a blocked job.
 """
 from gpu_scheduler.model import CPU_EPSILON, Placement, SchedulingInputError
-from gpu_scheduler.reasons import gib, learners_of
+from gpu_scheduler.reasons import cpus_text, gib, gpus_text, learners_of
 
 UNBOUNDED = 1 << 30
 
@@ -233,8 +233,8 @@ class FreeMap:
     def _explain(self, per, learners):
         if self.ever_hosts(per) < learners:
             biggest = max((n.total_gpus for n in self.nodes.values() if n.schedulable), default=0)
-            return (f"needs {learners_of(learners, per.gpus)} with {per.cpus:g} CPUs and {gib(per.memory_bytes)} "
-                    f"per learner; the cluster can never hold it (largest node has {biggest} GPUs)")
+            return (f"needs {learners_of(learners, per.gpus)} with {cpus_text(per.cpus)} and {gib(per.memory_bytes)} "
+                    f"per learner; the cluster can never hold it (largest node has {gpus_text(biggest)})")
         gpus = per.gpus
         largest = self.largest_block()
         if gpus and largest < gpus:
@@ -245,14 +245,15 @@ class FreeMap:
             if fit < learners:
                 reason = f"needs {learners_of(learners, gpus)}; free GPUs fit only {fit} of them"
             else:
-                reason = (f"needs {learners} learners each with {gpus} GPUs, {per.cpus:g} CPUs and "
+                reason = (f"needs {learners} learners each with {gpus_text(gpus)}, {cpus_text(per.cpus)} and "
                           f"{gib(per.memory_bytes)} on one node; not enough nodes have that much free")
         else:
-            with_gpus = f" with {gpus} free GPUs" if gpus else ""
-            reason = (f"needs {per.cpus:g} CPUs and {gib(per.memory_bytes)} memory on one node{with_gpus}"
+            with_gpus = f" with {gpus_text(gpus)} free" if gpus else ""
+            reason = (f"needs {cpus_text(per.cpus)} and {gib(per.memory_bytes)} memory on one node{with_gpus}"
                       f"{' per learner' if learners > 1 else ''}; no node has that much free")
         if self.reserved_free_gpus:
-            reason += f" ({self.reserved_free_gpus} more free GPUs are held for jobs ahead of it)"
+            held = gpus_text(self.reserved_free_gpus)
+            reason += f" ({held} more {'is' if self.reserved_free_gpus == 1 else 'are'} held free for jobs ahead of it)"
         return reason
 
 

@@ -50,6 +50,11 @@ def gpus_text(count):
     return "1 GPU" if count == 1 else f"{count} GPUs"
 
 
+def cpus_text(count):
+    """'1 CPU', '0.5 CPU', '2 CPUs': CPUs are fractional; up to one is said in the singular."""
+    return f"{count:g} CPU" if count <= 1 else f"{count:g} CPUs"
+
+
 def learners_of(learners, gpus):
     """'4 GPUs' for one learner, '2 learners × 4 GPUs' for a distributed job."""
     each = gpus_text(gpus)
@@ -71,7 +76,13 @@ def quota_in_use(dimension, used, quota):
     return f"tenant {DIMENSION_LABEL[dimension]} quota {amount(dimension, used)}/{amount(dimension, quota)} in use"
 
 
+def quantity(dimension, value):
+    """'1 GPU', '0.5 CPU', '3.0 GiB of memory': an amount with its unit, in the right number."""
+    if dimension == "memory_bytes":
+        return f"{gib(value)} of memory"
+    return cpus_text(value) if dimension == "cpus" else gpus_text(value)
+
+
 def exceeds_quota(dimension, needed, quota):
-    return (f"needs {amount(dimension, needed)} {DIMENSION_LABEL[dimension]}s, more than the tenant "
-            f"{DIMENSION_LABEL[dimension]} quota of {amount(dimension, quota)}; it cannot start unless the "
-            f"tenant may borrow").replace("memorys", "memory")
+    return (f"needs {quantity(dimension, needed)}, more than the tenant {DIMENSION_LABEL[dimension]} quota of "
+            f"{amount(dimension, quota)}; it cannot start unless the tenant may borrow")

@@ -3,7 +3,8 @@ import dataclasses
 
 import pytest
 
-from gpu_scheduler import Policy, SchedulingInputError, schedule
+from gpu_scheduler import Policy, SchedulingInputError, reasons, schedule
+from gpu_scheduler.reasons import GIB
 from tests.support.scheduler_builders import gpus_in_use, job, node, nodes, running, snapshot, tenant
 
 FULL = Policy.full()
@@ -107,6 +108,14 @@ def test_a_tenants_limits_keep_its_jobs_waiting_with_the_reason(policy, queue, r
     decisions = schedule(snap, queue)
     assert decisions.admitted == {}
     assert decisions.waiting["a"] == f"waiting: 1st in tenant queue; {reason}"
+
+
+@pytest.mark.parametrize("dimension, value, said", [
+    ("gpus", 1, "1 GPU"), ("gpus", 3, "3 GPUs"), ("cpus", 1, "1 CPU"), ("cpus", 0.5, "0.5 CPU"),
+    ("cpus", 2.5, "2.5 CPUs"), ("memory_bytes", 3 * GIB, "3.0 GiB of memory"),
+])
+def test_an_amount_over_quota_is_said_in_the_right_number(dimension, value, said):
+    assert reasons.exceeds_quota(dimension, value, 0).startswith(f"needs {said}, more than the tenant ")
 
 
 def test_a_tenant_may_borrow_idle_capacity_beyond_its_quota():
@@ -396,8 +405,10 @@ def test_every_queued_job_gets_its_position_in_its_tenant_queue():
     (job("a", learners=2, gpus=4), "needs 2 learners × 4 GPUs each on one node; largest free block is 2"),
     (job("a", gpus=16), "needs 16 GPUs with 64 CPUs and 256.0 GiB per learner; the cluster can never hold it "
                         "(largest node has 8 GPUs)"),
-    (job("a", gpus=1, cpus=64), "needs 64 CPUs and 16.0 GiB memory on one node with 1 free GPUs; "
+    (job("a", gpus=1, cpus=64), "needs 64 CPUs and 16.0 GiB memory on one node with 1 GPU free; "
                                 "no node has that much free"),
+    (job("a", gpus=0, cpus=1, memory_gib=512), "needs 1 CPU and 512.0 GiB memory on one node; "
+                                           "no node has that much free"),
 ])
 def test_it_says_what_a_job_needs_and_what_is_free(queued, reason):
     snap = snapshot([node()], running("r", ("n1", range(6)), cpus=1.0, preemptible=False))
