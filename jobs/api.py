@@ -188,18 +188,24 @@ class JobArtifacts(TenantScoped, APIView):
     @extend_schema(parameters=[
         OpenApiParameter("limit", int, description=f"files per page, 1..{MAX_ARTIFACT_PAGE} "
                                                    f"({ARTIFACT_PAGE} by default)"),
-        OpenApiParameter("after", str, description="the page starts after this name (as the `next` link gives it)")],
+        OpenApiParameter("after", str, description="the page starts after this name (as the `next` link gives it)"),
+        OpenApiParameter("kind", str, description="only files of these kinds, comma-separated: "
+                                                  f"{', '.join(Artifact.Kind.values)} (all by default)")],
         responses={200: ArtifactPageSerializer})
     def get(self, request, job_id):
         limit = whole_number(request.query_params, "limit", default=ARTIFACT_PAGE, minimum=1, maximum=MAX_ARTIFACT_PAGE)
         after = _artifact_name_param(request.query_params, "after")
-        artifacts = self.job().artifacts
+        kinds = _artifact_kinds_param(request.query_params, "kind")
+        artifacts = self.job().artifacts.all()
+        if kinds:
+            artifacts = artifacts.filter(kind__in=kinds)
         # Keyset, not OFFSET: each page is one range of the (job, name) unique index, however deep.
         rows = list(artifacts.filter(name__gt=after).order_by("name")[:limit + 1])
         next_page = None
         if len(rows) > limit:
             rows = rows[:limit]
-            next_page = f"{request.path_info}?{urlencode({'limit': limit, 'after': rows[-1].name})}"
+            query = {"limit": limit, "after": rows[-1].name, **({"kind": ",".join(kinds)} if kinds else {})}
+            next_page = f"{request.path_info}?{urlencode(query)}"
         return Response({"count": artifacts.count(), "next": next_page,
                          "results": ArtifactSerializer(rows, many=True).data})
 
@@ -211,6 +217,15 @@ def _artifact_name_param(params, name):
     if "\x00" in value or len(value) > Artifact._meta.get_field("name").max_length:
         raise BadParameter(name, "is not an artifact name; take it from the `next` link of the page before")
     return value
+
+
+def _artifact_kinds_param(params, name):
+    """The artifact kinds a comma-separated query parameter names ([] when absent), or BadParameter."""
+    kinds = [kind.strip() for kind in params.get(name, "").split(",") if kind.strip()]
+    unknown = [kind for kind in kinds if kind not in Artifact.Kind.values]
+    if unknown:
+        raise BadParameter(name, f"{unknown[0][:40]!r} is not a kind of file; kinds are {', '.join(Artifact.Kind.values)}")
+    return kinds
 
 
 class JobAllocations(TenantScoped, APIView):

@@ -183,8 +183,30 @@ def test_a_jobs_artifacts_come_in_pages_with_a_link_to_the_next(alice):
     assert len(first["results"]) == 6 and first["next"] is None
 
 
+def test_a_jobs_artifacts_of_some_kinds_come_in_pages_of_their_own(alice):
+    from jobs.models import Artifact
+    target = job(alice)
+    files = {f"results/part-{i}": "result" for i in range(3)}
+    files.update({"checkpoints/a.pt": "checkpoint", "checkpoints/b.pt": "checkpoint", "logs/learner-0.log": "log"})
+    Artifact.objects.bulk_create(Artifact(job=target, name=name, kind=kind, size=1, sha256="0" * 64)
+                                 for name, kind in files.items())
+    client = client_for(alice)
+
+    def names(kind):
+        seen, url = [], f"/api/v1/jobs/{target.id}/artifacts/?limit=2&kind={kind}"
+        while url:
+            body = client.get(url).json()
+            assert body["count"] == sum(k in kind.split(",") for k in files.values())
+            seen, url = seen + [a["name"] for a in body["results"]], body["next"]
+        return seen
+
+    assert names("result") == ["results/part-0", "results/part-1", "results/part-2"]
+    assert names("checkpoint,log") == ["checkpoints/a.pt", "checkpoints/b.pt", "logs/learner-0.log"]
+
+
 @pytest.mark.parametrize("query, field", [("limit=0", "limit"), ("limit=1001", "limit"), ("limit=x", "limit"),
-                                          ("after=a%00b", "after"), ("after=" + "x" * 501, "after")])
+                                          ("after=a%00b", "after"), ("after=" + "x" * 501, "after"),
+                                          ("kind=results", "kind"), ("kind=result,x", "kind")])
 def test_artifact_pages_refuse_parameters_they_cannot_read(alice, query, field):
     response = client_for(alice).get(f"/api/v1/jobs/{job(alice).id}/artifacts/?{query}")
     assert response.status_code == 400 and response.json()["field"] == field

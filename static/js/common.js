@@ -190,7 +190,8 @@
   /** Shows a socket's state in a small pill (`.live-indicator[data-state]`). */
   function showConnectionState(el, state, reason) {
     if (!el) return;
-    const labels = { connecting: "connecting…", live: "live", reconnecting: "reconnecting…", closed: "offline" };
+    const labels = { connecting: "connecting…", live: "live", reconnecting: "reconnecting…", closed: "offline",
+                     ended: "ended" };
     el.hidden = false;
     el.dataset.state = state;
     el.textContent = labels[state] || state;

@@ -14,6 +14,7 @@
   const jobId = root.dataset.jobId;
   const api = (path) => `/api/v1/jobs/${encodeURIComponent(jobId)}/${path}`;
 
+  const socket = { state: "connecting", reason: "" };  // the job's websocket (LiveSocket's onState)
   const job = {
     status: root.dataset.status,
     attempt: Number(root.dataset.attempt) || 1,
@@ -70,6 +71,7 @@
     T.setStatusChip(ui.chip, status);
     if (reason !== undefined) renderReason(reason);
     renderActions(status);
+    renderConnection();
     document.title = `${status} · ${document.title.replace(/^[A-Z]+ · /, "")}`;
     if (changed) { loadTimeline(); loadArtifacts(); }
     // A resize is a new attempt, and its allocation row fills in as the job moves: read it again.
@@ -112,6 +114,13 @@
     halt: (id) => `Halt job ${id}?\n\nIts learners get the checkpoint signal, save, and stop; Resume continues from there.`,
     terminate: (id) => `Terminate job ${id}?\n\nIts learners are stopped now and the job cannot be resumed.`,
   };
+
+  // The socket's state is shown as "ended" (no green dot) once the job is final: nothing more will come.
+  function renderConnection() {
+    const ended = socket.state === "live" && T.isFinal(job.status);
+    T.showConnectionState(ui.connection, ended ? "ended" : socket.state,
+                          ended ? "the job has ended: everything it recorded is shown" : socket.reason);
+  }
 
   function renderActions(status) {
     for (const button of ui.actions) {
@@ -208,27 +217,31 @@
   /* ---------------------------------------------------------------- artifacts --------------- */
 
   // The API lists a job's files a page at a time (a job may have thousands): the first page on load and
-  // on each status change, the next ones when asked for.
-  let artifactItems = [];
-  let artifactsNext = null;
+  // on each status change, the next ones when asked for. Two lists (the API's `kind` filter), so the
+  // results come first however many checkpoint files sort before them by name.
+  const artifactLists = ["result", "checkpoint,log"].map((kind) => ({ kind, items: [], next: null, count: 0 }));
 
   async function loadArtifacts(more = false) {
-    let page;
     try {
-      page = await getJson(more && artifactsNext ? artifactsNext : api("artifacts/"));
+      if (more) {
+        const list = artifactLists.find((l) => l.next);  // results first, then checkpoints and logs
+        if (list) await readArtifactPage(list, list.next, false);
+      } else {
+        await Promise.all(artifactLists.map((l) => readArtifactPage(l, api(`artifacts/?kind=${l.kind}`), true)));
+      }
     } catch (err) {
       ui.artifactsEmpty.textContent = `Could not load the files: ${err.message}`;
       ui.artifactsEmpty.hidden = false;
       return;
     }
-    artifactItems = (more ? artifactItems : []).concat(page.results || []);
-    artifactsNext = page.next || null;
-    ui.artifactsMore.parentElement.hidden = !artifactsNext;
-    ui.artifactsCount.textContent = page.count > artifactItems.length ? `${artifactItems.length} of ${page.count} files` : "";
-    // Checkpoints first (what resume uses), newest attempt first.
-    const items = artifactItems.slice();
-    items.sort((a, b) => (a.kind === b.kind ? 0 : a.kind === "checkpoint" ? -1 : 1) || b.attempt - a.attempt
-      || a.name.localeCompare(b.name));
+    const loaded = artifactLists.reduce((n, l) => n + l.items.length, 0);
+    const total = artifactLists.reduce((n, l) => n + l.count, 0);
+    ui.artifactsMore.parentElement.hidden = !artifactLists.some((l) => l.next);
+    ui.artifactsCount.textContent = total > loaded ? `${loaded} of ${total} files` : "";
+    // Results first (what people come to download), then checkpoints (what resume uses) and logs;
+    // within each, newest attempt first.
+    const items = artifactLists.flatMap((l) => l.items.slice().sort((a, b) => b.attempt - a.attempt
+      || a.name.localeCompare(b.name)));
     const tbody = ui.artifacts.tBodies[0];
     const fragment = document.createDocumentFragment();
     for (const a of items) {
@@ -250,6 +263,13 @@
     tbody.replaceChildren(fragment);
     ui.artifactsEmpty.hidden = items.length > 0;
     ui.artifacts.hidden = items.length === 0;
+  }
+
+  async function readArtifactPage(list, url, fresh) {
+    const page = await getJson(url);
+    list.items = (fresh ? [] : list.items).concat(page.results || []);
+    list.next = page.next || null;
+    list.count = page.count || 0;
   }
 
   /* ---------------------------------------------------------------- wiring ----------------- */
@@ -300,7 +320,7 @@
     new T.LiveSocket({
       url: () => T.wsUrl(`/ws/jobs/${encodeURIComponent(jobId)}/?since=${logIntake.lastSeq}`),
       onMessage,
-      onState: (state, reason) => T.showConnectionState(ui.connection, state, reason),
+      onState: (state, reason) => { Object.assign(socket, { state, reason }); renderConnection(); },
     }).start();
   }
 

@@ -101,9 +101,13 @@ def test_the_job_page_lists_a_jobs_files_a_page_at_a_time(browser, live_platform
     page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
     page.goto(f"{live_platform.url}/jobs/{job['id']}/")
     rows = "n => document.querySelector('[data-testid=artifacts]').tBodies[0].rows.length === n"
-    page.wait_for_function(rows, arg=200)  # the API's first page: 250 results and the log are 251 files
+    # The first page of results (200 of 250) and of checkpoints and logs (the log): 251 files in all.
+    page.wait_for_function(rows, arg=201)
     more = page.get_by_role("button", name="Show more files")
-    assert page.locator("[data-testid=artifacts-count]").inner_text() == "200 of 251 files"
+    assert page.locator("[data-testid=artifacts-count]").inner_text() == "201 of 251 files"
+    first, last = page.evaluate("() => { const r = document.querySelector('[data-testid=artifacts]').tBodies[0].rows;"
+                                " return [r[0].cells[1].textContent, r[r.length - 1].cells[1].textContent]; }")
+    assert (first, last) == ("result", "log")  # results first, though logs/ sorts before results/ by name
     more.click()
     page.wait_for_function(rows, arg=251)
     assert more.is_hidden() and page.locator("[data-testid=artifacts-count]").inner_text() == ""

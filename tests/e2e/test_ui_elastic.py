@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.harness import EXAMPLES, start_session
-from tests.support.pages import SCREENSHOTS, log_in, shoot, wait_more
+from tests.support.pages import CONNECTED, SCREENSHOTS, log_in, shoot, wait_more
 from tests.support.submitting import submit_folder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -54,7 +54,7 @@ def test_the_chart_follows_a_real_resize_live(browser, four_gpus):
     page = log_in(browser, four_gpus.url, four_gpus.username, four_gpus.password)
     try:
         page.goto(f"{four_gpus.url}/jobs/{job['id']}/")
-        page.wait_for_selector("[data-testid=connection][data-state=live]")
+        page.wait_for_selector(CONNECTED)
         # The autoscaler grows it onto the three idle GPUs once it has measured it; the page hears the
         # new attempt over the websocket and draws its stretch, and rank 0's reports of it as rates.
         page.wait_for_function(f"() => document.querySelector('{SECTION}').dataset.allocationCount === '2'",
@@ -160,7 +160,7 @@ def test_the_job_page_charts_an_elastic_jobs_learners_batch_and_throughput_live(
                                                                                 elastic_job):
     page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
     page.goto(f"{live_platform.url}/jobs/{elastic_job['id']}/")
-    page.wait_for_selector("[data-testid=connection][data-state=live]")
+    page.wait_for_selector(CONNECTED)
     page.wait_for_function(f"() => document.querySelector('{SECTION}').dataset.allocationCount === '3'")
     wait_more(page, SECTION, "data-rate-points", 50)
     # Three panels on one time axis, each a drawn uPlot canvas.
@@ -223,6 +223,6 @@ def test_a_fixed_job_has_no_elastic_chart(browser, live_platform):
     job = live_platform.submit("failing")
     page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
     page.goto(f"{live_platform.url}/jobs/{job['id']}/")
-    page.wait_for_selector("[data-testid=connection][data-state=live]")
+    page.wait_for_selector(CONNECTED)
     assert page.locator(SECTION).count() == 0
     page.close()

@@ -2,7 +2,7 @@
 lines and 200,000 metric points fed through the page's own intake, as the websocket would."""
 import pytest
 
-from tests.support.pages import log_in
+from tests.support.pages import CONNECTED, log_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -44,12 +44,19 @@ def job_page(browser, live_platform):
     live_platform.wait_for(job["id"])
     page = log_in(browser, live_platform.url, live_platform.username, live_platform.password)
     page.goto(f"{live_platform.url}/jobs/{job['id']}/")
-    page.wait_for_selector("[data-testid=connection][data-state=live]")
+    page.wait_for_selector(CONNECTED)
     page.wait_for_function("() => document.querySelector('[data-testid=log]').dataset.lineCount > 0")
     page.evaluate("() => { const p = window.Trainyard.page; p.logView.lines = []; p.logView.view = []; "
                   "p.logIntake.lastSeq = 0; p.logView.firstSeq = null; p.logView.refilter(); }")
     yield page
     page.close()
+
+
+def test_a_finished_jobs_page_shows_no_live_dot(job_page):
+    connection = job_page.locator("[data-testid=connection]")
+    assert connection.get_attribute("data-state") == "ended"
+    assert connection.inner_text() == "ended"
+    assert connection.evaluate("el => getComputedStyle(el, '::before').backgroundColor") != "rgb(34, 160, 90)"
 
 
 def test_the_log_stays_smooth_at_150000_lines(job_page):

@@ -7,6 +7,8 @@ from tests.support.browser import log_in as browser_log_in
 
 
 SCREENSHOTS = Path(os.environ.get("TRAINYARD_SCREENSHOTS", "/tmp/trainyard-screenshots"))
+# The job page's websocket is open: "live", or "ended" once the job is final (no green dot then).
+CONNECTED = "[data-testid=connection]:is([data-state=live], [data-state=ended])"
 WAIT_MS = 90_000  # two shared cores: PyTorch's import alone can take many seconds
 
 
