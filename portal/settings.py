@@ -69,6 +69,7 @@ TEMPLATES = [{
         "django.template.context_processors.request",
         "django.contrib.auth.context_processors.auth",
         "django.contrib.messages.context_processors.messages",
+        "tenants.context.pending_invitations",
     ]},
 }]
 
@@ -119,6 +120,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
 WEBHOOK_QUEUE = "webhooks"
 CELERY_TASK_ROUTES = {"jobs.tasks.deliver_webhook": {"queue": WEBHOOK_QUEUE}}
 RECONCILE_INTERVAL_S = env.number("TRAINYARD_RECONCILE_INTERVAL", 10.0, minimum=0.5)
+# The scheduling loop (jobs.scheduler_loop, `manage.py run_scheduler`): woken through Redis, it
+# starts a cycle no sooner than MIN_INTERVAL after the last one ended (and at least as long as that
+# one took), and runs one at least every MAX_INTERVAL without a wake, so a lost wake stalls nothing.
+SCHEDULER_MIN_INTERVAL_S = env.number("TRAINYARD_SCHEDULER_MIN_INTERVAL", 0.05, minimum=0.0)
+SCHEDULER_MAX_INTERVAL_S = env.number("TRAINYARD_SCHEDULER_MAX_INTERVAL", 5.0, minimum=0.5)
 # GPU-hours of service after which a job yields to fresh jobs of its priority (gpu_scheduler: service
 # levels); 0 turns service levels off.
 SERVICE_LEVEL_GPU_HOURS = env.number("TRAINYARD_SERVICE_LEVEL_GPU_HOURS", 4.0, minimum=0.0)
