@@ -8,15 +8,16 @@ import time
 from pathlib import Path
 
 from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Q
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from jobs import compare, elastic_timeline, listing, submission, tenancy
-from jobs.models import Status
+from jobs.models import ACTIVE, Status
 from tenants import access
-from tenants.models import Membership
+from tenants.models import Membership, Tenant
 from trainyard.manifest import FRAMEWORKS
 from trainyard.packing import code_upload
 
@@ -25,16 +26,30 @@ LOG_DOWNLOAD_BATCH = 5000
 
 
 def tenant_page(view):
-    """Log in, resolve the tenant the request acts in, and pass its membership to the view."""
+    """Log in, resolve the tenant the request acts in, and pass its membership to the view. A user of
+    no tenant sees why (a platform admin: every tenant, to open one); naming a tenant one may not see
+    is refused."""
     @login_required
     @functools.wraps(view)
     def wrapper(request, *args, **kwargs):
         try:
             membership = access.request_membership(request)
         except access.NoTenant as exc:
-            return render(request, "no_tenant.html", {"reason": str(exc)}, status=403)
+            named = access.requested_tenant(request)
+            if not named and access.is_platform_admin(request.user):
+                return render(request, "platform_tenants.html", {"tenants": _tenants_overview()})
+            return render(request, "no_tenant.html", {"reason": str(exc), "named": named},
+                          status=403 if named else 200)
         return view(request, membership, *args, **kwargs)
     return wrapper
+
+
+def _tenants_overview():
+    """Every tenant with its members and its jobs waiting and running, for a platform admin."""
+    return (Tenant.objects.order_by("slug")
+            .annotate(member_count=Count("memberships", distinct=True),
+                      queued=Count("jobs", filter=Q(jobs__status=Status.QUEUED), distinct=True),
+                      running=Count("jobs", filter=Q(jobs__status__in=ACTIVE), distinct=True)))
 
 
 def server_timing(view):

@@ -16,7 +16,8 @@ def members_page(request):
     try:
         membership = access.request_membership(request)
     except access.NoTenant as exc:
-        return render(request, "no_tenant.html", {"reason": str(exc)}, status=403)
+        named = access.requested_tenant(request)
+        return render(request, "no_tenant.html", {"reason": str(exc), "named": named}, status=403 if named else 200)
     if request.method == "POST":
         if not membership.is_admin:
             messages.error(request, "Only tenant admins manage members.")

@@ -3,6 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import Client
 
 from tenants.models import ApiToken, AuditEntry, Invitation, Membership
 from tests.support.builders import logged_in, member
@@ -63,3 +64,27 @@ def test_tokens_page_shows_a_new_key_once_and_revokes():
     other.refresh_from_db()
     token.refresh_from_db()
     assert other.revoked_at is None and token.revoked_at is not None
+
+
+def test_a_platform_admin_of_no_tenant_sees_every_tenant_to_open():
+    member("team-a", "alice")
+    member("team-b", "bob")
+    admin = get_user_model().objects.create_superuser("root", "root@example.org", "pw")
+    page = Client()
+    page.force_login(admin)
+    home = page.get("/")
+    body = home.content.decode()
+    assert home.status_code == 200 and 'data-testid="platform-tenants"' in body
+    assert 'data-testid="tenant-team-a"' in body and 'href="/?tenant=team-b"' in body
+    opened = page.get("/", {"tenant": "team-b"})
+    assert opened.status_code == 200 and 'data-testid="tenant">team-b<' in opened.content.decode()
+
+
+def test_a_user_of_no_tenant_is_told_so_once_and_a_tenant_not_theirs_is_refused():
+    member("team-a", "alice")
+    page = Client()
+    page.force_login(get_user_model().objects.create_user("nobody", password="pw"))
+    home = page.get("/")
+    body = home.content.decode()
+    assert home.status_code == 200 and body.count("account page") == 1, body
+    assert page.get("/", {"tenant": "team-a"}).status_code == 403
