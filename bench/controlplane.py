@@ -388,8 +388,8 @@ def measure_reconcile(passes=3, profile=None):
 
     from jobs import reconcile
     from jobs.models import ACTIVE, Job
-    seconds, queries, parts = [], [], {"backend_status": [], "admission_cycle": [], "outbox_sweep": [], "queries": []}
-    backend, cycle, sweep = reconcile.get_backend(), reconcile.admission.run_cycle, reconcile.outbox.sweep
+    seconds, queries, parts = [], [], {"backend_status": [], "outbox_sweep": [], "queries": []}
+    backend, sweep = reconcile.get_backend(), reconcile.outbox.sweep
     status, spent = backend.status, {}
 
     def timed(name, call):
@@ -401,7 +401,6 @@ def measure_reconcile(passes=3, profile=None):
                 spent[name] = spent.get(name, 0.0) + time.monotonic() - started
         return wrapper
     backend.status = timed("backend_status", status)
-    reconcile.admission.run_cycle = timed("admission_cycle", cycle)
     reconcile.outbox.sweep = timed("outbox_sweep", sweep)
     profiler = None
     if profile:
@@ -419,11 +418,11 @@ def measure_reconcile(passes=3, profile=None):
                     profiler.disable()
                 seconds.append(time.monotonic() - started)
             queries.append(len(captured))
-            for name in ("backend_status", "admission_cycle", "outbox_sweep"):
+            for name in ("backend_status", "outbox_sweep"):
                 parts[name].append(spent.get(name, 0.0))
             parts["queries"].append(sum(float(q["time"]) for q in captured.captured_queries))
     finally:
-        backend.status, reconcile.admission.run_cycle, reconcile.outbox.sweep = status, cycle, sweep
+        backend.status, reconcile.outbox.sweep = status, sweep
         if profiler:
             profiler.dump_stats(profile)
     active = Job.objects.filter(status__in=ACTIVE).count()
@@ -604,7 +603,7 @@ def main():
         setup_django(session, cluster)
         from jobs import dispatch
         with Autovacuum(session.env["DATABASE_URL"]) as autovacuum:
-            figures = run(session, cluster, lambda: dispatch.send("schedule"), work_dir)
+            figures = run(session, cluster, dispatch.wake_scheduler, work_dir)
         figures["autovacuum"] = autovacuum.describe()
     finally:
         if session is not None:

@@ -2,14 +2,15 @@
 gpu_scheduler's pure core, then carry out what it decides — admit (QUEUED → PENDING, deploy),
 preempt (halt through the checkpoint, then back to QUEUED), or say why a job waits.
 
-A cycle is one transaction that holds the cluster-wide admission lock while it reads and decides,
-so two cycles racing (two workers, a submit racing a finish) run one after the other and the second
-sees the first's admissions: quotas hold whatever the interleaving. This is the one lock of the
-cycle. On PostgreSQL it is a transaction-scoped advisory lock (freed by the commit, or by the
-server when a killed worker's connection drops). On SQLite every transaction begins IMMEDIATE
-(portal/settings.py), which takes the database's single write lock at BEGIN: the cycle's
-transaction is then the only writer from its first read to its commit, the same serialisation,
-and likewise freed when the process dies.
+The scheduling loop (jobs.scheduler_loop) runs the cycles, in one process at a time. A cycle is one
+transaction that holds the cluster-wide admission lock while it reads and decides, so two cycles
+racing (a leader standing down late and the one taking over, a test's or a script's own) run one
+after the other and the second sees the first's admissions: quotas hold whatever the interleaving.
+The autoscaler's pass takes the same lock. This is the one lock of the cycle. On PostgreSQL it is a
+transaction-scoped advisory lock (freed by the commit, or by the server when a killed process's
+connection drops). On SQLite every transaction begins IMMEDIATE (portal/settings.py), which takes
+the database's single write lock at BEGIN: the cycle's transaction is then the only writer from its
+first read to its commit, the same serialisation, and likewise freed when the process dies.
 """
 import dataclasses
 import logging
@@ -43,7 +44,6 @@ WAIT_REASON_BATCH = 500
 # (_reasons_to_write).
 QUEUE_HEAD = 20
 POSITIONS_REFRESHED_KEY = "admission:positions-refreshed"
-CYCLE_STARTED_KEY = "admission:cycle-started"  # when the latest cycle began (started_within)
 # What a cycle reads of the jobs it loads: every queued and active one, each cycle. At 10,000 queued
 # and 1,000 running (bench controlplane) building the rows was most of a cycle's own time: whole
 # rows (the manifest as sent and as parsed) and an owner object per job, for its username.
@@ -54,13 +54,12 @@ CYCLE_FIELDS = ("id", "tenant_id", "status", "attempt", "learners", "gpus", "cpu
 def run_cycle():
     """One scheduling cycle; returns the ids of the jobs it admitted."""
     started = time.perf_counter()
-    _mark_started()
     nodes = tuple(get_backend().capacity().nodes)  # before the lock: may be a network call
     with transaction.atomic():
         take_admission_lock()
         queued = list(_cycle_rows(Job.objects.filter(status=Status.QUEUED).order_by("created_at")))
         if not queued:
-            return []  # not timed: idle cycles (every reconcile pass) would drown the ones that decide
+            return []  # not timed: idle cycles (the loop's periodic ones) would drown the ones that decide
         running = list(_cycle_rows(Job.objects.filter(status__in=ACTIVE)))
         tenants = _policies({job.tenant_id for job in queued + running})
         # As a subquery: a list of 11,000 ids took Django 0.2 s to compile into the statement.
@@ -84,25 +83,6 @@ def run_cycle():
         _record_wait_reasons(_reasons_to_write(decisions.waiting, by_id))
     prometheus_series.scheduling_cycle(time.perf_counter() - started)
     return admitted
-
-
-def _mark_started():
-    # Before the lock and the reads: a cycle started at this time sees every change committed before it.
-    try:
-        cache.set(CYCLE_STARTED_KEY, time.time(), timeout=None)
-    except Exception as exc:  # noqa: BLE001 - started_within then answers False: the pass runs its own
-        log.warning("could not record the cycle's start in the cache (%s)", exc)
-
-
-def started_within(seconds):
-    """True if a cycle started in the last `seconds` (on any worker); False if none did, or the
-    cache cannot tell."""
-    try:
-        started = cache.get(CYCLE_STARTED_KEY)
-    except Exception as exc:  # noqa: BLE001
-        log.warning("could not read the cycle's start from the cache (%s)", exc)
-        return False
-    return started is not None and time.time() - started < seconds
 
 
 def _cycle_rows(jobs):

@@ -17,7 +17,7 @@ class JobsConfig(AppConfig):
             quotas.on_transition(job, holding_before=before in ACTIVE, holding_after=job.status in ACTIVE, when=when)
 
         def reschedule(sender, instance, **kwargs):
-            dispatch.send_on_commit("schedule")  # a quota change takes effect at once
+            dispatch.wake_scheduler_on_commit()  # a quota change takes effect at once
 
         states.listen(account_usage)
         states.listen(elastic_timeline.on_transition)

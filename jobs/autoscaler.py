@@ -1,8 +1,8 @@
 """The autoscaler: carries out the elastic optimizer's plan (gpu_scheduler.elastic.optimize) for the
 running elastic jobs, resizing them through their checkpoint (jobs.lifecycle.resize).
 
-A Celery task runs it after each scheduling cycle while an elastic job runs on GPUs (may_resize), and
-every TRAINYARD_ELASTIC_INTERVAL seconds. One pass, under the admission lock (so it never races a
+The scheduling loop runs it after each cycle (jobs.scheduler_loop; a pass returns at once unless an
+elastic job runs on GPUs: may_resize), and a Celery task every TRAINYARD_ELASTIC_INTERVAL seconds. One pass, under the admission lock (so it never races a
 scheduling cycle):
 
 1. snapshot: the running elastic jobs that may change now, the GPUs they may use (their own plus the
@@ -63,9 +63,8 @@ class Candidate:
 def may_resize():
     """Whether a pass could resize anything: a job runs that is elastic and holds GPUs (what
     _candidate asks first). One query on the running jobs. A pass reads the cluster's capacity and
-    every active job whole, and one ran after every scheduling cycle even on a cluster without a
-    single elastic job: several passes per job, each a task beside the job's own steps and each
-    loading every running job."""
+    every active job whole, and one runs after every scheduling cycle, on a cluster without a single
+    elastic job too: several passes per job, each loading every running job."""
     return Job.objects.filter(status=Status.PROCESSING, gpus__gt=0).exclude(runtime__elastic=None).exists()
 
 

@@ -205,7 +205,7 @@ def _restart(job, run, failure):
     if transition(job.id, Status.QUEUED, actor=SYSTEM, attempt=job.attempt, attempt_next=True,
                   reason=f"restart {job.retries + 1} of {run.max_retries} ({resume}) after: {failure}",
                   retries=job.retries + 1):
-        dispatch.send_on_commit("schedule")
+        dispatch.wake_scheduler_on_commit()
 
 
 def _halt_requested(job):
@@ -318,7 +318,7 @@ def _requeue_preempted(job):
     resume = f"resumes from {checkpoint.name}" if checkpoint else "starts over: no checkpoint was written"
     if transition(job.id, Status.QUEUED, actor=PREEMPTOR, attempt=job.attempt, attempt_next=True,
                   only_from={Status.HALTED}, reason=f"requeued after preemption ({resume})", preempted_reason=""):
-        dispatch.send_on_commit("schedule")
+        dispatch.wake_scheduler_on_commit()
 
 
 def _failure_reason(job, learner):
@@ -352,7 +352,7 @@ def resume(job, *, actor):
     """Queue a halted job again as a new attempt; its learners start from the last checkpoint."""
     job = require_transition(job.id, Status.QUEUED, actor=actor, reason=f"resumed by {actor}", attempt=job.attempt,
                              attempt_next=True, only_from={Status.HALTED})
-    dispatch.send_on_commit("schedule")
+    dispatch.wake_scheduler_on_commit()
     return job
 
 

@@ -1,7 +1,7 @@
 """The reconcile pass (celery beat, every RECONCILE_INTERVAL_S): bring every active job in line with
 what the backend reports about its learners, make sure each step an active job waits for has its
-outbox row, send again every outbox row nobody works on (final jobs' teardowns too), and see that a
-scheduling cycle runs.
+outbox row, send again every outbox row nobody works on (final jobs' teardowns too), and wake the
+scheduling loop (jobs.scheduler_loop: what the pass settled may have freed resources).
 
 A pass reads what it judges in a fixed number of queries, whatever the number of active jobs (the
 jobs, their current attempts' learners, the open outbox rows); only what it changes costs queries
@@ -9,11 +9,10 @@ per job. At 1,000 running jobs a query or two per job made a pass take seconds (
 """
 from collections import defaultdict
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import admission, dispatch, lifecycle, outbox
+from jobs import dispatch, lifecycle, outbox
 from jobs.backends import get_backend
 from jobs.backends.base import LearnerState
 from jobs.models import ACTIVE, FollowUp, Job, Learner, Status
@@ -29,26 +28,7 @@ def reconcile():
     due = [step for job in jobs if (step := _reconcile_job(job, learners[job.id], backend))]
     outbox.ensure(due)
     outbox.sweep()
-    _see_a_cycle_runs()
-
-
-def _see_a_cycle_runs():
-    """The pass's cycle is the safety net under scheduling requests, whose messages wait in the
-    broker's queue behind other work and can be lost. A cycle that started within the interval read
-    everything committed before it, and a request waiting for its run will be served by it; then,
-    unless that request has waited overdue (behind hundreds of deploys while a queue's head is
-    admitted, say, or lost), one is only asked for (coalesced: nothing is sent while one waits). If
-    that is lost too, it becomes overdue and a later pass runs its own cycle.
-    Under churn the workers' cycles run every few seconds, and a cycle of the pass's own read the
-    whole queue again for nothing after waiting for their admission lock: two thirds of a pass at
-    1,000 running and 10,000 queued jobs (bench controlplane). A run deferred to the end of its
-    rest (pacing, jobs.dispatch) waits longer than the interval when cycles take seconds; it is
-    waited for too."""
-    recent = admission.started_within(settings.RECONCILE_INTERVAL_S) or dispatch.waiting("schedule")
-    if recent and not dispatch.overdue("schedule"):
-        dispatch.send("schedule")
-    else:
-        admission.run_cycle()
+    dispatch.wake_scheduler()
 
 
 def _current_learners(jobs):

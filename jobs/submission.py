@@ -152,7 +152,7 @@ def _create_job(membership, manifest, manifest_bytes, upload, info, *, private, 
             _hold_queue_place(membership.tenant)
             job.save(force_insert=True)
             job.events.create(to_status=Status.QUEUED, actor=membership.user.username, reason="submitted")
-            dispatch.send_on_commit("schedule")  # first: its message is what the job waits for
+            dispatch.wake_scheduler_on_commit()  # first: its wake is what the job waits for
             live.publish_status_on_commit(job)  # the jobs list shows it at once
     except Exception:
         storage.remove_job_dir(membership.tenant.slug, job.id)

@@ -2,6 +2,9 @@
 
 portal/__init__.py imports it, so it is the current app in every process that loads Django; tasks
 are @shared_task and are sent by name (jobs.dispatch), so nothing imports this module to enqueue.
+Scheduling cycles are not among them: the scheduling loop runs them in a process of its own
+(`manage.py run_scheduler`, jobs.scheduler_loop); beat's schedule (settings.CELERY_BEAT_SCHEDULE)
+is the reconcile pass and the autoscaler's periodic pass.
 """
 import os
 

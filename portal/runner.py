@@ -1,6 +1,6 @@
 """Starts and stops the whole platform as real processes: an embedded Redis (unless REDIS_URL is
-given), the ASGI server (daphne: HTTP + websockets), a Celery worker, the webhooks' Celery worker and
-celery beat.
+given), the ASGI server (daphne: HTTP + websockets), a Celery worker, the scheduling loop
+(`manage.py run_scheduler`), the webhooks' Celery worker and celery beat.
 
 `make demo` runs it in the foreground, supervised (a part that crashes is started again); the
 end-to-end tests and benchmarks start it the same way, so what they measure is what a user runs.
@@ -98,6 +98,7 @@ class Platform:
             for name in self.web_names():
                 self.start_web(name)
             self.start_worker()
+            self.start_scheduler()
             self.start_webhooks()
             self.start_beat()
             self.wait_ready(timeout)
@@ -166,6 +167,11 @@ class Platform:
                               f"--concurrency={self.worker_concurrency}", "--without-gossip", "--without-mingle",
                               "-n", f"trainyard-{self.port}@%h"])
 
+    def start_scheduler(self, name="scheduler"):
+        """The scheduling loop (jobs.scheduler_loop). Another one started beside it (any name that
+        begins with "scheduler") stands by, and takes over within a second or two when it dies."""
+        self.spawn(name, [sys.executable, "manage.py", "run_scheduler"])
+
     def start_webhooks(self):
         """The worker of the webhook queue (settings.WEBHOOK_QUEUE) alone: deliveries wait on other
         people's servers, so they never take the lifecycle worker's processes."""
@@ -207,8 +213,10 @@ class Platform:
             self._starter(name)()
 
     def _starter(self, name):
-        if name.startswith("web"):
+        if name.startswith("web") and name != "webhooks":
             return lambda: self.start_web(name)
+        if name.startswith("scheduler"):
+            return lambda: self.start_scheduler(name)
         return getattr(self, f"start_{name}")
 
     def check_alive(self, name):

@@ -6,10 +6,10 @@ from rest_framework.test import APIClient
 
 from jobs import datastores, runtime, storage, transfers
 from jobs.datastores import DataStoreError, LocalStore, Location, S3Store
-from trainyard.manifest import parse_manifest
-from jobs.models import Job, LogLine
 from tests.support.builders import member, tar_gz, token_for, upload
 from tests.support.s3_server import s3_server
+from trainyard.manifest import parse_manifest
+from jobs.models import Job, LogLine
 
 SECRET = "s3cr3t-Pa55"
 

@@ -26,11 +26,11 @@ from jobs import admission, autoscaler, lifecycle, reconcile, storage
 from jobs.backends.k8s import objects
 from jobs.models import Allocation, Artifact, Job, Learner, Status
 from learner_agent.metrics import MetricExtractor
-from trainyard import elasticity
 from tests.support.builders import client_for, job as make_job, member, tar_gz
 from tests.support.k8s_fake import Kubelet
 from tests.support.k8s_lifecycle import (CONFIG, NS, Agent, assert_schema_valid, backend, cluster,  # noqa: F401
                                          history, use, worker)
+from trainyard import elasticity
 
 pytestmark = pytest.mark.django_db
 MANIFEST = """

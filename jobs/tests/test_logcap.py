@@ -3,9 +3,9 @@ import pytest
 from django.test import Client
 
 from jobs import credentials, logcap, runtime
+from tests.support.builders import job, member
 from trainyard.manifest import parse_manifest
 from jobs.models import Job, Learner, LogLine
-from tests.support.builders import job, member
 
 pytestmark = pytest.mark.django_db
 

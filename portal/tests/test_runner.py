@@ -24,6 +24,12 @@ class Sleepers(Platform):
     def start_beat(self):
         self.spawn("beat", ["sleep", "60"])
 
+    def start_scheduler(self, name="scheduler"):
+        self.spawn(name, ["sleep", "60"])
+
+    def start_webhooks(self):
+        self.spawn("webhooks", ["sleep", "60"])
+
     def wait_ready(self, timeout):
         pass
 
@@ -50,6 +56,21 @@ def test_it_starts_a_crashed_part_again(platform):
     assert [(part, code) for part, code, _ in platform.restarts] == [("worker", -9)]
     assert "worker exited with code -9; starting it again" in (platform.log_dir / "worker.log").read_text()
     platform.check_alive("worker")
+
+
+def test_a_second_scheduler_and_the_webhooks_worker_are_started_again_as_themselves(platform):
+    started = []
+    for kind in ("web", "scheduler", "webhooks"):
+        start = getattr(platform, f"start_{kind}")
+        setattr(platform, f"start_{kind}", lambda *name, kind=kind, start=start: started.append((kind, *name)) or
+                start(*name))
+    platform.start_scheduler("scheduler2")  # a standby beside the first
+    started.clear()
+    for part in ("scheduler2", "webhooks"):
+        crashed = platform.pids()[part]
+        os.kill(crashed, signal.SIGKILL)
+        assert wait_for(lambda: platform.pids().get(part) not in (None, crashed))
+    assert started == [("scheduler", "scheduler2"), ("webhooks",)]
 
 
 def test_a_part_stopped_on_purpose_stays_down_until_started(platform):

@@ -12,7 +12,7 @@ from tests.chaos.tcp_proxy import CuttableProxy
 from tests.support.harness import start_session, wait_for_status
 
 DEFAULT_SEEDS = "1,2"
-PARTS = ("redis", "web", "worker", "beat")
+PARTS = ("redis", "web", "worker", "scheduler", "beat")
 
 
 def chaos_seeds():

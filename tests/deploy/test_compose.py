@@ -51,12 +51,14 @@ def test_it_is_valid_against_the_compose_specification():
 
 
 def test_it_runs_the_platform_and_the_services_it_needs():
-    assert {"postgres", "redis", "minio", "minio-setup", "migrate", "web", "worker", "webhooks", "beat"} <= set(SERVICES)
-    assert set(PLATFORM) == {"migrate", "web", "worker", "webhooks", "beat"}
+    assert {"postgres", "redis", "minio", "minio-setup", "migrate", "web", "worker", "scheduler", "webhooks",
+            "beat"} <= set(SERVICES)
+    assert set(PLATFORM) == {"migrate", "web", "worker", "scheduler", "webhooks", "beat"}
     for name in PLATFORM:
         # (A service's own depends_on replaces the x-trainyard one: YAML merge keys are shallow.)
         assert {"postgres", "redis"} <= started_before(name), name
-    assert "migrate" in started_before("web") and "migrate" in started_before("worker")
+    assert all("migrate" in started_before(name) for name in ("web", "worker", "scheduler"))
+    assert SERVICES["scheduler"]["deploy"]["replicas"] == 2  # a leader and a standby
 
 
 def started_before(name):

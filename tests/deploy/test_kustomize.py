@@ -14,8 +14,9 @@ from tests.support.optional import skip_or_fail
 KUBERNETES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 OVERLAYS = ("dev", "production")
 VERSIONS = ("1.25.0", kubernetes_validate.utils.latest_version())  # docs/kubernetes.md: "Kubernetes 1.25 or newer"
-PLATFORM = {"trainyard-web", "trainyard-ingest", "trainyard-worker", "trainyard-webhooks", "trainyard-beat",
-            "trainyard-migrate"}
+PLATFORM = {"trainyard-web", "trainyard-ingest", "trainyard-worker", "trainyard-scheduler", "trainyard-webhooks",
+            "trainyard-beat", "trainyard-migrate"}
+SCHEDULER = "trainyard-scheduler"  # two replicas everywhere: a leader and a standby
 
 
 def render(overlay):
@@ -62,7 +63,8 @@ def test_dev_runs_postgres_and_redis_in_the_cluster():
     assert config["REDIS_URL"] == "redis://trainyard-redis.trainyard.svc:6379/0"
     assert set(containers(objects)) == PLATFORM
     assert by_kind(objects, "NetworkPolicy")["trainyard-datastores"]
-    assert all(d["spec"]["replicas"] == 1 for name, d in by_kind(objects, "Deployment").items() if name in PLATFORM)
+    assert all(d["spec"]["replicas"] == 1 for name, d in by_kind(objects, "Deployment").items()
+               if name in PLATFORM - {SCHEDULER})
 
 
 def test_production_uses_external_datastores_from_the_secret():
@@ -90,6 +92,26 @@ def test_production_sizes_scales_and_protects_web_and_workers():
         assert scaler["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
         assert 2 <= scaler["minReplicas"] < scaler["maxReplicas"]
     assert "trainyard-beat" not in by_kind(objects, "HorizontalPodAutoscaler")  # exactly one beat, always
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_scheduling_loop_runs_a_leader_and_a_standby(overlay):
+    """Two replicas of `manage.py run_scheduler`, never scaled (one leads, the rest only stand by), on
+    the service account that may read the nodes' capacity; in production a drain keeps one."""
+    objects = render(overlay)
+    scheduler = by_kind(objects, "Deployment")[SCHEDULER]
+    assert scheduler["spec"]["replicas"] == 2
+    pod = scheduler["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"] == ["python", "manage.py", "run_scheduler"]
+    assert pod["serviceAccountName"] == "trainyard-lifecycle"
+    assert SCHEDULER not in by_kind(objects, "HorizontalPodAutoscaler")
+    if overlay == "production":
+        budget = by_kind(objects, "PodDisruptionBudget")[SCHEDULER]["spec"]
+        assert budget["minAvailable"] == 1
+        assert budget["selector"]["matchLabels"].items() <= scheduler["spec"]["template"]["metadata"]["labels"].items()
+    else:
+        allowed = by_kind(objects, "NetworkPolicy")["trainyard-datastores"]["spec"]["ingress"][0]["from"][0]
+        assert "scheduler" in allowed["podSelector"]["matchExpressions"][0]["values"]  # it reaches PostgreSQL and Redis
 
 
 def test_the_web_reads_the_metrics_token_from_the_secret():

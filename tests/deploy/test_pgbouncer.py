@@ -139,3 +139,37 @@ def test_what_a_client_leaves_on_its_session_does_not_reach_the_next(server):
             assert cursor.fetchone() == (pid, 0, "0")
     finally:
         second.close()
+
+
+def test_the_scheduling_loops_lease_is_freed_through_it_when_its_holder_is_killed(server):
+    """The scheduling loop's lease (jobs.scheduler_loop.PostgresLease, a session-level advisory lock)
+    through PgBouncer: held while its holder lives, freed for a standby once the holder is SIGKILLed
+    (PgBouncer resets the server session it gives back)."""
+    import sys
+
+    from jobs.scheduler_loop import PostgresLease
+    _, pooled = server
+    parsed = dj_database_url.parse(pooled)
+    params = {"dbname": parsed["NAME"], "user": parsed["USER"], "host": parsed["HOST"], "port": parsed["PORT"],
+              **({"password": parsed["PASSWORD"]} if parsed["PASSWORD"] else {})}
+    program = ("import django, sys; django.setup()\n"
+               "from jobs.scheduler_loop import PostgresLease\n"
+               f"lease = PostgresLease({params!r})\n"
+               "assert lease.try_acquire()\n"
+               "print('held', flush=True)\n"
+               "sys.stdin.read()\n")
+    holder = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env=dict(os.environ, DJANGO_SETTINGS_MODULE="portal.settings"))
+    standby = PostgresLease(params)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        assert not standby.try_acquire()
+        holder.kill()
+        holder.wait()
+        deadline = time.monotonic() + 5
+        while not standby.try_acquire():
+            assert time.monotonic() < deadline, "the lease was not freed through PgBouncer"
+            time.sleep(0.05)
+    finally:
+        holder.kill()
+        standby.release()

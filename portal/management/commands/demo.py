@@ -60,7 +60,7 @@ class Command(BaseCommand):
         password = secrets.token_urlsafe(9)
         examples = demo_examples()
         stop_on_signals()
-        self.stdout.write("Starting Trainyard (Redis, web server, Celery worker, beat)...")
+        self.stdout.write("Starting Trainyard (Redis, web server, Celery worker, scheduling loop, beat)...")
         try:
             platform, token = start_platform(settings.DATA_DIR, port=port, tenant="demo", username="demo",
                                              password=password, env=demo_environment(), supervise=True)
