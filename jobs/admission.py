@@ -44,9 +44,9 @@ WAIT_REASON_BATCH = 500
 # (_reasons_to_write).
 QUEUE_HEAD = 20
 POSITIONS_REFRESHED_KEY = "admission:positions-refreshed"
-# What a cycle reads of the jobs it loads: every queued and active one, each cycle. At 10,000 queued
-# and 1,000 running (bench controlplane) building the rows was most of a cycle's own time: whole
-# rows (the manifest as sent and as parsed) and an owner object per job, for its username.
+# What a cycle reads of the jobs it loads: every queued and active one, each cycle. At tens of
+# thousands of jobs, whole rows (the manifest as sent and as parsed) and an owner object per job
+# made building the rows most of a cycle's own time.
 CYCLE_FIELDS = ("id", "tenant_id", "status", "attempt", "learners", "gpus", "cpus", "memory_bytes", "priority",
                 "placement", "preempted_reason", "wait_reason", "created_at", "updated_at", "admitted_at")
 
@@ -102,9 +102,9 @@ def _elastic(row):
 
 def _reasons_to_write(waiting, by_id):
     """The {job id: reason} of `waiting` to write now. A reason begins with the job's place in its
-    tenant queue, so one admission changes the reason of every job behind it: at 10,000 queued jobs
-    that rewrote 10,000 rows each cycle, about half of a cycle's time (0.9 s of PostgreSQL) while
-    holding the admission lock, and cycles run back to back while jobs end (bench controlplane). As
+    tenant queue, so one admission changes the reason of every job behind it: a long queue rewrote
+    every row behind it each cycle, much of a cycle's time while holding the admission lock, and
+    cycles run back to back while jobs end. As
     Kueue refreshes pending workloads' positions on an interval (queueVisibility.updateIntervalSeconds),
     a reason whose only change is the position past QUEUE_HEAD is written every
     QUEUE_POSITION_REFRESH_S; anything else (what the job waits for, the head's count-down) at once."""

@@ -5,7 +5,7 @@ scheduling loop (jobs.scheduler_loop: what the pass settled may have freed resou
 
 A pass reads what it judges in a fixed number of queries, whatever the number of active jobs (the
 jobs, their current attempts' learners, the open outbox rows); only what it changes costs queries
-per job. At 1,000 running jobs a query or two per job made a pass take seconds (bench controlplane).
+per job: a query or two per job made a pass over a large cluster take seconds.
 """
 from collections import defaultdict
 

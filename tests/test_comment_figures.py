@@ -11,12 +11,6 @@ from tests.support.shipped import PACKAGES, ROOT
 
 FIGURES = re.compile(r"\d+(\.\d+)? ?(ms|µs)\b|py-spy|(?<!-m )\bbench (controlplane|concurrency|frameworks|overhead|recovery|"
                      r"scheduler|ui)\b")
-# Being rewritten as a whole; each joins the check once its rewrite has landed.
-REWRITTEN = {"jobs/dispatch.py", "jobs/tasks.py", "jobs/reconcile.py", "jobs/admission.py", "jobs/scheduler_loop.py",
-             "jobs/ingest_asgi.py", "jobs/prometheus.py", "tenants/throttling.py", "portal/runner.py",
-             "portal/fanout.py", "portal/cache.py", "portal/serving.py", "portal/handler.py", "portal/throttling.py",
-             "portal/bounds.py", "portal/metrics.py", "jobs/manifest.py"}
-REWRITTEN_TREES = ("portal/pgpool/", "portal/overrides/", "trainyard/")
 
 
 def commentary(source):
@@ -36,8 +30,6 @@ def shipped_modules():
         for path in sorted((ROOT / package).rglob("*.py")):
             relative = path.relative_to(ROOT).as_posix()
             if "/tests/" in relative or "/migrations/" in relative:
-                continue
-            if relative in REWRITTEN or relative.startswith(REWRITTEN_TREES):
                 continue
             yield relative
 

@@ -111,7 +111,19 @@ def check_logs_and_metrics(chaos, job_id, attempts, context):
             f"{context}: attempt {attempt}: metric steps {steps[:5]}… ({len(steps)}) do not match the "
             f"{sum(1 for _, s in expected if s is not None)} metric lines printed")
         records[attempt] += len(steps)
+    for sample in resource_samples(chaos, job_id):  # the agent's own records, each stored once
+        records[sample["attempt"]] = records.get(sample["attempt"], 0) + 1
     return records
+
+
+def resource_samples(chaos, job_id):
+    samples, after = [], 0
+    while True:
+        page = chaos.api("GET", f"/api/v1/jobs/{job_id}/resources/", params={"after": after}).json()
+        samples += page["results"]
+        if not page["more"]:
+            return samples
+        after = page["next_after"]
 
 
 def check_learners(chaos, job_id, attempts, records, context):
@@ -125,7 +137,7 @@ def check_learners(chaos, job_id, attempts, records, context):
         attempt = learner["attempt"]
         assert learner["state"] == "exited", f"{context}: {learner}"
         assert learner["exit_code"] == (0 if attempts[attempt] == "complete" else 137), f"{context}: {learner}"
-        # seqs are per attempt and gap-free: status records + one per line + one per metric point
+        # seqs are per attempt and gap-free: status records + one per line, metric point and resource sample
         assert learner["acked_seq"] == records[attempt] + RECORDS_BESIDE_OUTPUT, f"{context}: {learner}"
 
 
