@@ -4,6 +4,7 @@ Settings come only from the environment (12-factor), so a typo there must fail l
 with the variable's name, not surface later as a confusing runtime error.
 """
 import os
+from pathlib import Path
 from urllib.parse import urlparse
 
 
@@ -89,3 +90,13 @@ def host_list(name):
                 raise ConfigError(f"{name}: {entry!r} is not a host name, an IP address or a CIDR network "
                                   "(e.g. minio.internal, 10.0.5.7, 10.0.5.0/24)") from None
     return entries
+
+
+def port_file(path, default):
+    """The port number a file holds (a running process wrote it down), or `default` when there is
+    no such file or it holds no port."""
+    try:
+        port = int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return default
+    return port if 0 < port < 65536 else default

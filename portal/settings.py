@@ -100,8 +100,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: broker for Celery and the channel layer for websockets ----------------------------
-# Unset means the embedded server that `make demo` (portal.runner) starts on this port.
-EMBEDDED_REDIS_PORT = env.integer("TRAINYARD_EMBEDDED_REDIS_PORT", 6390, minimum=1)
+# Unset means the embedded server that `make demo` (portal.runner) starts on this port: the one a
+# running demo of this data directory wrote down (EMBEDDED_REDIS_PORT_FILE), so a `manage.py` command
+# beside it reaches its Redis, else 6390.
+EMBEDDED_REDIS_PORT_FILE = DATA_DIR / "embedded-redis.port"
+EMBEDDED_REDIS_PORT = env.integer("TRAINYARD_EMBEDDED_REDIS_PORT", env.port_file(EMBEDDED_REDIS_PORT_FILE, 6390),
+                                  minimum=1)
 REDIS_URL = env.url("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0",
                     schemes=("redis", "rediss", "unix"))
 

@@ -9,6 +9,7 @@ import json
 import os
 import secrets
 import signal
+import sys
 import time
 
 from django.conf import settings
@@ -16,13 +17,16 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from portal import env
-from portal.runner import PROJECT_ROOT, StartupError, free_port, manage, start_platform, stop_learner_agents
+from portal.runner import (PROJECT_ROOT, StartupError, free_port, manage, port_is_free, start_platform,
+                           stop_learner_agents)
 from tenants.audit import acting_as
 from trainyard import Client
 
 DEMO_EXAMPLES = "pytorch-digits,custom-shell"
 EXAMPLES = PROJECT_ROOT / "examples"
 DEMO_VIRTUAL_GPUS = 4
+DEMO_TENANT_ADMIN = "demo-admin"
+DEFAULT_REDIS_PORT = 6390  # portal.settings' embedded Redis port when nothing names one
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -39,12 +43,23 @@ def stop_on_signals():
 
 def demo_environment():
     """What the demo's processes get beyond this environment. No GPU here? The demo advertises four
-    virtual ones so scheduling, quotas and preemption show. Without REDIS_URL the embedded Redis takes
-    a free port unless TRAINYARD_EMBEDDED_REDIS_PORT names one, so a second checkout's demo can run."""
-    extra = {"TRAINYARD_LOCAL_GPUS": os.environ.get("TRAINYARD_LOCAL_GPUS", str(DEMO_VIRTUAL_GPUS))}
-    if not os.environ.get("REDIS_URL") and not os.environ.get("TRAINYARD_EMBEDDED_REDIS_PORT"):
-        extra["TRAINYARD_EMBEDDED_REDIS_PORT"] = str(free_port())
-    return extra
+    virtual ones so scheduling, quotas and preemption show. Webhooks may reach this machine's own
+    addresses (a receiver on the laptop is what one tries first) unless TRAINYARD_WEBHOOK_ALLOW_PRIVATE
+    says otherwise."""
+    return {"TRAINYARD_LOCAL_GPUS": os.environ.get("TRAINYARD_LOCAL_GPUS", str(DEMO_VIRTUAL_GPUS)),
+            "TRAINYARD_WEBHOOK_ALLOW_PRIVATE": os.environ.get("TRAINYARD_WEBHOOK_ALLOW_PRIVATE", "true")}
+
+
+def start_again_with_an_embedded_redis_port():
+    """Without REDIS_URL or TRAINYARD_EMBEDDED_REDIS_PORT, choose the embedded Redis's port (6390, or a
+    free one when it is taken, so a second checkout's demo can run) and start this command again with
+    it: this process's own settings (its channel layer, cache and broker) must name the Redis its
+    platform runs, or what it publishes goes nowhere."""
+    if os.environ.get("REDIS_URL") or os.environ.get("TRAINYARD_EMBEDDED_REDIS_PORT"):
+        return
+    port = DEFAULT_REDIS_PORT if port_is_free(DEFAULT_REDIS_PORT) else free_port()
+    os.execve(sys.executable, [sys.executable, *sys.argv],
+              dict(os.environ, TRAINYARD_EMBEDDED_REDIS_PORT=str(port)))
 
 
 def demo_examples():
@@ -56,6 +71,7 @@ class Command(BaseCommand):
     help = "Run the whole platform locally with demo data (foreground; Ctrl-C, SIGTERM or SIGHUP stops it)."
 
     def handle(self, *args, **options):
+        start_again_with_an_embedded_redis_port()
         port = env.integer("TRAINYARD_PORT", 8000, minimum=1)
         password = secrets.token_urlsafe(9)
         examples = demo_examples()
@@ -69,12 +85,16 @@ class Command(BaseCommand):
         except KeyboardInterrupt:  # start_platform stopped what it had started
             self.stdout.write("\nStopped during start-up.")
             return
+        port_file = None if os.environ.get("REDIS_URL") else settings.EMBEDDED_REDIS_PORT_FILE
+        if port_file:  # where `manage.py` commands beside the demo find its Redis (portal.settings)
+            port_file.write_text(f"{settings.EMBEDDED_REDIS_PORT}\n")
         try:
             self.platform_admin(platform, password)
             client = Client(platform.url, token, "demo")
             jobs = [client.submit(EXAMPLES / name / "manifest.yml", EXAMPLES / name) for name in examples]
             facts = {"url": platform.url, "username": "demo", "password": password, "token": token,
-                     "admin_username": "admin"}
+                     "admin_username": "admin", "tenant_admin_username": DEMO_TENANT_ADMIN,
+                     "redis_url": settings.REDIS_URL, "database_url": settings.DATABASE_URL}
             path = settings.DATA_DIR / "demo.json"
             path.write_text(json.dumps(facts, indent=2) + "\n")
             path.chmod(0o600)
@@ -91,12 +111,14 @@ class Command(BaseCommand):
             self.stdout.write("\nStopping Trainyard...")
             platform.stop()
             stop_learner_agents(settings.DATA_DIR)
+            if port_file:
+                port_file.unlink(missing_ok=True)
             self.stdout.write("Stopped.")
 
     @staticmethod
     def platform_admin(platform, password):
-        """An `admin` platform admin (same password as `demo`) and a quota on the demo tenant, so the
-        admin console has usage bars to show. The quota goes through the platform's own command, whose
+        """An `admin` platform admin and a `demo-admin` tenant admin (same password as `demo`), and a
+        quota on the demo tenant, so the admin console has usage bars to show. The quota goes through the platform's own command, whose
         change reaches the running scheduler."""
         with acting_as("command:demo"):
             admin, _ = get_user_model().objects.get_or_create(username="admin")
@@ -104,6 +126,12 @@ class Command(BaseCommand):
             admin.set_password(password)
             admin.save()
         manage(platform.env, "tenant", "create", "demo", "--gpus", str(DEMO_VIRTUAL_GPUS), "--gpu-hours", "100")
+        # A tenant admin too, so members, invitations and tenant-wide webhooks can be tried.
+        manage(platform.env, "tenant", "adduser", "demo", DEMO_TENANT_ADMIN, "--role", "admin")
+        with acting_as("command:demo"):  # the password here, not on a command line others can read
+            tenant_admin = get_user_model().objects.get(username=DEMO_TENANT_ADMIN)
+            tenant_admin.set_password(password)
+            tenant_admin.save()
 
     def banner(self, facts, jobs, path):
         lines = [
@@ -111,6 +139,7 @@ class Command(BaseCommand):
             "Trainyard is running.",
             f"  Dashboard:  {facts['url']}/   (login: {facts['username']} / {facts['password']})",
             f"  Admin:      {facts['url']}/admin/   (login: admin / {facts['password']})",
+            f"  Tenant admin: login {facts['tenant_admin_username']} (same password): members, invitations, webhooks",
             f"  API token:  {facts['token']}",
             f"  API docs:   {facts['url']}/api/docs/",
             f"  Saved to:   {path}",
