@@ -407,10 +407,13 @@ class Agent:
                 self._disk_reason = breach.reason
 
     def _check_disk_at_end(self, exit_code):
-        """The learner's exit code, or 1 if it ended with a folder over its cap that the watchdog had
-        not measured yet (it wrote fast and exited): the attempt must not count as a success."""
-        if not self.config.disk_caps or self._disk_reason is not None:
+        """The learner's exit code, or 1 if it ended with a folder over its cap (the watchdog's kill may
+        come as it exits 0 by itself, or it wrote fast and exited before a measurement): the attempt
+        must not count as a success."""
+        if not self.config.disk_caps:
             return exit_code
+        if self._disk_reason is not None:
+            return exit_code or 1
         breach, _ = diskwatch.check(self.config.disk_caps)
         if breach is None:
             return exit_code

@@ -1,5 +1,6 @@
 """Disk caps on a learner's folders (learner_agent.diskwatch), alone and in a real agent."""
 import os
+import re
 import threading
 import time
 
@@ -49,7 +50,8 @@ def test_watch_returns_the_first_folder_over_its_cap(tmp_path):
     write(tmp_path / "s" / "big", 2 * MiB)  # work and state count together
     watcher.join(5)
     assert found[0].cap.name == "work"
-    assert found[0].reason.startswith("disk cap: the work folder used 3.0MiB, over its cap of 2.0MiB")
+    # It may measure the state folder while the 2 MiB are still being written: over 2 MiB either way.
+    assert re.match(r"disk cap: the work folder used (2\.\d|3\.0)MiB, over its cap of 2\.0MiB", found[0].reason), found[0]
 
 
 def test_watch_stops_when_asked(tmp_path):
@@ -94,7 +96,10 @@ def test_a_learner_that_exits_at_once_past_its_cap_still_fails(outside_tmp, inge
                                 disk_caps=[{"name": "results", "bytes": 20 * MiB, "paths": [results]}])
     assert run_agent(config).returncode == 0
     exit_info = read_exit(config)
-    assert exit_info["exit_code"] == 1 and exit_info["reason"].startswith("disk cap: the results folder"), exit_info
+    # 1 when it exits before the watchdog's next look (measured at its end), 137 when the watchdog
+    # kills it first: never 0, whichever way the race between them goes.
+    assert exit_info["exit_code"] in (1, 137), exit_info
+    assert exit_info["reason"].startswith("disk cap: the results folder"), exit_info
 
 
 def test_code_that_unpacks_past_the_work_cap_is_not_run_and_says_so(outside_tmp, ingest):

@@ -23,9 +23,8 @@ import time
 
 import pytest
 import schemathesis
-from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
+from django.db import connections
 from django.test import Client
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
@@ -61,15 +60,15 @@ ADMIN_ONLY = {
 
 
 @pytest.fixture
-def connection_kept():
-    """Keep the test's database connection across requests, as Django's test client does: the WSGI
-    handler would otherwise close it after the first one (it is inside the test's transaction, so on
-    PostgreSQL every later request fails with "connection already closed")."""
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
+def connection_kept(monkeypatch):
+    """Keep the test's database connection across requests: the WSGI handler's close_old_connections
+    would close it at each request's start and end (inside the test's transaction it is not in
+    autocommit, which the handler takes for a broken connection; on PostgreSQL every later request
+    then fails with "connection already closed"). Disconnecting the handler's receivers is not
+    enough: Django's test client, which the set-up uses, connects them again after each request."""
+    for alias in connections:
+        monkeypatch.setattr(connections[alias], "close_if_unusable_or_obsolete", lambda: None)
     yield
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
 
 
 def closed(node):
