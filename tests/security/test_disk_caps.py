@@ -17,8 +17,10 @@ pytestmark = pytest.mark.e2e
 MiB = 2**20
 CAP = 20 * MiB
 # What a learner writing at full speed can add past a cap between two measurements of the agent's
-# watchdog (learner_agent.diskwatch: every 0.25 s once past half the cap) and the kill.
-OVERSHOOT = 200 * MiB
+# watchdog (learner_agent.diskwatch: every 0.25 s once past half the cap) and the kill, on a loaded
+# 2-core machine where the watchdog waits for a core too (it wrote 232 MiB past one there). Well
+# under the 1,000 MiB the learner asks to write, so the kill is still what stops it.
+OVERSHOOT = 400 * MiB
 
 
 def submit_with_disk(platform, command, disk):
