@@ -23,8 +23,8 @@ The lease is a lock that the database's own machinery frees when its holder dies
 - PostgreSQL: a session-level advisory lock (LEASE_LOCK_KEY) taken with `pg_try_advisory_lock` on a
   connection of its own, kept open for as long as the process leads. The server frees it when the
   session ends: at once when the process dies (its kernel closes the socket: SIGKILL, OOM, a crashed
-  container), and when the leader's machine vanishes, once the server's keepalives for that session
-  (set on it: about 10 s) give up. The leader checks its session before every cycle and stands down
+  container), and when the leader's machine vanishes, once the server's keepalives on that
+  connection (about 10 s) give up. The leader checks its session before every cycle and stands down
   when it is gone. Through PgBouncer the same holds in its session mode, the one it must run in
   (docs/operating.md): the server session is the client's until the client goes, and PgBouncer's
   `DISCARD ALL` then unlocks it before another client gets it.

@@ -46,8 +46,8 @@ class Cgroup:
         """How many times the kernel killed a process here for exceeding the memory limit."""
         memory = self.dirs["memory"]
         if self.version == 2:
-            return _read_key(os.path.join(memory, "memory.events"), "oom_kill") or 0
-        kills = _read_key(os.path.join(memory, "memory.oom_control"), "oom_kill")
+            return read_key(os.path.join(memory, "memory.events"), "oom_kill") or 0
+        kills = read_key(os.path.join(memory, "memory.oom_control"), "oom_kill")
         if kills is None:  # kernels before 4.13 only count hitting the limit
             return _read_number(os.path.join(memory, "memory.failcnt"))
         return kills
@@ -275,7 +275,8 @@ def _own_v1_paths(own):
     return paths
 
 
-def _read_key(path, key):
+def read_key(path, key):
+    """The number after `key` in a cgroup file of `key value` lines (cpu.stat, memory.events), or None."""
     try:
         with open(path) as f:
             for line in f:

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from learner_agent import procfs
+from learner_agent import cgroups, procfs
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def read_usage(*, cgroup, pid):
 def _cgroup_cpu_seconds(cgroup):
     directory = cgroup.dirs["cpu"]
     if cgroup.version == 2:
-        usec = _read_key(os.path.join(directory, "cpu.stat"), "usage_usec")
+        usec = cgroups.read_key(os.path.join(directory, "cpu.stat"), "usage_usec")
         return None if usec is None else usec / 1e6
     nsec = _read_int(os.path.join(directory, "cpuacct.usage"))  # only where cpuacct is mounted with cpu
     return None if nsec is None else nsec / 1e9
@@ -321,15 +321,3 @@ def _read_int(path):
             return int(f.read().strip())
     except (OSError, ValueError):
         return None
-
-
-def _read_key(path, key):
-    try:
-        with open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[0] == key:
-                    return int(parts[1])
-    except (OSError, ValueError):
-        pass
-    return None

@@ -77,7 +77,7 @@ class PlatformSession:
         return create_account(self.env, tenant=tenant, username=username, password=password, role=role)
 
     def sdk(self):
-        """A trainyard.Client of this session's user, as a script would make one."""
+        """A trainyard.Client of the platform's user, as a script would make one."""
         from trainyard import Client
         return Client(self.url, self.token, self.tenant)
 
