@@ -6,7 +6,8 @@ from django.db.models import Count
 from django.utils.html import format_html, format_html_join
 
 from tenants import quotas
-from tenants.models import ApiToken, AuditEntry, Invitation, Membership, Quota, Tenant, UsageRecord
+from tenants.models import (ApiToken, AuditEntry, GroupMapping, Invitation, Membership, Quota, SsoIdentity, Tenant,
+                            UsageRecord)
 
 
 def usage_bar(used, limit, unit=""):
@@ -170,3 +171,20 @@ class InvitationAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+@admin.register(GroupMapping)
+class GroupMappingAdmin(admin.ModelAdmin):
+    """Which of the identity provider's groups make someone a member of which tenant, with which role
+    (tenants.sso; read at every sign-in and session re-check, beside TRAINYARD_OIDC_GROUP_MAP)."""
+
+    list_display = ["group", "tenant", "role"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["group", "tenant__slug"]
+
+
+@admin.register(SsoIdentity)
+class SsoIdentityAdmin(admin.ModelAdmin):
+    list_display = ["user", "issuer", "subject", "created_at", "checked_at"]
+    search_fields = ["user__username", "subject"]
+    readonly_fields = ["user", "issuer", "subject", "created_at", "checked_at"]

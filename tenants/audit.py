@@ -9,9 +9,10 @@ from contextlib import contextmanager
 
 from django.db.models.signals import post_delete, post_save, pre_save
 
-from tenants.models import ApiToken, AuditEntry, Invitation, Membership, Quota
+from tenants.models import ApiToken, AuditEntry, GroupMapping, Invitation, Membership, Quota
 
 _actor = contextvars.ContextVar("trainyard_audit_actor", default="system")
+_reason = contextvars.ContextVar("trainyard_audit_reason", default=None)
 
 
 @contextmanager
@@ -21,6 +22,17 @@ def acting_as(actor):
         yield
     finally:
         _actor.reset(token)
+
+
+@contextmanager
+def because(reason):
+    """Changes made inside say why in their entry (`after["reason"]`): single sign-on removing
+    someone from a tenant because the provider took them out of its group (tenants.sso)."""
+    token = _reason.set(reason)
+    try:
+        yield
+    finally:
+        _reason.reset(token)
 
 
 def current_actor():
@@ -53,6 +65,8 @@ class AuditActorMiddleware:
 
 
 def record(action, target_type, target, *, tenant=None, before=None, after=None):
+    if (reason := _reason.get()) is not None:
+        after = {**(after or {}), "reason": reason}
     AuditEntry.objects.create(actor=current_actor(), action=action, tenant=tenant, target_type=target_type,
                               target=target, before=before, after=after)
 
@@ -77,7 +91,12 @@ def _token(t):
     return "token", f"{t.user.username}/{t.name} ({t.prefix}…)", None, state
 
 
-DESCRIBE = {Quota: _quota, Membership: _membership, Invitation: _invitation, ApiToken: _token}
+def _group_mapping(g):
+    return "group mapping", f"{g.group}@{g.tenant.slug}", g.tenant, {"group": g.group, "role": g.role}
+
+
+DESCRIBE = {Quota: _quota, Membership: _membership, Invitation: _invitation, ApiToken: _token,
+            GroupMapping: _group_mapping}
 
 
 def _before(sender, instance, **kwargs):

@@ -4,7 +4,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from tenants import throttling
+from tenants import sso, throttling
 from tenants.models import ApiToken
 
 # A token's last use is recorded to the minute: writing it at every request was a write and a commit
@@ -34,6 +34,8 @@ class ApiTokenAuthentication(authentication.TokenAuthentication):
         token = ApiToken.authenticate(key)
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+        if not sso.still_vouched_for(token):  # a personal token of single sign-on (tenants.sso)
+            raise exceptions.AuthenticationFailed("The identity provider no longer vouches for this token's owner.")
         now = timezone.now()
         if token.last_used_at is None or now - token.last_used_at >= LAST_USED_PRECISION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)

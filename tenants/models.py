@@ -75,22 +75,63 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Personal tokens from `trainyard login --sso` (tenants.sso) expire; service accounts' do not.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     @classmethod
-    def issue(cls, user, name="default"):
+    def issue(cls, user, name="default", *, expires_at=None):
         """Create a token for `user`; return (token, key). The key cannot be recovered later."""
         key = "ty_" + secrets.token_urlsafe(30)
-        token = cls.objects.create(user=user, name=name, key_hash=hash_key(key), prefix=key[3:11])
+        token = cls.objects.create(user=user, name=name, key_hash=hash_key(key), prefix=key[3:11],
+                                   expires_at=expires_at)
         return token, key
 
     @classmethod
     def authenticate(cls, key):
         """The active token with this key, or None."""
         return (cls.objects.select_related("user")
-                .filter(key_hash=hash_key(key), revoked_at__isnull=True, user__is_active=True).first())
+                .filter(key_hash=hash_key(key), revoked_at__isnull=True, user__is_active=True)
+                .filter(models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=timezone.now())).first())
 
     def __str__(self):
         return f"{self.user} / {self.name} ({self.prefix}…)"
+
+
+class GroupMapping(models.Model):
+    """Members of the identity provider's `group` belong to `tenant` with `role` (tenants.sso).
+
+    Kept beside the TRAINYARD_OIDC_GROUP_MAP environment variable: both are read at every sign-in."""
+
+    group = models.CharField(max_length=200, help_text="a value of the provider's groups claim")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="group_mappings")
+    role = models.CharField(max_length=20, choices=Membership.Role.choices, default=Membership.Role.RESEARCHER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["group", "tenant"], name="one_mapping_per_group_and_tenant")]
+
+    def __str__(self):
+        return f"{self.group} → {self.tenant} as {self.role}"
+
+
+class SsoIdentity(models.Model):
+    """The account an identity provider's subject signs in as: (issuer, sub) is the identity, never
+    the e-mail address or the username, which a provider may let people change."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identities")
+    issuer = models.CharField(max_length=300)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(default=timezone.now)
+    checked_at = models.DateTimeField(null=True, blank=True)  # the provider last confirmed the groups
+    # The device flow's refresh token: how the personal tokens of `trainyard login --sso` ask the provider
+    # again about their owner (tenants.sso.still_vouched_for). A browser session keeps its own.
+    refresh_token = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="one_user_per_sso_subject")]
+        verbose_name_plural = "SSO identities"
+
+    def __str__(self):
+        return f"{self.user} ({self.subject} at {self.issuer})"
 
 
 class Quota(models.Model):

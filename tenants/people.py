@@ -4,6 +4,8 @@ only platform admins and `manage.py tenant adduser` add people directly); inviti
 whether a username exists; roles are the three of Membership; a tenant always keeps an admin;
 leaving a tenant takes away what was shared in it; a token has a name. Every change here is
 audited (tenants.audit) by the models' signals."""
+import unicodedata
+
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -142,6 +144,9 @@ def create_token(user, name):
     name = (name or "").strip()
     if not name or len(name) > TOKEN_NAME_MAX:
         raise PeopleError(f"give the token a name (1-{TOKEN_NAME_MAX} characters)", field="name")
+    # Control characters and lone surrogates: PostgreSQL cannot store a NUL, nor UTF-8 a surrogate.
+    if any(unicodedata.category(character) in ("Cc", "Cs") for character in name):
+        raise PeopleError("the token's name may not hold control characters or unpaired surrogates", field="name")
     return ApiToken.issue(user, name)
 
 

@@ -81,7 +81,7 @@ class QuotaSerializer(serializers.ModelSerializer):
 class TokenSerializer(serializers.ModelSerializer):
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at", "expires_at"]
 
 
 class NewTokenSerializer(TokenSerializer):

@@ -5,9 +5,9 @@ in fixed windows; a key over its rule's limit is refused for the rule's lockout,
 Retry-After. The client address is REMOTE_ADDR: behind a reverse proxy every client shares the
 proxy's address, so an operator who puts one in front should have it limit too.
 
-- Logins (the portal's and the admin console's): 5 failures for one username from one address within
-  15 minutes lock that pair for 15 minutes, with a message saying so. Wrong passwords elsewhere cannot lock the
-  real user out from their own address.
+- Logins (the portal's and the admin console's), through django-axes: 5 failures for one username
+  from one address, each within 15 minutes of the one before, lock that pair for 15 minutes, with a
+  message saying so. Wrong passwords elsewhere cannot lock the real user out from their own address.
 - API tokens: 30 failed token authentications from one address in a minute refuse that address's
   token attempts for a minute.
 - Ingest: one learner credential may post 600 batches per 10 s (then waits out the 10 s) (agents keep one batch in flight,
@@ -28,16 +28,13 @@ import time
 from dataclasses import dataclass
 
 import redis
-from django import forms
+from axes.backends import AxesStandaloneBackend
+from axes.handlers.cache import AxesCacheHandler
+from axes.helpers import get_cache as axes_cache
 from django.conf import settings
-from django.contrib.admin.forms import AdminAuthenticationForm
-from django.contrib.auth import views as auth_views
 from django.contrib.auth.backends import ModelBackend
-from django.contrib.auth.forms import AuthenticationForm
-from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache, RedisSerializer
-from django.core.exceptions import PermissionDenied
 from django.http import JsonResponse
 
 log = logging.getLogger(__name__)
@@ -51,7 +48,6 @@ class Rule:
     lockout_s: int  # how long a key stays refused once it went over the limit
 
 
-LOGIN_FAILURES = Rule("login", limit=5, window_s=15 * 60, lockout_s=15 * 60)
 TOKEN_FAILURES = Rule("token", limit=30, window_s=60, lockout_s=60)
 INGEST_POSTS = Rule("ingest", limit=600, window_s=10, lockout_s=10)
 INGEST_FAILURES = Rule("ingest-bad", limit=20, window_s=60, lockout_s=60)
@@ -159,73 +155,76 @@ def too_many(retry_s, detail):
 
 
 # --- logins ------------------------------------------------------------------------------------------
-def _login_parts(request, username):
-    return (str(username or "").strip().lower(), client_address(request))
+# django-axes counts failed password sign-ins (portal and admin console) per username and address and
+# refuses a locked pair before any password is checked; settings.py's AXES_* set its limits and name
+# these pieces.
 
 
-def login_retry_after(request, username):
-    return retry_after(LOGIN_FAILURES, *_login_parts(request, username))
-
-
-class ThrottledModelBackend(ModelBackend):
-    """Django's username/password backend, refusing a locked username+address before any password is
-    checked, whichever login (portal, admin console) asked. Without a request (manage.py, tests'
-    client.login) there is no address to count, and nothing is refused."""
+class LoginLockout(AxesStandaloneBackend):
+    """axes's check, for password sign-ins only: without a request (manage.py, a test client's login)
+    there is no address to count, and single sign-on (no username) is the provider's to limit."""
 
     def authenticate(self, request, username=None, password=None, **kwargs):
-        if request is not None and login_retry_after(request, username):
-            raise PermissionDenied("too many failed logins")  # ends authenticate() for every backend
+        if request is None or username is None:
+            return None
         return super().authenticate(request, username=username, password=password, **kwargs)
 
 
-def _count_failure(sender, credentials, request=None, **kwargs):
-    username = credentials.get("username")
-    if request is not None and not login_retry_after(request, username):
-        record(LOGIN_FAILURES, *_login_parts(request, username))
+class LocalPasswordBackend(ModelBackend):
+    """Django's username/password backend, while local sign-in is on (TRAINYARD_LOCAL_LOGIN)."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if not settings.LOCAL_LOGIN:  # single sign-on only (tenants.sso)
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
 
 
-def _forget_failures(sender, request, user, **kwargs):
-    reset(LOGIN_FAILURES, *_login_parts(request, user.get_username()))
+class LoginFailures(AxesCacheHandler):
+    """axes's cache handler, on the cache as it is configured at each use, and failing open: an
+    outage of Redis must not lock every user out (see the module docstring)."""
+
+    def __init__(self):  # the cache is looked up at each use, not kept (see `cache`)
+        pass
+
+    @property
+    def cache(self):
+        return axes_cache()
+
+    def get_failures(self, request, credentials=None):
+        try:
+            return super().get_failures(request, credentials)
+        except Exception as exc:  # noqa: BLE001 - fail open
+            log.warning("throttling: cache unreachable (%s); login not checked", exc)
+            return 0
+
+    def user_login_failed(self, sender, credentials, request=None, **kwargs):
+        try:
+            super().user_login_failed(sender, credentials, request, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - fail open
+            log.warning("throttling: cache unreachable (%s); failed login not counted", exc)
+
+    def user_logged_in(self, sender, request, user, **kwargs):
+        try:
+            super().user_logged_in(sender, request, user, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - fail open
+            log.warning("throttling: cache unreachable (%s); login failures not reset", exc)
 
 
-user_login_failed.connect(_count_failure, dispatch_uid="throttling-login-failed")
-user_logged_in.connect(_forget_failures, dispatch_uid="throttling-logged-in")
+def login_username(request, credentials):
+    """The username axes counts under: as typed, without case or surrounding spaces."""
+    name = (credentials or {}).get("username") if credentials else request.POST.get("username")
+    return str(name or "").strip().lower() or None
+
+
+def not_a_password_login(request, credentials):
+    """What axes leaves alone: a sign-in without a username (single sign-on's callback)."""
+    return login_username(request, credentials) is None
 
 
 def lockout_message(retry_s):
     minutes = max(1, math.ceil(retry_s / 60))
     return (f"Too many failed sign-ins for this username from your address. Try again in {minutes} "
             f"minute{'s' if minutes != 1 else ''}.")
-
-
-class _ThrottledLogin:
-    """Says why a locked-out sign-in is refused, instead of "wrong password"."""
-
-    def clean(self):
-        retry_s = login_retry_after(self.request, self.data.get("username"))
-        if retry_s:
-            self.retry_after = retry_s
-            raise forms.ValidationError(lockout_message(retry_s), code="throttled")
-        return super().clean()
-
-
-class ThrottledAuthenticationForm(_ThrottledLogin, AuthenticationForm):
-    pass
-
-
-class ThrottledAdminAuthenticationForm(_ThrottledLogin, AdminAuthenticationForm):
-    pass
-
-
-class LoginView(auth_views.LoginView):
-    authentication_form = ThrottledAuthenticationForm
-
-    def form_invalid(self, form):
-        response = super().form_invalid(form)
-        if getattr(form, "retry_after", 0):
-            response.status_code = 429
-            response["Retry-After"] = str(form.retry_after)
-        return response
 
 
 # --- API tokens ----------------------------------------------------------------------------------------

@@ -118,6 +118,14 @@ def test_a_token_needs_a_name():
     assert response.status_code == 400 and response.json()["field"] == "name"
 
 
+@pytest.mark.parametrize("name", ["a\\u0000b", "tab\\there", "lone \\udbeb surrogate"])
+def test_a_token_name_with_a_control_character_or_a_lone_surrogate_is_a_400(name):
+    """PostgreSQL cannot store a NUL (the fuzzer's 500, and every request after it in the transaction).
+    The names are JSON escapes, as a client sends them."""
+    response = client_for(member()).post("/api/v1/tokens/", f'{{"name": "{name}"}}', content_type="application/json")
+    assert response.status_code == 400 and response.json()["field"] == "name"
+
+
 def test_another_users_token_is_not_found():
     alice, bob = member("team-a", "alice"), member("team-a", "bob")
     theirs, _ = ApiToken.issue(alice.user, "ci")

@@ -1,0 +1,477 @@
+"""Single sign-on: the organisation's OpenID provider signs people in, and its groups decide their
+tenants and roles.
+
+Built on mozilla-django-oidc rather than django-allauth. It does one thing, the authorization code flow
+as a Django authentication backend with PKCE, state and nonce, and leaves accounts to us; allauth would
+bring its own account and e-mail models, sign-up pages and dozens of providers Trainyard has no use for,
+beside the accounts, invitations and tokens it already has. What the library leaves out is added here:
+the ID token's issuer, audience, expiry and issue time are checked (it checks the signature, the nonce
+and the expiry only), so is the authorization response's `iss` (RFC 9207); people are known by
+(issuer, sub), never by an e-mail address or a username the provider may let them change; groups come
+only from the provider's answers (the userinfo endpoint, reached with the access token from our own
+token request, or the verified ID token), never from anything the browser carries.
+
+Membership follows the provider: at every sign-in, and for live sessions every
+TRAINYARD_OIDC_RECHECK_INTERVAL seconds (SsoRecheckMiddleware asks the userinfo endpoint again,
+refreshing the access token when it has expired). Only tenants that some mapping names follow the
+provider; a membership in any other tenant (an invitation accepted) is left alone. Someone no longer in
+a mapped group loses that tenant, and the audit log entry says so (tenants.audit.because).
+
+Scripts and the CLI: `trainyard login --sso` runs the device authorization grant (RFC 8628) through
+the two endpoints at the bottom (the client secret never leaves the server) and receives a personal API
+token that expires after TRAINYARD_OIDC_TOKEN_LIFETIME seconds.
+"""
+import logging
+import time
+from datetime import timedelta
+
+import jwt
+import requests
+from django.conf import settings
+from django.contrib import auth
+from django.contrib.auth import get_user_model
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
+from django.db import transaction
+from django.http import Http404, HttpResponseForbidden
+from django.shortcuts import render
+from django.utils import timezone
+from django.utils.text import slugify
+from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
+
+from tenants import audit, throttling
+from tenants.models import ApiToken, GroupMapping, Membership, SsoIdentity, Tenant
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 10
+LEEWAY_S = 30  # clock skew allowed between the provider and us when checking exp, iat and nbf
+RANK = {Membership.Role.VIEWER: 0, Membership.Role.RESEARCHER: 1, Membership.Role.ADMIN: 2}
+ACCESS_TOKEN, REFRESH_TOKEN, CHECKED_AT = "sso_access_token", "sso_refresh_token", "sso_checked_at"
+DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
+PERSONAL_TOKEN_NAME = "trainyard login --sso"
+
+
+class SsoError(Exception):
+    """The provider's answer cannot be trusted or used; the message says why (shown to the person)."""
+
+
+def configured():
+    return bool(settings.OIDC_ISSUER and settings.OIDC_CLIENT_ID)
+
+
+# --- the provider ------------------------------------------------------------------------------------
+_discovery = {}
+
+
+def provider():
+    """The configured issuer's discovery document, fetched once per process."""
+    issuer = settings.OIDC_ISSUER
+    document = _discovery.get(issuer)
+    if document is None:
+        response = requests.get(issuer.rstrip("/") + "/.well-known/openid-configuration", timeout=TIMEOUT_S)
+        response.raise_for_status()
+        document = response.json()
+        if document.get("issuer") != issuer:  # OpenID Connect Discovery §4.3
+            raise ImproperlyConfigured(f"{issuer} calls itself {document.get('issuer')!r}: "
+                                       "TRAINYARD_OIDC_ISSUER must be the issuer exactly")
+        _discovery[issuer] = document
+    return document
+
+
+def client_auth():
+    return requests.auth.HTTPBasicAuth(settings.OIDC_CLIENT_ID, settings.OIDC_CLIENT_SECRET)
+
+
+# --- groups to tenants and roles -----------------------------------------------------------------------
+def parse_group_map(text):
+    """TRAINYARD_OIDC_GROUP_MAP: `group=tenant:role` entries separated by commas or whitespace (role
+    researcher when left out); a list of (group, tenant slug, role)."""
+    entries = []
+    for item in text.replace(",", " ").split():
+        group, equals, target = item.rpartition("=")
+        slug, _, role = target.partition(":")
+        role = role or Membership.Role.RESEARCHER
+        if not equals or not group or not slug or role not in RANK:
+            raise ImproperlyConfigured(f"TRAINYARD_OIDC_GROUP_MAP: {item!r} is not group=tenant[:role] "
+                                       f"with a role of {', '.join(RANK)}")
+        entries.append((group, slug, role))
+    return entries
+
+
+def mappings():
+    """Every (group, tenant slug, role): the environment's, then the admin console's."""
+    return [*parse_group_map(settings.OIDC_GROUP_MAP),
+            *GroupMapping.objects.values_list("group", "tenant__slug", "role")]
+
+
+def groups_of(claims):
+    groups = claims.get(settings.OIDC_GROUPS_CLAIM) or []
+    if isinstance(groups, str):
+        groups = [groups]
+    return {str(group) for group in groups}
+
+
+def roles_for(groups, entries):
+    """{tenant slug: (role, group)}: the highest role any of `groups` maps each tenant to."""
+    wanted = {}
+    for group, slug, role in entries:
+        if group in groups and (slug not in wanted or RANK[role] > RANK[wanted[slug][0]]):
+            wanted[slug] = (role, group)
+    return wanted
+
+
+def sync_memberships(user, groups):
+    """Make `user`'s memberships in the mapped tenants what `groups` say; the rest are left alone."""
+    entries = mappings()
+    mapped = {slug for _, slug, _ in entries}
+    wanted = roles_for(groups, entries)
+    tenants = {tenant.slug: tenant for tenant in Tenant.objects.filter(slug__in=mapped)}
+    for slug in set(wanted) - set(tenants):
+        log.warning("single sign-on maps a group to tenant %r, which does not exist", slug)
+    with transaction.atomic(), audit.acting_as(f"sso:{settings.OIDC_ISSUER}"):
+        held = {m.tenant.slug: m
+                for m in user.memberships.select_related("tenant", "user").filter(tenant__slug__in=mapped)}
+        for slug, membership in held.items():
+            if slug not in wanted:
+                groups_named = sorted(group for group, mapped_slug, _ in entries if mapped_slug == slug)
+                with audit.because(f"the identity provider no longer has {user.username} in "
+                                   f"{' or '.join(groups_named)}"):
+                    membership.delete()
+            elif membership.role != wanted[slug][0]:
+                membership.role = wanted[slug][0]
+                with audit.because(f"{user.username}'s role from group {wanted[slug][1]} at the identity provider"):
+                    membership.save()
+        for slug, (role, group) in wanted.items():
+            if slug not in held and slug in tenants:
+                with audit.because(f"{user.username} is in group {group} at the identity provider"):
+                    Membership.objects.create(tenant=tenants[slug], user=user, role=role)
+
+
+# --- people ----------------------------------------------------------------------------------------------
+def _free_username(claims):
+    User = get_user_model()
+    base = (claims.get("preferred_username") or (claims.get("email") or "").partition("@")[0]
+            or claims["sub"])[:140]
+    base = slugify(base) or "user"
+    name, n = base, 1
+    while User.objects.filter(username=name).exists():
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def person(claims):
+    """The user the provider's subject signs in as, created on first sign-in. A local account with the
+    same username is never taken over: the new one gets a free name beside it."""
+    issuer, subject = settings.OIDC_ISSUER, str(claims["sub"])
+    identity = SsoIdentity.objects.select_related("user").filter(issuer=issuer, subject=subject).first()
+    if identity is None:
+        user = get_user_model().objects.create_user(_free_username(claims), email=claims.get("email") or "")
+        user.set_unusable_password()
+        user.first_name = (claims.get("given_name") or claims.get("name") or "")[:150]
+        user.save()
+        identity = SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+    elif claims.get("email") and identity.user.email != claims["email"]:
+        identity.user.email = claims["email"]
+        identity.user.save(update_fields=["email"])
+    SsoIdentity.objects.filter(pk=identity.pk).update(checked_at=timezone.now())
+    return identity.user
+
+
+def sign_in(claims):
+    """The active user for verified `claims`, their memberships brought in line with its groups."""
+    user = person(claims)
+    if not user.is_active:
+        return None
+    sync_memberships(user, groups_of(claims))
+    return user
+
+
+# --- verifying what the provider says -------------------------------------------------------------------
+class SsoBackend(OIDCAuthenticationBackend):
+    """mozilla-django-oidc's backend with endpoints from discovery and a stricter ID token check."""
+
+    OIDC_RP_IDP_SIGN_KEY = None
+
+    def __init__(self, *args, **kwargs):  # the library reads every endpoint from settings here; we discover them
+        self.UserModel = get_user_model()
+        self.token_info = {}
+
+    OIDC_RP_SIGN_ALGO = property(lambda self: settings.OIDC_SIGN_ALGO)
+    OIDC_RP_CLIENT_ID = property(lambda self: settings.OIDC_CLIENT_ID)
+    OIDC_RP_CLIENT_SECRET = property(lambda self: settings.OIDC_CLIENT_SECRET)
+    OIDC_OP_TOKEN_ENDPOINT = property(lambda self: provider()["token_endpoint"])
+    OIDC_OP_USER_ENDPOINT = property(lambda self: provider()["userinfo_endpoint"])
+    OIDC_OP_JWKS_ENDPOINT = property(lambda self: provider()["jwks_uri"])
+
+    def authenticate(self, request, **kwargs):
+        # Only for the callback (SsoCallbackView), which passes exactly these: a password login whose URL
+        # happens to carry code= and state= is not a sign-in through the provider.
+        if not configured() or set(kwargs) != {"nonce", "code_verifier"}:
+            return None
+        return super().authenticate(request, **kwargs)
+
+    def get_user(self, user_id):
+        """The session's user, unless disabled since (the library's would keep them signed in)."""
+        user = super().get_user(user_id)
+        return user if user is not None and self.user_can_authenticate(user) else None
+
+    def verify_token(self, token, **kwargs):
+        if not token:
+            raise SuspiciousOperation("the provider sent no ID token")
+        try:
+            algorithm = jwt.get_unverified_header(token).get("alg")
+            if algorithm != self.OIDC_RP_SIGN_ALGO:  # before any key is looked up for it
+                raise SuspiciousOperation(f"ID token refused: signed with {algorithm!r}, not {self.OIDC_RP_SIGN_ALGO}")
+            return super().verify_token(token, **kwargs)
+        except (jwt.PyJWTError, KeyError, ValueError) as exc:  # no kid, a malformed token, a key of the wrong kind
+            raise SuspiciousOperation(f"ID token refused: {exc}") from None
+
+    def _verify_jws(self, payload, key):
+        """The signature with the configured algorithm only (so never `none`, nor a public key used as
+        an HMAC secret), then who issued it, for whom, and when."""
+        algorithm = jwt.get_unverified_header(payload).get("alg")
+        if algorithm != self.OIDC_RP_SIGN_ALGO:
+            raise SuspiciousOperation(f"ID token refused: signed with {algorithm!r}, not {self.OIDC_RP_SIGN_ALGO}")
+        try:
+            claims = jwt.decode(payload, key, algorithms=[algorithm], audience=settings.OIDC_CLIENT_ID,
+                                issuer=settings.OIDC_ISSUER, leeway=LEEWAY_S,
+                                options={"require": ["iss", "aud", "exp", "iat", "sub"]})
+        except jwt.PyJWTError as exc:
+            raise SuspiciousOperation(f"ID token refused: {exc}") from None
+        audiences = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]
+        if len(audiences) > 1 and claims.get("azp") != settings.OIDC_CLIENT_ID:  # OpenID Connect Core §3.1.3.7
+            raise SuspiciousOperation("ID token refused: issued to another party as well (azp)")
+        return claims
+
+    def get_token(self, payload):
+        self.token_info = super().get_token(payload)
+        return self.token_info
+
+    def store_tokens(self, access_token, id_token):
+        session = self.request.session
+        session[ACCESS_TOKEN] = access_token
+        session[REFRESH_TOKEN] = self.token_info.get("refresh_token")
+        session[CHECKED_AT] = time.time()
+
+    def get_or_create_user(self, access_token, id_token, payload):
+        return sign_in(verified_claims(self, access_token, payload))
+
+
+def verified_claims(backend, access_token, id_claims):
+    """The ID token's verified claims with the userinfo endpoint's answer over them. Userinfo is about
+    the person the ID token names, or nobody (OpenID Connect Core §5.3.2)."""
+    try:
+        userinfo = backend.get_userinfo(access_token, None, id_claims)
+    except requests.RequestException as exc:
+        raise SsoError(f"the provider's userinfo endpoint failed: {exc}") from None
+    if str(userinfo.get("sub")) != str(id_claims["sub"]):
+        raise SsoError("userinfo is about someone other than the ID token's subject")
+    return {**id_claims, **userinfo}
+
+
+# --- the portal's sign-in ----------------------------------------------------------------------------------
+class SsoLoginView(OIDCAuthenticationRequestView):
+    """Sends the browser to the provider with state, nonce and a PKCE challenge (kept in the session)."""
+
+    def __init__(self, *args, **kwargs):
+        super(OIDCAuthenticationRequestView, self).__init__(*args, **kwargs)
+
+    OIDC_RP_CLIENT_ID = property(lambda self: settings.OIDC_CLIENT_ID)
+    OIDC_OP_AUTH_ENDPOINT = property(lambda self: provider()["authorization_endpoint"])
+
+    def get(self, request):
+        if not configured():
+            raise Http404("single sign-on is not configured")
+        return super().get(request)
+
+
+class SsoCallbackView(OIDCAuthenticationCallbackView):
+    """Where the provider sends the browser back. The library checks the state (used once: a replayed
+    callback finds it gone) and hands the nonce and the PKCE verifier to the backend; a refusal is a
+    page saying why, not a server error."""
+
+    def get(self, request):
+        if not configured():
+            raise Http404("single sign-on is not configured")
+        issuer = request.GET.get("iss")
+        try:
+            if issuer is not None and issuer != settings.OIDC_ISSUER:  # RFC 9207: a mix-up attack
+                raise SuspiciousOperation(f"the answer comes from {issuer}, which is not the configured provider")
+            if "code" in request.GET and request.GET.get("state") not in request.session.get("oidc_states", {}):
+                raise SuspiciousOperation("this sign-in was not started here, or has been used already (state)")
+            response = super().get(request)
+        except (SsoError, SuspiciousOperation, requests.RequestException) as exc:
+            log.warning("single sign-on refused: %s", exc)
+            return sso_refused(request, str(exc))
+        if not request.user.is_authenticated:
+            return sso_refused(request, request.GET.get("error_description") or "the provider did not sign you in")
+        return response
+
+
+def sso_refused(request, reason):
+    return render(request, "login.html", {"sso_error": reason, "form": None, **login_choices()}, status=403)
+
+
+def lockout_response(request, original_response=None, credentials=None):
+    """A locked-out password sign-in (django-axes, tenants.throttling): the login page again, saying
+    why, with 429 and Retry-After (the lockout's length)."""
+    retry_s = int(settings.AXES_COOLOFF_TIME.total_seconds())
+    form = AuthenticationForm(request, initial={"username": throttling.login_username(request, credentials) or ""})
+    response = render(request, "login.html", {"form": form, "lockout": throttling.lockout_message(retry_s),
+                                              **login_choices()}, status=429)
+    response["Retry-After"] = str(retry_s)
+    return response
+
+
+def login_choices():
+    return {"sso_enabled": configured(), "local_login": settings.LOCAL_LOGIN}
+
+
+class PortalLoginView(auth_views.LoginView):
+    """The login page: the organisation's sign-in when configured, the password form unless switched off."""
+
+    def get_context_data(self, **kwargs):
+        return {**super().get_context_data(**kwargs), **login_choices()}
+
+    def post(self, request, *args, **kwargs):
+        if not settings.LOCAL_LOGIN:
+            return HttpResponseForbidden("Local sign-in is switched off: sign in with your organisation.")
+        return super().post(request, *args, **kwargs)
+
+
+class SsoRecheckMiddleware:
+    """Asks the provider again about a signed-in person every TRAINYARD_OIDC_RECHECK_INTERVAL seconds
+    and brings their memberships in line; a session the provider no longer vouches for (the person
+    removed or disabled, the tokens revoked) ends. So does one the provider cannot be reached for: a
+    session that cannot be checked is not kept."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        session = getattr(request, "session", None)
+        if (session is not None and ACCESS_TOKEN in session and request.user.is_authenticated
+                and time.time() - session.get(CHECKED_AT, 0) >= settings.OIDC_RECHECK_S):
+            try:
+                recheck(request)
+            except (SsoError, SuspiciousOperation, requests.RequestException) as exc:
+                log.info("single sign-on session of %s ended: %s", request.user.username, exc)
+                auth.logout(request)
+        return self.get_response(request)
+
+
+def recheck(request):
+    session = request.session
+    response = _userinfo(session[ACCESS_TOKEN])
+    if response.status_code == 401 and session.get(REFRESH_TOKEN):
+        tokens = refreshed(session[REFRESH_TOKEN])
+        session[ACCESS_TOKEN], session[REFRESH_TOKEN] = tokens["access_token"], tokens.get("refresh_token")
+        response = _userinfo(session[ACCESS_TOKEN])
+    if response.status_code != 200:
+        raise SsoError(f"the provider's userinfo endpoint answered {response.status_code}")
+    claims = response.json()
+    identity = SsoIdentity.objects.filter(user=request.user, issuer=settings.OIDC_ISSUER).first()
+    if identity is None or str(claims.get("sub")) != identity.subject:
+        raise SsoError("userinfo is about someone else")
+    if sign_in(claims) is None:
+        raise SsoError("the account is disabled")
+    session[CHECKED_AT] = time.time()
+
+
+def _userinfo(access_token):
+    return requests.get(provider()["userinfo_endpoint"], headers={"Authorization": f"Bearer {access_token}"},
+                        timeout=TIMEOUT_S)
+
+
+def refreshed(refresh_token):
+    response = requests.post(provider()["token_endpoint"], auth=client_auth(), timeout=TIMEOUT_S,
+                             data={"grant_type": "refresh_token", "refresh_token": refresh_token})
+    if response.status_code != 200:
+        raise SsoError(f"the provider refused to refresh the session ({response.status_code})")
+    return response.json()
+
+
+# --- the device flow for the CLI (RFC 8628) ----------------------------------------------------------------
+def start_device_flow():
+    """The provider's device authorization response: the code to show and where to enter it."""
+    endpoint = provider().get("device_authorization_endpoint")
+    if not endpoint:
+        raise SsoError("the identity provider does not offer the device authorization grant")
+    response = requests.post(endpoint, auth=client_auth(), timeout=TIMEOUT_S,
+                             data={"client_id": settings.OIDC_CLIENT_ID, "scope": settings.OIDC_SCOPES})
+    if response.status_code != 200:
+        raise SsoError(f"the identity provider refused the device authorization ({response.status_code}): "
+                       f"{response.text[:200]}")
+    answer = response.json()
+    keep = ("device_code", "user_code", "verification_uri", "verification_uri_complete", "expires_in", "interval")
+    return {key: answer[key] for key in keep if key in answer}
+
+
+def finish_device_flow(device_code):
+    """(None, RFC 8628 error) while the person has not finished, else (token, key, user): a personal
+    API token that expires."""
+    response = requests.post(provider()["token_endpoint"], auth=client_auth(), timeout=TIMEOUT_S,
+                             data={"grant_type": DEVICE_GRANT, "device_code": device_code,
+                                   "client_id": settings.OIDC_CLIENT_ID})
+    answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+    if response.status_code != 200:
+        return None, answer.get("error") or f"status {response.status_code}"
+    backend = SsoBackend()
+    id_claims = backend.verify_token(answer.get("id_token"), nonce=None)
+    user = sign_in(verified_claims(backend, answer.get("access_token"), id_claims))
+    if user is None:
+        raise SsoError("the account is disabled")
+    if answer.get("refresh_token"):
+        SsoIdentity.objects.filter(user=user, issuer=settings.OIDC_ISSUER).update(refresh_token=answer["refresh_token"])
+    expires_at = timezone.now() + timedelta(seconds=settings.OIDC_TOKEN_LIFETIME_S)
+    token, key = ApiToken.issue(user, PERSONAL_TOKEN_NAME, expires_at=expires_at)
+    return (token, key, user), None
+
+
+# --- personal tokens follow the provider too ---------------------------------------------------------------
+def still_vouched_for(token):
+    """Whether a personal token (one that expires) may still be used: every
+    TRAINYARD_OIDC_RECHECK_INTERVAL its owner's memberships are brought in line with the provider, through
+    the device flow's refresh token; when the provider refuses (the person removed, their grant revoked)
+    every personal token of theirs is revoked. One request at a time asks (a compare-and-swap on
+    checked_at); the others go on with what the last answer left."""
+    if not configured() or token.expires_at is None:
+        return True
+    identity = (SsoIdentity.objects.filter(user_id=token.user_id, issuer=settings.OIDC_ISSUER)
+                .exclude(refresh_token="").first())
+    now = timezone.now()
+    if identity is None or (identity.checked_at and
+                            now - identity.checked_at < timedelta(seconds=settings.OIDC_RECHECK_S)):
+        return True
+    if not SsoIdentity.objects.filter(pk=identity.pk, checked_at=identity.checked_at).update(checked_at=now):
+        return True
+    try:
+        tokens = refreshed(identity.refresh_token)
+        response = _userinfo(tokens["access_token"])
+        if response.status_code != 200:
+            raise SsoError(f"the provider's userinfo endpoint answered {response.status_code}")
+        claims = response.json()
+        if str(claims.get("sub")) != identity.subject:
+            raise SsoError("userinfo is about someone else")
+    except requests.RequestException as exc:  # not asked: this request is refused, the tokens are kept
+        SsoIdentity.objects.filter(pk=identity.pk).update(checked_at=identity.checked_at)
+        log.warning("cannot ask the identity provider about %s: %s", token.user.username, exc)
+        return False
+    except SsoError as exc:
+        revoke_personal_tokens(token.user, f"the identity provider no longer vouches for {token.user.username} ({exc})")
+        return False
+    rotated = tokens.get("refresh_token") or identity.refresh_token
+    SsoIdentity.objects.filter(pk=identity.pk).update(refresh_token=rotated)
+    return sign_in(claims) is not None
+
+
+def revoke_personal_tokens(user, reason):
+    with transaction.atomic(), audit.acting_as(f"sso:{settings.OIDC_ISSUER}"), audit.because(reason):
+        for personal in ApiToken.objects.filter(user=user, name=PERSONAL_TOKEN_NAME, revoked_at__isnull=True,
+                                                expires_at__isnull=False):
+            personal.revoked_at = timezone.now()
+            personal.save()

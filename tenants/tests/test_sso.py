@@ -1,0 +1,410 @@
+"""Single sign-on against a real OpenID provider (npm's oidc-provider as its own process,
+tests/support/oidc.py): people signed in through it, tenants and roles from its groups, membership
+following it, and every way a hostile answer is refused. The portal side runs in Django's test client;
+everything the provider does is the provider's."""
+import time
+from datetime import timedelta
+from urllib.parse import urlencode, urlparse
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from tenants import sso
+from tenants.models import ApiToken, AuditEntry, GroupMapping, Invitation, Membership, SsoIdentity, Tenant
+from tests.support import oidc
+from tests.support.builders import member
+
+CALLBACK = "http://testserver/sso/callback/"
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def provider(tmp_path_factory):
+    instance = oidc.Provider(tmp_path_factory.mktemp("oidc"), redirect_uris=[CALLBACK], accounts={})
+    instance.start()
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture
+def idp(provider, settings):
+    """The provider, Trainyard pointed at it, carol in ml-vision (vision as researcher) and ml-leads."""
+    for name, value in provider.settings(OIDC_GROUP_MAP="ml-vision=vision:researcher, ml-leads=vision:admin "
+                                                        "ml-nlp=nlp:viewer").items():
+        setattr(settings, name, value)
+    settings.OIDC_RECHECK_S = 300
+    Tenant.objects.create(slug="vision")
+    Tenant.objects.create(slug="nlp")
+    provider.set_accounts({"carol": {"groups": ["ml-vision"]}, "dave": {"groups": ["ml-leads", "ml-vision"]}})
+    return provider
+
+
+def start(client):
+    """Ask the portal to sign in; the provider's authorization URL it redirects to."""
+    response = client.get("/sso/login/")
+    assert response.status_code == 302
+    return response["Location"]
+
+
+def through_provider(client, login):
+    """The callback URL (path and query) the provider sends `login`'s browser back to."""
+    back = oidc.sign_in(oidc.requests.Session(), start(client), login, stop_at=CALLBACK)
+    parts = urlparse(back)
+    return f"{parts.path}?{parts.query}"
+
+
+def sign_in(client, login):
+    return client.get(through_provider(client, login))
+
+
+def signed_in_as(client):
+    return client.get("/api/v1/tenants/current/").json()
+
+
+# --- the way in ---------------------------------------------------------------------------------------------
+def test_it_asks_for_the_code_with_pkce_state_and_nonce(idp, client):
+    query = dict(part.split("=", 1) for part in urlparse(start(client)).query.split("&"))
+    assert query["code_challenge_method"] == "S256" and len(query["code_challenge"]) == 43
+    assert query["state"] and query["nonce"] and query["client_id"] == oidc.CLIENT_ID
+
+
+def test_it_creates_the_person_at_first_sign_in_in_the_tenant_their_group_maps_to(idp, client):
+    response = sign_in(client, "carol")
+
+    assert response.status_code == 302 and response["Location"] == "/"
+    identity = SsoIdentity.objects.get(issuer=idp.issuer, subject="carol")
+    assert identity.user.username == "carol" and not identity.user.has_usable_password()
+    assert {(m.tenant.slug, m.role) for m in identity.user.memberships.all()} == {("vision", "researcher")}
+    assert signed_in_as(client)["role"] == "researcher"
+    entry = AuditEntry.objects.get(target="carol@vision", action="created")
+    assert entry.actor == f"sso:{idp.issuer}" and "ml-vision" in entry.after["reason"]
+
+
+def test_the_highest_role_any_group_gives_wins(idp, client):
+    sign_in(client, "dave")
+    assert Membership.objects.get(user__username="dave", tenant__slug="vision").role == "admin"
+
+
+def test_a_mapping_from_the_admin_console_counts_too(idp, client):
+    GroupMapping.objects.create(group="ml-vision", tenant=Tenant.objects.get(slug="nlp"), role="researcher")
+    sign_in(client, "carol")
+    assert set(Membership.objects.filter(user__username="carol").values_list("tenant__slug", "role")) == {
+        ("vision", "researcher"), ("nlp", "researcher")}
+
+
+def test_a_local_account_with_the_same_name_is_not_taken_over(idp, client):
+    local = member("vision", "carol", "admin").user
+    sign_in(client, "carol")
+    identity = SsoIdentity.objects.get(subject="carol")
+    assert identity.user != local and identity.user.username == "carol-2"
+    assert Membership.objects.get(user=local).role == "admin"
+
+
+def test_a_disabled_account_s_session_ends(idp, client):
+    sign_in(client, "carol")
+    get_user_model().objects.filter(username="carol").update(is_active=False)
+    assert client.get("/api/v1/tenants/current/").status_code == 401
+
+
+def test_a_password_login_carrying_code_and_state_is_not_a_provider_sign_in(idp, client):
+    member("vision", "erin").user.set_password("erin-password-1")
+    response = client.post("/login/?code=stolen&state=whatever", {"username": "nobody", "password": "x"})
+    assert response.status_code == 200 and "_auth_user_id" not in client.session
+
+
+# --- membership follows the provider -----------------------------------------------------------------------
+def test_someone_removed_from_the_group_loses_the_tenant_at_the_next_sign_in(idp, client):
+    sign_in(client, "carol")
+    idp.set_accounts({"carol": {"groups": []}})
+    sign_in(Client(), "carol")
+
+    assert not Membership.objects.filter(user__username="carol").exists()
+    entry = AuditEntry.objects.get(target="carol@vision", action="deleted")
+    assert entry.actor == f"sso:{idp.issuer}"
+    assert entry.after["reason"] == "the identity provider no longer has carol in ml-leads or ml-vision"
+
+
+def test_a_live_session_follows_the_provider_within_the_interval(idp, client, settings):
+    sign_in(client, "carol")
+    idp.set_accounts({"carol": {"groups": ["ml-leads"]}})
+    assert signed_in_as(client)["role"] == "researcher"  # not yet: checked at most every interval
+
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    assert signed_in_as(client)["role"] == "admin"
+
+    idp.set_accounts({"carol": {"groups": ["ml-nlp"]}})
+    time.sleep(1.1)
+    assert signed_in_as(client)["tenant"]["slug"] == "nlp"
+    assert not Membership.objects.filter(user__username="carol", tenant__slug="vision").exists()
+    assert AuditEntry.objects.filter(target="carol@vision", action="deleted").exists()
+
+
+def test_a_session_the_provider_no_longer_vouches_for_ends(idp, client, settings):
+    sign_in(client, "carol")
+    idp.set_accounts({})  # carol is gone from the directory
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    assert client.get("/api/v1/tenants/current/").status_code == 401
+    assert "_auth_user_id" not in client.session
+
+
+def test_an_expired_access_token_is_refreshed_at_the_recheck(idp, client, settings):
+    sign_in(client, "carol")
+    session = client.session
+    session[sso.ACCESS_TOKEN] = "revoked-or-expired"
+    session.save()
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    assert signed_in_as(client)["role"] == "researcher"
+    assert client.session[sso.ACCESS_TOKEN] != "revoked-or-expired"
+
+
+def test_invitations_keep_working_and_a_tenant_no_mapping_names_is_left_alone(idp, client):
+    Tenant.objects.create(slug="shared")
+    sign_in(client, "carol")
+    carol = get_user_model().objects.get(username="carol")
+    Invitation.objects.create(tenant=Tenant.objects.get(slug="shared"), username="carol", role="viewer",
+                              invited_by="someone")
+    invitation = client.get("/api/v1/invitations/").json()["results"][0]
+    assert client.post(f"/api/v1/invitations/{invitation['id']}/accept/").status_code == 200
+    idp.set_accounts({"carol": {"groups": []}})
+    sign_in(Client(), "carol")
+    assert list(Membership.objects.filter(user=carol).values_list("tenant__slug", flat=True)) == ["shared"]
+
+
+# --- hostile answers ------------------------------------------------------------------------------------------
+def with_id_token(monkeypatch, id_token, **more):
+    """The provider's token response, with its ID token replaced (a forged or tampered answer)."""
+    real = sso.SsoBackend.get_token
+
+    def get_token(self, payload):
+        answer = real(self, payload)
+        return {**answer, "id_token": id_token, **more}
+
+    monkeypatch.setattr(sso.SsoBackend, "get_token", get_token)
+
+
+def assert_refused(response, reason):
+    assert response.status_code == 403, response.content[:300]
+    assert reason in response.content.decode()
+    assert "_auth_user_id" not in response.wsgi_request.session
+    assert not Membership.objects.filter(user__username="carol").exists()
+
+
+@pytest.mark.parametrize("claims, reason", [
+    ({"aud": "another-app"}, "Audience doesn&#x27;t match"),
+    ({"aud": ["another-app", oidc.CLIENT_ID]}, "azp"),
+    ({"exp": int(time.time()) - 120, "iat": int(time.time()) - 900}, "Signature has expired"),
+    ({"iss": "http://127.0.0.1:1/elsewhere"}, "Invalid issuer"),
+    ({"iat": None}, "iat"),
+], ids=["another-audience", "shared-audience-without-azp", "expired", "another-issuer", "no-issue-time"])
+def test_an_id_token_signed_by_the_provider_but_not_for_this_sign_in_is_refused(idp, client, monkeypatch,
+                                                                                claims, reason):
+    callback = through_provider(client, "carol")
+    nonce = next(iter(client.session["oidc_states"].values()))["nonce"]
+    with_id_token(monkeypatch, idp.id_token(nonce=nonce, **claims))
+    assert_refused(client.get(callback), reason)
+
+
+def test_an_id_token_signed_by_someone_else_is_refused(idp, client, monkeypatch):
+    callback = through_provider(client, "carol")
+    nonce = next(iter(client.session["oidc_states"].values()))["nonce"]
+    _, stranger = oidc.rsa_jwk("test-key-1")  # the provider's key id, another key
+    with_id_token(monkeypatch, idp.id_token(nonce=nonce, key_pem=stranger, groups=["ml-leads"]))
+    assert_refused(client.get(callback), "Signature verification failed")
+
+
+def test_an_unsigned_id_token_carrying_groups_is_refused(idp, client, monkeypatch):
+    callback = through_provider(client, "carol")
+    nonce = next(iter(client.session["oidc_states"].values()))["nonce"]
+    unsigned = oidc.jwt.encode({"iss": idp.issuer, "aud": oidc.CLIENT_ID, "sub": "carol", "nonce": nonce,
+                                "iat": int(time.time()), "exp": int(time.time()) + 300, "groups": ["ml-leads"]},
+                               None, algorithm="none")
+    with_id_token(monkeypatch, unsigned)
+    assert_refused(client.get(callback), "signed with &#x27;none&#x27;")
+
+
+def test_an_id_token_signed_with_the_public_key_as_an_hmac_secret_is_refused(idp, client, monkeypatch):
+    callback = through_provider(client, "carol")
+    nonce = next(iter(client.session["oidc_states"].values()))["nonce"]
+    forged = oidc.jwt.encode({"iss": idp.issuer, "aud": oidc.CLIENT_ID, "sub": "carol", "nonce": nonce,
+                              "iat": int(time.time()), "exp": int(time.time()) + 300}, oidc.CLIENT_SECRET,
+                             algorithm="HS256", headers={"kid": "test-key-1"})
+    with_id_token(monkeypatch, forged)
+    assert_refused(client.get(callback), "signed with &#x27;HS256&#x27;")
+
+
+def test_a_replayed_nonce_is_refused(idp, client, monkeypatch):
+    first = Client()
+    callback = through_provider(first, "carol")
+    captured = {}
+    real = sso.SsoBackend.get_token
+
+    def keep(self, payload):
+        captured.update(real(self, payload))
+        return captured
+
+    monkeypatch.setattr(sso.SsoBackend, "get_token", keep)
+    assert first.get(callback).status_code == 302
+    Membership.objects.filter(user__username="carol").delete()
+
+    with_id_token(monkeypatch, captured["id_token"])  # the earlier sign-in's ID token, its nonce with it
+    assert_refused(client.get(through_provider(client, "carol")), "Nonce verification failed")
+
+
+def test_a_replayed_state_is_refused(idp, client):
+    callback = through_provider(client, "carol")
+    assert client.get(callback).status_code == 302
+    client.logout()
+    Membership.objects.filter(user__username="carol").delete()
+
+    assert_refused(client.get(callback), "has been used already (state)")
+    assert_refused(Client().get(callback), "has been used already (state)")  # another browser replaying it
+
+
+def test_an_answer_from_an_issuer_that_is_not_configured_is_refused(idp, client):
+    callback = through_provider(client, "carol")
+    elsewhere = callback.replace(urlencode({"iss": idp.issuer}), urlencode({"iss": "https://evil.example"}))
+    assert elsewhere != callback
+    assert_refused(client.get(elsewhere), "https://evil.example, which is not the configured provider")
+
+
+def test_a_provider_discovered_under_another_name_is_refused(idp, client, settings):
+    settings.OIDC_ISSUER = idp.issuer + "/"  # the document says the issuer is without the slash
+    with pytest.raises(sso.ImproperlyConfigured, match="must be the issuer exactly"):
+        client.get("/sso/login/")
+
+
+def test_a_group_claim_in_the_browsers_hands_counts_for_nothing(idp, client, monkeypatch):
+    callback = through_provider(client, "carol") + "&" + urlencode({"groups": "ml-leads"})
+    real = sso.SsoBackend.get_token
+    monkeypatch.setattr(sso.SsoBackend, "get_token",
+                        lambda self, payload: {**real(self, payload), "groups": ["ml-leads"]})
+    assert client.get(callback).status_code == 302
+    assert Membership.objects.get(user__username="carol").role == "researcher"
+
+
+def test_userinfo_about_someone_else_is_refused(idp, client, monkeypatch):
+    callback = through_provider(client, "carol")
+    monkeypatch.setattr(sso.SsoBackend, "get_userinfo",
+                        lambda self, *args: {"sub": "dave", "groups": ["ml-leads"]})
+    assert_refused(client.get(callback), "someone other than the ID token")
+
+
+# --- local sign-in, switched off ----------------------------------------------------------------------------
+def test_with_local_sign_in_off_the_password_form_is_gone_and_refused(idp, client, settings):
+    member("vision", "erin")
+    settings.LOCAL_LOGIN = False
+    page = client.get("/login/").content.decode()
+    assert 'data-testid="sso-login"' in page and 'type="password"' not in page
+    assert client.post("/login/", {"username": "erin", "password": "x"}).status_code == 403
+
+
+def test_with_local_sign_in_off_the_admin_console_refuses_passwords_too(idp, client, settings):
+    staff = get_user_model().objects.create_superuser("root", password="root-password-1")
+    settings.LOCAL_LOGIN = False
+    response = client.post("/admin/login/", {"username": "root", "password": "root-password-1", "next": "/admin/"})
+    assert response.status_code == 200 and "_auth_user_id" not in client.session
+    settings.LOCAL_LOGIN = True
+    client.post("/admin/login/", {"username": "root", "password": "root-password-1", "next": "/admin/"})
+    assert client.session["_auth_user_id"] == str(staff.pk)
+
+
+def test_a_group_mapping_made_in_the_admin_console_is_audited_and_used(idp, admin_client):
+    vision = Tenant.objects.get(slug="vision")
+    response = admin_client.post("/admin/tenants/groupmapping/add/",
+                                 {"group": "ml-interns", "tenant": vision.pk, "role": "viewer"})
+    assert response.status_code == 302
+    assert AuditEntry.objects.get(target_type="group mapping", action="created").after == {
+        "group": "ml-interns", "role": "viewer"}
+    idp.set_accounts({"erin": {"groups": ["ml-interns"]}})
+    sign_in(Client(), "erin")
+    assert Membership.objects.get(user__username="erin").role == "viewer"
+
+
+def test_without_single_sign_on_the_login_page_is_as_before(client, settings):
+    settings.OIDC_ISSUER = ""
+    page = client.get("/login/").content.decode()
+    assert 'type="password"' in page and "sso-login" not in page
+    assert client.get("/sso/login/").status_code == 404
+    assert client.post("/api/v1/sso/device/").status_code == 404
+
+
+# --- the device flow ------------------------------------------------------------------------------------------
+def test_the_device_flow_gives_a_personal_token_that_expires(idp, client, settings):
+    settings.OIDC_TOKEN_LIFETIME_S = 3600
+    started = client.post("/api/v1/sso/device/").json()
+    assert set(started) >= {"device_code", "user_code", "verification_uri_complete"}
+    pending = client.post("/api/v1/sso/device/token/", {"device_code": started["device_code"]},
+                          content_type="application/json")
+    assert pending.status_code == 400 and pending.json()["error"] == "authorization_pending"
+
+    assert "Sign-in Success" in oidc.complete_device_flow(started["verification_uri_complete"], "dave")
+    issued = client.post("/api/v1/sso/device/token/", {"device_code": started["device_code"]},
+                         content_type="application/json").json()
+
+    assert issued["username"] == "dave"
+    token = ApiToken.objects.get(user__username="dave")
+    assert timedelta(minutes=59) < token.expires_at - timezone.now() <= timedelta(hours=1)
+    answer = Client().get("/api/v1/tenants/current/", HTTP_AUTHORIZATION=f"Token {issued['token']}").json()
+    assert answer["role"] == "admin" and answer["tenant"]["slug"] == "vision"
+
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert Client().get("/api/v1/tenants/current/",
+                        HTTP_AUTHORIZATION=f"Token {issued['token']}").status_code == 401
+
+
+def test_a_device_code_is_good_for_one_token(idp, client):
+    started = client.post("/api/v1/sso/device/").json()
+    oidc.complete_device_flow(started["verification_uri_complete"], "carol")
+    body = {"device_code": started["device_code"]}
+    assert client.post("/api/v1/sso/device/token/", body, content_type="application/json").status_code == 200
+    again = client.post("/api/v1/sso/device/token/", body, content_type="application/json")
+    assert again.status_code == 400 and again.json()["error"] == "invalid_grant"
+
+
+# --- the group map ---------------------------------------------------------------------------------------------
+def test_the_group_map_reads_group_tenant_and_role():
+    assert sso.parse_group_map("a=t1:admin, b=t2\nteam=lead=t3:viewer") == [
+        ("a", "t1", "admin"), ("b", "t2", "researcher"), ("team=lead", "t3", "viewer")]
+    with pytest.raises(sso.ImproperlyConfigured, match="'a=t1:boss' is not group=tenant"):
+        sso.parse_group_map("a=t1:boss")
+
+
+def device_token(client, login):
+    started = client.post("/api/v1/sso/device/").json()
+    oidc.complete_device_flow(started["verification_uri_complete"], login)
+    return client.post("/api/v1/sso/device/token/", {"device_code": started["device_code"]},
+                       content_type="application/json").json()["token"]
+
+
+def test_a_personal_token_follows_the_provider_and_is_revoked_with_the_person(idp, client, settings):
+    key = device_token(client, "dave")
+    use = lambda: Client().get("/api/v1/tenants/current/", HTTP_AUTHORIZATION=f"Token {key}")  # noqa: E731
+    assert use().json()["role"] == "admin"
+
+    idp.set_accounts({"dave": {"groups": ["ml-vision"]}})
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    assert use().json()["role"] == "researcher"
+
+    idp.set_accounts({})  # dave leaves the organisation
+    time.sleep(1.1)
+    refused = use()
+    assert refused.status_code == 401 and "no longer vouches" in refused.json()["detail"]
+    token = ApiToken.objects.get(user__username="dave")
+    assert token.revoked_at is not None
+    entry = AuditEntry.objects.filter(target_type="token", action="changed").latest("id")
+    assert entry.actor == f"sso:{idp.issuer}" and "no longer vouches for dave" in entry.after["reason"]
+    assert use().status_code == 401
+
+
+def test_a_token_for_a_service_account_is_never_asked_about(idp, client, settings):
+    service = member("vision", "ci-bot").user
+    _, key = ApiToken.issue(service, "ci")
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    assert Client().get("/api/v1/tenants/current/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
