@@ -1,0 +1,85 @@
+"""The experiments' REST endpoints: create, list, detail with trials, the searcher's metric, actions,
+and tenant scoping (another tenant's experiment is a 404)."""
+import pytest
+from django.utils import timezone
+
+from jobs import experiments
+from jobs.models import Experiment, MetricPoint
+from tests.support.builders import client_for, member, record_sends, tar_gz, upload
+
+pytestmark = pytest.mark.django_db
+
+MANIFEST = b"""
+name: sweep
+cpus: 1
+memory: 1GiB
+framework: {name: custom, command: "python train.py --lr {{hparams.lr}}"}
+hyperparameters:
+  lr: {type: log, minval: 0.001, maxval: 0.1, count: 3}
+searcher: {name: grid, metric: val_acc, max_trials: 3, max_concurrent_trials: 2}
+"""
+
+
+@pytest.fixture
+def alice(monkeypatch):
+    record_sends(monkeypatch)
+    return member("team-a", "alice")
+
+
+def post(client, manifest=MANIFEST):
+    return client.post("/api/v1/experiments/", {"manifest": upload(manifest, "experiment.yml"),
+                                                "code": upload(tar_gz({"train.py": b"print(1)\n"}))},
+                       format="multipart")
+
+
+def test_create_list_show_and_the_metric_of_every_trial(alice):
+    client = client_for(alice)
+    created = post(client)
+    assert created.status_code == 201, created.json()
+    body = created.json()
+    assert body["state"] == "ACTIVE" and body["searcher"] == "grid" and body["max_trials"] == 3
+    assert body["trials"] == [] and body["hyperparameters"][0]["name"] == "lr"
+    experiments.advance(body["id"])
+    detail = client.get(f"/api/v1/experiments/{body['id']}/").json()
+    assert [t["number"] for t in detail["trials"]] == [0, 1]
+    assert detail["trials"][0]["job_status"] == "QUEUED" and detail["rungs"] == []
+    trial_job = detail["trials"][1]["job_id"]
+    MetricPoint.objects.create(job_id=trial_job, name="val_acc", step=1, value=0.5, time=timezone.now())
+    MetricPoint.objects.create(job_id=trial_job, name="loss", step=1, value=2.0, time=timezone.now())
+    points = client.get(f"/api/v1/experiments/{body['id']}/metrics/").json()
+    assert [(p["trial"], p["step"], p["value"]) for p in points["results"]] == [(1, 1, 0.5)]
+    assert client.get(f"/api/v1/experiments/{body['id']}/metrics/?after={points['next_after']}").json()["results"] == []
+    listed = client.get("/api/v1/experiments/").json()["results"]
+    assert [e["id"] for e in listed] == [body["id"]]
+    assert client.get("/api/v1/experiments/?state=completed").json()["results"] == []
+    assert client.get("/api/v1/experiments/?state=nope").status_code == 400
+
+
+def test_a_bad_manifest_is_a_400_naming_the_field(alice):
+    refused = post(client_for(alice), MANIFEST.replace(b"max_trials: 3", b"max_trials: 0"))
+    assert refused.status_code == 400
+    assert refused.json()["field"] == "searcher.max_trials" and "1..10000" in refused.json()["detail"]
+    assert not Experiment.objects.exists()
+
+
+def test_actions_answer_202_or_409_and_a_viewer_is_refused(alice):
+    client = client_for(alice)
+    experiment_id = post(client).json()["id"]
+    paused = client.post(f"/api/v1/experiments/{experiment_id}/pause/")
+    assert paused.status_code == 202 and paused.json()["state"] == "PAUSED"
+    again = client.post(f"/api/v1/experiments/{experiment_id}/pause/")
+    assert again.status_code == 409 and "PAUSED" in again.json()["detail"]
+    viewer = member("team-a", "victor", role="viewer")
+    assert client_for(viewer).post(f"/api/v1/experiments/{experiment_id}/resume/").status_code == 403
+    assert client.post(f"/api/v1/experiments/{experiment_id}/resume/").json()["state"] == "ACTIVE"
+    assert client.post(f"/api/v1/experiments/{experiment_id}/kill/").json()["state"] == "TERMINATED"
+
+
+def test_another_tenants_experiment_is_not_found(alice):
+    experiment_id = post(client_for(alice)).json()["id"]
+    bob = client_for(member("team-b", "bob"))
+    assert bob.get(f"/api/v1/experiments/{experiment_id}/").status_code == 404
+    assert bob.get(f"/api/v1/experiments/{experiment_id}/metrics/").status_code == 404
+    assert bob.post(f"/api/v1/experiments/{experiment_id}/kill/").status_code == 404
+    assert bob.get("/api/v1/experiments/").json()["results"] == []
+    assert Experiment.objects.get(pk=experiment_id).state == "ACTIVE"

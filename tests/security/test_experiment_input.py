@@ -1,0 +1,60 @@
+"""Hostile experiment manifests: a hyperparameter value cannot reach the shell as code, names cannot
+smuggle environment variables, and sizes that would flood the queue or the server are refused, each
+naming its field. (Another tenant's experiment being a 404 is jobs/tests/test_experiment_api's.)"""
+import json
+import subprocess
+
+import pytest
+
+from trainyard.experiment import environment, parse_experiment, render_command, trial_fields
+from trainyard.manifest import ManifestError
+
+BASE = "name: hostile\nframework: {name: custom, command: 'echo {{hparams.opt}}'}\n"
+
+
+def experiment(hyperparameters, searcher="{name: grid, metric: acc}"):
+    return parse_experiment(f"{BASE}hyperparameters: {hyperparameters}\nsearcher: {searcher}\n")
+
+
+@pytest.mark.parametrize("value", ["; touch /tmp/pwned", "$(id)", "`id`", "a' ; id ; '", "x\ny", "--flag=$HOME"])
+def test_a_hyperparameter_value_reaches_the_command_as_one_quoted_word(value):
+    spec = experiment(json.dumps({"opt": {"type": "categorical", "vals": [value]}}))
+    command = trial_fields(spec, {"opt": value}, 0)["framework"]["command"]
+    printed = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    assert printed == value + "\n"
+
+
+def test_render_command_quotes_whatever_it_is_given():
+    assert render_command("run {{hparams.x}}", {"x": "a b; c"}) == "run 'a b; c'"
+
+
+@pytest.mark.parametrize("name", ["PATH=/evil", "lr-x", "1lr", "a" * 65, "../x"])
+def test_a_hyperparameter_name_is_an_identifier(name):
+    with pytest.raises(ManifestError, match=r"hyperparameters\."):
+        experiment(f"{{'{name}': {{type: categorical, vals: [1, 2]}}, opt: {{type: categorical, vals: [1, 2]}}}}")
+
+
+def test_the_environment_names_only_the_validated_names():
+    assert set(environment({"lr": 0.1, "opt": "x"})) == {"TRAINYARD_HP_LR", "TRAINYARD_HP_OPT", "TRAINYARD_HPARAMS"}
+
+
+@pytest.mark.parametrize("searcher, field", [
+    ("{name: random, metric: acc, max_trials: 10001}", "searcher.max_trials"),
+    ("{name: random, metric: acc, max_concurrent_trials: 100000}", "searcher.max_concurrent_trials"),
+    ("{name: random, metric: acc, max_gpu_hours: .nan}", "searcher.max_gpu_hours"),
+    ("{name: asha, metric: acc, max_length: 0}", "searcher.max_length"),
+    ("{name: shell, metric: acc}", "searcher.name"),
+    ("{name: random, metric: acc, command: id}", "searcher.command"),
+])
+def test_sizes_that_would_flood_the_platform_are_refused_naming_the_field(searcher, field):
+    with pytest.raises(ManifestError) as refused:
+        experiment("{opt: {type: categorical, vals: [1, 2]}}", searcher)
+    assert field in str(refused.value)
+
+
+def test_too_many_choices_or_hyperparameters_are_refused():
+    with pytest.raises(ManifestError, match="1..100 choices"):
+        experiment("{opt: {type: categorical, vals: [%s]}}" % ", ".join(map(str, range(101))))
+    many = ", ".join(f"h{i}: {{type: categorical, vals: [1, 2]}}" for i in range(33))
+    with pytest.raises(ManifestError, match="at most 32"):
+        experiment(f"{{opt: {{type: categorical, vals: [1]}}, {many}}}")
