@@ -11,12 +11,14 @@ import time
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Min
+from datetime import timedelta
+
+from django.db.models import Count, Max, Min
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
 from jobs import prometheus as shared
-from jobs.models import Job, Status
+from jobs.models import ACTIVE, Job, ResourceSample, Status
 from trainyard.manifest import PRIORITIES
 
 BACKEND_OPERATIONS = ("deploy", "status", "halt", "delete", "logs", "capacity")
@@ -203,8 +205,82 @@ def database_gauges():
     yield oldest
 
 
+# --- what running jobs use, by tenant and node (their learners' latest resource samples) -------------
+UTILISATION = (
+    ("trainyard_gpus_allocated", "GPUs held by active jobs' learners, by tenant and node."),
+    ("trainyard_gpus_busy", "GPUs' utilisation summed as GPUs (two at 50%: 1), from each learner's latest sample."),
+    ("trainyard_cpus_allocated", "CPUs held by active jobs' learners, by tenant and node."),
+    ("trainyard_cpus_used", "CPU cores used, from each learner's latest sample."),
+    ("trainyard_memory_used_bytes", "Memory used, from each learner's latest sample."),
+)
+# The cluster's node names, set by JobsConfig.ready (the backend's capacity): every node gets each
+# series, 0 included. (Not imported here: the backends import this module to count their errors.)
+cluster_nodes = None
+_nodes_cache = (0.0, ())
+NODES_CACHE_S = 60.0
+
+
+def sample_freshness():
+    """A learner's latest sample counts while it is at most this old: three sampling periods, at least 30 s."""
+    return timedelta(seconds=max(30.0, 3 * settings.RESOURCE_SAMPLE_S))
+
+
+def _nodes():
+    global _nodes_cache
+    fetched, names = _nodes_cache
+    if cluster_nodes is not None and time.monotonic() - fetched > NODES_CACHE_S:
+        try:
+            names = tuple(cluster_nodes())
+        except Exception:  # a backend that does not answer: the nodes jobs run on still appear
+            names = ()
+        _nodes_cache = (time.monotonic(), names)
+    return names
+
+
+def utilisation_gauges():
+    """Allocated and used GPUs, CPUs and memory by (tenant, node), for every tenant with jobs and every
+    node of the cluster (0 included): three queries, whatever the number of jobs and samples."""
+    jobs = {job.id: job for job in Job.objects.filter(status__in=ACTIVE).select_related("tenant").only(
+        "id", "attempt", "placement", "cpus", "gpus_idle_since", "gpus_idle_attempt", "status", "tenant__slug")}
+    latest_ids = [row["last"] for row in ResourceSample.objects.filter(
+        job_id__in=list(jobs), time__gte=timezone.now() - sample_freshness())
+        .values("job_id", "attempt", "learner").annotate(last=Max("id"))
+        if jobs and row["attempt"] == jobs[row["job_id"]].attempt]
+    samples = {(row["job_id"], row["learner"]): row for row in ResourceSample.objects.filter(id__in=latest_ids)
+               .values("job_id", "learner", "gpus_busy", "cpu_cores", "memory_bytes")} if latest_ids else {}
+    tenants = sorted(Job.objects.values_list("tenant__slug", flat=True).distinct().order_by())
+    nodes = set(_nodes())
+    totals = {}  # (tenant, node) -> [gpus, busy, cpus, used, memory]
+    idle = dict.fromkeys(tenants, 0)
+    for job in jobs.values():
+        if job.status == Status.PROCESSING and job.gpus_idle is not None:
+            idle[job.tenant.slug] = idle.get(job.tenant.slug, 0) + 1
+        for index, learner in enumerate(job.placement or []):
+            nodes.add(learner["node"])
+            row = totals.setdefault((job.tenant.slug, learner["node"]), [0, 0.0, 0.0, 0.0, 0])
+            row[0] += len(learner["gpu_ids"])
+            row[2] += job.cpus
+            sample = samples.get((job.id, index))
+            if sample is not None:
+                row[1] += sample["gpus_busy"] or 0.0
+                row[3] += sample["cpu_cores"]
+                row[4] += sample["memory_bytes"]
+    families = [GaugeMetricFamily(name, text, labels=["tenant", "node"]) for name, text in UTILISATION]
+    for tenant in sorted(set(tenants) | {t for t, _ in totals}):
+        for node in sorted(nodes):
+            for family, value in zip(families, totals.get((tenant, node), [0, 0.0, 0.0, 0.0, 0])):
+                family.add_metric([tenant, node], value)
+    yield from families
+    flagged = GaugeMetricFamily("trainyard_idle_gpu_jobs",
+                                "Running jobs flagged by their tenant's idle-GPU policy (jobs.idle).", labels=["tenant"])
+    for tenant, count in sorted(idle.items()):
+        flagged.add_metric([tenant], count)
+    yield flagged
+
+
 def scrape_time_series():
     yield from database_gauges()
+    yield from utilisation_gauges()
     try:
         yield SocketGauge.collect(shared.redis_client())
     except shared.redis.RedisError:

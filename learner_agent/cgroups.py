@@ -134,7 +134,7 @@ def create(name, *, memory_bytes, cpus, max_processes, mounts="/proc/self/mounts
     if missing:
         raise CgroupError(f"no cgroup v2 with memory, cpu and pids, and no cgroup v1 {', '.join(missing)} "
                           "hierarchy mounted")
-    return _create_v1(v1_roots, _own_v1_paths(own), name, memory_bytes=memory_bytes, cpus=cpus,
+    return _create_v1(v1_roots, _own_paths(own), name, memory_bytes=memory_bytes, cpus=cpus,
                       max_processes=max_processes)
 
 
@@ -147,7 +147,7 @@ def standby(name, *, mounts="/proc/self/mounts", own="/proc/self/cgroup"):
         raise CgroupError("cgroup v2 is used here, and its groups cannot be renamed")
     if any(c not in v1_roots for c in _V1_CONTROLLERS):
         raise CgroupError("no cgroup v1 hierarchy of each of memory, cpu and pids")
-    dirs = _v1_dirs(v1_roots, _own_v1_paths(own), STANDBY + _safe_name(name))
+    dirs = _v1_dirs(v1_roots, _own_paths(own), STANDBY + _safe_name(name))
     try:
         for path in dirs.values():
             os.makedirs(path, exist_ok=True)
@@ -163,7 +163,7 @@ def remove_stale_standby(*, older_than_s=STANDBY_STALE_S, mounts="/proc/self/mou
     platform's stop) left behind. One with a process in it stays (the kernel refuses), so a live
     spare's never goes; a spare's made this moment is younger than `older_than_s`."""
     _, v1_roots = _hierarchies(mounts)
-    own_paths = _own_v1_paths(own) if v1_roots else {}
+    own_paths = _own_paths(own) if v1_roots else {}
     now = time.time()
     for controller, root in v1_roots.items():
         parent = os.path.join(root, own_paths.get(controller, "/").lstrip("/"), PARENT)
@@ -263,8 +263,23 @@ def _v2_controllers(root):
         return set()
 
 
-def _own_v1_paths(own):
-    """{controller: path of this process's group} from /proc/self/cgroup."""
+def own_v2(*, mounts="/proc/self/mounts", own="/proc/self/cgroup"):
+    """This process's own cgroup v2 group, to read (never to write or remove), or None: one whose
+    `memory.current` and `cpu.stat` count it, as a Kubernetes container's group does (the agent and
+    its learner share the container, and the pod's memory limit is judged on that group). A
+    hierarchy's root has no memory.current (the whole machine), so it never counts."""
+    v2_root, _ = _hierarchies(mounts)
+    path = _own_paths(own).get("") if v2_root else None
+    if path is None:
+        return None
+    directory = os.path.normpath(os.path.join(v2_root, path.lstrip("/")))
+    if not all(os.path.isfile(os.path.join(directory, name)) for name in ("memory.current", "cpu.stat")):
+        return None
+    return Cgroup(2, {"memory": directory, "cpu": directory, "pids": directory})
+
+
+def _own_paths(own):
+    """{controller: path of this process's group} from /proc/self/cgroup; "" is cgroup v2's."""
     paths = {}
     with open(own) as f:
         for line in f:

@@ -112,9 +112,10 @@ class Gpus:
     """The learner's GPUs through NVML; `available` is False (and why said once) when it can't be had.
 
     `visible`: the learner's CUDA_VISIBLE_DEVICES (indices or UUIDs); None when unset, which on
-    Kubernetes means every GPU the container sees is the learner's."""
+    Kubernetes means every GPU the container sees is the learner's. `module_path`: a pynvml-compatible
+    file to load instead of pynvml (agent.json's `nvml_module`: virtual GPUs, see load_nvml)."""
 
-    def __init__(self, visible, *, nvml=None, search_path=None):
+    def __init__(self, visible, *, nvml=None, search_path=None, module_path=""):
         self.available = False
         self._nvml = nvml
         self._handles = []  # [(index as the learner sees it, handle)]
@@ -122,7 +123,7 @@ class Gpus:
         if wanted == []:
             return  # no GPUs: nothing to ask NVML about, and nothing to say
         if self._nvml is None:
-            self._nvml, why = load_nvml(search_path)
+            self._nvml, why = load_nvml(search_path, module_path=module_path)
             if self._nvml is None:
                 log.warning("no GPU telemetry: %s; sampling CPU and memory only", why)
                 return
@@ -193,18 +194,27 @@ def _visible_devices(visible):
     return devices
 
 
-def load_nvml(search_path=None):
+def load_nvml(search_path=None, *, module_path=""):
     """(the pynvml module, "") or (None, why not). Imported where sys.path finds it, else loaded from
     its file in the interpreter's site folders (the agent runs with -S), never by adding those
-    folders to sys.path. `search_path`: the folders to look in instead (tests)."""
+    folders to sys.path. `search_path`: the folders to look in instead (tests).
+
+    `module_path`: a file with pynvml's names to load in its place. The local backend names one
+    where its GPUs are virtual (TRAINYARD_LOCAL_NVML_MODULE): a virtual GPU has no counters, and a
+    stand-in says what it did (tests/support/virtual_nvml.py reads its learner's CPU use as its
+    utilisation), so that what the platform does with utilisation can be run without a GPU."""
     if "pynvml" in sys.modules:
         return sys.modules["pynvml"], ""
     try:
-        if search_path is None and importlib.util.find_spec("pynvml") is not None:
-            return importlib.import_module("pynvml"), ""
         spec = None
+        if module_path:
+            if not os.path.isfile(module_path):
+                return None, f"the NVML module {module_path} named by the platform is not there"
+            spec = importlib.util.spec_from_file_location("pynvml", module_path)
+        elif search_path is None and importlib.util.find_spec("pynvml") is not None:
+            return importlib.import_module("pynvml"), ""
         folders = _site_folders() if search_path is None else search_path
-        for folder in folders:
+        for folder in folders if spec is None else ():
             candidate = os.path.join(folder, "pynvml.py")
             if os.path.isfile(candidate):
                 spec = importlib.util.spec_from_file_location("pynvml", candidate)
@@ -245,13 +255,13 @@ class Sampler:
     (a `resource` record); `stop` takes one last sample, so the peak that ended a learner killed for
     memory is shown even when it came between two samples."""
 
-    def __init__(self, *, period_s, emit, cgroup, pid, memory_limit_bytes, visible_gpus, gpus=None):
+    def __init__(self, *, period_s, emit, cgroup, pid, memory_limit_bytes, visible_gpus, gpus=None, nvml_module=""):
         self.period_s = period_s
         self._emit = emit
         self._cgroup = cgroup
         self._pid = pid
         self._limit = memory_limit_bytes
-        self._gpus = gpus if gpus is not None else Gpus(visible_gpus)
+        self._gpus = gpus if gpus is not None else Gpus(visible_gpus, module_path=nvml_module)
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._last = None  # (monotonic time, cumulative CPU seconds)

@@ -27,6 +27,8 @@ def test_it_stores_resource_samples_beside_the_log(running_job):
     assert (first.memory_bytes, first.memory_peak_bytes, first.memory_limit_bytes) == (300 * 2**20, 320 * 2**20, 2**30)
     assert first.gpus == [GPU] and first.time.timestamp() == 1_800_000_001.0
     assert second.gpus == [] and second.memory_limit_bytes is None
+    assert (first.gpu_utilization, second.gpu_utilization) == (97.0, None)  # the busiest GPU, for jobs.idle
+    assert (first.gpus_busy, second.gpus_busy) == (0.97, None)  # GPUs busy, for jobs.usage
     assert LogLine.objects.count() == 1
 
 

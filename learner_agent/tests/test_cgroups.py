@@ -142,3 +142,35 @@ def test_standby_groups_left_empty_for_a_while_are_removed_and_no_other(tmp_path
     cgroups.remove_stale_standby(mounts=mounts, own=own)
     assert not any(os.path.exists(d) for d in old.dirs.values())
     assert all(os.path.isdir(d) for d in [*new.dirs.values(), *learners.dirs.values(), busy])
+
+
+def pod_group(tmp_path, *, files=("memory.current", "cpu.stat")):
+    """A Kubernetes container's view: its own group is the root of the cgroup namespace it sees."""
+    root = tmp_path / "unified"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    for name in files:
+        (root / name).write_text({"memory.current": "314572800\n", "memory.peak": "419430400\n",
+                                  "cpu.stat": "usage_usec 2500000\nuser_usec 2000000\n"}[name])
+    (root / "cgroup.procs").write_text("1\n7\n")
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"cgroup2 {root} cgroup2 ro 0 0\n")
+    own = tmp_path / "own"
+    own.write_text("0::/\n")
+    return root, mounts, own
+
+
+def test_in_a_pod_the_sampler_reads_the_containers_own_group(tmp_path):
+    from learner_agent import telemetry
+    root, mounts, own = pod_group(tmp_path, files=("memory.current", "memory.peak", "cpu.stat"))
+    group = cgroups.own_v2(mounts=mounts, own=own)
+    assert (group.version, group.dirs["memory"], group.pids()) == (2, str(root), {1, 7})
+    usage = telemetry.read_usage(cgroup=group, pid=None)
+    assert (usage.cpu_seconds, usage.memory_bytes, usage.memory_peak_bytes) == (2.5, 300 * 2**20, 400 * 2**20)
+
+
+def test_a_hierarchys_root_is_the_whole_machine_and_never_read_as_ones_own(tmp_path):
+    _, mounts, own = pod_group(tmp_path, files=("cpu.stat",))  # the root has no memory.current
+    assert cgroups.own_v2(mounts=mounts, own=own) is None
+    mounts.write_text("proc /proc proc rw 0 0\n")  # no cgroup v2 at all
+    assert cgroups.own_v2(mounts=mounts, own=own) is None

@@ -121,3 +121,19 @@ def test_it_refuses_a_bad_token_or_state_setting(outside_tmp, ingest, change, co
         json.dump(data, f)
     with pytest.raises(ConfigError, match=complaint):
         load_config(patched)
+
+
+def test_it_samples_its_learners_cpu_and_memory_in_a_pod(outside_tmp, ingest):
+    # The Kubernetes backend asks for samples as the local one does (K8sConfig.resource_sample_s).
+    command = "python3 -c 'import time; end = time.time() + 2\nwhile time.time() < end: pass'"
+    config, _, _ = kubernetes_layout(outside_tmp, ingest, command=command, resource_sample_s=0.25)
+    try:
+        agent = subprocess.run(agent_command(config), env=agent_env(), capture_output=True, timeout=60)
+    finally:
+        os.chmod(os.path.dirname(config), 0o755)
+    assert agent.returncode == 0, agent.stderr
+    samples = [r for r in ingest.stored() if r.get("kind") == "resource"]
+    assert len(samples) >= 3, samples
+    assert max(s["cpu_cores"] for s in samples) > 0.3  # a burning learner, shared with the rest of the machine
+    # The last is taken as the learner ends, when nothing of it holds memory any more.
+    assert all(s["memory_bytes"] > 0 and s["memory_limit_bytes"] == 2**30 for s in samples[:-1])

@@ -290,6 +290,50 @@ def test_the_sampling_period_is_a_setting_and_off_unless_given():
         _config(resource_sample_s=-1)
 
 
+def test_the_nvml_module_is_an_absolute_path_and_none_unless_given():
+    assert _config().nvml_module == ""
+    assert _config(nvml_module="/opt/virtual_nvml.py").nvml_module == "/opt/virtual_nvml.py"
+    with pytest.raises(ConfigError, match="nvml_module"):
+        _config(nvml_module="virtual_nvml.py")
+
+
+# --- a module named in place of pynvml: the virtual GPUs' stand-in ---
+VIRTUAL_NVML = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "support", "virtual_nvml.py")
+
+
+def test_a_module_the_platform_names_is_loaded_in_place_of_pynvml(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    (tmp_path / "pynvml.py").write_text("MARK = 'installed'\n")
+    (tmp_path / "stand_in.py").write_text("MARK = 'named'\n")
+    module, why = telemetry.load_nvml([str(tmp_path)], module_path=str(tmp_path / "stand_in.py"))
+    assert why == "" and module.MARK == "named"
+    monkeypatch.delitem(sys.modules, "pynvml")
+    module, why = telemetry.load_nvml([str(tmp_path)], module_path=str(tmp_path / "gone.py"))
+    assert module is None and "gone.py" in why
+
+
+# Bounds wide enough for a shared machine: the burning child gets a core only part of the time there.
+@pytest.mark.parametrize("code, low, high", [("print('go', flush=True)\nwhile True: pass", 25, 100),
+                                             ("import time; print('go', flush=True); time.sleep(30)", 0, 5)])
+def test_a_virtual_gpu_reads_its_learners_cpu_as_its_utilisation(monkeypatch, code, low, high):
+    # The stand-in runs inside the agent, whose descendants are its learner: here, this test's child.
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    learner = _start(code)
+    # This test's process has other children (platforms of module fixtures): only the learner counts.
+    monkeypatch.setenv("VIRTUAL_NVML_LEARNER_PID", str(learner.pid))
+    try:
+        assert learner.stdout.readline() == "go\n"  # started: what its start-up cost is not counted
+        gpus = telemetry.Gpus("0", module_path=os.path.abspath(VIRTUAL_NVML))
+        assert gpus.available
+        time.sleep(1.5)
+        (reading,) = gpus.sample({learner.pid})
+        assert low <= reading["utilization"] <= high, reading
+        gpus.close()
+    finally:
+        learner.kill()
+        learner.wait()
+
+
 # --- in the agent: resource records through the spool, beside the learner's output ---
 
 def test_the_agent_ships_resource_records_while_the_learner_runs_and_one_as_it_ends(ingest, outside_tmp):

@@ -1,4 +1,5 @@
-/* The cluster page: GPUs per node, used and free, and which of the tenant's jobs hold them. */
+/* The cluster page: GPUs per node, used and free, and which of the tenant's jobs hold them; below,
+ * what each node's learners used over the last hour. */
 (function () {
   "use strict";
   const T = window.Trainyard;
@@ -71,6 +72,93 @@
     }
   }
 
+  /* ------------------------------------------------------------ use per node over time ---- */
+  // GET /api/v1/cluster/use/: per node, a point a minute. One chart per figure, a line per node.
+  const USE_CHARTS = [
+    { key: "cpu", title: "CPU cores used", value: (p) => p.cpu_cores },
+    { key: "gpu", title: "GPUs busy", value: (p) => p.gpus_busy },
+  ];
+  const USE_POLL_MS = 30000;
+  const USE_MINUTES = 60;
+  const CHART_HEIGHT = 170;
+  const plots = new Map(); // chart key -> {card, body, plot, seriesKey}
+
+  function useColumns(nodes, chart) {
+    const times = [...new Set(nodes.flatMap((n) => n.points.map((p) => Date.parse(p.time) / 1000)))].sort((a, b) => a - b);
+    const index = new Map(times.map((t, i) => [t, i]));
+    const lines = nodes.map((n) => {
+      const values = new Array(times.length).fill(null);
+      for (const p of n.points) values[index.get(Date.parse(p.time) / 1000)] = chart.value(p);
+      return { name: n.name, values };
+    }).filter((line) => line.values.some((v) => v != null));
+    return { times, lines };
+  }
+
+  function useCard(chart) {
+    let entry = plots.get(chart.key);
+    if (entry) return entry;
+    const body = el("div", { className: "chart-body" });
+    body.setAttribute("role", "img");
+    body.setAttribute("aria-label", `${chart.title} per node over time`);
+    const card = el("figure", { className: "card chart-card" }, [
+      el("figcaption", { className: "card-head" }, [el("h3", { textContent: chart.title })]), body]);
+    card.dataset.testid = "node-use-chart";
+    card.dataset.chart = chart.key;
+    root.querySelector("[data-testid=node-use-charts]").appendChild(card);
+    entry = { card, body, plot: null, seriesKey: null };
+    plots.set(chart.key, entry);
+    return entry;
+  }
+
+  function drawUse(nodes) {
+    for (const chart of USE_CHARTS) {
+      const { times, lines } = useColumns(nodes, chart);
+      const existing = plots.get(chart.key);
+      if (!lines.length) {
+        if (existing) existing.card.hidden = true;
+        continue;
+      }
+      const entry = useCard(chart);
+      entry.card.hidden = false;
+      const data = [times, ...lines.map((l) => l.values)];
+      const seriesKey = lines.map((l) => l.name).join("|");
+      if (entry.seriesKey !== seriesKey) {
+        if (entry.plot) entry.plot.destroy();
+        const series = [{ label: "time", value: (u, v) => (v == null ? "—" : T.formatLocalTime(v * 1000)) }].concat(
+          lines.map((l, i) => ({ label: l.name, stroke: T.CHART_PALETTE[i % T.CHART_PALETTE.length], width: 1.6,
+                                 spanGaps: false, points: { show: times.length <= 40, size: 4 },
+                                 value: (u, v) => (v == null ? "—" : String(Number(v.toFixed(2)))) })));
+        entry.plot = new window.uPlot({
+          width: Math.max(200, entry.body.clientWidth), height: CHART_HEIGHT, series,
+          // The whole window, whatever minutes have samples: a lone point is not stretched into years.
+          scales: { x: { time: true, range: () => { const end = Date.now() / 1000; return [end - USE_MINUTES * 60, end]; } },
+                    y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] } },
+          axes: [{ size: 30 }, { size: 50 }], legend: { live: true }, cursor: { sync: { key: "node-use" } },
+        }, data, entry.body);
+        entry.seriesKey = seriesKey;
+      } else {
+        entry.plot.setData(data);
+      }
+      entry.card.dataset.pointCount = String(times.length);
+      entry.card.dataset.seriesCount = String(lines.length);
+    }
+    root.querySelector("[data-testid=node-use-empty]").hidden = nodes.some((n) => n.points.length);
+  }
+
+  async function loadUse() {
+    try {
+      drawUse((await T.getJson(`/api/v1/cluster/use/?minutes=${USE_MINUTES}`)).nodes);
+    } catch (err) {
+      const error = root.querySelector("[data-testid=cluster-error]");
+      error.textContent = `Could not load the use per node: ${err.message}`;
+      error.hidden = false;
+    }
+  }
+
   load();
   setInterval(load, 5000);
+  if (window.uPlot) {
+    loadUse();
+    setInterval(loadUse, USE_POLL_MS);
+  }
 })();

@@ -14,7 +14,7 @@
   const CHART_HEIGHT = 170;
   // Steps are whole numbers: ticks at 1, 2, 5, 10, 20, 50, ... apart, never at 2.5.
   const STEP_INCREMENTS = [1, 2, 5].flatMap((m) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7].map((p) => m * p)).sort((a, b) => a - b);
-  const PALETTE = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563"];
+  const PALETTE = T.CHART_PALETTE;
 
   function formatValue(v) {
     if (v == null || !Number.isFinite(v)) return "—";
@@ -23,7 +23,8 @@
     return String(Number(v.toPrecision(5)));
   }
 
-  /** How points become lines: which line a point belongs to, how lines are ordered, named and coloured. */
+  /** How points become lines: which line a point belongs to, how lines are ordered, named and coloured
+   * (and, optionally, `width(s)`: how thick each is drawn). */
   const BY_ATTEMPT_AND_LEARNER = {
     key: (p) => `${p.attempt ?? 1}:${p.learner}`,
     describe: (p) => ({ attempt: p.attempt ?? 1, learner: p.learner }),
@@ -210,7 +211,7 @@
       const series = [{ label: "step" }].concat(list.map((s, i) => ({
         label: this.labelOf(s, list),
         stroke: this.grouping.color(s, i),
-        width: 1.6,
+        width: this.grouping.width ? this.grouping.width(s) : 1.6,
         spanGaps: true,
         points: { show: data[0].length <= 60, size: 4 },
         value: (u, v) => formatValue(v),
@@ -245,5 +246,4 @@
   }
 
   T.Charts = Charts;
-  T.CHART_PALETTE = PALETTE;
 })();

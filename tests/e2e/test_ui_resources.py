@@ -1,6 +1,7 @@
 """The job page's resource charts in a real Chromium against the real platform: a job whose learner
 grows past its memory limit on the local backend ends FAILED, and its page says it was killed for
-memory above the curve that led there, with its CPU beside it."""
+memory above the curve that led there, with its CPU beside it; the cluster page charts what its node's
+learners used."""
 import json
 import tempfile
 from pathlib import Path
@@ -100,6 +101,16 @@ def test_a_job_killed_for_memory_shows_the_curve_that_led_there(browser, samplin
         legend = page.locator("[data-testid=resource-chart][data-chart=gpu-utilization] .u-legend").inner_text()
         assert "GPU 0" in legend and "GPU 1" in legend
         page.locator("[data-testid=resources]").screenshot(path=str(SCREENSHOTS / "resources-gpus.png"))
+
+        # The cluster page: what the node's learners used, a minute at a time (the job ran on `local`).
+        page.goto(f"{sampling_platform.url}/cluster/")
+        cpu = page.locator("[data-testid=node-use-chart][data-chart=cpu]")
+        cpu.wait_for(state="visible")
+        assert cpu.get_attribute("data-series-count") == "1" and int(cpu.get_attribute("data-point-count")) >= 1
+        assert "local" in cpu.locator(".u-legend").inner_text()
+        assert page.locator("[data-testid=node-use-chart][data-chart=gpu]").count() == 0  # no sample read a GPU busy
+        assert page.locator("[data-testid=node-use-empty]").is_hidden()
+        page.locator("[data-testid=cluster-page]").screenshot(path=str(SCREENSHOTS / "cluster-node-use.png"))
     finally:
         page.close()
 

@@ -1,0 +1,66 @@
+"""What each node's learners used, minute by minute: the cluster page's history of use per node
+(`GET /api/v1/cluster/use/`).
+
+From the learners' resource samples (learner_agent.telemetry), every tenant's, in tenant-neutral
+totals as the cluster page's other figures are. A sample's `cpu_cores` is its learner's cores over the
+sampling period before it and `gpus_busy` its GPUs' utilisations summed (two GPUs at 50% are one busy
+GPU), so a node's figure for a minute is the sum of its learners' samples in it, each counting for
+one sampling period, over the minute (over the part of it gone by, for the current one). A learner's
+node is where its attempt placed it (the attempt's Allocation row); a node's GPU figure is None where
+no sample of the minute read a GPU (no NVML there).
+
+One GROUP BY over the window's samples, per learner and minute, whatever their number.
+"""
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Sum
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from jobs.models import Allocation, ResourceSample
+
+MINUTE_S = 60.0
+MAX_MINUTES = 24 * 60
+
+
+def history(minutes, now=None):
+    """[{"name": node, "points": [{"time", "cpu_cores", "gpus_busy"}]}] over the last `minutes`, oldest
+    point first, nodes by name; only nodes and minutes some sample fell in."""
+    now = now or timezone.now()
+    since = now - timedelta(minutes=minutes)
+    groups = list(ResourceSample.objects.filter(time__gte=since, time__lte=now)
+                  .annotate(minute=TruncMinute("time"))
+                  .values("job_id", "attempt", "learner", "minute")
+                  .annotate(cpu=Sum("cpu_cores"), busy=Sum("gpus_busy")))
+    nodes = _nodes_of({(g["job_id"], g["attempt"]) for g in groups})
+    period = settings.RESOURCE_SAMPLE_S or MINUTE_S
+    totals = {}  # (node, minute) -> [core-seconds, busy GPU-seconds or None]
+    for g in groups:
+        node = nodes.get((g["job_id"], g["attempt"]), {}).get(g["learner"])
+        if node is None:
+            continue  # an attempt without a placement on record (it never ran)
+        total = totals.setdefault((node, g["minute"]), [0.0, None])
+        total[0] += g["cpu"] * period
+        if g["busy"] is not None:
+            total[1] = (total[1] or 0.0) + g["busy"] * period
+    by_node = {}
+    for (node, minute), (core_s, busy_s) in sorted(totals.items()):  # by node, then time
+        span = max(1.0, min(MINUTE_S, (now - minute).total_seconds()))
+        by_node.setdefault(node, []).append({
+            "time": minute, "cpu_cores": round(core_s / span, 3),
+            "gpus_busy": None if busy_s is None else round(busy_s / span, 3)})
+    return [{"name": name, "points": points} for name, points in by_node.items()]
+
+
+def _nodes_of(attempts):
+    """{(job id, attempt): {learner index: node}} from the attempts' Allocation rows."""
+    if not attempts:
+        return {}
+    job_ids = {job_id for job_id, _ in attempts}
+    placed = {}
+    for job_id, attempt, placement in (Allocation.objects.filter(job_id__in=job_ids)
+                                       .values_list("job_id", "attempt", "placement")):
+        if (job_id, attempt) in attempts:
+            placed[(job_id, attempt)] = {i: p.get("node") for i, p in enumerate(placement or []) if p.get("node")}
+    return placed

@@ -1,0 +1,75 @@
+"""Use per node over time (jobs.node_use, GET /api/v1/cluster/use/): each node's learners' samples,
+every tenant's, summed a minute at a time, the learners found on their nodes through their attempts'
+placements."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs import node_use
+from jobs.models import Allocation, ResourceSample
+from tests.support.builders import client_for, job, member
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now().replace(second=30, microsecond=0)
+PAST_MINUTE = NOW.replace(second=0) - timedelta(minutes=2)
+
+
+def placed(row, attempt, *nodes):
+    Allocation.objects.create(job=row, attempt=attempt, learners=len(nodes), placement=[
+        {"node": node, "gpu_ids": [i]} for i, node in enumerate(nodes)])
+
+
+def samples(row, learner, count, *, cpu, busy=None, attempt=1, start=PAST_MINUTE):
+    for i in range(count):
+        ResourceSample.objects.create(job=row, attempt=attempt, learner=learner, time=start + timedelta(seconds=5 * i),
+                                      cpu_cores=cpu, memory_bytes=1, memory_peak_bytes=1, gpus_busy=busy)
+
+
+def test_a_node_sums_its_learners_of_every_tenant_a_minute_at_a_time(settings):
+    settings.RESOURCE_SAMPLE_S = 5.0
+    alices = job(member())
+    bobs = job(member("team-b", "bob"))
+    placed(alices, 1, "n1", "n2")
+    placed(bobs, 1, "n2")
+    samples(alices, 0, 12, cpu=1.0)  # a minute of samples: one core
+    samples(alices, 1, 12, cpu=0.5, busy=0.5)  # half a core, half a GPU busy
+    samples(bobs, 0, 6, cpu=2.0, busy=2.0)  # half a minute at two cores and two GPUs: one and one
+    history = {n["name"]: n["points"] for n in node_use.history(60, now=NOW)}
+    assert history == {
+        "n1": [{"time": PAST_MINUTE, "cpu_cores": 1.0, "gpus_busy": None}],
+        "n2": [{"time": PAST_MINUTE, "cpu_cores": 1.5, "gpus_busy": 1.5}],
+    }
+
+
+def test_a_learner_counts_where_its_attempt_ran_and_the_current_minute_over_its_part_gone_by(settings):
+    settings.RESOURCE_SAMPLE_S = 5.0
+    row = job(member())
+    placed(row, 1, "n1")
+    placed(row, 2, "n2")  # resumed elsewhere
+    samples(row, 0, 12, cpu=1.0, attempt=1)
+    samples(row, 0, 6, cpu=1.0, attempt=2, start=NOW.replace(second=0))  # 30 s of the current minute
+    history = {n["name"]: n["points"] for n in node_use.history(60, now=NOW)}
+    assert [p["cpu_cores"] for p in history["n1"]] == [1.0]
+    assert history["n2"] == [{"time": NOW.replace(second=0), "cpu_cores": 1.0, "gpus_busy": None}]
+
+
+def test_samples_before_the_window_or_of_an_attempt_never_placed_count_nowhere(settings):
+    row = job(member())
+    placed(row, 1, "n1")
+    samples(row, 0, 3, cpu=1.0, start=NOW - timedelta(minutes=90))
+    samples(row, 0, 3, cpu=1.0, attempt=2)  # no Allocation row: it never ran
+    assert node_use.history(60, now=NOW) == []
+
+
+def test_the_api_answers_totals_and_checks_its_window():
+    row = job(member())
+    placed(row, 1, "local")
+    samples(row, 0, 3, cpu=1.0, start=timezone.now() - timedelta(minutes=1))
+    client = client_for(member("team-b", "bob"))  # another tenant sees the node's totals, named by no job
+    body = client.get("/api/v1/cluster/use/").json()
+    assert body["minutes"] == 60 and [n["name"] for n in body["nodes"]] == ["local"]
+    assert set(body["nodes"][0]["points"][0]) == {"time", "cpu_cores", "gpus_busy"}
+    refused = client.get("/api/v1/cluster/use/?minutes=100000")
+    assert refused.status_code == 400 and refused.json()["field"] == "minutes"

@@ -1,0 +1,158 @@
+"""Allocated against used: GPU-hours and CPU-hours per tenant, user and job over a period.
+
+Allocated is what the tenant's attempts held (tenants.models.UsageRecord, from admission to release),
+counted inside the period. Used is what their learners' resource samples (learner_agent.telemetry) say
+they did with it: CPU seconds used (a sample's `cpu_cores` is its learner's cores over the period before
+it) and GPU time (a sample's `gpus_busy`, the sum of its GPUs' utilisations: two GPUs at 50% are one GPU
+busy). Each sample counts for the mean interval between its learner's samples in the period (the
+sampling period, when samples come on time), so the report is one GROUP BY over the period's samples
+whatever their number. A job whose samples carry no GPU utilisation (no NVML) has no used GPU-hours
+(None), and its allocated GPU-hours are counted as unmeasured in the totals.
+
+Here and not in tenants/ because it reads jobs' samples (jobs builds on tenants, never the reverse).
+"""
+import csv
+import io
+from datetime import datetime, time, timedelta
+
+from django.conf import settings
+from django.db.models import Count, Max, Min, Q, Sum
+from django.utils import timezone
+
+from jobs.models import Job, ResourceSample
+from tenants import quotas
+from tenants.models import UsageRecord
+
+HOURS = 3600.0
+MAX_SPAN = timedelta(days=400)
+FIELDS = ("allocated_gpu_hours", "used_gpu_hours", "allocated_cpu_hours", "used_cpu_hours")
+
+
+class PeriodError(ValueError):
+    def __init__(self, detail, *, field):
+        super().__init__(detail)
+        self.detail, self.field = detail, field
+
+
+def period_of(tenant, params, now=None):
+    """[start, end) from `start`/`end` (ISO dates or times; a date is its midnight in the platform's time
+    zone, an end date counts whole), else the tenant's current budget period."""
+    now = now or timezone.now()
+    quota = quotas.quota_of(tenant)
+    start, end = quotas.period_bounds(quota.period if quota else "month", now)
+    if params.get("start"):
+        start = _moment(params["start"], "start")
+    if params.get("end"):
+        end = _moment(params["end"], "end", whole_day=True)
+    if end <= start:
+        raise PeriodError("end must be after start", field="end")
+    if end - start > MAX_SPAN:
+        raise PeriodError(f"a period of at most {MAX_SPAN.days} days", field="end")
+    return start, end
+
+
+def _moment(text, field, *, whole_day=False):
+    try:
+        value = datetime.fromisoformat(str(text))
+    except ValueError:
+        raise PeriodError("an ISO date (2026-11-01) or time (2026-11-01T12:00Z)", field=field) from None
+    date_only = len(str(text)) == 10
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value)
+    if date_only and whole_day:
+        value = timezone.make_aware(datetime.combine(value.date() + timedelta(days=1), time()))
+    return value
+
+
+def report(tenant, *, start, end, visible=None, now=None):
+    """{period, tenant, users, jobs}: allocated and used per job (those in `visible`, a query or list
+    of ids, when given), per user and for the tenant (all its jobs)."""
+    now = now or timezone.now()
+    jobs = {}
+
+    def row(job_id):
+        return jobs.setdefault(job_id, {"gpu_s": 0.0, "cpu_s": 0.0, "used_gpu_s": 0.0, "used_cpu_s": 0.0,
+                                        "gpu_measured": False})
+
+    for record in (UsageRecord.objects.filter(tenant=tenant, started_at__lt=end)
+                   .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
+                   .only("job_id", "gpus", "cpus", "started_at", "ended_at")):
+        seconds = record.seconds_within(start, end, now)
+        entry = row(record.job_id)
+        entry["gpu_s"] += record.gpus * seconds
+        entry["cpu_s"] += record.cpus * seconds
+    learners = (ResourceSample.objects.filter(job__tenant=tenant, time__gte=start, time__lt=end)
+                .values("job_id", "attempt", "learner")
+                .annotate(n=Count("id"), cpu=Sum("cpu_cores"), gpu=Sum("gpus_busy"), gpu_n=Count("gpus_busy"),
+                          first=Min("time"), last=Max("time")))
+    for group in learners:
+        interval = ((group["last"] - group["first"]).total_seconds() / (group["n"] - 1) if group["n"] > 1
+                    else settings.RESOURCE_SAMPLE_S)
+        entry = row(group["job_id"])
+        entry["used_cpu_s"] += group["cpu"] * interval
+        if group["gpu_n"]:
+            entry["gpu_measured"] = True
+            entry["used_gpu_s"] += group["gpu"] * interval
+    facts = {job["id"]: job for job in Job.objects.filter(id__in=list(jobs)).values(
+        "id", "name", "owner__username", "gpus", "learners")}
+    shown = set(jobs) if visible is None else set(jobs) & set(visible)
+    job_rows = [{"job": job_id, "name": facts[job_id]["name"], "user": facts[job_id]["owner__username"],
+                 **_hours(entry)} for job_id, entry in sorted(jobs.items()) if job_id in shown]
+    by_user = {}
+    for job_id, entry in jobs.items():
+        _add(by_user.setdefault(facts[job_id]["owner__username"], _zero()), entry)
+    total = _zero()
+    for entry in jobs.values():
+        _add(total, entry)
+    return {"period": {"start": start.isoformat(), "end": end.isoformat()},
+            "tenant": {"tenant": tenant.slug, **_hours(total)},
+            "users": [{"user": user, **_hours(entry)} for user, entry in sorted(by_user.items())],
+            "jobs": job_rows}
+
+
+def _zero():
+    return {"gpu_s": 0.0, "cpu_s": 0.0, "used_gpu_s": 0.0, "used_cpu_s": 0.0, "gpu_measured": False,
+            "unmeasured_gpu_s": 0.0}
+
+
+def _add(into, entry):
+    for name in ("gpu_s", "cpu_s", "used_gpu_s", "used_cpu_s"):
+        into[name] += entry[name]
+    if entry["gpu_measured"]:
+        into["gpu_measured"] = True
+    else:
+        into["unmeasured_gpu_s"] += entry["gpu_s"]
+
+
+def _hours(entry):
+    """The report's figures of one row: hours, used GPU-hours None where nothing measured GPUs."""
+    measured = entry["gpu_measured"]
+    hours = {"allocated_gpu_hours": round(entry["gpu_s"] / HOURS, 4),
+             "used_gpu_hours": round(entry["used_gpu_s"] / HOURS, 4) if measured else None,
+             "allocated_cpu_hours": round(entry["cpu_s"] / HOURS, 4),
+             "used_cpu_hours": round(entry["used_cpu_s"] / HOURS, 4)}
+    if "unmeasured_gpu_s" in entry:
+        hours["unmeasured_gpu_hours"] = round(entry["unmeasured_gpu_s"] / HOURS, 4)
+    return hours
+
+
+BY = {"job": ("job", "name", "user"), "user": ("user",), "tenant": ("tenant",)}
+
+
+def as_csv(body, *, by):
+    """The report's rows `by` job, user or tenant as CSV text, the period on every row."""
+    key = {"job": "jobs", "user": "users", "tenant": "tenant"}[by]
+    rows = body[key] if by != "tenant" else [body["tenant"]]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["period_start", "period_end", *BY[by], *FIELDS])
+    for row in rows:
+        writer.writerow([body["period"]["start"], body["period"]["end"], *(_cell(row[name]) for name in BY[by]),
+                         *("" if row[name] is None else row[name] for name in FIELDS)])
+    return out.getvalue()
+
+
+def _cell(text):
+    """A name as a spreadsheet shows it, never as a formula (=, +, -, @ first: CSV injection)."""
+    text = str(text)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
