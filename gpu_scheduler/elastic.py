@@ -22,7 +22,9 @@ Policies (value of a job at g GPUs; speedups are relative to the job at its mini
   mean with p = -1 (maximise -sum 1/speedup: a job at a small share costs more than a big job gains),
   a waiting job worth `waiting_speedup`; a change of shape of a running job is discounted by
   horizon / (horizon + restart cost), horizon = time since it started + `min_horizon_s` (a job
-  that has run long will likely run on), so a resize happens only when it pays for its restart.
+  that has run long will likely run on), so a resize happens only when it pays for its restart. A
+  job that reports no gradient noise scale has no statistical efficiency to go by: its global batch
+  is never raised past its own (it scales GPUs only, as under `gpu_only`).
 """
 import functools
 import heapq
@@ -89,9 +91,18 @@ class ElasticPolicy:
 
 
 # --- 1. options ---------------------------------------------------------------------------------------
+def batch_max(job, policy):
+    """The largest global batch the policy may give the job. Under `trainyard` a job without a noise
+    scale has no measure of what a bigger batch is worth (its efficiency would read 1, so throughput
+    alone would pick the largest batch allowed: the harm of the paper's policy); it keeps at most its own."""
+    if policy.name == "trainyard" and job.noise_scale is None:
+        return min(job.batch_max, max(job.base_batch, job.batch_min))
+    return job.batch_max
+
+
 def batch_choices(job, learners, policy):
     """Global batches the policy may give the job at this learner count."""
-    return _batch_choices(policy.name, policy.batch_steps, job.base_batch, job.batch_min, job.batch_max,
+    return _batch_choices(policy.name, policy.batch_steps, job.base_batch, job.batch_min, batch_max(job, policy),
                           learners * job.gpus_per_learner, job.max_local_batch)
 
 
@@ -158,7 +169,7 @@ def options(job, policy, gpus_per_node, now=0.0):
         return job_options(job, policy, gpus_per_node, now)
     # A waiting job's options depend only on its shape, and many jobs share one (same model, bounds).
     return list(shape_options(policy, gpus_per_node, job.model, job.noise_scale, job.base_batch, job.batch_min,
-                              job.batch_max, job.max_local_batch, job.gpus_per_learner, job.min_learners,
+                              batch_max(job, policy), job.max_local_batch, job.gpus_per_learner, job.min_learners,
                               job.max_learners, job.requested_learners))
 
 
@@ -192,8 +203,8 @@ def scaled_options(job, policy, gpus_per_node, now, base_rate):
     the speedup, and `undominated` (sizes grow with the learner count, so a running maximum)."""
     noise = job.noise_scale if policy.name == "trainyard" else None
     counts, rates, batches = rate_table(policy.name, policy.batch_steps, job.model, noise, job.base_batch,
-                                        job.batch_min, job.batch_max, job.max_local_batch, job.gpus_per_learner,
-                                        job.min_learners, job.max_learners, gpus_per_node)
+                                        job.batch_min, batch_max(job, policy), job.max_local_batch,
+                                        job.gpus_per_learner, job.min_learners, job.max_learners, gpus_per_node)
     if job.running and policy.name == "trainyard":
         rates = rates * restart_discount(job, policy, now)
         index = job.learners - job.min_learners

@@ -6,14 +6,20 @@ elastic job runs on GPUs: may_resize), and a Celery task every TRAINYARD_ELASTIC
 scheduling cycle):
 
 1. snapshot: the running elastic jobs that may change now, the GPUs they may use (their own plus the
-   idle ones), and what each tenant's GPU quota leaves them;
+   idle ones, less what the queued jobs waiting for capacity need: a grow never takes GPUs a queued
+   job could be admitted onto), and what each tenant's GPU quota leaves them;
 2. measure: each job's throughput per shape from its Allocation rows (samples per second, learner
    0's `samples` reports) and its current attempt, fitted into a throughput model
-   (gpu_scheduler.throughput.fit), and its resize cost as measured on its earlier resizes (else the
-   platform's other resizes, else TRAINYARD_ELASTIC_RESIZE_COST);
+   (gpu_scheduler.throughput.fit); its gradient noise scale, re-read each pass from the latest
+   `noise_scale` reports (learner_agent.goodput); and its resize cost as measured on its earlier
+   resizes (else the platform's other resizes, else TRAINYARD_ELASTIC_RESIZE_COST);
 3. decide: optimize(); a job resized less than TRAINYARD_ELASTIC_MIN_INTERVAL seconds ago is held at
-   its size; the plan is carried out only if its predicted gain over TRAINYARD_ELASTIC_HORIZON
-   seconds beats the restarts it costs (hysteresis: no resize for a gain the restart eats);
+   its size; a job is not grown past twice the largest shape it has measured, nor at all while its
+   sampled GPU use is under TRAINYARD_ELASTIC_GROW_MIN_GPU_USE, and a job that reports
+   no noise scale is never given a larger global batch than its own (it scales its learners only);
+   the plan is carried out only if its predicted gain in goodput over TRAINYARD_ELASTIC_HORIZON
+   seconds beats the restarts it costs (hysteresis: no resize for a gain the restart eats); a larger
+   global batch at the same learners (the noise scale grew) is such a resize too, through the checkpoint;
 4. act: shrinks first, then grows onto GPUs idle now (a grow that would need a shrinking job's GPUs
    waits for a later pass). Grows also wait while GPUs are being released: until no attempt has
    given GPUs back for TRAINYARD_ELASTIC_GROW_SETTLE seconds (a stabilisation window, as the
@@ -36,13 +42,22 @@ from gpu_scheduler import elastic as optimizer
 from gpu_scheduler import throughput
 from jobs import admission, elastic_timeline, lifecycle
 from jobs.backends import get_backend
-from jobs.models import ACTIVE, Allocation, Job, MetricPoint, Status
+from jobs.models import ACTIVE, Allocation, Job, MetricPoint, ResourceSample, Status
 from tenants import quotas
 from tenants.models import UsageRecord
 from trainyard import elasticity
 
 log = logging.getLogger(__name__)
 ACTOR = "autoscaler"
+# The metric a learner reports its gradient noise scale under (learner_agent.goodput), and how many of
+# its latest reports the autoscaler takes the median of (one report averages a few steps; it is noisy).
+NOISE_SCALE_METRIC = "noise_scale"
+NOISE_SCALE_REPORTS = 5
+# How many of each learner's latest resource samples say how busy a job keeps its GPUs (measured_gpu_use).
+GPU_USE_SAMPLES = 6
+# A job is not grown past this many times the largest shape it has measured: the throughput model
+# extrapolates from what it has seen, and errs more the further it goes.
+GROWTH_PAST_MEASURED = 2
 # Relative communication overheads of the throughput prior, scaled to each job's own measured speed
 # (gpu_scheduler.throughput.calibrated); measurements at other sizes pull the fit away from them.
 PRIOR_OVERHEADS = {"within_2": 0.15, "within_4": 0.35, "across_8": 0.6}
@@ -58,6 +73,9 @@ class Candidate:
     model: throughput.ThroughputModel
     resize_cost_s: float
     frozen: bool  # resized too recently: held at its size this pass
+    noise_scale: float | None = None  # measured (samples); None: the job reports none
+    largest_measured: int = 0  # learners of the largest shape with a measured rate; 0: none yet
+    gpu_use: float | None = None  # the share of its GPUs its learners keep busy, sampled; None: unmeasured
 
 
 def may_resize():
@@ -82,8 +100,10 @@ def run(now=None):
             return []
         held = _held_gpus(active)
         mine = {c.job.id for c in candidates}
+        reserved = _reserved_for_queue(nodes, held, active)
         cluster = optimizer.ElasticCluster(
-            nodes={n.name: n.gpus - sum(1 for (node, _), owner in held.items() if node == n.name and owner not in mine)
+            nodes={n.name: n.gpus - reserved.get(n.name, 0)
+                   - sum(1 for (node, _), owner in held.items() if node == n.name and owner not in mine)
                    for n in nodes if n.schedulable},
             quotas=_tenant_gpus_left(active, mine))
         jobs = [_elastic_job(c, now) for c in candidates]
@@ -95,7 +115,8 @@ def run(now=None):
             return []
         jobs_by_id = {c.job.id: c.job for c in candidates}
         changes = {c.job.id: targets[c.job.id] for c in candidates
-                   if targets[c.job.id].learners and targets[c.job.id].learners != c.job.learners}
+                   if targets[c.job.id].learners and (targets[c.job.id].learners != c.job.learners
+                                                      or _batch_changes(c, targets[c.job.id]))}
         if not changes:
             return []
         gain = sum(predicted_gain_s(c, changes[c.job.id]) for c in candidates if c.job.id in changes)
@@ -108,7 +129,7 @@ def run(now=None):
             log.info("autoscaler: plan %s waits: GPUs were released less than %.0f s ago",
                      {job_id: t.learners for job_id, t in changes.items()}, settings.ELASTIC_GROW_SETTLE_S)
             return []
-        return _carry_out(candidates, changes, held, {n.name: n.gpus for n in nodes})
+        return _carry_out(candidates, changes, held, {n.name: n.gpus - reserved.get(n.name, 0) for n in nodes})
 
 
 # --- 1. snapshot --------------------------------------------------------------------------------------
@@ -122,7 +143,8 @@ def _candidate(job, now):
     frozen = last_resize is not None and now - last_resize < timedelta(seconds=settings.ELASTIC_MIN_INTERVAL_S)
     rate = _current_rate(job)
     return Candidate(job=job, elastic=elastic, current=current, rate=rate, model=_model(job, current, rate),
-                     resize_cost_s=_resize_cost_s(job), frozen=frozen)
+                     resize_cost_s=_resize_cost_s(job), frozen=frozen, noise_scale=measured_noise_scale(job),
+                     largest_measured=_largest_measured(job, rate), gpu_use=measured_gpu_use(job))
 
 
 def _held_gpus(active):
@@ -133,6 +155,37 @@ def _held_gpus(active):
 def _gpus_released_since(moment):
     """Whether an attempt gave GPUs back after `moment` (its usage record closed then)."""
     return UsageRecord.objects.filter(ended_at__gt=moment, gpus__gt=0).exists()
+
+
+def _reserved_for_queue(nodes, held, active):
+    """{node: idle GPUs kept for queued jobs}: what the queued jobs that wait for capacity (not for
+    their tenant's quota) need at least (an elastic one its minimum), taken from the idle GPUs, the
+    nodes with the most first. The autoscaler never grows onto them, so a queued job is admitted by
+    the next cycle once they are enough, rather than waiting for an elastic job to shrink again."""
+    need = 0
+    used = {}
+    for job in active:
+        used[job.tenant_id] = used.get(job.tenant_id, 0) + sum(len(p["gpu_ids"]) for p in job.placement)
+    tenant_quotas = {}
+    for job in Job.objects.filter(status=Status.QUEUED, gpus__gt=0).select_related("tenant").only(
+            "id", "tenant", "learners", "gpus", "runtime"):
+        elastic = elasticity.of(job)
+        gpus = (elastic.min_learners if elastic else job.learners) * job.gpus
+        if job.tenant_id not in tenant_quotas:
+            tenant_quotas[job.tenant_id] = quotas.quota_of(job.tenant)
+        quota = tenant_quotas[job.tenant_id]
+        if quota is not None and quota.gpus is not None and not quota.can_borrow \
+                and used.get(job.tenant_id, 0) + gpus > quota.gpus:
+            continue  # it waits for its tenant's quota, which no grow of another job's takes
+        need += gpus
+    idle = {n.name: n.gpus - sum(1 for node, _ in held if node == n.name) for n in nodes if n.schedulable}
+    reserved = {}
+    for node in sorted(idle, key=lambda name: (-idle[name], name)):
+        take = min(need, max(0, idle[node]))
+        if take:
+            reserved[node] = take
+            need -= take
+    return reserved
 
 
 def _tenant_gpus_left(active, mine):
@@ -153,16 +206,31 @@ def _tenant_gpus_left(active, mine):
 
 def _elastic_job(candidate, now):
     job, elastic, current = candidate.job, candidate.elastic, candidate.current
-    low, high = (job.learners, job.learners) if candidate.frozen else (elastic.min_learners, elastic.max_learners)
+    low, high = (job.learners, job.learners) if candidate.frozen else (elastic.min_learners, max_learners(candidate))
     batch = (current.global_batch if current else None) or 0
     bounds = elastic.batch or elasticity.BatchBounds(*(_no_batch(elastic, job),) * 3)
+    # No noise scale, no measure of what a bigger batch is worth: at most its own, whatever the policy.
+    high_batch = bounds.high if candidate.noise_scale is not None else min(bounds.high, max(bounds.base, batch))
     return optimizer.ElasticJob(
         job_id=job.id, tenant=job.tenant.slug, min_learners=low, max_learners=high, gpus_per_learner=job.gpus,
-        base_batch=bounds.base, batch_min=bounds.low, batch_max=bounds.high, requested_learners=job.learners,
-        model=candidate.model, restart_s=candidate.resize_cost_s, learners=job.learners,
+        base_batch=bounds.base, batch_min=bounds.low, batch_max=high_batch, requested_learners=job.learners,
+        model=candidate.model, noise_scale=candidate.noise_scale, restart_s=candidate.resize_cost_s,
+        learners=job.learners,
         batch=batch or bounds.base, placement=tuple(p["node"] for p in job.placement),
         started_s=job.started_at.timestamp() if job.started_at else now.timestamp(),
         order=int(job.created_at.timestamp() * 1_000_000))
+
+
+def max_learners(candidate):
+    """The most learners the pass may give the job: its bound, and twice the largest shape it has
+    measured (no grow until it has measured one). A job whose GPUs are mostly idle is not grown: what
+    holds it back (its input, its host) is not what more GPUs give, and they would idle too."""
+    if not candidate.largest_measured:
+        return candidate.job.learners
+    if candidate.gpu_use is not None and candidate.gpu_use < settings.ELASTIC_GROW_MIN_GPU_USE:
+        return candidate.job.learners
+    return max(candidate.job.learners,
+               min(candidate.elastic.max_learners, GROWTH_PAST_MEASURED * candidate.largest_measured))
 
 
 def _no_batch(elastic, job):
@@ -179,6 +247,38 @@ def _current_rate(job):
     if span["first"] is None or span["last"] <= span["first"] or span["high"] <= span["low"]:
         return None
     return (span["high"] - span["low"]) / (span["last"] - span["first"]).total_seconds()
+
+
+def measured_noise_scale(job):
+    """The job's gradient noise scale (samples): the median of its latest NOISE_SCALE_REPORTS
+    `noise_scale` reports over all its attempts (it is a property of where training is, not of the
+    shape), re-read each pass as training goes; None if it reports none."""
+    values = sorted(MetricPoint.objects.filter(job=job, name=NOISE_SCALE_METRIC, value__gt=0)
+                    .order_by("-id").values_list("value", flat=True)[:NOISE_SCALE_REPORTS])
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def measured_gpu_use(job):
+    """The share (0-1) of the current attempt's GPUs its learners kept busy over their latest
+    GPU_USE_SAMPLES resource samples each (learner_agent.telemetry; `gpus_busy` is a sample's
+    utilisations summed, as GPUs); None before any sample has read a GPU."""
+    if not job.gpus:
+        return None
+    busy = list(ResourceSample.objects.filter(job=job, attempt=job.attempt, gpus_busy__isnull=False)
+                .order_by("-id").values_list("gpus_busy", flat=True)[:GPU_USE_SAMPLES * job.learners])
+    return sum(busy) / len(busy) / job.gpus if busy else None
+
+
+def _largest_measured(job, rate):
+    """Learners of the largest shape the job has a measured rate at (its finished attempts, and the
+    current one once it has reported progress); 0 if none."""
+    sizes = [row.learners for row in Allocation.objects.filter(job=job, ended_at__isnull=False) if row.samples_per_s]
+    if rate:
+        sizes.append(job.learners)
+    return max(sizes, default=0)
 
 
 def _observation(learners, gpus_per_learner, nodes, global_batch, rate):
@@ -229,9 +329,18 @@ def predicted_rate(candidate, learners, batch):
     return candidate.model.throughput(gpus, 1, batch or candidate.job.gpus * learners)
 
 
+def statistical_efficiency(candidate, batch):
+    """Useful fraction of a sample at `batch` against the job's own batch (1 without a noise scale)."""
+    base = candidate.elastic.batch.base if candidate.elastic.batch else None
+    if not batch or not base:
+        return 1.0
+    return throughput.efficiency(batch, base, candidate.noise_scale)
+
+
 def predicted_gain_s(candidate, target):
     """Seconds of the job's present progress gained over the horizon by moving to `target`, less what
-    the restart costs: (new rate / rate now - 1) x horizon - resize cost."""
+    the restart costs: (new goodput / goodput now - 1) x horizon - resize cost, goodput being samples/s
+    x statistical efficiency (so a bigger batch that trains faster but learns less per sample is no gain)."""
     job = candidate.job
     now_batch = candidate.current.global_batch if candidate.current else None
     rate_now = candidate.rate or predicted_rate(candidate, job.learners, now_batch)
@@ -239,7 +348,20 @@ def predicted_gain_s(candidate, target):
     rate_new = predicted_rate(candidate, target.learners, shape.global_batch)
     if not rate_now:
         return 0.0
-    return (rate_new / rate_now - 1) * settings.ELASTIC_HORIZON_S - candidate.resize_cost_s
+    gain = (rate_new * statistical_efficiency(candidate, shape.global_batch)) / (
+        rate_now * statistical_efficiency(candidate, now_batch))
+    return (gain - 1) * settings.ELASTIC_HORIZON_S - candidate.resize_cost_s
+
+
+def _batch_changes(candidate, target):
+    """Whether the target keeps the learners but raises the global batch (the job's noise scale has
+    grown): carried out as a resize at the same size, through the checkpoint. Only upwards: a smaller
+    batch alone (a small noise scale) waits for the next change of learners rather than cost a
+    restart of its own. Not for a job held at its size."""
+    current = candidate.current.global_batch if candidate.current else None
+    if candidate.frozen or candidate.elastic.batch is None or not current or not target.batch:
+        return False
+    return elasticity.shape(candidate.elastic, target.learners, target.batch).global_batch > current
 
 
 # --- 4. act -----------------------------------------------------------------------------------------
@@ -250,9 +372,11 @@ def _carry_out(candidates, changes, held, node_gpus):
     for candidate in ordered:
         job, target = candidate.job, changes[candidate.job.id]
         placement = _placement(job, target, held, node_gpus)
-        if len(placement) == job.learners:
+        same_size = target.learners == job.learners
+        if len(placement) == job.learners and not same_size:
             continue  # a grow with no idle GPU on the planned nodes yet
-        why = "idle GPUs" if len(placement) > job.learners else "GPUs for other elastic jobs"
+        why = ("its measured gradient noise scale" if same_size else
+               "idle GPUs" if len(placement) > job.learners else "GPUs for other elastic jobs")
         row = lifecycle.resize(job, learners=len(placement), placement=placement, why=why, actor=ACTOR,
                                wanted_batch=target.batch or None)
         if row is not None:

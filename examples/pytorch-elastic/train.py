@@ -18,7 +18,13 @@ stopped: across all attempts every sample is trained on exactly once per epoch.
   (atomically: a temporary file, then a rename) and all exit 0.
 - Every learner logs the sample indices it trained on, one line per step:
   `samples epoch=2 step=57 rank=1 idx=3,17..18,40` (ascending, runs of consecutive indices as a..b).
-- Learner 0 reports `samples` (cumulative over the job), `loss` and `val_acc` with `report()`.
+- Learner 0 reports `samples` (cumulative over the job), `loss` and `val_acc` with `report()`, and
+  the gradient noise scale (`noise_scale`, learner_agent.goodput): each learner computes the gradient
+  of the first half of its part of the step without the all-reduce (DDP's `no_sync`), then the second
+  half with it; the squared norms of the half's mean gradient (averaged over the learners) and of the
+  whole step's are the two batch sizes the estimator needs. The step's gradient is the same as one
+  pass over the whole part would give. `--no-noise-scale` skips it (the platform then never gives the
+  job a larger global batch than its own).
 
 Runs bare too: `python train.py` is a one-learner job writing to ./checkpoints and ./results.
 """
@@ -28,6 +34,7 @@ import importlib.util
 import json
 import math
 import os
+import contextlib
 import signal
 import sys
 import time
@@ -53,9 +60,11 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 try:
     from learner_agent import batch_config, report
+    from learner_agent.goodput import GradientNoiseScale, squared_grad_norm
 except ImportError:  # a bare run from a checkout: the helper lives at the repository's top
     sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir))
     from learner_agent import batch_config, report
+    from learner_agent.goodput import GradientNoiseScale, squared_grad_norm
 
 
 def parse_args(argv):
@@ -71,6 +80,12 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--step-delay", type=float, default=0.0,
                         help="seconds to pause after each step: a demo or test at a known pace on any machine")
+    parser.add_argument("--sample-delay", type=float, default=0.0,
+                        help="seconds of each step per sample of this learner's part: on virtual GPUs (the "
+                             "local backend's TRAINYARD_LOCAL_GPUS) a stand-in for a GPU's compute, so that more "
+                             "learners take a step faster, as on real GPUs")
+    parser.add_argument("--no-noise-scale", action="store_true",
+                        help="do not measure or report the gradient noise scale")
     return parser.parse_args(argv)
 
 
@@ -167,11 +182,14 @@ def main(argv=None):
     # Progress: `samples` trained on by the whole job so far; the epoch and the position in its
     # order follow from it, whatever batch sizes got it there.
     state = {"samples": 0, "step": 0, "lr_scale": 1.0, "history": [], "epoch_loss": 0.0}
+    noise = GradientNoiseScale()
     if config.resume_from:
         saved = torch.load(config.resume_from, map_location="cpu", weights_only=True)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         state = {key: saved[key] for key in state}
+        if "noise_scale" in saved:
+            noise.load_state_dict(saved["noise_scale"])
         print(f"learner {rank}: resuming from {config.resume_from} at samples={state['samples']} "
               f"(epoch {saved['epoch']}, step {saved['step']}, trained at global batch {saved['global_batch']}, "
               f"lr factor {saved['lr_scale']:g})", flush=True)
@@ -190,6 +208,7 @@ def main(argv=None):
             saved_at[0] = state["samples"]
             save_checkpoint(os.path.join(checkpoint_dir, f"samples-{state['samples']}.pt"), {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), **state,
+                "noise_scale": noise.state_dict(),
                 "epoch": state["samples"] // size, "global_batch": config.global_batch, "world_size": world})
 
     if rank == 0:
@@ -208,16 +227,32 @@ def main(argv=None):
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad()
-        loss_sum = nn.functional.cross_entropy(trained(train_x[mine]), train_y[mine], reduction="sum")
         # DDP averages gradients over the learners; scaled so, the result is the mean over the chunk.
-        (loss_sum * world / len(chunk)).backward()
+        measure = not args.no_noise_scale and len(chunk) // world >= 2  # every learner has two halves
+        parts = mine.tensor_split(2) if measure else (mine,)
+        loss_sum, half_sq = 0.0, 0.0
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            # The first half's gradient stays local (no all-reduce); the last pass all-reduces the sum.
+            with contextlib.nullcontext() if last or world == 1 else trained.no_sync():
+                part_loss = nn.functional.cross_entropy(trained(train_x[part]), train_y[part], reduction="sum")
+                (part_loss * world / len(chunk)).backward()
+            loss_sum += part_loss.detach()
+            if measure and i == 0:  # the mean gradient of this half, from its share of the chunk's mean
+                half_sq = squared_grad_norm(model.parameters()) * (len(chunk) / (world * len(part))) ** 2
+        whole_sq = squared_grad_norm(model.parameters()) if measure else 0.0
         optimizer.step()
+        if args.sample_delay > 0:
+            time.sleep(args.sample_delay * len(mine))
         state["samples"] += len(chunk)
         state["step"] += 1
         attempt_step += 1
         print(f"samples epoch={epoch} step={state['step']} rank={rank} idx={index_ranges(mine.tolist())}", flush=True)
         # One collective per step: the stop flag travels with the loss, so every learner stops here.
-        stop, chunk_loss = all_sum(float(STOP.requested), loss_sum.item())
+        stop, chunk_loss, half_sq_sum, half_sizes = all_sum(float(STOP.requested), loss_sum.item(), half_sq,
+                                                            float(len(parts[0])) if measure else 0.0)
+        if measure and half_sizes > 0:
+            noise.update(half_sizes / world, half_sq_sum / world, len(chunk), whole_sq)
         if args.step_delay > 0 and not stop:
             time.sleep(args.step_delay)
         chunk_loss /= len(chunk)
@@ -228,7 +263,7 @@ def main(argv=None):
         if rank == 0:
             print(f"step {state['step']} samples={state['samples']} loss {chunk_loss:.4f} lr {lr:.5f}", flush=True)
             if since_report >= args.report_every or epoch_done or stop:
-                report(samples=state["samples"], loss=loss_since_report / since_report, step=state["step"])
+                noise.report(samples=state["samples"], loss=loss_since_report / since_report, step=state["step"])
                 since_report, loss_since_report = 0, 0.0
         if epoch_done:
             finish_epoch(state, epoch, args.epochs, size, rank, model, val_x, val_y)

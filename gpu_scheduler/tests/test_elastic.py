@@ -88,6 +88,26 @@ def test_it_keeps_a_small_noise_scale_job_near_its_batch_under_trainyard():
     assert targets["a"].batch <= 512
 
 
+@pytest.mark.parametrize("running", [False, True])
+def test_it_never_gives_a_job_without_a_noise_scale_a_larger_batch_under_trainyard(running):
+    # Without a noise scale its efficiency reads 1: throughput alone would take the largest batch (4,096).
+    shape = dict(learners=1, batch=256, placement=("n1",), started_s=0.0) if running else {}
+    targets = optimize([ejob("a", hi=8, noise=None, **shape)], cluster(8), ElasticPolicy("trainyard"), now=10**6)
+    assert targets["a"].learners == 8 and targets["a"].batch <= 256
+
+
+def test_a_job_without_a_noise_scale_scales_its_gpus_at_its_own_batch_among_others():
+    targets = optimize([ejob("a", hi=8, noise=None), ejob("b", hi=8, noise=None)], cluster(8, 8),
+                       ElasticPolicy("trainyard"))
+    assert all(t.batch <= 256 for t in targets.values()) and sum(t.learners for t in targets.values()) == 16
+
+
+def test_a_large_noise_scale_lets_the_batch_grow_under_trainyard():
+    small = optimize([ejob("a", hi=8, noise=32.0)], cluster(8), ElasticPolicy("trainyard"))["a"]
+    large = optimize([ejob("a", hi=8, noise=10**6)], cluster(8), ElasticPolicy("trainyard"))["a"]
+    assert small.batch <= 256 < large.batch
+
+
 def test_it_admits_a_waiting_job_before_growing_a_running_one_under_trainyard():
     running = ejob("a", hi=8, learners=8, batch=256, placement=("n1",) * 8, started_s=0.0)
     targets = optimize([running, ejob("b", hi=8)], cluster(8), ElasticPolicy("trainyard"), now=10.0)

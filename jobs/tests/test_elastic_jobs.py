@@ -3,7 +3,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.lifecycle import deploy_spec
-from jobs.models import Allocation, Job, Learner, MetricPoint, Status
+from jobs.models import Allocation, Job, Learner, MetricPoint, ResourceSample, Status
 from jobs.states import transition
 from tests.support.builders import job, member
 
@@ -254,12 +254,13 @@ def test_a_pass_without_an_elastic_job_running_reads_nothing_else(four_gpus, sen
 
 
 def test_the_autoscaler_grows_an_elastic_job_onto_idle_gpus(four_gpus, sent):
-    row = running(elastic_job(learners=1), gpus=[0])
-    reports(row, (20, 0), (0, 2000))  # 100 samples/s at one learner
+    row = running(elastic_job(learners=2), gpus=[0, 1])
+    reports(row, (20, 0), (0, 2000))  # 100 samples/s at two learners
     resized, = four_gpus.run()
     row.refresh_from_db()
     assert row.status == Status.HALTING and resized.learners == 4
-    assert resized.reason.startswith("resized 1→4 learners, batch 64→") and resized.reason.endswith(": idle GPUs")
+    # It reports no noise scale: its learners change, its global batch stays the manifest's.
+    assert resized.reason == "resized 2→4 learners, batch 64→64: idle GPUs"
     assert sorted(g for p in resized.placement for g in p["gpu_ids"]) == [0, 1, 2, 3]
     assert row.events.last().actor == "autoscaler"
 
@@ -286,7 +287,7 @@ def test_it_does_not_resize_a_job_again_within_the_minimum_interval(four_gpus, s
     reports(row, (20, 0), (0, 2000))
     assert four_gpus.run() == []
     four_gpus.settings.ELASTIC_MIN_INTERVAL_S = 0.0
-    assert [r.learners for r in four_gpus.run()] == [4]
+    assert [r.learners for r in four_gpus.run()] == [2]
 
 
 def test_it_uses_the_measured_resize_cost(four_gpus, sent):
@@ -318,4 +319,116 @@ def test_a_job_that_held_no_gpu_does_not_hold_a_grow_back(four_gpus, sent):
     reports(row, (20, 0), (0, 2000))
     cpu_only = running(job(member(), gpus=0, learners=1), gpus=[])
     transition(cpu_only.id, Status.TERMINATED, actor="alice", reason="terminated")
+    assert [r.learners for r in four_gpus.run()] == [2]
+
+
+def noise_scales(row, *values, attempt=None):
+    """Learner 0's `noise_scale` reports, oldest first."""
+    for value in values:
+        MetricPoint.objects.create(job=row, attempt=attempt or row.attempt, learner=0, name="noise_scale",
+                                   value=value, time=timezone.now())
+
+
+def test_it_grows_a_job_no_further_than_twice_its_largest_measured_shape(four_gpus, sent):
+    row = running(elastic_job(learners=1), gpus=[0])
+    assert four_gpus.run() == []  # nothing measured yet: nothing to extrapolate from
+    reports(row, (20, 0), (0, 2000))
+    resized, = four_gpus.run()
+    assert resized.learners == 2  # four would be idle, but one learner is all it has measured
+
+
+def test_a_job_without_a_noise_scale_keeps_its_batch_whatever_the_policy(four_gpus, sent):
+    four_gpus.settings.ELASTIC_POLICY = "paper"  # throughput alone: the largest batch allowed, without the rule
+    row = running(elastic_job(learners=2), gpus=[0, 1])
+    reports(row, (20, 0), (0, 2000))
+    resized, = four_gpus.run()
+    assert (resized.learners, resized.global_batch, resized.local_batch) == (4, 64, 16)
+
+
+@pytest.mark.parametrize("noise,bigger", [(8.0, False), (100_000.0, True)])
+def test_the_batch_follows_the_measured_noise_scale(four_gpus, sent, noise, bigger):
+    row = running(elastic_job(learners=2), gpus=[0, 1])
+    reports(row, (20, 0), (0, 2000))
+    noise_scales(row, noise / 10, noise, noise, noise)  # the median of the latest reports
+    resized, = four_gpus.run()
+    assert resized.learners > 2 and (resized.global_batch > 64) == bigger, resized.reason
+
+
+def test_it_reestimates_the_noise_scale_as_training_goes(four_gpus, sent):
+    from jobs import autoscaler
+    row = running(elastic_job(learners=2), gpus=[0, 1])
+    assert autoscaler.measured_noise_scale(row) is None
+    noise_scales(row, 10.0, 12.0, 11.0)
+    assert autoscaler.measured_noise_scale(row) == 11.0
+    noise_scales(row, 900.0, 1000.0, 1100.0, 1000.0, 950.0)  # it grew as the loss fell
+    assert autoscaler.measured_noise_scale(row) == 1000.0
+
+
+def gpu_samples(row, *busy):
+    """Each learner's resource samples with its GPU this busy (0-1), oldest first."""
+    for value in busy:
+        for learner in range(row.learners):
+            ResourceSample.objects.create(
+                job=row, attempt=row.attempt, learner=learner, time=timezone.now(), cpu_cores=1.0,
+                memory_bytes=2**28, memory_peak_bytes=2**28, gpu_utilization=value * 100, gpus_busy=value * row.gpus,
+                gpus=[{"index": 0, "utilization": value * 100}])
+
+
+@pytest.mark.parametrize("busy,grown", [((0.9, 0.2, 0.2, 0.2), False), ((0.3, 0.9, 0.95, 0.85), True)])
+def test_it_does_not_grow_a_job_that_leaves_its_gpus_idle(four_gpus, sent, busy, grown):
+    from jobs import autoscaler
+    row = running(elastic_job(learners=2), gpus=[0, 1])
+    reports(row, (20, 0), (0, 2000))
+    gpu_samples(row, *busy)
+    assert autoscaler.measured_gpu_use(row) == pytest.approx(sum(busy) / len(busy))
+    assert [r.learners for r in four_gpus.run()] == ([4] if grown else [])
+
+
+def test_without_gpu_samples_or_with_the_rule_off_it_grows(four_gpus, sent):
+    from jobs import autoscaler
+    row = running(elastic_job(learners=2), gpus=[0, 1])
+    reports(row, (20, 0), (0, 2000))
+    assert autoscaler.measured_gpu_use(row) is None
+    four_gpus.settings.ELASTIC_GROW_MIN_GPU_USE = 0.0
+    gpu_samples(row, 0.1, 0.1)
     assert [r.learners for r in four_gpus.run()] == [4]
+
+
+def test_it_never_grows_onto_gpus_a_queued_job_waits_for(four_gpus, sent):
+    """A fixed job holds 2 GPUs, the elastic job 1; a queued job needs 3. The idle GPU is kept for it:
+    once the fixed job ends it is admitted in the next cycle, not after the elastic job shrinks back."""
+    from jobs import scheduler_loop
+    row = running(elastic_job(learners=1), gpus=[0])
+    reports(row, (20, 0), (0, 2000))
+    fixed = running(job(member(), gpus=1, learners=2), gpus=[1, 2])
+    waiting = job(member(), gpus=1, learners=3)
+    assert four_gpus.run() == []
+    assert Job.objects.get(pk=row.pk).status == Status.PROCESSING
+    transition(fixed.id, Status.TERMINATED, actor="alice", reason="terminated")
+    scheduler_loop.run_cycle()
+    assert Job.objects.get(pk=waiting.pk).status == Status.PENDING
+    assert Job.objects.get(pk=row.pk).learners == 1
+
+
+def test_a_queued_job_held_back_by_its_quota_does_not_stop_a_grow(four_gpus, sent):
+    from tenants.models import Quota
+    row = running(elastic_job(learners=1), gpus=[0])
+    reports(row, (20, 0), (0, 2000))
+    other = member("team-b", "bob")
+    Quota.objects.update_or_create(tenant=other.tenant, defaults={"gpus": 1, "can_borrow": False})
+    running(job(other, gpus=1, learners=1), gpus=[3])
+    job(other, gpus=1, learners=1)  # its tenant's one GPU is taken: it waits for that, not for capacity
+    assert [r.learners for r in four_gpus.run()] == [2]
+
+
+def test_a_running_job_whose_noise_scale_grows_gets_a_larger_batch_at_its_size(four_gpus, sent):
+    four_gpus.settings.ELASTIC_MIN_INTERVAL_S = 0.0
+    row = running(elastic_job(learners=2), gpus=[0, 1])
+    running(job(member(), gpus=1, learners=2), gpus=[2, 3])  # no idle GPU: only the batch may change
+    reports(row, (20, 0), (0, 2000))
+    noise_scales(row, 40.0, 40.0, 40.0)
+    assert four_gpus.run() == []  # small: no larger batch (and a smaller one alone is not worth a restart)
+    noise_scales(row, *[100_000.0] * 5)  # it grew as training went on
+    resized, = four_gpus.run()
+    assert (resized.learners, resized.attempt) == (2, 2) and resized.global_batch > 64
+    assert resized.reason.endswith(": its measured gradient noise scale") and resized.placement == row.placement

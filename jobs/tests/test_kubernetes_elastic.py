@@ -5,8 +5,9 @@ KubernetesEmulator through the official client) as test_kubernetes_integration.p
 - a grow: the autoscaler grows a job onto idle GPUs, its learners checkpoint on the signal, and its
   next attempt's pods are created with the new count and the new batch while the old attempt's are
   deleted;
-- the whole flow of tests/e2e/test_elastic.py: started at 1 learner while another tenant holds 3
-  GPUs, grown to 4 when they free, shrunk to 2 for a high-priority job of its own tenant, completed;
+- the whole flow of tests/e2e/test_elastic.py: started at 2 learners while another tenant holds 2
+  GPUs, grown to 4 when they free (twice the largest shape it measured), shrunk to 2 for a
+  high-priority job of its own tenant, completed;
 - a learner that ignores the resize signal is killed by its agent and named.
 
 Every object the backend wrote validates against the Kubernetes schema. The kubelet and the learner
@@ -132,6 +133,15 @@ def stop_pods(cluster, target, kubelet, agents, reason=""):
         kubelet.terminate(namespace_of(target), name, exit_code=0)
 
 
+def report_noise_scale(agent, value, *, step, at):
+    """Rank 0's `noise_scale` report (learner_agent.goodput): a large one, so a bigger batch pays."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        learner_agent.report(noise_scale=value, step=step)
+    for point in MetricExtractor().extract(printed.getvalue().strip()):
+        agent.send(kind="metric", **point, time=at)
+
+
 def report_samples(agent, samples, *, step, at):
     """What rank 0's agent sends when its learner calls learner_agent.report(samples=N): the printed
     line as a log record, and the metric point the agent's extractor finds in it (learner_agent.agent)."""
@@ -205,6 +215,7 @@ def test_an_elastic_jobs_next_attempt_runs_with_the_new_count_and_batch(cluster,
     started = timezone.now().timestamp()
     report_samples(agents[0], 0, step=0, at=started - 20)
     report_samples(agents[0], 2000, step=31, at=started)
+    report_noise_scale(agents[0], 100_000.0, step=31, at=started)
 
     # The two other GPUs are idle: the autoscaler grows the job onto them.
     resized, = autoscaling.run()
@@ -260,32 +271,33 @@ def test_an_elastic_job_starts_small_grows_shrinks_for_its_tenant_and_completes(
     """The flow of tests/e2e/test_elastic.py on the Kubernetes backend: node-1 and node-2 have 2 GPUs
     each (node-3 is cordoned), so the cluster has 4."""
     alice = member()
-    # Another tenant's fixed job holds 3 of the 4 GPUs.
-    busy = fixed(member("team-b", "bob"), "busy", learners=3)
+    # Another tenant's fixed job holds 2 of the 4 GPUs.
+    busy = fixed(member("team-b", "bob"), "busy", learners=2)
     admission.run_cycle()
     worker.run()
     busy_kubelet, busy_agents = start_pods(cluster, busy, 1)
     assert Job.objects.get(pk=busy.id).status == Status.PROCESSING
 
-    # The elastic job asks for 4 learners; one GPU is free: it starts with 1.
+    # The elastic job asks for 4 learners; two GPUs are free: it starts with 2.
     target = submitted(alice, ELASTIC_FOUR, learners=4)
     admission.run_cycle()
     job = Job.objects.get(pk=target.id)
-    assert (job.status, job.learners) == (Status.PENDING, 1)
-    assert job.status_reason.startswith("admitted with 1 of its 4 learners")
+    assert (job.status, job.learners) == (Status.PENDING, 2)
+    assert job.status_reason.startswith("admitted with 2 of its 4 learners")
     worker.run()  # deploy attempt 1
-    assert cluster.names("pods", NS) == [objects.pod_name(target.id, 1, 0)]
+    assert cluster.names("pods", NS) == [objects.pod_name(target.id, 1, i) for i in range(2)]
     env = attempt_config(cluster, target, 1, 0)["env"]
     assert (env["TRAINYARD_GLOBAL_BATCH_SIZE"], env["TRAINYARD_LOCAL_BATCH_SIZE"], env["NUM_LEARNERS"]) == (
-        "64", "64", "1")
-    assert "WORLD_SIZE" not in env  # one learner: not distributed
+        "64", "32", "2")
+    assert env["WORLD_SIZE"] == "2"
     assert assert_all_schema_valid(cluster) == EVERY_KIND
     assert_fits_the_nodes(cluster)
     kubelet, agents = start_pods(cluster, target, 1)
     assert Job.objects.get(pk=target.id).status == Status.PROCESSING
     now = time.time()
     report_samples(agents[0], 0, step=0, at=now - 20)
-    report_samples(agents[0], 2000, step=31, at=now)  # 100 samples/s at one learner
+    report_samples(agents[0], 2000, step=31, at=now)  # 100 samples/s at two learners
+    report_noise_scale(agents[0], 100_000.0, step=31, at=now)
 
     # The busy job completes: its GPUs are idle, and the autoscaler grows the elastic job onto them.
     stop_pods(cluster, busy, busy_kubelet, busy_agents)
@@ -294,9 +306,10 @@ def test_an_elastic_job_starts_small_grows_shrinks_for_its_tenant_and_completes(
     assert cluster.names("pods", namespace_of(busy)) == []
     grow, = autoscaling.run()
     assert (grow.attempt, grow.learners) == (2, 4)
-    assert grow.reason.startswith("resized 1→4 learners, batch 64→") and grow.reason.endswith(": idle GPUs")
+    assert grow.reason.startswith("resized 2→4 learners, batch 64→") and grow.reason.endswith(": idle GPUs")
     worker.run()  # halt_learners: the checkpoint signal, through the pod's annotation
-    assert objects.HALT_ANNOTATION in pod_of(cluster, target, 1, 0)["metadata"]["annotations"]
+    for i in range(2):
+        assert objects.HALT_ANNOTATION in pod_of(cluster, target, 1, i)["metadata"]["annotations"]
     assert_all_schema_valid(cluster)  # the annotated pod too
     checkpoints = storage.job_dir("team-a", target.id) / "checkpoints"
     (checkpoints / "attempt-1" / "model.pt").write_bytes(b"weights at sample 2000")
@@ -385,7 +398,7 @@ def test_an_elastic_job_starts_small_grows_shrinks_for_its_tenant_and_completes(
     resumed = [reason for status, _, reason in events if status == Status.PENDING][1:]
     assert resumed == [f"{grow.reason} (resumes from model.pt)", f"{shrink.reason} (resumes from model.pt)"]
     timeline = client_for(alice).get(f"/api/v1/jobs/{target.id}/allocations/").json()["results"]
-    assert [(r["attempt"], r["learners"]) for r in timeline] == [(1, 1), (2, 4), (3, 2)]
+    assert [(r["attempt"], r["learners"]) for r in timeline] == [(1, 2), (2, 4), (3, 2)]
     assert [(r["samples_start"], r["samples_end"]) for r in timeline] == [(0, 2000), (2000, 10000), (10000, 16000)]
     assert all(r["resize_cost_s"] is not None for r in timeline[1:])
 

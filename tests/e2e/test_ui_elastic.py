@@ -55,8 +55,9 @@ def test_the_chart_follows_a_real_resize_live(browser, four_gpus):
     try:
         page.goto(f"{four_gpus.url}/jobs/{job['id']}/")
         page.wait_for_selector(CONNECTED)
-        # The autoscaler grows it onto the three idle GPUs once it has measured it; the page hears the
-        # new attempt over the websocket and draws its stretch, and rank 0's reports of it as rates.
+        # The autoscaler grows it onto idle GPUs once it has measured it (to 2, twice the shape it
+        # measured); the page hears the new attempt over the websocket and draws its stretch, and rank
+        # 0's reports of it as rates.
         page.wait_for_function(f"() => document.querySelector('{SECTION}').dataset.allocationCount === '2'",
                                timeout=RESIZE_WAIT_MS)
         page.wait_for_function("""() => window.Trainyard.page.elastic.points.some((p) => p.attempt === 2)

@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "pytorch-elastic"
 MANIFEST = yaml.safe_load((EXAMPLE / "manifest.yml").read_text())
 COMMAND = [sys.executable if word == "python" else word for word in shlex.split(MANIFEST["framework"]["command"])]
+if "--sample-delay" in COMMAND:  # a virtual GPU's pace (the manifest's): here only the samples matter
+    del COMMAND[COMMAND.index("--sample-delay"):COMMAND.index("--sample-delay") + 2]
 BASE_BATCH = MANIFEST["elastic"]["batch_size"]["global"]
 ATTEMPT_TIMEOUT = 120
 
