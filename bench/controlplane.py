@@ -1,8 +1,8 @@
 """controlplane: the platform under many jobs at once, on the Kubernetes backend, PostgreSQL and Redis.
 
-The platform runs as deploy/kubernetes runs it (daphne for the users, a daphne of its own for the
+The platform runs as deploy/kubernetes runs it (uvicorn for the users, a web process of its own for the
 agents' ingest posts, a Celery worker and beat; TRAINYARD_BACKEND=kubernetes; BENCH_CP_INGEST_WEB=0
-puts the agents on the users' daphne instead) against the emulated API server its Kubernetes tests
+puts the agents on the users' web process instead) against the emulated API server its Kubernetes tests
 use (kmock's KubernetesEmulator, in a process of its own, reached through a kubeconfig by the
 official client). This process plays the rest of the
 cluster: a kubelet that runs each learner pod the backend creates and ends it (Succeeded) JOB_S
@@ -23,12 +23,14 @@ does). Jobs: 1 learner, 1 GPU.
    and from the change itself (updated_at; adds the rest of the transaction that made it).
 
 Needs PostgreSQL (DATABASE_URL, default postgres://postgres@127.0.0.1:5432/postgres: a database of
-its own is created there and dropped after) and Redis (REDIS_URL, default redis://127.0.0.1:6379/0:
-a database number no client uses). Where the server's autovacuum is off (a test server's may be), a
-stand-in does its work on the bench's database (bench.autovacuum), as a deployment's PostgreSQL
-would. Everything shares this machine's cores, so every figure is under
+its own is created there and dropped after), reached through PgBouncer as deploy/ reaches it (Debian's
+pgbouncer with deploy/pgbouncer/pgbouncer.ini; BENCH_CP_PGBOUNCER=0 connects directly) and Redis
+(REDIS_URL, default redis://127.0.0.1:6379/0: a database number no client uses). Where the
+server's autovacuum is off (a test server's may be), a stand-in does its work on the bench's database
+(bench.autovacuum), as a deployment's PostgreSQL would. Everything shares this machine's cores, so every figure is under
 that contention; the sizes can be lowered with BENCH_CP_* variables.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -48,6 +50,7 @@ from bench.autovacuum import Autovacuum
 from bench.concurrency import Usage, proc_stat
 from bench.report import median, percentile, publish
 from bench.targets import shown
+from tests.support import pgbouncer
 from tests.support.harness import start_session
 
 CONCURRENT = int(os.environ.get("BENCH_CP_CONCURRENT", 1000))
@@ -62,6 +65,9 @@ AGENT_CONNECTIONS = int(os.environ.get("BENCH_CP_AGENT_CONNECTIONS", 8))
 # trainyard-ingest Deployment, TRAINYARD_K8S_INGEST_URL); BENCH_CP_INGEST_WEB=0: to the one web
 # process that also serves the users (make demo's layout).
 INGEST_WEB = os.environ.get("BENCH_CP_INGEST_WEB", "1") not in ("", "0")
+# The platform's connections go through PgBouncer, as deploy/ runs it (a Django connection per request,
+# CONN_MAX_AGE 0, is a server process forked without it); BENCH_CP_PGBOUNCER=0: straight to PostgreSQL.
+PGBOUNCER = os.environ.get("BENCH_CP_PGBOUNCER", "1") not in ("", "0")
 # The phases wait at most this long, so the bench ends within 15 minutes whatever this machine
 # manages; what was reached is reported (`*_reached`) and every figure is measured at that.
 SMALL_TIMEOUT_S = float(os.environ.get("BENCH_CP_SMALL_TIMEOUT_S", 180))
@@ -89,6 +95,9 @@ def require_services():
         psycopg2.connect(database, connect_timeout=5).close()
     except psycopg2.OperationalError as exc:
         raise SystemExit(f"bench controlplane needs PostgreSQL at {database} (set DATABASE_URL): {exc}".strip())
+    if PGBOUNCER and pgbouncer.executable() is None:
+        raise SystemExit("bench controlplane runs the platform through PgBouncer as deploy/ does: install "
+                         "pgbouncer, or set BENCH_CP_PGBOUNCER=0 to connect to PostgreSQL directly")
     url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
     try:
         redis.Redis.from_url(url, socket_connect_timeout=5).ping()
@@ -594,7 +603,16 @@ def main():
     # emulated cluster and drops its database: the finally blocks run on SIGTERM too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     database, redis_url = require_services()
-    os.environ["DATABASE_URL"], os.environ["REDIS_URL"] = database, redis_url
+    with contextlib.ExitStack() as stack:
+        if PGBOUNCER:
+            database = stack.enter_context(pgbouncer.running(database))(database.rsplit("/", 1)[1])
+        os.environ["DATABASE_URL"], os.environ["REDIS_URL"] = database, redis_url
+        figures = measure()
+    figures["database_via"] = "PgBouncer (deploy/pgbouncer/pgbouncer.ini)" if PGBOUNCER else "PostgreSQL directly"
+    report(figures)
+
+
+def measure():
     work_dir = Path(tempfile.mkdtemp(prefix="trainyard-bench-cp-"))
     cluster = Cluster(work_dir)
     session = None
@@ -613,7 +631,7 @@ def main():
             print(f"kept {work_dir} (platform logs under platform/logs)")
         else:
             shutil.rmtree(work_dir, ignore_errors=True)
-    report(figures)
+    return figures
 
 
 def ingest_url(session):
@@ -622,10 +640,9 @@ def ingest_url(session):
     are served by a process that parses no log batches."""
     if not INGEST_WEB:
         return session.url
-    from portal.runner import free_port
+    from portal.runner import free_port, web_server_command
     port = free_port()
-    session.platform.spawn("ingest-web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                          "portal.asgi:application"])
+    session.platform.spawn("ingest-web", web_server_command("--host", "127.0.0.1", "--port", str(port)))
     url = f"http://127.0.0.1:{port}"
     wait_until("the ingest web process", lambda: _answers(url), 60)
     return url

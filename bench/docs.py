@@ -30,14 +30,19 @@ def render(results_dir=RESULTS):
         if results is None:
             parts.append("\nNot measured yet.\n")
             continue
+        beside = results.get("beside")  # the old code's figures from the same sitting (bench.beside)
         parts.append(f"\nMeasured {results.get('measured_at', 'at an unrecorded time')} on "
-                     f"{results.get('machine', 'an unrecorded machine')} (`bench/results/{bench.name}.json`).\n\n"
-                     "| figure | key | value | target | |\n|---|---|---|---|---|\n")
+                     f"{results.get('machine', 'an unrecorded machine')} (`bench/results/{bench.name}.json`)")
+        if beside:
+            parts.append(f", beside revision `{beside['revision']}` measured right before it on the same machine "
+                         f"(`python -m bench {bench.name} --beside {beside['revision']}`)")
+        parts.append(".\n\n| figure | key | value | target | |" + (f" `{beside['revision']}` |" if beside else "")
+                     + "\n|---|---|---|---|---|" + ("---|" if beside else "") + "\n")
         for figure in bench.figures:
             value = results.get(figure.key)
-            shown = "not measured" if value is None else _number(value)
-            parts.append(f"| {figure.meaning} | `{figure.key}` | {shown} | {figure.target} | "
-                         f"{VERDICT[figure.met(value)]} |\n")
+            parts.append(f"| {figure.meaning} | `{figure.key}` | {_shown(value)} | {figure.target} | "
+                         f"{VERDICT[figure.met(value)]} |" + (f" {_shown(beside['figures'].get(figure.key))} |"
+                                                             if beside else "") + "\n")
     return "".join(parts)
 
 
@@ -46,6 +51,10 @@ def _read(path):
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
+
+
+def _shown(value):
+    return "not measured" if value is None else _number(value)
 
 
 def _number(value):

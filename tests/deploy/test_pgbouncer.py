@@ -2,12 +2,9 @@
 database of the test's own): the platform's connections, a new one per request as Django opens them,
 run on server sessions PgBouncer keeps, and what one client leaves on a session never reaches the next.
 """
-import configparser
 import os
-import shutil
-import socket
 import subprocess
-import tempfile
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,24 +14,11 @@ import psycopg2
 import pytest
 from django.db.utils import ConnectionHandler
 
+from tests.support import pgbouncer
 from tests.support.optional import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "deploy" / "pgbouncer" / "pgbouncer.ini"
 pytestmark = pytest.mark.postgres
-
-
-def shipped_config():
-    config = configparser.ConfigParser(interpolation=None, comment_prefixes=(";",), delimiters=("=",))
-    config.optionxform = str  # keys as written
-    config.read(SHIPPED)
-    return config
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture
@@ -43,53 +27,20 @@ def server():
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://", "pgsql://")):
         skip_or_fail("needs PostgreSQL (DATABASE_URL=postgres://...)")
-    if shutil.which("pgbouncer") is None and not Path("/usr/sbin/pgbouncer").exists():
+    if pgbouncer.executable() is None:
         skip_or_fail("needs pgbouncer (apt-get install pgbouncer)")
     params = dj_database_url.parse(url)
-    host, port, user = params["HOST"] or "127.0.0.1", int(params["PORT"] or 5432), params["USER"] or "postgres"
     name = f"pgbouncer_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(host=host, port=port, user=user, password=params["PASSWORD"] or None, dbname="postgres")
+    admin = psycopg2.connect(host=params["HOST"] or "127.0.0.1", port=int(params["PORT"] or 5432),
+                             user=params["USER"] or "postgres", password=params["PASSWORD"] or None, dbname="postgres")
     admin.autocommit = True
     admin.cursor().execute(f'CREATE DATABASE "{name}"')
-
-    # What the test changes is where things are; pooling and resetting are the shipped file's.
-    config = shipped_config()
-    listen = free_port()
-    folder = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
-    folder.chmod(0o755)  # PgBouncer refuses to run as root: it drops to the postgres user, who reads these
-    config["databases"] = {"*": f"host={host} port={port}"}
-    config["pgbouncer"].update({"listen_addr": "127.0.0.1", "listen_port": str(listen), "auth_type": "trust",
-                                "auth_file": str(folder / "userlist.txt"), "unix_socket_dir": ""})
-    (folder / "userlist.txt").write_text(f'"{user}" "{params["PASSWORD"] or ""}"\n')
-    with open(folder / "pgbouncer.ini", "w") as out:
-        config.write(out)
-    for path in folder.iterdir():
-        path.chmod(0o644)
-    command = [shutil.which("pgbouncer") or "/usr/sbin/pgbouncer", str(folder / "pgbouncer.ini")]
-    if os.geteuid() == 0:
-        command[1:1] = ["-u", "postgres"]
-    log = open(folder / "pgbouncer.log", "w+b")  # opened here: PgBouncer's user need not write the folder
-    bouncer = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", listen), timeout=1).close()
-                break
-            except OSError:
-                assert bouncer.poll() is None, (folder / "pgbouncer.log").read_text()
-                assert time.monotonic() < deadline, "PgBouncer did not start listening"
-                time.sleep(0.05)
-        credentials = f"{user}:{params['PASSWORD']}@" if params["PASSWORD"] else f"{user}@"
-        yield (f"postgres://{credentials}{host}:{port}/{name}",
-               f"postgres://{credentials}127.0.0.1:{listen}/{name}")
+        with pgbouncer.running(url) as through:
+            yield f"{url.rsplit('/', 1)[0]}/{name}", through(name)
     finally:
-        bouncer.terminate()
-        bouncer.wait(10)
-        log.close()
         admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -145,8 +96,6 @@ def test_the_scheduling_loops_lease_is_freed_through_it_when_its_holder_is_kille
     """The scheduling loop's lease (jobs.scheduler_loop.PostgresLease, a session-level advisory lock)
     through PgBouncer: held while its holder lives, freed for a standby once the holder is SIGKILLed
     (PgBouncer resets the server session it gives back)."""
-    import sys
-
     from jobs.scheduler_loop import PostgresLease
     _, pooled = server
     parsed = dj_database_url.parse(pooled)
