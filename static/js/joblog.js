@@ -37,6 +37,8 @@
       this.view = []; // indexes into this.lines that pass the filters, in order
       this.matches = []; // positions in this.view whose line matches the search
       this.current = -1; // position in this.matches of the highlighted match
+      this.highlighted = -1; // view position marked "current", by a search or by "First error"
+      this.highlightIsMatch = false; // clearing the search clears only a highlight the search made
       this.pattern = null;
       this.learnersSeen = new Set();
       this.frame = 0;
@@ -195,7 +197,7 @@
       if (pattern === undefined) { this.searchCount.textContent = "bad regex"; return; }
       this.pattern = pattern;
       this.current = -1;
-      if (!pattern) this.highlighted = -1;
+      if (!pattern && this.highlightIsMatch) this.highlighted = -1;
       this.rebuildView();
       this.changed();
       if (this.matches.length) this.step(1);
@@ -206,7 +208,7 @@
       if (!this.matches.length) { this.renderSearchCount(); return; }
       const n = this.matches.length;
       this.current = this.current < 0 ? (direction > 0 ? 0 : n - 1) : (this.current + direction + n) % n;
-      this.reveal(this.matches[this.current]);
+      this.reveal(this.matches[this.current], { isMatch: true });
       this.renderSearchCount();
     }
 
@@ -224,9 +226,10 @@
     }
 
     /** Scroll a view position into the middle of the pane, marked, and stop following. */
-    reveal(position) {
+    reveal(position, { isMatch = false } = {}) {
       this.setFollow(false);
       this.highlighted = position;
+      this.highlightIsMatch = isMatch;
       this.el.scrollTop = Math.max(0, position * ROW_PX - this.el.clientHeight / 2);
       this.version += 1;
       this.schedule();
