@@ -29,7 +29,7 @@ import time
 from queue import SimpleQueue
 
 from learner_agent import address, archive, cgroups, diskwatch, procfs, sandbox, telemetry, tfevents
-from learner_agent.config import ConfigError, load_config
+from learner_agent.config import HALT_MARK, ConfigError, load_config
 from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
 from learner_agent.pace import Pace
@@ -49,7 +49,6 @@ AGENT_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SSL_CER
 _CLEAN_ENV_MARK = "LEARNER_AGENT_CLEAN_ENV"
 HALT_FILE_POLL_S = 1.0
 PREPARING_QUIET_S = 0.25  # a learner still preparing after this is shown as such (Agent._hold_status)
-HALT_ANNOTATION = "trainyard.io/halt="
 SPOOL_DIR = "spool"
 LEARNER_PID_FILE = "learner.pid"  # {"pid", "start", "sandboxed"}: for an agent that has to end it after us
 
@@ -119,7 +118,9 @@ class Agent:
         threading.Thread(target=self._control_loop, name="control", daemon=True).start()
         if self.shipper.last_seq > 0 or os.path.exists(self.config.agent_file("exit.json")):
             return self._resume()
-        if self.config.halt_file:
+        if self.config.halt_file and self._halt_file_asks():
+            self._handle_stop("halt")  # asked for before this agent was up: the command never starts
+        elif self.config.halt_file:
             threading.Thread(target=self._watch_halt_file, name="halt-file", daemon=True).start()
         # Usually over in milliseconds: then `preparing` leaves with `running` (see _hold_status).
         self._hold_status("preparing", PREPARING_QUIET_S)
@@ -340,11 +341,20 @@ class Agent:
         config = self.config
         if not config.resource_sample_s:
             return None
-        sampler = telemetry.Sampler(period_s=config.resource_sample_s, emit=self.shipper.add, cgroup=self._cgroup,
-                                    pid=learner.pid, memory_limit_bytes=config.memory_bytes,
-                                    visible_gpus=config.env.get("CUDA_VISIBLE_DEVICES"))
+        sampler = telemetry.Sampler(period_s=config.resource_sample_s, emit=self.shipper.add,
+                                    cgroup=self._sampled_group(), pid=learner.pid,
+                                    memory_limit_bytes=config.memory_bytes,
+                                    visible_gpus=config.env.get("CUDA_VISIBLE_DEVICES"), nvml_module=config.nvml_module)
         sampler.start()
         return sampler
+
+    def _sampled_group(self):
+        """The group the sampler reads: the learner's own; in a Kubernetes pod, where no group of its
+        own can be made, the container's (the learner's and this agent's), whose memory the pod's limit
+        is judged on; else none (the learner's processes from /proc)."""
+        if self._cgroup is not None or not self.config.state_dir:
+            return self._cgroup
+        return cgroups.own_v2()
 
     def _ship_lines(self, pipe, stream):
         try:
@@ -560,17 +570,21 @@ class Agent:
     # --- stopping ---
 
     def _watch_halt_file(self):
-        """Halt once the halt file names the halt annotation (Kubernetes updates the pod's
-        downward-API annotations file when the backend annotates the pod; no signal can reach us)."""
+        """Halt once the halt file holds HALT_MARK: Kubernetes updates the pod's downward-API
+        annotations file when the backend annotates the pod (no signal can reach us); the local
+        backend writes its file before it signals, for an agent that was not up yet to get the
+        signal (run() reads it once before starting the command)."""
         while not self._learner_ended.wait(HALT_FILE_POLL_S):
-            try:
-                with open(self.config.halt_file, encoding="utf-8") as f:
-                    requested = HALT_ANNOTATION in f.read()
-            except OSError:
-                continue
-            if requested:
+            if self._halt_file_asks():
                 self.request_stop("halt")
                 return
+
+    def _halt_file_asks(self):
+        try:
+            with open(self.config.halt_file, encoding="utf-8") as f:
+                return HALT_MARK in f.read()
+        except OSError:
+            return False
 
     def _control_loop(self):
         while True:
@@ -724,9 +738,10 @@ def run_agent(config, *, launcher=None, standby=None):
         return 0
     _guard_credential(config)
     _log_to_file(config.agent_file("agent.log"))
-    _write_text_atomically(config.agent_file("agent.pid"), f"{os.getpid()}\n")
     agent = Agent(config, launcher=launcher, standby=standby)
+    # Handlers first: the pid file is what the backend signals by, and SIGUSR1 unhandled would kill us.
     agent.install_signal_handlers()
+    _write_text_atomically(config.agent_file("agent.pid"), f"{os.getpid()}\n")
     log.info("agent %d for %s attempt %d learner %d", os.getpid(), config.job_id, config.attempt,
              config.learner)
     try:

@@ -14,6 +14,8 @@ from learner_agent import diskwatch, tfevents
 from learner_agent.sandbox import MODES
 
 MIN_SPOOL_BYTES = 2**20  # below this a few long lines would fill it
+# What a halt file holds once a halt is asked for (a Kubernetes annotation line reads `trainyard.io/halt="<time>"`).
+HALT_MARK = "trainyard.io/halt="
 _REQUIRED_STRINGS = ("job_id", "command", "code_archive", "work_dir", "ingest_url")
 
 
@@ -67,9 +69,14 @@ class AgentConfig:
     # How often the learner's CPU, memory and GPUs are sampled (learner_agent.telemetry); 0: never,
     # unless the platform asks (TRAINYARD_RESOURCE_SAMPLE_S), so a config from before has no new records.
     resource_sample_s: float = 0.0
+    # A pynvml-compatible file loaded in place of pynvml (learner_agent.telemetry.load_nvml): the
+    # local backend's virtual GPUs (TRAINYARD_LOCAL_NVML_MODULE). "": the real NVML.
+    nvml_module: str = ""
     network_namespace: str = ""  # /proc/<pid>/ns/net shared by a distributed job's learners (netns.py)
     # On Kubernetes the config is a read-only mount: the agent keeps its files in `state_dir`
-    # instead, and halts when `halt_file` (the pod's annotations, a downward-API file) asks it to.
+    # instead. It halts when `halt_file` holds HALT_MARK: the pod's annotations (a downward-API file)
+    # on Kubernetes, a file the local backend writes before its signal, which an agent still
+    # coming up would miss.
     state_dir: str = ""
     halt_file: str = ""
     # Where the platform says its current address (learner_agent.address): the local backend's
@@ -140,6 +147,10 @@ def parse_config(data, *, path):
     values["grace_seconds"] = _number(data, "grace_seconds", 60.0, minimum=0)
     values["flush_timeout_s"] = _number(data, "flush_timeout_s", 86400.0, minimum=0)
     values["resource_sample_s"] = _number(data, "resource_sample_s", AgentConfig.resource_sample_s, minimum=0)
+    nvml_module = data.get("nvml_module") or ""
+    if not isinstance(nvml_module, str) or (nvml_module and not os.path.isabs(nvml_module)):
+        raise ConfigError("nvml_module: must be an absolute path to a Python file")
+    values["nvml_module"] = nvml_module
     network_namespace = data.get("network_namespace") or ""
     if not isinstance(network_namespace, str) or (network_namespace and not os.path.isabs(network_namespace)):
         raise ConfigError("network_namespace: must be an absolute path such as /proc/<pid>/ns/net")

@@ -26,13 +26,14 @@ from jobs import dispatch, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
 from learner_agent import address, netns, procfs, sandbox, spare, spool
 from learner_agent.agent import agent_argv, clean_environment
-from learner_agent.config import ConfigError, parse_config
+from learner_agent.config import HALT_MARK, ConfigError, parse_config
 from trainyard import frameworks
 
 log = logging.getLogger(__name__)
 
 DEPLOY_GRACE_S = 60  # an agent that has not written its pid this long after deploy counts as missing
 AGENT_SPOOL = "spool"  # the agent's unacked records (learner_agent.spool)
+HALT_FILE = "halt"  # in a learner's folder: the agent halts when it holds HALT_MARK (halt())
 AGENT_RESTARTED = "agent.restarted"  # a second agent was started after the first died: never a third
 SPARES_AFTER_DEPLOY_S = 0.5  # a deploy has the spares topped up this long after it (jobs.tasks.spare_agents)
 SETSID = shutil.which("setsid")  # util-linux: starts a program in a session of its own, detached
@@ -108,6 +109,7 @@ class LocalBackend:
             "hidden_dirs": sorted({str(settings.DATA_DIR), str(storage.root())}),
             "ingest_url": spec.ingest_url,
             "platform_file": str(self.platform_file),  # where it is after a restart (announce)
+            "halt_file": str(folder / HALT_FILE),  # see halt()
             "ingest_token": learner.ingest_token,  # this learner's own; never in its env or argv
             "metric_regexes": spec.metric_regexes,
             "tensorboard_dir": spec.tensorboard_dir,
@@ -121,6 +123,7 @@ class LocalBackend:
             "log_bytes_per_second": settings.LOG_PACE_BYTES_PER_SECOND,
             "log_burst_bytes": settings.LOG_PACE_BURST_BYTES,
             "resource_sample_s": settings.RESOURCE_SAMPLE_S,
+            "nvml_module": settings.LOCAL_NVML_MODULE,
             "network_namespace": network,
             **_disk_config(spec.disk, job_dir=job_dir, work_dir=work_dir, state_dir=env["JOB_STATE_DIR"]),
         }
@@ -251,9 +254,16 @@ class LocalBackend:
 
     # --- stop --------------------------------------------------------------------------------------
     def halt(self, *, tenant, job_id, attempt, learners):
-        """Ask each agent to checkpoint-and-stop its learner (the agent waits the grace period)."""
+        """Ask each agent to checkpoint-and-stop its learner (the agent waits the grace period).
+
+        The halt file first, then the signal: an agent deployed a moment ago may not have written
+        its pid yet, and would start its learner unhalted until a reconcile pass repeated the halt
+        (a preempted job then held its room for a reconcile interval); it reads the file as it starts."""
         for index in range(learners):
-            _signal_agent(storage.learner_dir(tenant, job_id, attempt, index), signal.SIGUSR1)
+            folder = storage.learner_dir(tenant, job_id, attempt, index)
+            if folder.is_dir():  # else never deployed: deploy skips a halting job
+                _write_private_text(folder / HALT_FILE, f"{HALT_MARK}\"{time.time():.3f}\"\n")
+            _signal_agent(folder, signal.SIGUSR1)
 
     def delete(self, *, tenant, job_id, attempt, learners, wait_s=10.0):
         """Stop every learner of the attempt; SIGKILL what has not stopped after `wait_s`."""
@@ -345,9 +355,13 @@ def _signal_agent(folder, signum):
 
 
 def _write_private_json(path, data):
+    _write_private_text(path, json.dumps(data))
+
+
+def _write_private_text(path, text):
     # A temporary name of its own: two deploys of one learner (a re-driven deploy) may write at once.
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle)
+        handle.write(text)
     os.replace(tmp, path)

@@ -165,3 +165,27 @@ def test_teardown_removes_the_learners_work_and_state_folders_and_keeps_their_ou
         (folder / name).write_text("x")
     LocalBackend().delete(tenant="team-a", job_id="training-disk0002", attempt=1, learners=1, wait_s=0)
     assert sorted(p.name for p in folder.iterdir()) == ["exit.json"]
+
+
+def test_a_halt_asked_for_before_the_agent_is_up_stops_the_learner_from_starting(outside_tmp, ingest, monkeypatch):
+    # The deploy has written the learner's folder, but its agent has no pid yet: no signal can reach it.
+    folder = Path(write_agent_config(outside_tmp, ingest, command="echo started; sleep 30",
+                                     halt_file=str(Path(outside_tmp) / "job" / "attempt-1" / "learner-0" / local.HALT_FILE))).parent
+    monkeypatch.setattr(local.storage, "learner_dir", lambda *a: folder)
+    backend = LocalBackend()
+    backend.halt(tenant="team-a", job_id="training-test0001", attempt=1, learners=1)
+    backend._start_agent(folder)
+    record = wait_for(lambda: _exit_record(folder), timeout=20)
+    assert (record["exit_code"], record["reason"]) == (None, "halted")
+    assert not [r for r in ingest.stored() if r["kind"] == "log" and r["line"] == "started"]
+
+
+def test_each_agent_is_told_where_its_halt_file_is(tmp_path):
+    folder = tmp_path / "job" / "attempt-1" / "learner-0"
+    spec = DeploySpec(
+        job_id="training-halt0001", attempt=1, tenant="team-a", command="true", code_archive=str(tmp_path / "code.zip"),
+        job_dir=str(tmp_path / "job"), learners=(local_learner(),), cpus=1.0, memory_bytes=2**30, gpus=0,
+        env={"CHECKPOINT_DIR": str(tmp_path / "c"), "JOB_STATE_DIR": str(folder / "state")},
+        metric_regexes={}, checkpoint_signal="SIGTERM", grace_seconds=5, ingest_url="http://127.0.0.1:1/")
+    config = parse_config(LocalBackend()._agent_config(spec, local_learner(), folder), path=str(folder / "agent.json"))
+    assert config.halt_file == str(folder / local.HALT_FILE)

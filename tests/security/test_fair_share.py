@@ -99,6 +99,12 @@ def wait_processing(session, token, *job_ids):
         session.wait_for(job_id, {"PROCESSING"}, timeout=90, token=token)
 
 
+def history(session, token, job_id):
+    """The job's events as `FROM->TO by ACTOR: REASON` lines, for a failure's message."""
+    events = session.api("GET", f"/api/v1/jobs/{job_id}/events/", token=token).json()["results"]
+    return [f"{e['from_status']}->{e['to_status']} by {e['actor']}: {e['reason']}" for e in events]
+
+
 def halted_by_scheduler(session, token, job_id):
     events = session.api("GET", f"/api/v1/jobs/{job_id}/events/", token=token).json()["results"]
     return [e["reason"] for e in events if e["to_status"] == "HALTING" and e["actor"] == "scheduler"]
@@ -142,7 +148,8 @@ def test_priority_high_takes_from_another_tenant_only_up_to_a_fair_share(one_nod
 
     # Under its share: team-b holds nothing and team-a the whole node; team-b's high job may halt
     # team-a's lowest-priority job (team-b then holds half, its fair share).
-    assert session.api("POST", f"/api/v1/jobs/{beas_normal}/terminate/", token=bea).status_code == 202
+    stopped = session.api("POST", f"/api/v1/jobs/{beas_normal}/terminate/", token=bea)
+    assert stopped.status_code == 202, (stopped.text, history(session, bea, beas_normal))
     session.wait_for(beas_normal, timeout=60, token=bea)
     alices_normal = submit(session, None, "alices-normal", cpus=1)
     wait_processing(session, None, alices_low, alices_normal)

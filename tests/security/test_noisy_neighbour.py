@@ -4,11 +4,11 @@ While tenant B (mallory) runs each abuse in turn — a log flood, a job filling 
 very many files, archive bombs (eight at once, a wave a second), webhook receivers that trickle one
 byte a second, and a burst of whole-node jobs, half of them asking for `priority: high` — tenant A (alice) runs a
 two-line job and reads the API. A's job must complete within 2x its time on the quiet platform and
-A's API p95 must stay within 2x of quiet, except for the two KNOWN_GAPS below, held to looser bounds.
+A's API p95 must stay within 2x of quiet, except for the KNOWN_GAPS below, held to looser bounds.
 
 The platform is this module's own (not the suite's shared one), so the quiet figures are taken on a
 platform nobody else's jobs are running on, right before each abuse. A's job time is the median of
-three runs and its p95 is over 100 reads, since one run on a loaded 2-core machine varies by more
+three runs and its p95 is over 200 reads, since one run on a loaded 2-core machine varies by more
 than the effect being looked for.
 """
 import contextlib
@@ -36,16 +36,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.noisy_neighbour]
 
 NEIGHBOUR = PROJECT_ROOT / "tests" / "security" / "jobs" / "neighbour"
 JOB_RUNS = 3  # A's two-line job, per phase
-API_READS = 100  # A's API requests, per phase
+API_READS = 200  # A's API requests, per phase
 SLOWDOWN = 2.0
 # Where the 2x target is not met yet, the bound this test holds instead (a regression to minutes of
 # waiting still fails it) and why; docs/security.md gives the figures as measured.
 KNOWN_GAPS = {
-    # Submissions are served one after another by the web process's request thread: a burst of
-    # bombs within the tenant's burst limit still delays other requests by their parsing (2.2x).
-    ("archive_bombs", "p95"): 4.0,
     # A's job must wait for one of B's whole-node jobs to be halted through fair-share preemption
-    # (HALTING, halted, admitted): tenths of a second more than a quiet platform (1.6x-3.4x in four runs alone).
+    # (HALTING, halted, admitted): one preemption's round trip more than a quiet platform.
     ("high_priority_backlog", "job"): 5.0,
 }
 
