@@ -21,4 +21,5 @@ RUN useradd --uid 1000 --user-group --no-create-home --shell /usr/sbin/nologin t
     && mkdir -p /data && chown trainyard:trainyard /data && chmod 0700 /data
 USER 1000:1000
 EXPOSE 8000
-CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]
+# uvicorn, as portal/runner.py runs it (WEB_SERVER_OPTIONS says why each option).
+CMD ["python", "-m", "uvicorn", "portal.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--lifespan", "off", "--no-proxy-headers", "--no-server-header", "--no-access-log", "--ws", "websockets-sansio", "--timeout-graceful-shutdown", "5"]

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from jobs.models import Artifact, Job, JobEvent
+from jobs.models import Artifact, IdleGpuPolicy, Job, JobEvent
 
 
 class JobEventInline(admin.TabularInline):
@@ -32,3 +32,10 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+
+@admin.register(IdleGpuPolicy)
+class IdleGpuPolicyAdmin(admin.ModelAdmin):
+    """A tenant's idle-GPU policy (jobs.idle); its admins also set it with PUT /api/v1/tenants/current/idle-gpus/."""
+    list_display = ["tenant", "below_percent", "minutes", "action", "updated_at", "updated_by"]
+    readonly_fields = ["updated_at"]

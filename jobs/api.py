@@ -13,10 +13,12 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import admission, compare, elastic_timeline, ingest, lifecycle, listing, sharing, storage, submission, tenancy
+from jobs import (admission, compare, elastic_timeline, ingest, lifecycle, listing, node_use, sharing, storage,
+                  submission, tenancy)
 from jobs.backends import get_backend
 from jobs.serializers import (AllocationListSerializer, AllocationSerializer, ArtifactPageSerializer,
-                              ArtifactSerializer, ClusterSerializer, ComparisonSerializer, ErrorSerializer,
+                              ArtifactSerializer, ClusterSerializer, ClusterUseSerializer, ComparisonSerializer,
+                              ErrorSerializer,
                               JobDetailSerializer, JobEventListSerializer, JobEventSerializer, JobSerializer,
                               LogPageSerializer, ManifestRequestSerializer, ManifestValidSerializer,
                               MetricListSerializer, ShareRequestSerializer, SharesSerializer,
@@ -271,6 +273,18 @@ class Cluster(APIView):
                           "memory_used": held.get("memory_bytes", 0), "my_jobs": mine.get(n.name, [])})
         return Response({"backend": get_backend().name, "nodes": nodes, "gpus_total": capacity.gpus,
                          "gpus_used": sum(u["gpus"] for u in used.values())})
+
+
+class ClusterUse(APIView):
+    """What each node's learners used over the last `minutes`, minute by minute (jobs.node_use): the
+    cluster page's history. Totals over every tenant's learners, naming no job, as Cluster's are."""
+
+    @extend_schema(parameters=[OpenApiParameter(
+        "minutes", int, description=f"how far back, 1..{node_use.MAX_MINUTES} (60 by default)")],
+        responses={200: ClusterUseSerializer})
+    def get(self, request):
+        minutes = whole_number(request.query_params, "minutes", default=60, minimum=1, maximum=node_use.MAX_MINUTES)
+        return Response(ClusterUseSerializer({"minutes": minutes, "nodes": node_use.history(minutes)}).data)
 
 
 def _tenant_jobs_by_node(request):

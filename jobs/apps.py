@@ -29,3 +29,9 @@ class JobsConfig(AppConfig):
         # Open websockets check their access again whenever something that grants it changes.
         live.connect_access_signals()
         exposition.register(prometheus_series.COLLECTOR)  # Trainyard's series on /metrics
+        prometheus_series.cluster_nodes = _cluster_nodes  # every node gets the utilisation series
+
+
+def _cluster_nodes():
+    from jobs.backends import get_backend
+    return [node.name for node in get_backend().capacity().nodes]

@@ -35,7 +35,7 @@ CLOSE_UNAUTHORIZED = 4401
 def _db(function):
     """database_sync_to_async, on any of the event loop's pool threads rather than the one thread
     channels gives synchronous code by default: many browsers opening their sockets at once checked
-    their credentials there one after the other, and under load many waited past daphne's limit for
+    their credentials there one after the other, and under load many waited past the web server's limit for
     a handshake and were dropped. A call shares nothing with
     another one (each socket awaits its own in turn), and it closes the connection it opened in that
     thread when it ends, as database_sync_to_async does."""

@@ -335,11 +335,14 @@ def _metric(record, learner, when):
 def _resource_sample(record, job, learner, when):
     """The sample of a resource record that passed ingest_records.problem."""
     integer = ingest_records.integer
+    gpus = ingest_records.resource_gpus(record)
+    readings = [gpu["utilization"] for gpu in gpus if gpu.get("utilization") is not None]
     return ResourceSample(job=job, attempt=learner.attempt, learner=learner.index, time=when,
                           cpu_cores=float(record["cpu_cores"]), memory_bytes=integer(record["memory_bytes"]),
                           memory_peak_bytes=integer(record["memory_peak_bytes"]),
                           memory_limit_bytes=integer(record.get("memory_limit_bytes")),
-                          gpus=ingest_records.resource_gpus(record))
+                          gpus=gpus, gpu_utilization=max(readings) if readings else None,
+                          gpus_busy=round(sum(readings) / 100.0, 4) if readings else None)
 
 
 def _event_points(job, events, record, learner):

@@ -20,7 +20,7 @@ from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerSta
 from jobs.models import ACTIVE, Allocation, FollowUp, Job, Learner, LogLine, Status
 from jobs.states import require_transition, transition
 from jobs.submission import code_archive
-from trainyard import elasticity, frameworks
+from trainyard import elasticity, experiment, frameworks
 
 log = logging.getLogger(__name__)
 SYSTEM = "lifecycle-manager"
@@ -75,6 +75,9 @@ def deploy_spec(job):
     resume_from = checkpoints.last_good(folder, job.attempt)
     if resume_from:
         env["RESUME_FROM"] = str(resume_from)
+    if run.hyperparameters:
+        env.update(experiment.environment(run.hyperparameters))
+        env["TRAINYARD_HPARAMS_FILE"] = str(folder / "results" / "hparams.json")
     framework = frameworks.REGISTRY[run.framework]
     env.update(framework.env)
     # Learners of one job share a private network namespace on `local`, so any port is free there;
@@ -342,9 +345,9 @@ def terminate(job, *, actor):
     return require_transition(job.id, Status.TERMINATED, actor=actor, reason=f"terminated by {actor}")
 
 
-def halt(job, *, actor):
+def halt(job, *, actor, reason=None):
     """Ask the learners to checkpoint and stop; the job becomes HALTED once they have."""
-    return require_transition(job.id, Status.HALTING, actor=actor, reason=f"halt requested by {actor}",
+    return require_transition(job.id, Status.HALTING, actor=actor, reason=reason or f"halt requested by {actor}",
                               attempt=job.attempt)
 
 

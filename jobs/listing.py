@@ -25,7 +25,8 @@ SORTS = {
 DEFAULT_SORT = "-created"
 # Only what a list row shows (the REST list serializes more and loads whole rows).
 LIST_COLUMNS = ("id", "name", "description", "framework", "status", "status_reason", "wait_reason", "attempt",
-                "learners", "gpus", "owner__username", "created_at", "started_at", "finished_at", "priority")
+                "learners", "gpus", "owner__username", "created_at", "started_at", "finished_at", "priority",
+                "gpus_idle_since", "gpus_idle_attempt")
 
 
 class ListingError(ValueError):

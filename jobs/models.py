@@ -73,6 +73,10 @@ class Job(models.Model):
     # Set when the scheduler halts the job to make room for other work: once its checkpoint is
     # stored it goes back to QUEUED instead of staying HALTED.
     preempted_reason = models.TextField(blank=True)
+    # Set by the idle-GPU pass (jobs.idle) when the job's GPUs stayed below its tenant's threshold for
+    # the tenant's window: since when they were idle, and in which attempt (a new attempt is not flagged).
+    gpus_idle_since = models.DateTimeField(null=True, blank=True)
+    gpus_idle_attempt = models.PositiveIntegerField(default=0)
 
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -109,6 +113,11 @@ class Job(models.Model):
     @property
     def is_final(self):
         return self.status in FINAL
+
+    @property
+    def gpus_idle(self):
+        """Since when this attempt's GPUs have been idle by its tenant's policy, or None."""
+        return self.gpus_idle_since if self.gpus_idle_attempt == self.attempt else None
 
     @property
     def total_gpus(self):
@@ -216,9 +225,38 @@ class ResourceSample(models.Model):
     memory_peak_bytes = models.BigIntegerField()
     memory_limit_bytes = models.BigIntegerField(null=True, blank=True)
     gpus = models.JSONField(default=list, blank=True)
+    # The busiest of `gpus` (utilisation %), kept as a column so that the idle-GPU pass (jobs.idle) and
+    # the usage report read it in SQL; None when the sample has no GPU utilisation.
+    gpu_utilization = models.FloatField(null=True, blank=True)
+    # The sum of `gpus`' utilisations as GPUs (two GPUs at 50%: 1.0), what the usage report counts as GPU
+    # time used (jobs.usage); None when the sample has no GPU utilisation.
+    gpus_busy = models.FloatField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["job", "id"])]
+        indexes = [models.Index(fields=["job", "id"]), models.Index(fields=["job", "time"], name="sample_job_time")]
+
+
+class IdleGpuPolicy(models.Model):
+    """A tenant's rule for GPUs held and not used (jobs.idle): a running job whose GPUs all stay below
+    `below_percent` utilisation for `minutes` is flagged and a GPUS_IDLE webhook event sent; with
+    `action` halt it is also halted through its checkpoint, which frees its GPUs."""
+
+    class Action(models.TextChoices):
+        FLAG = "flag"
+        HALT = "halt"
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="idle_gpu_policy")
+    below_percent = models.FloatField(help_text="GPU utilisation (%) under which a GPU counts as idle")
+    minutes = models.FloatField(help_text="how long all of a job's GPUs must stay idle")
+    action = models.CharField(max_length=10, choices=Action.choices, default=Action.FLAG)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    def __str__(self):
+        return f"idle GPUs of {self.tenant}: below {self.below_percent:g}% for {self.minutes:g} min: {self.action}"
+
+    def as_dict(self):
+        return {"below_percent": self.below_percent, "minutes": self.minutes, "action": self.action}
 
 
 class Artifact(models.Model):
@@ -318,3 +356,91 @@ class Allocation(models.Model):
             return None
         seconds = (self.ended_at - self.started_at).total_seconds()
         return (self.samples_end - self.samples_start) / seconds if seconds > 0 else None
+
+
+def new_experiment_id():
+    return "exp-" + "".join(secrets.choice(ID_ALPHABET) for _ in range(10))
+
+
+class Experiment(models.Model):
+    """A hyperparameter search: trials (jobs of the tenant) a searcher chooses (jobs.experiments).
+    The searcher keeps no state of its own: what it decides from is these rows and their trials'."""
+
+    class State(models.TextChoices):
+        ACTIVE = "ACTIVE"  # trials start and run as the searcher decides
+        PAUSED = "PAUSED"  # its running trials halted through their checkpoints; none starts
+        COMPLETED = "COMPLETED"  # the searcher has nothing left to try and every trial is at rest
+        TERMINATED = "TERMINATED"  # killed: every trial stopped
+
+    FINAL_STATES = ("COMPLETED", "TERMINATED")
+
+    id = models.CharField(primary_key=True, max_length=40, default=new_experiment_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="experiments")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="experiments")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    # trainyard.experiment.Experiment.to_json(): the job manifest's fields (data-store credentials
+    # redacted), the hyperparameters and the searcher.
+    spec = models.JSONField()
+    manifest_yaml = models.TextField()  # as submitted, credentials redacted
+    searcher = models.CharField(max_length=20)
+    metric = models.CharField(max_length=100)
+    smaller_is_better = models.BooleanField(default=False)
+    private = models.BooleanField(default=False)
+    code_sha256 = models.CharField(max_length=64)
+    code_bytes = models.BigIntegerField(default=0)
+
+    state = models.CharField(max_length=20, choices=State.choices, default=State.ACTIVE, db_index=True)
+    state_reason = models.TextField(blank=True)
+    trials_started = models.PositiveIntegerField(default=0)  # the next trial's number
+    best_trial = models.PositiveIntegerField(null=True, blank=True)
+    best_value = models.FloatField(null=True, blank=True)
+    # The last of the trials' metric points its passes have read (MetricPoint.id).
+    points_seen = models.BigIntegerField(default=0)
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-created_at"])]
+
+    def __str__(self):
+        return self.id
+
+    @property
+    def is_final(self):
+        return self.state in self.FINAL_STATES
+
+
+class Trial(models.Model):
+    """One configuration of an experiment, run as one job (every attempt of it: a trial ASHA pauses at
+    a rung is halted, and resumed from its checkpoint when promoted)."""
+
+    class State(models.TextChoices):
+        RUNNING = "running"  # its job is queued or running, or halted while the experiment is paused
+        PAUSED = "paused"  # ASHA stopped it at a rung; it may be promoted (resumed) later
+        COMPLETED = "completed"
+        STOPPED = "stopped"  # paused at a rung when the experiment ended, or killed with it
+        FAILED = "failed"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="trials")
+    number = models.PositiveIntegerField()
+    job = models.OneToOneField(Job, on_delete=models.PROTECT, related_name="trial")
+    params = models.JSONField()  # every hyperparameter's value, constants included
+    system_attrs = models.JSONField(default=dict, blank=True)  # what the sampler noted (a grid's point)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.RUNNING)
+    # ASHA: {rung index: the metric's value there}, and the highest rung it was let go on from.
+    rungs = models.JSONField(default=dict, blank=True)
+    promoted = models.IntegerField(default=-1)
+    value = models.FloatField(null=True, blank=True)  # the metric's latest value (final once completed)
+    step = models.BigIntegerField(null=True, blank=True)  # the step of that value
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["experiment", "number"], name="trial_number_once")]
+        ordering = ["number"]
+
+    def __str__(self):
+        return f"{self.experiment_id}#{self.number}"

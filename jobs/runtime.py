@@ -36,6 +36,9 @@ class Runtime:
     elastic: elasticity.Elastic | None = None
     # The job's disk caps (jobs.disk: results, checkpoints, work, tmp, logs, log_lines).
     disk: dict = field(default_factory=dict)
+    # An experiment's trial: its hyperparameters ({name: value}) and {"id": experiment, "trial": number}.
+    hyperparameters: dict = field(default_factory=dict)
+    experiment: dict | None = None
 
     def stores_with(self, section):
         """The data stores that have `section` (training_data or training_results)."""
@@ -75,4 +78,5 @@ def of(job):
                    tensorboard_dir=stored.get("tensorboard_dir", ""),
                    data_stores=tuple(stored.get("data_stores") or ()),
                    elastic=elasticity.Elastic.from_runtime(stored.get("elastic")),
-                   disk=disk.stored_caps(stored.get("disk")))
+                   disk=disk.stored_caps(stored.get("disk")),
+                   hyperparameters=dict(stored.get("hyperparameters") or {}), experiment=stored.get("experiment"))

@@ -54,7 +54,7 @@ import redis
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from jobs import admission, autoscaler, dispatch
+from jobs import admission, autoscaler, dispatch, experiments
 
 log = logging.getLogger(__name__)
 LEASE_LOCK_KEY = admission.ADMISSION_LOCK_KEY + 1  # "traj": a key no other lock of the platform takes
@@ -224,9 +224,14 @@ class Wakes:
 
 # --- the loop --------------------------------------------------------------------------------------
 def run_cycle():
-    """One cycle and, after it, the autoscaler's pass (it grows elastic jobs onto what the cycle
-    left idle; it returns at once unless an elastic job runs on GPUs). Errors are logged: the next
-    cycle tries again (on a new connection, if the database dropped this one)."""
+    """The experiments' pass (the trials it starts are admitted by this cycle; jobs.experiments),
+    one cycle and, after it, the autoscaler's pass (it grows elastic jobs onto what the cycle left
+    idle; it returns at once unless an elastic job runs on GPUs). Errors are logged: the next cycle
+    tries again (on a new connection, if the database dropped this one)."""
+    try:
+        experiments.advance_all()
+    except Exception:  # noqa: BLE001
+        log.exception("scheduler: the experiments' pass failed")
     try:
         admission.run_cycle()
     except Exception:  # noqa: BLE001 - e.g. the database restarting: the loop goes on

@@ -1,4 +1,5 @@
 """How jobs, events, log lines and metric points look in JSON (REST and websockets alike)."""
+from datetime import datetime
 from urllib.parse import quote
 
 from drf_spectacular.types import OpenApiTypes
@@ -104,16 +105,21 @@ class JobSerializer(serializers.ModelSerializer):
     final = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
     page_url = serializers.SerializerMethodField()
+    gpus_idle_since = serializers.SerializerMethodField(
+        help_text="since when this attempt's GPUs have been idle by the tenant's idle-GPU policy; null: not flagged")
 
     class Meta:
         model = Job
         fields = ["id", "name", "description", "framework", "status", "status_reason", "wait_reason", "attempt",
                   "retries", "exit_code", "priority", "learners", "gpus", "cpus", "memory_bytes", "owner", "tenant",
                   "created_at", "admitted_at", "started_at", "finished_at", "queue_position", "final",
-                  "page_url", "code_sha256", "code_bytes", "private"]
+                  "page_url", "code_sha256", "code_bytes", "private", "gpus_idle_since"]
 
     def get_final(self, job) -> bool:
         return job.status in FINAL
+
+    def get_gpus_idle_since(self, job) -> datetime | None:
+        return job.gpus_idle
 
     def get_queue_position(self, job) -> int | None:
         return queue_position(job)
@@ -288,6 +294,24 @@ class ClusterSerializer(serializers.Serializer):
     nodes = ClusterNodeSerializer(many=True)
     gpus_total = serializers.IntegerField()
     gpus_used = serializers.IntegerField()
+
+
+class NodeUsePointSerializer(serializers.Serializer):
+    time = serializers.DateTimeField(help_text="the minute's start")
+    cpu_cores = serializers.FloatField(help_text="CPU cores the node's learners used, on average over the minute")
+    gpus_busy = serializers.FloatField(allow_null=True, help_text="GPUs they kept busy (utilisations summed); "
+                                                                  "null where no sample read a GPU")
+
+
+class NodeUseSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    points = NodeUsePointSerializer(many=True)
+
+
+class ClusterUseSerializer(serializers.Serializer):
+    """What each node's learners used, minute by minute (jobs.node_use), every tenant's, in totals."""
+    minutes = serializers.IntegerField()
+    nodes = NodeUseSerializer(many=True)
 
 
 class ShareSerializer(serializers.Serializer):

@@ -20,6 +20,9 @@ from jobs.models import ACTIVE, AT_REST, FINAL, Job, JobEvent, Status
 log = logging.getLogger(__name__)
 __all__ = ("ACTIVE", "FINAL", "TRANSITIONS", "InvalidTransition", "listen", "transition", "require_transition")
 _listeners = []
+# A compare-and-swap that lost only because the job moved on to another status the change is allowed
+# from reads again; the job's own moves are few, so a handful of tries settles it.
+CAS_TRIES = 5
 
 TRANSITIONS = {
     Status.QUEUED: {Status.PENDING, Status.FAILED, Status.TERMINATED},
@@ -60,8 +63,8 @@ def can_transition(status, target):
 def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=False, only_from=None, **fields):
     """Move a job to `target` if its current status allows it (and its attempt matches).
 
-    Returns the updated Job, or None when the compare-and-swap lost (the job moved on, or another
-    worker got there first). `attempt_next` starts a new attempt (resume, retry, resize); `only_from`
+    Returns the updated Job, or None when the job's status (or attempt) does not allow the change,
+    another worker having got there first included. `attempt_next` starts a new attempt (resume, retry, resize); `only_from`
     narrows the allowed sources (resume is QUEUED-from-HALTED only); `fields` are extra Job
     columns to set in the same update.
     """
@@ -76,35 +79,43 @@ def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=F
         updates.setdefault("admitted_at", now)
     if target in FINAL:
         updates.setdefault("finished_at", now)
-    with transaction.atomic():
-        current = Job.objects.filter(pk=job_id).values("status", "attempt").first()
-        if current is None:
-            return None
-        sources = sources_of(target) & set(only_from) if only_from else sources_of(target)
-        rows = Job.objects.filter(pk=job_id, status=current["status"], status__in=sources)
-        if attempt is not None:
-            rows = rows.filter(attempt=attempt)
-        if not rows.update(**updates):
-            return None
-        job = Job.objects.get(pk=job_id)
-        JobEvent.objects.create(job=job, time=now, from_status=current["status"], to_status=target,
-                                attempt=job.attempt, actor=actor, reason=reason)
-        if target == Status.PROCESSING and job.started_at is None:
-            Job.objects.filter(pk=job_id, started_at__isnull=True).update(started_at=now)
-            job.started_at = now
-        # What each step sends leaves in this order once the change commits. A job coming to rest is
-        # heard of first (sockets, webhooks): a waiting script returns sooner, and the worker woken for
-        # the teardown does not take the CPU from that publication. Any other change wakes its worker
-        # first: an admission's deploy starts the learner sooner.
-        follow_ups = functools.partial(outbox.for_transition, job, before=current["status"],
-                                       attempt_before=current["attempt"])
-        if target not in AT_REST:
-            follow_ups()
-        for listener in _listeners:
-            listener(job, before=current["status"], when=now)
-        if target in AT_REST:
-            follow_ups()
+    sources = sources_of(target) & set(only_from) if only_from else sources_of(target)
+    for _ in range(CAS_TRIES):
+        with transaction.atomic():
+            current = Job.objects.filter(pk=job_id).values("status", "attempt").first()
+            if (current is None or current["status"] not in sources
+                    or (attempt is not None and current["attempt"] != attempt)):
+                return None
+            if not Job.objects.filter(pk=job_id, status=current["status"], attempt=current["attempt"]).update(**updates):
+                continue  # it moved between the read and the write (DOWNLOADING -> PROCESSING): read again
+            job = _record(job_id, target, current, now=now, actor=actor, reason=reason)
+            break
+    else:
+        return None
     log.info("%s: %s -> %s (%s) %s", job_id, current["status"], target, actor, reason)
+    return job
+
+
+def _record(job_id, target, current, *, now, actor, reason):
+    """What goes with a status change, in its transaction: the event, the follow-up work, the listeners."""
+    job = Job.objects.get(pk=job_id)
+    JobEvent.objects.create(job=job, time=now, from_status=current["status"], to_status=target,
+                            attempt=job.attempt, actor=actor, reason=reason)
+    if target == Status.PROCESSING and job.started_at is None:
+        Job.objects.filter(pk=job_id, started_at__isnull=True).update(started_at=now)
+        job.started_at = now
+    # What each step sends leaves in this order once the change commits. A job coming to rest is
+    # heard of first (sockets, webhooks): a waiting script returns sooner, and the worker woken for
+    # the teardown does not take the CPU from that publication. Any other change wakes its worker
+    # first: an admission's deploy starts the learner sooner.
+    follow_ups = functools.partial(outbox.for_transition, job, before=current["status"],
+                                   attempt_before=current["attempt"])
+    if target not in AT_REST:
+        follow_ups()
+    for listener in _listeners:
+        listener(job, before=current["status"], when=now)
+    if target in AT_REST:
+        follow_ups()
     return job
 
 

@@ -50,16 +50,31 @@ def submit(membership, *, manifest_bytes, code_file, private=False, admitted=Fal
         manifest = parse_manifest(manifest_bytes)
     except ManifestError as exc:
         raise SubmitError(str(exc), field=exc.field) from None
-    disk_caps = _disk_caps(membership.tenant, manifest)
+    disk_caps = disk_caps_for(membership.tenant, manifest)
+    check_priority(membership, manifest)
+    upload, info = checked_code(code_file)
+    try:
+        return store_job(membership.tenant, membership.user, manifest, manifest_bytes.decode("utf-8"), upload,
+                         info.kind, private=private, disk_caps=disk_caps)
+    finally:
+        upload.unlink(missing_ok=True)
+
+
+def check_priority(membership, manifest):
+    try:
+        priority.may_ask(membership, manifest.priority)
+    except priority.PriorityRefused as exc:
+        raise SubmitError(str(exc), field="priority", status=403) from None
+
+
+def checked_code(code_file):
+    """The uploaded code archive saved and inspected: (the saved file, what inspect_archive found). The
+    caller removes the file; a refused archive is removed here."""
     if code_file is None:
         raise SubmitError("a code archive (zip or tar.gz) is required", field="code")
     if code_file.size > settings.MAX_CODE_BYTES:
         raise SubmitError(f"code archive is {format_bytes(code_file.size)}; the limit is "
                           f"{format_bytes(settings.MAX_CODE_BYTES)}", field="code", status=413)
-    try:
-        priority.may_ask(membership, manifest.priority)
-    except priority.PriorityRefused as exc:
-        raise SubmitError(str(exc), field="priority", status=403) from None
     upload = _save_upload(code_file)
     try:
         try:
@@ -70,13 +85,13 @@ def submit(membership, *, manifest_bytes, code_file, private=False, admitted=Fal
         if info.files == 0:
             raise SubmitError("code archive refused: it holds no files (an empty code folder?); a job "
                               "runs its command in the unpacked code", field="code")
-        job = _create_job(membership, manifest, manifest_bytes, upload, info, private=private, disk_caps=disk_caps)
-    finally:
+    except BaseException:
         upload.unlink(missing_ok=True)
-    return job
+        raise
+    return upload, info
 
 
-def _disk_caps(tenant, manifest):
+def disk_caps_for(tenant, manifest):
     """The job's disk caps within its tenant's limits (jobs.disk); refused while the tenant's stored
     output fills its storage quota, since the job's results could only be stored past it."""
     quota = quotas.quota_of(tenant)
@@ -124,6 +139,12 @@ def _hold_queue_place(tenant):
     _check_queue(tenant, quotas.intake_of(quotas.quota_of(tenant)))
 
 
+def queue_room(tenant):
+    """How many more jobs the tenant may have queued now (its intake's queued_jobs)."""
+    intake = quotas.intake_of(quotas.quota_of(tenant))
+    return max(0, intake.queued_jobs - tenant.jobs.filter(status=Status.QUEUED).count())
+
+
 def _save_upload(code_file):
     fd, name = tempfile.mkstemp(dir=storage.uploads_dir(), prefix=".tmp-upload-")
     with os.fdopen(fd, "wb") as out:
@@ -132,30 +153,38 @@ def _save_upload(code_file):
     return Path(name)
 
 
-def _create_job(membership, manifest, manifest_bytes, upload, info, *, private, disk_caps):
-    digest = storage.sha256_of(upload)
+def store_job(tenant, owner, manifest, manifest_text, code, kind, *, private=False, disk_caps=None,
+              runtime_extra=None, credentials=None, hold_queue_place=True):
+    """Store a validated job with its code (a copy of the archive `code`, of `kind` zip or tar.gz) and
+    queue it. `credentials`: the data stores' secrets when they are not the manifest's own (an
+    experiment's trial: they were sealed beside the experiment). `hold_queue_place`: check the
+    tenant's queue limit under its row lock (a caller that keeps within it itself passes False)."""
     # Data-store credentials never reach the database: stored redacted, sealed beside the job instead.
-    job = Job(tenant=membership.tenant, owner=membership.user, name=manifest.name,
+    job = Job(tenant=tenant, owner=owner, name=manifest.name,
               description=manifest.description, framework=manifest.framework,
               manifest=datastores.redact(manifest.raw),
-              manifest_yaml=datastores.redact_yaml(manifest_bytes.decode("utf-8")), learners=manifest.learners,
+              manifest_yaml=datastores.redact_yaml(manifest_text), learners=manifest.learners,
               gpus=manifest.gpus,
               cpus=manifest.cpus, memory_bytes=manifest.memory_bytes, priority=manifest.priority,
-              code_sha256=digest, code_bytes=upload.stat().st_size,
-              runtime=runtime.from_manifest(manifest, disk_caps=disk_caps))
+              code_sha256=storage.sha256_of(code), code_bytes=Path(code).stat().st_size,
+              runtime={**runtime.from_manifest(manifest, disk_caps=disk_caps), **(runtime_extra or {})})
     job.private = private
-    folder = storage.create_job_dir(membership.tenant.slug, job.id)
+    folder = storage.create_job_dir(tenant.slug, job.id)
     try:
-        shutil.copyfile(upload, folder / f"code.{info.kind}")
-        transfers.seal_submitted_credentials(folder, manifest)
+        shutil.copyfile(code, folder / f"code.{kind}")
+        if credentials is None:
+            transfers.seal_submitted_credentials(folder, manifest)
+        else:
+            transfers.seal_credentials(folder, credentials)
         with transaction.atomic():
-            _hold_queue_place(membership.tenant)
+            if hold_queue_place:
+                _hold_queue_place(tenant)
             job.save(force_insert=True)
-            job.events.create(to_status=Status.QUEUED, actor=membership.user.username, reason="submitted")
+            job.events.create(to_status=Status.QUEUED, actor=owner.username, reason="submitted")
             dispatch.wake_scheduler_on_commit()  # first: its wake is what the job waits for
             live.publish_status_on_commit(job)  # the jobs list shows it at once
     except Exception:
-        storage.remove_job_dir(membership.tenant.slug, job.id)
+        storage.remove_job_dir(tenant.slug, job.id)
         raise
     return job
 

@@ -11,7 +11,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from jobs import autoscaler, dispatch, lifecycle, outbox, reconcile as reconciling
+from jobs import autoscaler, dispatch, idle, lifecycle, outbox, reconcile as reconciling
 from jobs.backends import get_backend
 from jobs.models import FollowUp
 from learner_agent import address
@@ -61,3 +61,9 @@ def _follow_up(row_id):
 @shared_task(name="jobs.tasks.reconcile", ignore_result=True)
 def reconcile():
     reconciling.reconcile()
+
+
+@shared_task(name="jobs.tasks.idle_gpus", ignore_result=True)
+def idle_gpus():
+    """Celery beat's pass over the tenants' idle-GPU policies (jobs.idle)."""
+    idle.run()

@@ -26,6 +26,16 @@ def seal_submitted_credentials(folder, manifest):
     datastores.seal_credentials(folder, datastores.credentials(manifest.raw), secret_key=settings.SECRET_KEY)
 
 
+def seal_credentials(folder, secrets):
+    """Keep secrets already taken out of a manifest ({store id: {field: value}}) encrypted in `folder`."""
+    datastores.seal_credentials(folder, secrets, secret_key=settings.SECRET_KEY)
+
+
+def sealed_credentials(folder):
+    """The secrets sealed in `folder` ({} when there are none)."""
+    return datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY)
+
+
 def forget_credentials(job_id, status):
     """At the end: a job in a final state never needs its credentials again."""
     if status in FINAL:

@@ -5,11 +5,13 @@ class NotificationsConfig(AppConfig):
     name = "notifications"
 
     def ready(self):
-        from jobs import outbox, states
+        from jobs import idle, outbox, states
         from notifications import services
         from notifications.models import Delivery
 
         # Inside the transaction of every status change: a committed transition has its delivery rows.
         states.listen(services.on_status_change)
+        # Inside the transaction that flags a job's GPUs idle (jobs.idle): a GPUS_IDLE event.
+        idle.listen(services.on_gpus_idle)
         # The reconcile pass sends again every delivery nobody works on, as it does follow-ups.
         outbox.register(Delivery, services.TASK)

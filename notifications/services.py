@@ -25,7 +25,8 @@ from tenants.models import Membership
 
 TASK = "deliver_webhook"  # notifications.tasks.deliver_webhook(row id), sent by name (jobs.dispatch)
 PREEMPTED = "PREEMPTED"  # a job halted by the scheduler for another one (HALTING with a preemption reason)
-EVENTS = tuple([s.value for s in Status] + [PREEMPTED])
+GPUS_IDLE = "GPUS_IDLE"  # a running job's GPUs stayed below its tenant's idle-GPU policy (jobs.idle)
+EVENTS = tuple([s.value for s in Status] + [PREEMPTED, GPUS_IDLE])
 MAX_HOOKS_PER_OWNER = 20
 MAX_TRIES = 20  # about 17 minutes of retries with the outbox's backoff (1, 2, 4 ... 60 s)
 
@@ -151,14 +152,24 @@ def event_of(job, before):
 
 def on_status_change(job, *, before, when):
     """jobs.states listener, inside the transaction of the change: one Delivery per hook that hears of it."""
-    event = event_of(job, before)
+    _write_deliveries(job, event_of(job, before), before=before, when=when)
+
+
+def on_gpus_idle(job, *, since, policy, when):
+    """jobs.idle listener, inside the transaction that flags the job: a GPUS_IDLE Delivery per hook."""
+    idle = {"since": since.isoformat(), "below_percent": policy.below_percent, "minutes": policy.minutes,
+            "action": policy.action}
+    _write_deliveries(job, GPUS_IDLE, before=job.status, when=when, extra={"idle": idle})
+
+
+def _write_deliveries(job, event, *, before, when, extra=None):
     for hook in Webhook.objects.filter(tenant_id=job.tenant_id).select_related("user"):
         if hook.events and event not in hook.events:
             continue
         if not _sees(hook, job):
             continue
         row = Delivery.objects.create(webhook=hook, job=job, event=event, payload={})
-        row.payload = payload(hook, job, event=event, before=before, when=when, sequence=row.pk)
+        row.payload = payload(hook, job, event=event, before=before, when=when, sequence=row.pk, extra=extra)
         row.save(update_fields=["payload"])
         dispatch.send_on_commit(TASK, row.pk)
 
@@ -171,7 +182,7 @@ def _sees(hook, job):
     return membership is not None and tenancy.jobs_of(membership).filter(pk=job.pk).exists()
 
 
-def payload(hook, job, *, event, before, when, sequence):
+def payload(hook, job, *, event, before, when, sequence, extra=None):
     fields = {
         "event": event,
         "sequence": sequence,  # increases with every change: a receiver orders a job's events by it
@@ -180,7 +191,13 @@ def payload(hook, job, *, event, before, when, sequence):
         "job": {"id": job.id, "name": job.name, "status": job.status, "previous_status": before,
                 "attempt": job.attempt, "reason": job.status_reason or "",
                 "url": f"{settings.PUBLIC_URL.rstrip('/')}/jobs/{job.id}/"},
+        **(extra or {}),
     }
+    if hook.format == Webhook.Format.SLACK and event == GPUS_IDLE:
+        idle = fields["idle"]
+        text = (f"Trainyard job {slack_text(job.name)} ({job.id}) has kept its GPUs below {idle['below_percent']:g}% "
+                f"for {idle['minutes']:g} min" + ("; halting it" if idle["action"] == "halt" else ""))
+        return {"text": text, **fields}
     if hook.format == Webhook.Format.SLACK:
         verb = "was preempted" if event == PREEMPTED else f"is {job.status}"
         reason = f" ({slack_text(job.status_reason)})" if job.status_reason else ""

@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (served by daphne)."""
+"""ASGI entry point: HTTP through Django, websockets through Channels (served by uvicorn)."""
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")

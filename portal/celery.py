@@ -4,7 +4,7 @@ portal/__init__.py imports it, so it is the current app in every process that lo
 are @shared_task and are sent by name (jobs.dispatch), so nothing imports this module to enqueue.
 Scheduling cycles are not among them: the scheduling loop runs them in a process of its own
 (`manage.py run_scheduler`, jobs.scheduler_loop); beat's schedule (settings.CELERY_BEAT_SCHEDULE)
-is the reconcile pass and the autoscaler's periodic pass.
+is the reconcile pass, the autoscaler's periodic pass and the idle-GPU pass (jobs.idle).
 """
 import os
 

@@ -1,5 +1,5 @@
 """Starts and stops the whole platform as real processes: an embedded Redis (unless REDIS_URL is
-given), the ASGI server (daphne: HTTP + websockets), a Celery worker, the scheduling loop
+given), the ASGI server (uvicorn: HTTP + websockets), a Celery worker, the scheduling loop
 (`manage.py run_scheduler`), the webhooks' Celery worker and celery beat.
 
 `make demo` runs it in the foreground, supervised (a part that crashes is started again); the
@@ -28,6 +28,20 @@ RESTARTS_PER_MINUTE = 5  # a part that dies more often than this is left down (c
 
 class StartupError(RuntimeError):
     pass
+
+
+# The ASGI server (HTTP, websockets): uvicorn, trusting no forwarded headers (the throttles count the
+# connecting address), not naming itself, without the lifespan protocol (Channels' router has none),
+# and closing what is still open 5 s after it is told to stop. Not daphne: Twisted parses every
+# multipart upload with the email package on its event loop before the application sees it, so one
+# tenant's uploads held every other request of the process (tests/security/test_noisy_neighbour.py).
+WEB_SERVER_OPTIONS = ("--lifespan", "off", "--no-proxy-headers", "--no-server-header", "--no-access-log",
+                      "--ws", "websockets-sansio", "--timeout-graceful-shutdown", "5")
+
+
+def web_server_command(*where):
+    """The web process's argv, `where` saying where it listens (--host/--port, or --fd)."""
+    return [sys.executable, "-m", "uvicorn", "portal.asgi:application", *where, *WEB_SERVER_OPTIONS]
 
 
 def free_port():
@@ -69,7 +83,7 @@ class Platform:
             self.env["REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}/0"
         self.processes = {}
         # More than one web process share one listening socket, opened here and handed to each
-        # daphne (--fd): the kernel spreads connections across them, and a restarted one takes up the
+        # web server (--fd): the kernel spreads connections across them, and a restarted one takes up the
         # same socket. One process (the default) binds its port itself, as before.
         try:
             self.web_processes = env_vars.integer("TRAINYARD_WEB_PROCESSES", 1, minimum=1, environ=self.env)
@@ -152,15 +166,13 @@ class Platform:
 
     def start_web(self, name="web"):
         if self.web_processes == 1:
-            self.spawn(name, [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                              "portal.asgi:application"])
+            self.spawn(name, web_server_command("--host", "127.0.0.1", "--port", str(self.port)))
             return
         if self._web_socket is None:
             self._web_socket = socket.create_server(("127.0.0.1", self.port), backlog=1024)
             self._web_socket.set_inheritable(True)
         fd = self._web_socket.fileno()
-        self.spawn(name, [sys.executable, "-m", "daphne", "--fd", str(fd), "portal.asgi:application"],
-                   pass_fds=(fd,))
+        self.spawn(name, web_server_command("--fd", str(fd)), pass_fds=(fd,))
 
     def start_worker(self):
         self.spawn("worker", [sys.executable, "-m", "celery", "-A", "portal.celery", "worker", "--loglevel=INFO",

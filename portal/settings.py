@@ -1,5 +1,6 @@
 """Django settings for Trainyard, read from the environment (see docs/configuration.md, "Configuration")."""
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -22,7 +23,6 @@ if not SECRET_KEY:
     SECRET_KEY = secret_key.load_or_create(DATA_DIR)
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI served locally: the docs work offline
     "channels",
     "guardian",
+    "axes",  # failed-login lockouts (tenants.throttling; AXES_* below)
     "django_prometheus",
     "tenants",
     "jobs",
@@ -50,10 +51,12 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "tenants.sso.SsoRecheckMiddleware",  # memberships follow the identity provider during a session
     "tenants.audit.AuditActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "portal.csp.ContentSecurityPolicyMiddleware",
+    "axes.middleware.AxesMiddleware",  # a locked-out sign-in's answer (tenants.sso.lockout_response)
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -149,12 +152,19 @@ ELASTIC_MIN_INTERVAL_S = env.number("TRAINYARD_ELASTIC_MIN_INTERVAL", 300.0, min
 # Grows wait until no attempt has released GPUs for this long: jobs ending together (a burst of
 # finishes, several terminates) become one resize onto all their GPUs, not one per job.
 ELASTIC_GROW_SETTLE_S = env.number("TRAINYARD_ELASTIC_GROW_SETTLE", 10.0, minimum=0.0)
+# A job whose learners keep less than this share of their GPUs busy (their latest resource samples)
+# is not grown: more GPUs would idle as these do. 0 grows whatever the use.
+ELASTIC_GROW_MIN_GPU_USE = env.number("TRAINYARD_ELASTIC_GROW_MIN_GPU_USE", 0.5, minimum=0.0)
 ELASTIC_HORIZON_S = env.number("TRAINYARD_ELASTIC_HORIZON", 600.0, minimum=0.0)
 ELASTIC_RESIZE_COST_S = env.number("TRAINYARD_ELASTIC_RESIZE_COST", 60.0, minimum=0.0)
 ELASTIC_POLICY = env.choice("TRAINYARD_ELASTIC_POLICY", "trainyard", ("gpu_only", "paper", "trainyard"))
+# Tenants' idle-GPU policies (jobs.idle) are judged this often from the learners' resource samples:
+# a job is flagged (and halted, where its tenant asks) at most this long after its samples say so.
+IDLE_GPU_INTERVAL_S = env.number("TRAINYARD_IDLE_GPU_INTERVAL", 30.0, minimum=0.5)
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
     "autoscale": {"task": "jobs.tasks.autoscale", "schedule": ELASTIC_INTERVAL_S},
+    "idle-gpus": {"task": "jobs.tasks.idle_gpus", "schedule": IDLE_GPU_INTERVAL_S},
 }
 
 # Shared by every process, so counters (tenants.throttling) add up across web servers.
@@ -223,6 +233,9 @@ INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 LOCAL_GPUS = env.integer("TRAINYARD_LOCAL_GPUS", -1)  # -1: the GPUs nvidia-smi reports
+# A pynvml-compatible file (an absolute path) the local backend's agents load instead of NVML, for
+# virtual GPUs, which have no counters of their own (learner_agent.telemetry.load_nvml); "": NVML.
+LOCAL_NVML_MODULE = env.text("TRAINYARD_LOCAL_NVML_MODULE", "")
 LOCAL_CPUS = env.number("TRAINYARD_LOCAL_CPUS", float(os.cpu_count() or 1), minimum=0.1)
 LOCAL_MEMORY_MB = env.integer("TRAINYARD_LOCAL_MEMORY_MB", 0)  # 0: the machine's total memory
 # How many complete checkpoints each attempt keeps once it ends (0 keeps them all).
@@ -258,10 +271,44 @@ ALLOWED_HOSTS = hosts.allowed_hosts(PUBLIC_URL, extra=env.text("TRAINYARD_ALLOWE
 CSRF_TRUSTED_ORIGINS = hosts.trusted_origins(PUBLIC_URL, extra=env.text("TRAINYARD_CSRF_TRUSTED_ORIGINS", ""))
 
 # --- auth and API -------------------------------------------------------------------------------
+# Single sign-on through an OpenID provider (tenants.sso, docs/security.md): on when an issuer and a
+# client id are set. Local passwords can be switched off; API tokens keep working either way.
+OIDC_ISSUER = env.text("TRAINYARD_OIDC_ISSUER", "")
+OIDC_CLIENT_ID = env.text("TRAINYARD_OIDC_CLIENT_ID", "")
+OIDC_CLIENT_SECRET = env.text("TRAINYARD_OIDC_CLIENT_SECRET", "")
+OIDC_SCOPES = env.text("TRAINYARD_OIDC_SCOPES", "openid email profile groups")
+OIDC_SIGN_ALGO = env.choice("TRAINYARD_OIDC_SIGN_ALGO", "RS256", ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256"))
+OIDC_GROUPS_CLAIM = env.text("TRAINYARD_OIDC_GROUPS_CLAIM", "groups")
+OIDC_GROUP_MAP = env.text("TRAINYARD_OIDC_GROUP_MAP", "")  # group=tenant[:role], ...
+OIDC_RECHECK_S = env.number("TRAINYARD_OIDC_RECHECK_INTERVAL", 300.0, minimum=1.0)
+OIDC_TOKEN_LIFETIME_S = env.number("TRAINYARD_OIDC_TOKEN_LIFETIME", 12 * 3600.0, minimum=60.0)
+LOCAL_LOGIN = env.boolean("TRAINYARD_LOCAL_LOGIN", True)
+# What mozilla-django-oidc itself reads (its views and backend; tenants.sso supplies the endpoints).
+OIDC_RP_SCOPES = OIDC_SCOPES
+OIDC_USE_PKCE = True
+OIDC_USE_NONCE = True
+OIDC_AUTHENTICATION_CALLBACK_URL = "sso-callback"
+
 AUTHENTICATION_BACKENDS = [
-    "tenants.throttling.ThrottledModelBackend",  # Django's ModelBackend behind the login throttle
+    # django-axes's lockout first: a locked username+address is refused before its password is checked.
+    *(["tenants.throttling.LoginLockout", "tenants.throttling.LocalPasswordBackend"] if LOCAL_LOGIN else []),
+    "tenants.sso.SsoBackend",  # does nothing unless single sign-on is configured
     "guardian.backends.ObjectPermissionBackend",
 ]
+# django-axes: failed password sign-ins counted per username and address in the cache (Redis),
+# failing open when it cannot be reached (tenants.throttling).
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False  # a lockout ends when it said it would
+AXES_HANDLER = "tenants.throttling.LoginFailures"
+AXES_USERNAME_CALLABLE = "tenants.throttling.login_username"
+AXES_WHITELIST_CALLABLE = "tenants.throttling.not_a_password_login"
+AXES_CLIENT_IP_CALLABLE = "tenants.throttling.client_address"
+AXES_LOCKOUT_CALLABLE = "tenants.sso.lockout_response"
+AXES_ENABLE_ADMIN = False  # its admin pages list database rows, and the cache handler writes none
+AXES_VERBOSE = False
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 REST_FRAMEWORK = {

@@ -3,19 +3,23 @@
 Pages render what the server knows at once (so a page is useful before any script runs); the
 scripts in static/js/ then keep it live over the websockets and the REST API.
 """
+import contextlib
 import functools
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Q
+from django.core.files import File
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from jobs import compare, elastic_timeline, listing, submission, tenancy
-from jobs.models import ACTIVE, Status
+from jobs import compare, datastores, elastic_timeline, listing, runs, submission, tenancy, usage
+from jobs.models import ACTIVE, IdleGpuPolicy, Status
 from tenants import access
 from tenants.models import Membership, Tenant
 from trainyard.manifest import FRAMEWORKS
@@ -70,17 +74,22 @@ def server_timing(view):
 @server_timing
 @tenant_page
 def job_list(request, membership):
+    error = None
     try:
         query = listing.JobQuery.from_params(request.GET)
-        error = None
     except listing.ListingError as exc:
         query, error = listing.JobQuery(), str(exc)
-    jobs = tenancy.jobs_of(membership).select_related("owner").only(*listing.LIST_COLUMNS)
+    try:
+        columns = runs.Columns.from_params(request.GET)
+    except listing.ListingError as exc:
+        columns, error = runs.Columns(), error or str(exc)
+    jobs = tenancy.jobs_of(membership).select_related("owner").only(*listing.LIST_COLUMNS, *columns.list_fields)
     page = query.page(jobs)
+    columns.fill(page.rows)
     params = request.GET.copy()
     for cursor in ("after", "before"):
         params.pop(cursor, None)
-    context = {"membership": membership, "page": page, "query": query, "error": error,
+    context = {"membership": membership, "page": page, "query": query, "columns": columns, "error": error,
                "statuses": Status.values, "frameworks": FRAMEWORKS, "sorts": SORT_LABELS,
                "members": Membership.objects.filter(tenant=membership.tenant).select_related("user")
                .order_by("user__username").values_list("user__username", flat=True),
@@ -98,8 +107,9 @@ SORT_LABELS = {"-created": "Newest first", "created": "Oldest first", "name": "N
 @tenant_page
 def job_page(request, membership, job_id):
     job = tenancy.job_or_404(membership, job_id)
-    return render(request, "jobs/detail.html", {"job": job, "membership": membership,
-                                                "elastic": elastic_timeline.summary(job)})
+    idle_policy = IdleGpuPolicy.objects.filter(tenant_id=job.tenant_id).first() if job.gpus_idle else None
+    return render(request, "jobs/detail.html", {"job": job, "membership": membership, "run": runs.facts(job),
+                                                "elastic": elastic_timeline.summary(job), "idle_policy": idle_policy})
 
 
 @tenant_page
@@ -156,13 +166,19 @@ def _example_folder(name):
 @tenant_page
 @require_http_methods(["GET", "POST"])
 def submit_page(request, membership):
+    """The submit form; `?clone=ID` fills it with one of the tenant's jobs' manifest and offers that job's
+    stored code (another tenant's job, or one the member may not see, is a 404)."""
+    source = request.POST if request.method == "POST" else request.GET
+    clone = tenancy.job_or_404(membership, source["clone"]) if source.get("clone") else None
     context = {"membership": membership, "examples": example_names(), "error": None, "field": None,
-               "manifest_text": "", "example": request.GET.get("example", "")}
+               "manifest_text": "", "example": request.GET.get("example", ""), **_clone_context(clone)}
     if request.method == "POST":
-        context.update(manifest_text=request.POST.get("manifest", ""), example=request.POST.get("example", ""))
+        context.update(manifest_text=request.POST.get("manifest", ""), example=request.POST.get("example", ""),
+                       reuse_code=bool(request.POST.get("reuse_code")))
         try:
-            job = submission.submit(membership, manifest_bytes=context["manifest_text"].encode(),
-                                 code_file=_code_file(request, context["example"]))
+            with uploaded_code(request, context["example"], clone if context["reuse_code"] else None) as code_file:
+                job = submission.submit(membership, manifest_bytes=context["manifest_text"].encode(),
+                                        code_file=code_file)
         except submission.SubmitError as exc:
             context.update(error=exc.detail, field=exc.field)
             response = render(request, "jobs/submit.html", context, status=exc.status)
@@ -170,20 +186,42 @@ def submit_page(request, membership):
                 response[header] = value
             return response
         return redirect("job-page", job_id=job.id)
-    if context["example"] in context["examples"]:
+    if clone is not None:
+        context["manifest_text"] = datastores.redact_yaml(clone.manifest_yaml)
+    elif context["example"] in context["examples"]:
         context["manifest_text"] = (_example_folder(context["example"]) / "manifest.yml").read_text()
     return render(request, "jobs/submit.html", context)
 
 
-def _code_file(request, example):
-    """The uploaded archive, or the chosen example's folder packed the way the CLI packs it."""
+def _clone_context(clone):
+    """What the submit form shows of the job it clones: the job, whether its code is still stored (to be
+    reused, ticked at first), and whether its manifest's credentials were redacted (to be given again)."""
+    if clone is None:
+        return {"clone": None, "clone_code": None, "reuse_code": False, "redacted": False}
+    archive = submission.code_archive(clone)
+    return {"clone": clone, "clone_code": archive, "reuse_code": archive is not None,
+            "redacted": datastores.REDACTED in datastores.redact_yaml(clone.manifest_yaml)}
+
+
+@contextlib.contextmanager
+def uploaded_code(request, example, clone):
+    """The uploaded archive; else the chosen example's folder packed the way the CLI packs it; else the
+    stored code of the job being cloned (`clone`, when reusing it was asked for); else None."""
     if upload := request.FILES.get("code"):
-        return upload
-    if not example:
-        return None
-    packed = code_upload(_example_folder(example))
-    with packed.fileobj:
-        return SimpleUploadedFile(packed.filename, packed.fileobj.read(), content_type=packed.content_type)
+        yield upload
+    elif example:
+        packed = code_upload(_example_folder(example))
+        with packed.fileobj:
+            yield SimpleUploadedFile(packed.filename, packed.fileobj.read(), content_type=packed.content_type)
+    elif clone is not None:
+        archive = submission.code_archive(clone)
+        if archive is None:
+            raise submission.SubmitError(f"{clone.id}'s code is no longer stored; choose a code archive",
+                                         field="code")
+        with archive.open("rb") as stored:
+            yield File(stored, name=archive.name)
+    else:
+        yield None
 
 
 @login_required
@@ -199,7 +237,19 @@ def example_manifest(request, name):
 # --- tenant and cluster ------------------------------------------------------------------------------
 @tenant_page
 def tenant_usage(request, membership):
-    return render(request, "tenant.html", {"membership": membership})
+    """The quota bars (tenant.js, from the API) and, rendered here, allocated against used for a period."""
+    context = {"membership": membership}
+    try:
+        start, end = usage.period_of(membership.tenant, request.GET)
+    except usage.PeriodError as exc:
+        context["usage_error"] = f"{exc.field}: {exc.detail}"
+        start, end = usage.period_of(membership.tenant, {})
+    context["usage"] = usage.report(membership.tenant, start=start, end=end,
+                                    visible=tenancy.jobs_of(membership).values_list("id", flat=True))
+    context["idle_policy"] = IdleGpuPolicy.objects.filter(tenant=membership.tenant).first()
+    context["usage_period"] = {"start": timezone.localtime(start).date().isoformat(),
+                               "end": (timezone.localtime(end) - timedelta(microseconds=1)).date().isoformat()}
+    return render(request, "tenant.html", context)
 
 
 @tenant_page

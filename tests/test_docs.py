@@ -1,6 +1,7 @@
 """The manual (docs/, built with MkDocs): it builds in strict mode, it names every setting and every
 CLI command with its options, and its benchmarks page says what bench/results holds."""
 import ast
+import json
 import importlib.util
 import os
 import re
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import beside as bench_beside
 from bench import docs as bench_docs
 from tests.support.optional import skip_or_fail
 
@@ -95,6 +97,20 @@ def test_the_benchmarks_page_states_a_missed_target(tmp_path):
     assert "| `jct_ratio_40_vs_1` | 1.3 | ≤ 1.10 | **missed** |" in page
     assert "| `jct_ratio_100_vs_1` | 1.2 | ≤ 1.25 | met |" in page
     assert "## overhead\n" in page and "Not measured yet." in page
+
+
+def test_the_old_codes_figures_from_the_same_sitting_stand_beside_the_new(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_beside, "RESULTS", tmp_path)
+    (tmp_path / "concurrency.json").write_text('{"jct_ratio_40_vs_1": 1.05, "jct_ratio_100_vs_1": 1.3}')
+    bench_beside.record("concurrency", "0432a7e", {"jct_ratio_40_vs_1": 1.08, "jct_ratio_100_vs_1": 1.2,
+                                                   "measured_at": "2026-11-27T17:00:00Z", "sleep_s": 30})
+    assert json.loads((tmp_path / "concurrency.json").read_text())["beside"] == {
+        "revision": "0432a7e", "measured_at": "2026-11-27T17:00:00Z",
+        "figures": {"jct_ratio_40_vs_1": 1.08, "jct_ratio_100_vs_1": 1.2}}
+    page = bench_docs.render(tmp_path)
+    assert "beside revision `0432a7e`" in page
+    assert "| `jct_ratio_40_vs_1` | 1.05 | ≤ 1.10 | met | 1.08 |" in page
+    assert "| `jct_ratio_100_vs_1` | 1.3 | ≤ 1.25 | **missed** | 1.2 |" in page
 
 
 def test_the_manual_builds_in_strict_mode(tmp_path):

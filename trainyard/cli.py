@@ -15,10 +15,12 @@ import os
 import re
 import sys
 
+from trainyard import overrides, sso
 from trainyard.client import Client
 from trainyard.config import Config, config_path, normalize_url, save_config
 from trainyard.errors import TrainyardError, UsageError
-from trainyard.manifest import ManifestError, parse_manifest
+from trainyard.experiment import parse_experiment
+from trainyard.manifest import ManifestError, load_fields, parse_manifest
 from trainyard.packing import code_upload
 from trainyard.render import (QUOTA_ROWS, Progress, comparison_rows, final_message, human_bytes, isatty, local_time,
                               note, number, print_json, print_table, quota_value, render_allocations, render_job)
@@ -35,7 +37,9 @@ def _client():
     return Client(notify=note)
 
 
-def _read_manifest(path):
+def _read_manifest(path, changes=()):
+    """The manifest file's bytes (with `changes`, (path, value) pairs from --set and --name, applied) and
+    the Manifest they make; UsageError naming every problem."""
     if os.path.isdir(path):
         raise UsageError(f"{path}: is a folder, not a manifest (the job's YAML file); `trainyard train` takes "
                          "the manifest first, then the code: trainyard train MANIFEST CODE_DIR_OR_ARCHIVE")
@@ -45,11 +49,30 @@ def _read_manifest(path):
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror or exc}") from None
     try:
+        text = overrides.overridden(text, changes)
         return text, parse_manifest(text)
     except ManifestError as exc:
-        problems = exc.problems
-        shown = f" {exc}" if len(problems) == 1 else "".join(f"\n  {problem}" for problem in problems)
-        raise UsageError(f"{path}: invalid manifest:{shown}") from None
+        raise _invalid(f"{path}{' with --set/--name' if changes else ''}: invalid manifest", exc) from None
+
+
+def _invalid(what, error):
+    """UsageError for a manifest that broke rules: one on the line, several one a line below it."""
+    problems = error.problems
+    shown = f" {error}" if len(problems) == 1 else "".join(f"\n  {problem}" for problem in problems)
+    return UsageError(f"{what}:{shown}")
+
+
+def _read_experiment(path):
+    """The experiment manifest's bytes and the Experiment they make; UsageError naming every problem."""
+    try:
+        with open(path, "rb") as manifest_file:
+            text = manifest_file.read()
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        return text, parse_experiment(text)
+    except ManifestError as exc:
+        raise _invalid(f"{path}: invalid experiment manifest", exc) from None
 
 
 def _job_id(client, value):
@@ -62,6 +85,14 @@ def _job_id(client, value):
 
 # --- commands --------------------------------------------------------------------------------------
 def cmd_validate(args):
+    if _is_experiment(args.manifest):
+        _, experiment = _read_experiment(args.manifest)
+        searcher = experiment.searcher
+        varied = ", ".join(hp.name for hp in experiment.varied())
+        print(f"{args.manifest}: ok — experiment {experiment.name}: {searcher.name} search over {varied} for the "
+              f"{'lowest' if searcher.smaller_is_better else 'highest'} {searcher.metric}, at most "
+              f"{searcher.max_trials} trials, {searcher.max_concurrent_trials} at once")
+        return OK
     _, manifest = _read_manifest(args.manifest)
     learners = f"{manifest.learners} learner{'s' if manifest.learners != 1 else ''}"
     print(f"{args.manifest}: ok — {manifest.name}: {manifest.framework} {manifest.framework_version}".rstrip()
@@ -72,18 +103,25 @@ def cmd_validate(args):
     return OK
 
 
-def cmd_train(args):
-    manifest_bytes, _ = _read_manifest(args.manifest)  # checked here first: no upload of a bad manifest
-    upload = code_upload(args.code, warn=note)
+def _upload(send, manifest_bytes, code):
+    """`send(manifest_bytes, upload, on_progress=...)` with the code packed (a folder) or opened (an
+    archive), its progress shown on a terminal; what the server answered."""
+    upload = code_upload(code, warn=note)
     try:
-        client = _client()
         progress = Progress(f"uploading {upload.filename} ({human_bytes(upload.size)})")
         try:
-            job = client.submit_upload(manifest_bytes, upload, on_progress=progress.update)
+            return send(manifest_bytes, upload, on_progress=progress.update)
         finally:
             progress.clear()
     finally:
         upload.fileobj.close()
+
+
+def cmd_train(args):
+    changes = overrides.pairs(args.set, name=args.name)
+    manifest_bytes, _ = _read_manifest(args.manifest, changes)  # checked here first: no upload of a bad manifest
+    client = _client()
+    job = _upload(client.submit_upload, manifest_bytes, args.code)
     if args.json:
         print_json(job)
     else:
@@ -100,6 +138,75 @@ def cmd_train(args):
     final = client.job(job["id"])
     note(final_message(final))
     return OK if final.get("status") == "COMPLETED" else FAILED
+
+
+def _is_experiment(path):
+    """Whether the manifest file has an experiment's sections (read leniently: the checks come after)."""
+    try:
+        with open(path, "rb") as manifest_file:
+            fields = load_fields(manifest_file.read())
+    except (OSError, ManifestError):
+        return False
+    return "searcher" in fields or "hyperparameters" in fields
+
+
+def cmd_experiment_create(args):
+    manifest_bytes, _ = _read_experiment(args.manifest)  # checked here first: no upload of a bad one
+    client = _client()
+    experiment = _upload(client.create_experiment_upload, manifest_bytes, args.code)
+    if args.json:
+        print_json(experiment)
+    else:
+        print(experiment["id"], flush=True)
+    if not args.wait:
+        return OK
+    final = client.wait_experiment(experiment["id"])
+    note(_experiment_summary(final))
+    return OK if final["state"] == "COMPLETED" else FAILED
+
+
+def cmd_experiment_list(args):
+    experiments = _client().experiments(state=args.state)
+    if args.json:
+        print_json(experiments)
+        return OK
+    print_table(("ID", "NAME", "SEARCHER", "STATE", "TRIALS", "BEST", "OWNER", "CREATED"),
+                [(e["id"], e["name"], f"{e['searcher']} {e['metric']}", e["state"],
+                  f"{e['trials_started']}/{e['max_trials']}", number(e["best_value"]) if e["best_value"] is not None
+                  else "-", e["owner"], local_time(e["created_at"])) for e in experiments])
+    return OK
+
+
+def cmd_experiment_show(args):
+    experiment = _client().experiment(args.id)
+    if args.json:
+        print_json(experiment)
+        return OK
+    print(_experiment_summary(experiment))
+    names = [hp["name"] for hp in experiment["hyperparameters"]]
+    best = experiment.get("best_trial")
+    print_table(("TRIAL", "JOB", "STATE", "STATUS", *names, experiment["metric"].upper(), "STEP"),
+                [(f"{t['number']}{' *' if t['number'] == best else ''}", t["job_id"], t["state"], t["job_status"],
+                  *(number(t["params"].get(name)) for name in names),
+                  number(t["value"]) if t["value"] is not None else "-", t["step"] if t["step"] is not None else "-")
+                 for t in experiment["trials"]])
+    return OK
+
+
+def cmd_experiment_action(args):
+    client = _client()
+    action = {"pause": client.pause_experiment, "resume": client.resume_experiment, "kill": client.kill_experiment}
+    experiment = action[args.experiment_command](args.id)
+    print(f"{experiment['id']}: {experiment['state']}")
+    return OK
+
+
+def _experiment_summary(experiment):
+    best = (f"; best: trial {experiment['best_trial']} with {experiment['metric']} {number(experiment['best_value'])}"
+            if experiment.get("best_trial") is not None else "")
+    reason = f" ({experiment['state_reason']})" if experiment.get("state_reason") else ""
+    return (f"{experiment['id']} {experiment['name']}: {experiment['state']}{reason}, {experiment['searcher']} search, "
+            f"{experiment['trials_started']}/{experiment['max_trials']} trials{best}")
 
 
 def print_logs(pages, *, show_learner):
@@ -236,6 +343,12 @@ def cmd_quota(args):
 
 def cmd_login(args):
     token = args.token
+    if args.sso:
+        if token:
+            raise UsageError("give either --sso or --token, not both")
+        issued = sso.device_login(normalize_url(args.url), notify=note)
+        token = issued["token"]
+        note(f"signed in as {issued.get('username')}; the token expires at {local_time(issued.get('expires_at'))}")
     if not token:
         if not sys.stdin.isatty():
             raise UsageError("give the API token with --token")
@@ -253,6 +366,14 @@ def cmd_login(args):
 
 
 # --- entry point -----------------------------------------------------------------------------------
+def _override(text):
+    """One --set KEY=VALUE as (path, value); argparse says what is wrong with it."""
+    try:
+        return overrides.parse(text)
+    except ManifestError as exc:
+        raise argparse.ArgumentTypeError(exc.rule) from None
+
+
 def _page_size(text):
     """The API pages job lists at 1..200; say so here rather than relay its 400."""
     try:
@@ -271,8 +392,8 @@ def build_parser():
                "Exit codes: 0 ok, 1 job failed or server said no, 2 usage or local error.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name, handler, help_text):
-        sub = commands.add_parser(name, help=help_text, description=help_text)
+    def command(name, handler, help_text, under=commands):
+        sub = under.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(handler=handler)
         return sub
 
@@ -281,6 +402,10 @@ def build_parser():
     train.add_argument("code", metavar="CODE_DIR_OR_ARCHIVE")
     train.add_argument("--follow", "-f", action="store_true", help="stream the logs until the job ends")
     train.add_argument("--json", action="store_true", help="print the job as JSON instead of its id")
+    train.add_argument("--set", action="append", type=_override, default=[], metavar="KEY=VALUE",
+                       help="set a manifest field (a dotted path: framework.command=..., learners=2; the value is "
+                            "read as YAML, so gpus=2 is a number); repeat for several")
+    train.add_argument("--name", help="the job's name, instead of the manifest's")
 
     listing = command("list", cmd_list, "list the tenant's jobs, newest first")
     listing.add_argument("--status", help="only jobs in this status (comma-separated for several)")
@@ -319,12 +444,38 @@ def build_parser():
     quota = command("quota", cmd_quota, "show the tenant's quota and usage")
     quota.add_argument("--json", action="store_true")
 
-    validate = command("validate", cmd_validate, "check a manifest offline")
+    experiment = command("experiment", None, "hyperparameter searches: create, list, show, pause, resume, kill")
+    experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="ACTION")
+
+    def experiment_command(name, handler, help_text):
+        return command(name, handler, help_text, under=experiment_commands)
+
+    create = experiment_command("create", cmd_experiment_create, "start an experiment: an experiment manifest "
+                                                                 "and the code its trials run")
+    create.add_argument("manifest", metavar="MANIFEST")
+    create.add_argument("code", metavar="CODE_DIR_OR_ARCHIVE")
+    create.add_argument("--json", action="store_true", help="print the experiment as JSON instead of its id")
+    create.add_argument("--wait", action="store_true", help="wait until it completes; exit 1 unless it did")
+    experiment_list = experiment_command("list", cmd_experiment_list, "list the tenant's experiments")
+    experiment_list.add_argument("--state", help="only experiments in this state (ACTIVE, PAUSED, COMPLETED, "
+                                                 "TERMINATED)")
+    experiment_list.add_argument("--json", action="store_true")
+    experiment_show = experiment_command("show", cmd_experiment_show, "show an experiment and its trials")
+    experiment_show.add_argument("id", metavar="ID")
+    experiment_show.add_argument("--json", action="store_true")
+    for name, help_text in (("pause", "halt the running trials through their checkpoints; start none"),
+                            ("resume", "go on with a paused experiment"),
+                            ("kill", "stop an experiment and all its trials for good")):
+        experiment_command(name, cmd_experiment_action, help_text).add_argument("id", metavar="ID")
+
+    validate = command("validate", cmd_validate, "check a manifest (a job's or an experiment's) offline")
     validate.add_argument("manifest", metavar="MANIFEST")
 
     login = command("login", cmd_login, "save the URL and API token to use")
     login.add_argument("--url", required=True)
     login.add_argument("--token", help="the API token (asked for when omitted)")
+    login.add_argument("--sso", action="store_true",
+                       help="sign in with the organisation's identity provider (device code) for a token that expires")
     login.add_argument("--tenant", help="the tenant to act in, when you belong to several")
     login.add_argument("--no-verify", action="store_true", help="save without checking with the server")
     return parser

@@ -29,9 +29,11 @@ import requests
 import tenacity
 from requests_toolbelt.multipart.encoder import MultipartEncoder, MultipartEncoderMonitor
 
+from trainyard import overrides as manifest_overrides
 from trainyard.config import load_config
 from trainyard.errors import (ApiError, ConnectionFailed, TrainyardError, Unauthorized, UsageError, WaitTimeout,
                               api_error_class)
+from trainyard.manifest import ManifestError
 from trainyard.packing import Upload, code_upload
 
 log = logging.getLogger("trainyard")
@@ -77,11 +79,15 @@ class Client:
         return self.config.url
 
     # --- jobs ----------------------------------------------------------------------------------------
-    def submit(self, manifest, code, *, on_progress=None):
+    def submit(self, manifest, code, *, overrides=None, name=None, on_progress=None):
         """Submit a job; the new job (QUEUED). `manifest` is a path to a YAML file, the YAML text
         itself (str with newlines, or bytes), or a dict; `code` is a code directory (packed here) or
-        a .zip/.tar.gz archive. `on_progress(sent, total)` follows the upload."""
+        a .zip/.tar.gz archive. `overrides` sets manifest fields first, by dotted path, like the CLI's
+        --set: a dict ({"framework.command": "python train.py --lr 0.01", "learners": 2}) or a list of
+        "KEY=VALUE" texts; `name` sets the job's name. `on_progress(sent, total)` follows the upload."""
         manifest_bytes = _manifest_bytes(manifest)
+        if overrides or name is not None:
+            manifest_bytes = _overridden(manifest_bytes, overrides, name)
         upload = code_upload(code, warn=self.notify)
         try:
             return self.submit_upload(manifest_bytes, upload, on_progress=on_progress)
@@ -90,9 +96,12 @@ class Client:
 
     def submit_upload(self, manifest_bytes, upload, *, on_progress=None):
         """Submit already-read manifest bytes and an open `packing.Upload`, streamed, not loaded whole."""
+        return self._post_upload("/api/v1/jobs/", manifest_bytes, upload, on_progress=on_progress)
+
+    def _post_upload(self, path, manifest_bytes, upload, *, on_progress=None):
         manifest = Upload(io.BytesIO(manifest_bytes), "manifest.yml", "application/x-yaml", len(manifest_bytes))
         body = MultipartBody([("manifest", manifest), ("code", upload)], on_read=on_progress)
-        return self.request_json("POST", "/api/v1/jobs/", data=body, timeout=UPLOAD_TIMEOUT,
+        return self.request_json("POST", path, data=body, timeout=UPLOAD_TIMEOUT,
                                  headers={"Content-Type": body.content_type})
 
     def job(self, job_id):
@@ -226,6 +235,54 @@ class Client:
     def _action(self, job_id, action):
         return self.request_json("POST", _job_path(job_id) + f"{action}/")
 
+    # --- experiments -------------------------------------------------------------------------------
+    def create_experiment(self, manifest, code, *, on_progress=None):
+        """Start a hyperparameter search: an experiment manifest (a job manifest with `hyperparameters`
+        and `searcher`, trainyard.experiment) and the code every trial runs; the new experiment."""
+        upload = code_upload(code, warn=self.notify)
+        try:
+            return self.create_experiment_upload(_manifest_bytes(manifest), upload, on_progress=on_progress)
+        finally:
+            upload.fileobj.close()
+
+    def create_experiment_upload(self, manifest_bytes, upload, *, on_progress=None):
+        return self._post_upload("/api/v1/experiments/", manifest_bytes, upload, on_progress=on_progress)
+
+    def experiments(self, *, state=None):
+        """The tenant's experiments, newest first."""
+        return self.get("/api/v1/experiments/", state=state)["results"]
+
+    def experiment(self, experiment_id):
+        """One experiment with its trials (each trial's job_id is an ordinary job's)."""
+        return self.get(_experiment_path(experiment_id))
+
+    def experiment_metrics(self, experiment_id, *, after=0):
+        """The searcher's metric as every trial reported it: {"results": [{trial, job_id, step, value,
+        time}], "next_after"}."""
+        return self.get(_experiment_path(experiment_id) + "metrics/", after=after)
+
+    def pause_experiment(self, experiment_id):
+        """No trial starts; running trials are halted through their checkpoints."""
+        return self.request_json("POST", _experiment_path(experiment_id) + "pause/")
+
+    def resume_experiment(self, experiment_id):
+        return self.request_json("POST", _experiment_path(experiment_id) + "resume/")
+
+    def kill_experiment(self, experiment_id):
+        """Stop the experiment and every trial for good."""
+        return self.request_json("POST", _experiment_path(experiment_id) + "kill/")
+
+    def wait_experiment(self, experiment_id, *, timeout=None, poll=2.0):
+        """Poll until the experiment is COMPLETED or TERMINATED (TimeoutError past `timeout` seconds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            experiment = self.experiment(experiment_id)
+            if experiment["state"] in ("COMPLETED", "TERMINATED"):
+                return experiment
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"experiment {experiment_id} is still {experiment['state']} after {timeout}s")
+            time.sleep(poll)
+
     # --- artifacts -----------------------------------------------------------------------------------
     def artifacts(self, job_id, *, checkpoint=False):
         """The job's result files (or checkpoints), newest attempt's file per name, sorted by name."""
@@ -346,6 +403,10 @@ WHOLE_JOB_ID = re.compile(r"training-[a-z0-9]{10}")  # jobs.models.new_job_id's 
 MAX_PAGE = 200  # the most the jobs list answers at once
 
 
+def _experiment_path(experiment_id):
+    return f"/api/v1/experiments/{quote(str(experiment_id).strip(), safe='')}/"
+
+
 def _job_path(job_id):
     return f"/api/v1/jobs/{quote(str(job_id).strip(), safe='')}/"
 
@@ -362,6 +423,15 @@ def _manifest_bytes(manifest):
             return manifest_file.read()
     except OSError as exc:
         raise UsageError(f"{manifest}: {exc.strerror or exc}") from None
+
+
+def _overridden(manifest_bytes, overrides, name):
+    """The manifest with the fields set; the server validates the result as any manifest (a path that
+    names no field is its 400, naming it)."""
+    try:
+        return manifest_overrides.overridden(manifest_bytes, manifest_overrides.pairs(overrides, name=name))
+    except ManifestError as exc:
+        raise UsageError(f"manifest: {exc}") from None
 
 
 def _newest_per_name(artifacts, kind):

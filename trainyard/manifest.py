@@ -230,6 +230,19 @@ def _line(event):
 
 def parse_manifest(text):
     """Parse and validate a manifest given as YAML text; return a Manifest or raise ManifestError."""
+    return parse_fields(load_fields(text))
+
+
+def parse_fields(data):
+    """Validate a manifest's fields as load_fields() read them; return a Manifest or raise ManifestError."""
+    manifest = validate(data)  # first, for its messages that give each field's own range
+    _check_plain(data, "")  # then every other value, as `raw` is stored
+    return manifest
+
+
+def load_fields(text):
+    """A manifest's YAML text read into its mapping of fields, within the bounds every manifest keeps
+    (size, depth, UTF-8, a mapping at the top); the fields themselves are not checked yet."""
     if isinstance(text, str):
         text = text.encode("utf-8", "surrogatepass")
     if len(text) > MAX_MANIFEST_BYTES:
@@ -252,9 +265,7 @@ def parse_manifest(text):
         raise ManifestError("manifest", f"has a value that cannot be read: {exc}") from None
     if not isinstance(data, dict):
         raise ManifestError("manifest", "must be a YAML mapping of fields (name, framework, ...)")
-    manifest = validate(data)  # first, for its messages that give each field's own range
-    _check_plain(data, "")  # then every other value, as `raw` is stored
-    return manifest
+    return data
 
 
 def _check_plain(value, path):

@@ -22,7 +22,7 @@ from jobs.backends.k8s.watcher import PodWatcher
 from jobs.models import Job, Learner, Status
 from tests.support.builders import job as make_job, member, tar_gz
 from tests.support.k8s_fake import FakeCluster, Kubelet
-from tests.support.k8s_lifecycle import (NS, Agent, assert_schema_valid, backend, cluster, history,  # noqa: F401
+from tests.support.k8s_lifecycle import (CONFIG, NS, Agent, assert_schema_valid, backend, cluster, history,  # noqa: F401
                                          new_backend, use, worker)
 
 pytestmark = pytest.mark.django_db
@@ -91,6 +91,7 @@ def test_a_two_learner_job_goes_from_queued_to_completed(cluster, backend, worke
     assert config["env"]["RANK"] == "1" and config["env"]["WORLD_SIZE"] == "2"
     assert config["ingest_url"] == f"http://trainyard-web.trainyard.svc:8000/api/v1/ingest/{target.id}/"
     assert "ingest_token" not in config
+    assert config["resource_sample_s"] == CONFIG.resource_sample_s > 0  # resource samples, as on local
     pod = cluster.get(f"/api/v1/namespaces/{NS}/pods/{pods[0]}")
     assert pod["spec"]["containers"][0]["image"] == "pytorch/pytorch:2.5"  # from the framework registry
     assert pod["spec"]["initContainers"][0]["image"] == "registry.example/learner-agent:1.0"
@@ -502,11 +503,13 @@ def test_get_backend_builds_it_from_kubeconfig_and_settings(cluster, settings, t
     settings.BACKEND = "kubernetes"
     settings.K8S_WATCH = False
     settings.K8S_STORAGE_VOLUME = '{"persistentVolumeClaim": {"claimName": "trainyard-storage"}}'
+    settings.RESOURCE_SAMPLE_S = 2.5
     set_quota(Tenant.objects.create(slug="team-c"), gpus=2, jobs=1, can_borrow=False)
     get_backend.cache_clear()
     try:
         backend = get_backend()
         assert backend.name == "kubernetes"
+        assert backend.config.resource_sample_s == 2.5
         assert sorted(n.name for n in backend.capacity().nodes) == ["node-1", "node-2"]
         backend.ensure_namespace("team-c", backend.quota_for("team-c"))
         hard = cluster.get("/api/v1/namespaces/trainyard-team-c/resourcequotas/tenant-quota")["spec"]["hard"]

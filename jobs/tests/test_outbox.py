@@ -6,6 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from jobs import lifecycle, outbox, storage, tasks
@@ -42,6 +43,31 @@ def test_a_retry_tears_down_the_attempt_that_failed_and_a_queued_job_needs_none(
     never_ran = job(member())
     transition(never_ran.id, Status.TERMINATED, actor="t")
     assert open_follow_ups(never_ran) == set()
+
+
+def test_a_change_allowed_from_where_the_job_moved_meanwhile_still_happens(sent):
+    """The job moves on between the read and the compare-and-swap (its learner reports PROCESSING
+    while a researcher terminates it): the swap reads again rather than answering that a PROCESSING
+    job cannot be terminated. Seen as a 409 on terminate in the fair-share suite under load."""
+    target = job(member(), status="DOWNLOADING")
+    moved = []
+
+    def learner_reports_first(execute, sql, params, many, context):
+        if not moved and sql.lstrip().upper().startswith("UPDATE") and "TERMINATED" in (params or ()):
+            moved.append(Job.objects.filter(pk=target.id).update(status=Status.PROCESSING))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(learner_reports_first):
+        done = transition(target.id, Status.TERMINATED, actor="bea")
+    assert moved == [1] and done is not None and done.status == Status.TERMINATED
+    assert list(target.events.values_list("from_status", "to_status")) == [("PROCESSING", "TERMINATED")]
+
+
+def test_a_change_of_another_attempt_or_from_a_status_it_left_is_refused(sent):
+    target = job(member(), status="PROCESSING")
+    assert transition(target.id, Status.HALTING, actor="t", attempt=target.attempt + 1) is None
+    assert transition(target.id, Status.QUEUED, actor="t", only_from={Status.HALTED}) is None
+    assert Job.objects.get(pk=target.id).status == Status.PROCESSING and not target.events.exists()
 
 
 @pytest.mark.parametrize("target_status, first", [("PENDING", "follow_up"), ("COMPLETED", "publish"),

@@ -264,18 +264,20 @@ def test_a_leader_that_loses_its_lease_stops_running_cycles(tmp_path, redis_url)
 
 
 @pytest.mark.django_db
-def test_a_cycle_runs_the_autoscaler_after_it_and_survives_an_error(monkeypatch, caplog):
+def test_a_cycle_runs_the_experiments_before_it_the_autoscaler_after_it_and_survives_an_error(monkeypatch, caplog):
     ran = []
+    monkeypatch.setattr(scheduler_loop.experiments, "advance_all", lambda: ran.append("experiments"))
     monkeypatch.setattr(scheduler_loop.admission, "run_cycle", lambda: ran.append("cycle"))
     monkeypatch.setattr(scheduler_loop.autoscaler, "run", lambda: ran.append("autoscaler"))
     scheduler_loop.run_cycle()
-    assert ran == ["cycle", "autoscaler"]
+    assert ran == ["experiments", "cycle", "autoscaler"]
+    ran.clear()
 
     def broken():
         raise RuntimeError("the database went away")
     monkeypatch.setattr(scheduler_loop.admission, "run_cycle", broken)
     scheduler_loop.run_cycle()  # logged; the loop goes on
-    assert "the scheduling cycle failed" in caplog.text and ran == ["cycle", "autoscaler"]
+    assert "the scheduling cycle failed" in caplog.text and ran == ["experiments"]
 
 
 def held_elsewhere(lease):

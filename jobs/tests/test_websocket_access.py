@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from jobs import sharing
+from tenants import sso
 from tenants.models import ApiToken, Membership
 from tests.support.builders import job, logged_in, member, token_for
 from tests.support.websockets import session, status_change
@@ -88,6 +89,16 @@ def test_it_closes_when_the_membership_is_removed():
     target = job(alice)
     code, _ = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}",
                       then=change(lambda: Membership.objects.get(pk=alice.pk).delete()))
+    assert code == 4401
+
+
+def test_it_closes_when_single_sign_on_takes_the_tenant_away(settings):
+    """The identity provider no longer has alice in the group that maps to team-a (tenants.sso)."""
+    settings.OIDC_ISSUER, settings.OIDC_GROUP_MAP = "https://id.example.org", "ml-a=team-a:researcher"
+    alice = member()
+    target = job(alice)
+    code, _ = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}",
+                      then=change(lambda: sso.sync_memberships(alice.user, groups=set())))
     assert code == 4401
 
 

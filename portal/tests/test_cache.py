@@ -9,7 +9,7 @@ import portal.settings as platform_settings
 
 
 def test_a_cache_object_per_thread_shares_one_connection_to_redis(redis_url):
-    """Django builds a cache object per thread and request context; under daphne each request's sync
+    """Django builds a cache object per thread and request context; under the ASGI server each request's sync
     code runs in a thread of its own. Forty of them, one after another, as forty requests would."""
     options = platform_settings.CACHES["default"]["OPTIONS"]
     accepted = lambda: redis.Redis.from_url(redis_url).info("stats")["total_connections_received"]
@@ -44,7 +44,7 @@ def closes_caches_after_requests():
 
 def test_caches_are_not_closed_after_each_request_when_no_backend_has_anything_to_close(settings):
     """The platform's backends (Redis, local memory) close nothing; Django's handler that closes
-    them at every request's end cost a tenth of the web process's CPU under daphne."""
+    them at every request's end cost a tenth of the web process's CPU."""
     from django.core import signals
     from django.core.cache import close_caches
 

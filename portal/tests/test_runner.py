@@ -144,7 +144,7 @@ def test_unsupervised_a_crash_is_reported_and_left_alone(platform):
 
 
 class WebOnly(Sleepers):
-    """The real web processes (daphne), the rest sleeping."""
+    """The real web processes (uvicorn), the rest sleeping."""
     start_web = Platform.start_web
 
     def wait_ready(self, timeout):

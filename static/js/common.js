@@ -198,9 +198,12 @@
     el.title = reason || "";
   }
 
+  // The charts' line colours, in the order lines are given them (every page's charts).
+  const CHART_PALETTE = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563"];
+
   window.Trainyard = {
     FINAL_STATUSES, isFinal, parseTime, formatDuration, elapsedMs, formatBytes, formatLocalTime,
-    localizeTimes, setStatusChip, csrfToken, wsUrl, LiveSocket, showConnectionState, getJson,
+    localizeTimes, setStatusChip, csrfToken, wsUrl, LiveSocket, showConnectionState, getJson, CHART_PALETTE,
   };
 
   document.addEventListener("DOMContentLoaded", () => localizeTimes());

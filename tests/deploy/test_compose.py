@@ -1,7 +1,7 @@
 """docker-compose.yml without Docker: valid against the compose specification's JSON schema (as
 check-jsonschema vendors it, with its licence), every platform service's command present in the image
 the Dockerfile builds (management commands exist and take the options given, the Celery app imports,
-daphne's target resolves), and every variable it sets one that the platform reads."""
+the web server's target resolves), and every variable it sets one that the platform reads."""
 import importlib
 import json
 import re
@@ -81,7 +81,7 @@ def test_the_image_installs_the_project_with_the_programs_the_commands_run():
     dependencies = " ".join(project["dependencies"] + [d for e in extras for d in project["optional-dependencies"][e]])
     programs = {command_of(s)[0] for s in PLATFORM.values()}
     assert programs <= {"python", "celery"}, programs
-    assert "celery[redis]" in dependencies and "daphne" in dependencies  # `celery` and `python -m daphne`
+    assert "celery[redis]" in dependencies and "uvicorn" in dependencies  # `celery` and `python -m uvicorn`
 
 
 @pytest.mark.parametrize("name", sorted(name for name, s in PLATFORM.items() if command_of(s)[1:2] == ["manage.py"]))
@@ -97,13 +97,17 @@ def test_its_management_commands_exist_and_take_their_options(name):
 
 def test_the_web_server_target_resolves_to_the_asgi_application():
     argv = command_of(SERVICES["web"])
-    assert argv[:3] == ["python", "-m", "daphne"]
-    from daphne.cli import CommandLineInterface
-    from daphne.utils import import_by_path
+    assert argv[:3] == ["python", "-m", "uvicorn"]
+    from uvicorn.importer import import_from_string
+    from uvicorn.main import main
 
-    args = CommandLineInterface().parser.parse_args(argv[3:])
-    assert args.port == 8000 and f"{args.port}:{args.port}" in SERVICES["web"]["ports"]
-    application = import_by_path(args.application)
+    from portal.runner import WEB_SERVER_OPTIONS
+
+    args = main.make_context("uvicorn", argv[3:]).params  # an unknown option fails here
+    assert args["port"] == 8000 and f"{args['port']}:{args['port']}" in SERVICES["web"]["ports"]
+    assert args["proxy_headers"] is False and args["lifespan"] == "off"  # as the platform runs it
+    assert argv[-len(WEB_SERVER_OPTIONS):] == list(WEB_SERVER_OPTIONS)
+    application = import_from_string(args["app"])
     assert callable(application) and application is importlib.import_module("portal.asgi").application
 
 

@@ -120,6 +120,17 @@ def test_the_web_reads_the_metrics_token_from_the_secret():
         assert token["valueFrom"]["secretKeyRef"]["key"] == "metrics-token"
 
 
+def test_the_web_reads_single_sign_on_from_the_config_and_its_client_secret_from_the_secret():
+    for overlay in OVERLAYS:
+        objects = render(overlay)
+        config = by_kind(objects, "ConfigMap")["trainyard-config"]["data"]
+        assert {"TRAINYARD_OIDC_ISSUER", "TRAINYARD_OIDC_CLIENT_ID", "TRAINYARD_OIDC_GROUP_MAP",
+                "TRAINYARD_LOCAL_LOGIN"} <= set(config)
+        secret = env_of(containers(objects)["trainyard-web"])["TRAINYARD_OIDC_CLIENT_SECRET"]
+        assert secret["valueFrom"]["secretKeyRef"] == {"name": "trainyard-secrets", "key": "oidc-client-secret",
+                                                       "optional": True}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_agents_post_to_ingest_servers_their_network_policy_lets_them_reach(overlay):
     """TRAINYARD_K8S_INGEST_URL names the ingest Service; its pods, and only platform pods, are what the

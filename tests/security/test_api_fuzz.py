@@ -36,14 +36,18 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from jobs import sharing, storage
+from jobs import experiments, sharing, storage
 from jobs.models import Allocation, Artifact, JobEvent, LogLine, MetricPoint, Status
 from notifications.models import Delivery, Webhook
+from tenants import quotas
 from tenants.models import ApiToken, Invitation
-from tests.support.builders import MANIFEST, job, member, tar_gz
+from tests.support.builders import MANIFEST, job, member, tar_gz, upload
 
 pytestmark = pytest.mark.django_db
 
+EXPERIMENT = MANIFEST + b"""hyperparameters: {lr: {type: log, minval: 0.001, maxval: 0.1}}
+searcher: {name: random, metric: loss, smaller_is_better: true, max_trials: 4, max_concurrent_trials: 2}
+"""
 MIN_CASES = 1000
 CASES_PER_OPERATION = 30  # per generation mode (positive, negative), over ~40 operations
 ADMIN_CASES = 10  # per admin-only operation, positive cases only
@@ -56,6 +60,7 @@ ADMIN_ONLY = {
     "GET /api/v1/tenants/current/invitations/": "carol",
     "DELETE /api/v1/tenants/current/invitations/{invitation_id}/": "carol",
     "PUT /api/v1/tenants/{slug}/quota/": "root", "PATCH /api/v1/tenants/{slug}/quota/": "root",
+    "PUT /api/v1/tenants/current/idle-gpus/": "carol", "DELETE /api/v1/tenants/current/idle-gpus/": "carol",
 }
 
 
@@ -113,12 +118,22 @@ def seeded(researcher, colleague):
                                   sealed_secret="x", created_by="alice")
     Delivery.objects.create(webhook=hook, job=target, event="completed", payload={}, tries=1, response_status=500,
                             last_error="HTTP 500")
+    sweep, to_pause, paused, to_kill = (experiments.create(researcher, manifest_bytes=EXPERIMENT, admitted=True,
+                                                           code_file=upload(tar_gz({"run.sh": b"echo hi\n"})))
+                                        for _ in range(4))
+    experiments.advance(sweep.id)  # its first trials, as jobs
+    MetricPoint.objects.create(job=sweep.trials.first().job, name="loss", step=1, value=0.5, time=now)
+    experiments.pause(paused, actor="alice")
     real = {"job_id": [target.id], "name": ["results/model.txt"], "username": [colleague.user.username],
-            "slug": ["team-a"], "invitation_id": [invitation.pk, waiting.pk], "hook_id": [hook.pk]}
+            "slug": ["team-a"], "invitation_id": [invitation.pk, waiting.pk], "hook_id": [hook.pk],
+            "experiment_id": [sweep.id]}
     # Operations that need an object of their own, in a state where they can succeed.
     per_operation = {"POST /api/v1/jobs/{job_id}/halt/": {"job_id": [running.id]},
                      "POST /api/v1/jobs/{job_id}/resume/": {"job_id": [halted.id]},
-                     "POST /api/v1/invitations/{invitation_id}/decline/": {"invitation_id": [declined.pk]}}
+                     "POST /api/v1/invitations/{invitation_id}/decline/": {"invitation_id": [declined.pk]},
+                     "POST /api/v1/experiments/{experiment_id}/pause/": {"experiment_id": [to_pause.id]},
+                     "POST /api/v1/experiments/{experiment_id}/resume/": {"experiment_id": [paused.id]},
+                     "POST /api/v1/experiments/{experiment_id}/kill/": {"experiment_id": [to_kill.id]}}
     return real, per_operation, f"{target.id},{running.id}"
 
 
@@ -129,6 +144,9 @@ def api(settings, connection_kept):
     generated value). Returns (schema, {username: headers})."""
     settings.ALLOWED_HOSTS = ["*"]
     researcher = member("team-a", "alice")
+    # The intake's limits are jobs/tests/test_intake's to check. Here the two creating operations, jobs
+    # and experiments, would spend the tenant's burst of submissions between them and leave one only 429s.
+    quotas.set_quota(researcher.tenant, submissions_per_minute=100_000)
     colleague = member("team-a", "bob")
     root = member("team-a", "root", role="admin")
     root.user.is_superuser = True
@@ -142,6 +160,7 @@ def api(settings, connection_kept):
     schema = schemathesis.openapi.from_dict(closed(raw))
     schema.app, schema.location = get_wsgi_application(), "/api/schema/?format=json"
     bodies = {"POST /api/v1/jobs/": {"manifest": MANIFEST, "code": tar_gz({"run.sh": b"echo hi\n"})},
+              "POST /api/v1/experiments/": {"manifest": EXPERIMENT, "code": tar_gz({"run.sh": b"echo hi\n"})},
               "POST /api/v1/manifests/validate/": {"manifest": MANIFEST.decode()},
               "POST /api/v1/jobs/{job_id}/share/": {"username": "bob", "access": "control"},
               "POST /api/v1/webhooks/": {"url": "https://1.1.1.1/hook", "events": ["completed"]},

@@ -156,6 +156,10 @@ HUGE = "9" * 400
     ("/api/v1/jobs/{id}/logs/", "since", "-1"),
     ("/api/v1/jobs/{id}/logs/", "limit", HUGE),
     ("/api/v1/jobs/{id}/logs/", "limit", "lots"),
+    ("/api/v1/cluster/use/", "minutes", HUGE),
+    ("/api/v1/cluster/use/", "minutes", "0"),
+    ("/api/v1/cluster/use/", "minutes", "1441"),
+    ("/api/v1/cluster/use/", "minutes", "²"),
 ])
 def test_it_refuses_out_of_range_query_parameters_naming_them(alice, path, parameter, value):
     target = job(alice)
@@ -166,6 +170,7 @@ def test_it_refuses_out_of_range_query_parameters_naming_them(alice, path, param
 
 def test_bounded_parameters_still_work(alice):
     target = job(alice)
+    assert client_for(alice).get("/api/v1/cluster/use/", {"minutes": "1440"}).status_code == 200
     assert client_for(alice).get("/api/v1/jobs/", {"limit": "200", "offset": "0"}).json()["count"] == 1
     assert client_for(alice).get(f"/api/v1/jobs/{target.id}/logs/", {"since": "0", "limit": "10000"}).status_code == 200
 
@@ -196,3 +201,19 @@ def test_the_manifest_example_still_submits(alice):
 def test_api_paths_that_match_nothing_answer_json_404(alice, path):
     response = client_for(alice).delete(path)
     assert response.status_code == 404 and response["Content-Type"] == "application/json"
+
+
+def test_the_use_per_node_names_no_job_owner_or_tenant_and_answers_only_members(alice):
+    from django.utils import timezone
+    from rest_framework.test import APIClient
+
+    from jobs.models import Allocation, ResourceSample
+    secret = job(alice, name="secret-project")
+    Allocation.objects.create(job=secret, attempt=1, learners=1, placement=[{"node": "n1", "gpu_ids": [0]}])
+    ResourceSample.objects.create(job=secret, attempt=1, learner=0, time=timezone.now(), cpu_cores=1.0,
+                                  memory_bytes=1, memory_peak_bytes=1, gpus_busy=1.0)
+    answer = client_for(member("team-b", "mallory")).get("/api/v1/cluster/use/")
+    assert answer.status_code == 200 and answer.json()["nodes"][0]["name"] == "n1"
+    for name in (secret.id, "secret-project", "alice", "team-a"):
+        assert name not in answer.content.decode()
+    assert APIClient().get("/api/v1/cluster/use/").status_code in (401, 403)

@@ -129,7 +129,8 @@ def browser():
         instance.close()
 
 
-PAGES = ["/", "/submit/", "/tenant/", "/cluster/", "/tenant/members/", "/account/tokens/", "/api/docs/"]
+PAGES = ["/", "/submit/", "/experiments/", "/experiments/new/", "/tenant/", "/cluster/", "/tenant/members/", "/account/tokens/",
+         "/api/docs/"]
 
 
 def test_every_page_carries_a_csp_and_breaks_none_of_it(platform, browser, quiet_job):
@@ -195,7 +196,7 @@ def from_address(platform, address, method, path, *, body=b"", headers=None):
     try:
         connection.request(method, path, body=body, headers=headers or {})
         response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
+        return response.status, response.headers, response.read()  # headers: case-insensitive
     finally:
         connection.close()
 
@@ -211,8 +212,7 @@ def sign_in(platform, address, username, password):
 
 def test_guessing_a_password_locks_that_username_from_that_address(platform):
     platform.add_member(platform.tenant, "carol-login", password="carols-password")
-    for _ in range(5):
-        assert sign_in(platform, "127.0.0.2", "carol-login", "guess")[0] == 200
+    assert [sign_in(platform, "127.0.0.2", "carol-login", "guess")[0] for _ in range(5)] == [200] * 4 + [429]
     status, headers, page = sign_in(platform, "127.0.0.2", "carol-login", "carols-password")
     assert status == 429 and int(headers["Retry-After"]) > 60 and b"Too many failed sign-ins" in page
     assert sign_in(platform, "127.0.0.3", "carol-login", "carols-password")[0] == 302  # carol, elsewhere
@@ -247,7 +247,7 @@ def test_the_ingest_route_refuses_a_host_the_platform_was_not_given(platform, qu
 
 # --- `make demo` stops everything it started ---------------------------------------------------------
 def processes_of(data_dir):
-    """pids of every process running with this TRAINYARD_DATA_DIR (Redis, daphne, the worker and
+    """pids of every process running with this TRAINYARD_DATA_DIR (Redis, uvicorn, the worker and
     its pool, beat, learner agents: all inherit the demo's environment)."""
     marker = f"TRAINYARD_DATA_DIR={data_dir}".encode()
     found = []
@@ -294,7 +294,7 @@ def test_make_demo_stops_everything_it_started(tmp_path, sig, when):
             assert wait_until(lambda: b"Trainyard is running" in (tmp_path / "demo.out").read_bytes(), 120), \
                 (tmp_path / "demo.out").read_text()
         else:  # the web server is starting: the demo is inside the platform's start-up
-            assert wait_until(lambda: any(b"daphne" in cmdline(pid) for pid in processes_of(data_dir)), 120), \
+            assert wait_until(lambda: any(b"uvicorn" in cmdline(pid) for pid in processes_of(data_dir)), 120), \
                 (tmp_path / "demo.out").read_text()
         started = processes_of(data_dir)
         assert len(started) >= (5 if when == "running" else 2), started  # redis, web, worker (+pool), beat

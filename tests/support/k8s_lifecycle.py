@@ -28,7 +28,7 @@ CONFIG = K8sConfig(namespace_prefix="trainyard-", image_prefix="registry.example
                    agent_image="registry.example/learner-agent:1.0",
                    storage_volume={"persistentVolumeClaim": {"claimName": "trainyard-storage"}},
                    platform=objects.Platform(namespace="trainyard", ingest_port=8000),
-                   ingest_url="http://trainyard-web.trainyard.svc:8000")
+                   ingest_url="http://trainyard-web.trainyard.svc:8000", resource_sample_s=5.0)
 
 
 @pytest.fixture

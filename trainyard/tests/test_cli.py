@@ -331,6 +331,42 @@ def test_train_refuses_a_code_folder_without_files(api, tmp_path, capsys):
     assert not api.jobs
 
 
+def test_train_sets_manifest_fields_and_the_name_before_uploading(api, tmp_path, code_dir, capsys):
+    assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir, "--set", "learners=2",
+               "--set", "framework.command=sh run.sh --lr 0.01", "--set", "gpus=1", "--name", "demo-lr-0.01") == 0
+    sent = api.jobs[capsys.readouterr().out.strip()].manifest
+    assert sent["name"] == "demo-lr-0.01" and sent["learners"] == 2 and sent["gpus"] == 1
+    assert sent["framework"] == {"name": "custom", "command": "sh run.sh --lr 0.01"}
+    assert sent["memory"] == "1GiB"  # the file's other fields, as they were
+
+
+def test_train_names_a_set_key_the_manifest_does_not_have_and_uploads_nothing(api, tmp_path, code_dir, capsys):
+    manifest = write(tmp_path / "m.yml", GOOD_MANIFEST)
+    assert run("train", manifest, code_dir, "--set", "framework.comand=x") == 2
+    assert capsys.readouterr().err.strip() == (f"trainyard: {manifest} with --set/--name: invalid manifest: "
+                                               "framework.comand: unknown field; did you mean 'command'?")
+    assert run("train", manifest, code_dir, "--set", "gpus=lots", "--set", "name.first=x") == 2
+    assert "name.first: name is 'demo', not a section with fields" in capsys.readouterr().err
+    assert not api.jobs
+
+
+def test_train_refuses_a_set_without_a_value(api, tmp_path, code_dir, capsys):
+    assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir, "--set", "learners") == 2
+    assert "argument --set: 'learners' is not KEY=VALUE" in capsys.readouterr().err
+    assert not api.jobs
+
+
+def test_the_sdk_submits_with_overrides_and_a_name(api, tmp_path, code_dir):
+    sdk = client.Client()
+    job = sdk.submit(GOOD_MANIFEST, code_dir, overrides={"learners": 2, "framework.command": "sh run.sh 2"},
+                     name="second")
+    assert api.jobs[job["id"]].manifest["learners"] == 2 and job["name"] == "second"
+    job = sdk.submit(GOOD_MANIFEST, code_dir, overrides=["cpus=0.5"])
+    assert api.jobs[job["id"]].manifest["cpus"] == 0.5
+    with pytest.raises(UsageError, match="manifest: name.first: name is 'demo', not a section"):
+        sdk.submit(GOOD_MANIFEST, code_dir, overrides={"name.first": "x"})
+
+
 def test_train_follow_streams_every_line_and_exits_0_on_completed(api, tmp_path, code_dir, capsys):
     assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir, "--follow") == 0
     out, err = capsys.readouterr()

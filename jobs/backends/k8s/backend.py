@@ -65,6 +65,10 @@ class K8sConfig:
     run_as_user: int = 1000
     unschedulable_timeout_s: float = 300.0
     log_pace: tuple = (0, 1)  # (bytes a second, burst bytes) of a learner's output (learner_agent.pace)
+    # How often each agent samples its learner (learner_agent.telemetry): CPU and memory of the
+    # learner's processes, and NVML for the GPUs its container sees (the device plugin shows it only
+    # its own). 0: never.
+    resource_sample_s: float = 0.0
 
     @classmethod
     def from_settings(cls, settings):
@@ -76,7 +80,8 @@ class K8sConfig:
                                              pod_security=settings.K8S_POD_SECURITY),
                    ingest_url=parse_ingest_url(settings.K8S_INGEST_URL), run_as_user=settings.K8S_RUN_AS_USER,
                    unschedulable_timeout_s=settings.K8S_UNSCHEDULABLE_TIMEOUT_S,
-                   log_pace=(settings.LOG_PACE_BYTES_PER_SECOND, settings.LOG_PACE_BURST_BYTES))
+                   log_pace=(settings.LOG_PACE_BYTES_PER_SECOND, settings.LOG_PACE_BURST_BYTES),
+                   resource_sample_s=settings.RESOURCE_SAMPLE_S)
 
 
 def parse_storage_volume(text):
@@ -223,6 +228,7 @@ class KubernetesBackend:
             "cpus": spec.cpus, "memory_bytes": spec.memory_bytes,
             "checkpoint_signal": spec.checkpoint_signal, "grace_seconds": spec.grace_seconds,
             "log_bytes_per_second": self.config.log_pace[0], "log_burst_bytes": self.config.log_pace[1],
+            "resource_sample_s": self.config.resource_sample_s,
         }
 
     def _distributed_env(self, spec, learner, namespace):
