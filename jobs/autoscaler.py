@@ -1,5 +1,6 @@
 """The autoscaler: carries out the elastic optimizer's plan (gpu_scheduler.elastic.optimize) for the
-running elastic jobs, resizing them through their checkpoint (jobs.lifecycle.resize).
+running elastic jobs, resizing them through their checkpoint (jobs.lifecycle.resize), or changing
+their batch inside the running learners where they can (jobs.lifecycle.change_batch).
 
 The scheduling loop runs it after each cycle (jobs.scheduler_loop; a pass returns at once unless an
 elastic job runs on GPUs: may_resize), and a Celery task every TRAINYARD_ELASTIC_INTERVAL seconds. One pass, under the admission lock (so it never races a
@@ -18,8 +19,10 @@ scheduling cycle):
    sampled GPU use is under TRAINYARD_ELASTIC_GROW_MIN_GPU_USE, and a job that reports
    no noise scale is never given a larger global batch than its own (it scales its learners only);
    the plan is carried out only if its predicted gain in goodput over TRAINYARD_ELASTIC_HORIZON
-   seconds beats the restarts it costs (hysteresis: no resize for a gain the restart eats); a larger
-   global batch at the same learners (the noise scale grew) is such a resize too, through the checkpoint;
+   seconds beats the restarts it costs (hysteresis: no resize for a gain the restart eats); another
+   global batch at the same learners (the noise scale moved) is a batch change inside the running
+   learners when they apply them (learner_agent.batch_changes), worth making from a gain of
+   LIVE_BATCH_MIN_GAIN; for learners that do not, only a larger batch, through the checkpoint;
 4. act: shrinks first, then grows onto GPUs idle now (a grow that would need a shrinking job's GPUs
    waits for a later pass). Grows also wait while GPUs are being released: until no attempt has
    given GPUs back for TRAINYARD_ELASTIC_GROW_SETTLE seconds (a stabilisation window, as the
@@ -55,6 +58,10 @@ NOISE_SCALE_METRIC = "noise_scale"
 NOISE_SCALE_REPORTS = 5
 # How many of each learner's latest resource samples say how busy a job keeps its GPUs (measured_gpu_use).
 GPU_USE_SAMPLES = 6
+# The least relative gain in goodput a batch change inside the running learners must promise: it costs
+# no restart, so without a margin a noise scale that wobbles around a boundary would move the batch
+# back and forth (one change at a time: the next waits until the learners have applied the last).
+LIVE_BATCH_MIN_GAIN = 0.05
 # A job is not grown past this many times the largest shape it has measured: the throughput model
 # extrapolates from what it has seen, and errs more the further it goes.
 GROWTH_PAST_MEASURED = 2
@@ -72,10 +79,12 @@ class Candidate:
     rate: float | None  # samples/s of the current attempt, measured
     model: throughput.ThroughputModel
     resize_cost_s: float
-    frozen: bool  # resized too recently: held at its size this pass
+    frozen: bool  # resized too recently, or a batch change is on its way: held at its size this pass
     noise_scale: float | None = None  # measured (samples); None: the job reports none
     largest_measured: int = 0  # learners of the largest shape with a measured rate; 0: none yet
     gpu_use: float | None = None  # the share of its GPUs its learners keep busy, sampled; None: unmeasured
+    live_batch: bool = False  # its learners change their batch while they run (no restart needed)
+    batch_pending: bool = False  # a batch change asked of its learners is not applied yet
 
 
 def may_resize():
@@ -138,13 +147,17 @@ def _candidate(job, now):
     if elastic is None or not job.gpus or job.status != Status.PROCESSING or job.preempted_reason:
         return None
     current = elastic_timeline.of_attempt(job)
-    last_resize = (Allocation.objects.filter(job=job, resize_requested_at__isnull=False)
-                   .aggregate(last=Max("resize_requested_at"))["last"])
-    frozen = last_resize is not None and now - last_resize < timedelta(seconds=settings.ELASTIC_MIN_INTERVAL_S)
-    rate = _current_rate(job)
+    # The minimum interval is between restarts: a batch change inside the learners costs none.
+    last_restart = (Allocation.objects.filter(job=job, resize_requested_at__isnull=False)
+                    .exclude(kind=Allocation.Kind.BATCH).aggregate(last=Max("resize_requested_at"))["last"])
+    pending = job.batch_request is not None
+    frozen = pending or (last_restart is not None
+                         and now - last_restart < timedelta(seconds=settings.ELASTIC_MIN_INTERVAL_S))
+    rate = _current_rate(job, current)
     return Candidate(job=job, elastic=elastic, current=current, rate=rate, model=_model(job, current, rate),
                      resize_cost_s=_resize_cost_s(job), frozen=frozen, noise_scale=measured_noise_scale(job),
-                     largest_measured=_largest_measured(job, rate), gpu_use=measured_gpu_use(job))
+                     largest_measured=_largest_measured(job, rate), gpu_use=measured_gpu_use(job),
+                     live_batch=elastic_timeline.listens_for_batch_changes(job), batch_pending=pending)
 
 
 def _held_gpus(active):
@@ -239,10 +252,27 @@ def _no_batch(elastic, job):
 
 
 # --- 2. measure -------------------------------------------------------------------------------------
-def _current_rate(job):
-    """Samples per second of the current attempt from learner 0's `samples` reports, or None."""
-    points = MetricPoint.objects.filter(job=job, attempt=job.attempt, learner=0,
-                                        name=elastic_timeline.SAMPLES_METRIC)
+def _current_rate(job, current):
+    """Samples per second at the shape the job runs at now (its attempt, since its last batch change)
+    from learner 0's `samples` reports, or None."""
+    since = current.started_at if current is not None and current.kind == Allocation.Kind.BATCH else None
+    return _reported_rate(job.id, job.attempt, since=since)
+
+
+def _stretch_rate(row):
+    """Samples per second of a finished stretch, between learner 0's first and last `samples` reports
+    in it, or None. Not the row's samples_per_s, which runs from every learner started: what the
+    learners do before their first step (imports, loading data) is the cost of the change that
+    started them, and would make a short stretch look slow whatever its shape."""
+    return _reported_rate(row.job_id, row.attempt, since=row.started_at, until=row.ended_at)
+
+
+def _reported_rate(job_id, attempt, *, since=None, until=None):
+    points = MetricPoint.objects.filter(job_id=job_id, attempt=attempt, learner=0, name=elastic_timeline.SAMPLES_METRIC)
+    if since is not None:
+        points = points.filter(time__gte=since)
+    if until is not None:
+        points = points.filter(time__lte=until)
     span = points.aggregate(first=Min("time"), last=Max("time"), low=Min("value"), high=Max("value"))
     if span["first"] is None or span["last"] <= span["first"] or span["high"] <= span["low"]:
         return None
@@ -275,7 +305,7 @@ def measured_gpu_use(job):
 def _largest_measured(job, rate):
     """Learners of the largest shape the job has a measured rate at (its finished attempts, and the
     current one once it has reported progress); 0 if none."""
-    sizes = [row.learners for row in Allocation.objects.filter(job=job, ended_at__isnull=False) if row.samples_per_s]
+    sizes = [row.learners for row in Allocation.objects.filter(job=job, ended_at__isnull=False) if _stretch_rate(row)]
     if rate:
         sizes.append(job.learners)
     return max(sizes, default=0)
@@ -290,10 +320,9 @@ def _model(job, current, rate):
     """The job's throughput model: its measured shapes, pulled toward a prior scaled to its speed."""
     observations = []
     for row in Allocation.objects.filter(job=job, ended_at__isnull=False, global_batch__isnull=False):
-        if row.samples_per_s:
+        if measured := _stretch_rate(row):
             nodes = len({p["node"] for p in row.placement if isinstance(p, dict)})
-            observations.append(_observation(row.learners, row.gpus_per_learner, nodes, row.global_batch,
-                                             row.samples_per_s))
+            observations.append(_observation(row.learners, row.gpus_per_learner, nodes, row.global_batch, measured))
     if rate and current is not None and current.global_batch:
         observations.append(_observation(job.learners, job.gpus, len({p["node"] for p in job.placement}),
                                          current.global_batch, rate))
@@ -315,7 +344,8 @@ def _overhead(gpus):
 
 def _resize_cost_s(job):
     """Seconds a resize of this job cost (its own resizes, else any job's), else the configured guess."""
-    for rows in (Allocation.objects.filter(job=job), Allocation.objects.all()):
+    restarts = Allocation.objects.exclude(kind=Allocation.Kind.BATCH)  # a batch change's cost is no restart's
+    for rows in (restarts.filter(job=job), restarts):
         measured = list(rows.filter(resize_cost_s__isnull=False).order_by("-id")
                         .values_list("resize_cost_s", flat=True)[:10])
         if measured:
@@ -350,18 +380,28 @@ def predicted_gain_s(candidate, target):
         return 0.0
     gain = (rate_new * statistical_efficiency(candidate, shape.global_batch)) / (
         rate_now * statistical_efficiency(candidate, now_batch))
+    if _changes_live(candidate, target):
+        return (gain - 1 - LIVE_BATCH_MIN_GAIN) * settings.ELASTIC_HORIZON_S
     return (gain - 1) * settings.ELASTIC_HORIZON_S - candidate.resize_cost_s
 
 
 def _batch_changes(candidate, target):
-    """Whether the target keeps the learners but raises the global batch (the job's noise scale has
-    grown): carried out as a resize at the same size, through the checkpoint. Only upwards: a smaller
-    batch alone (a small noise scale) waits for the next change of learners rather than cost a
-    restart of its own. Not for a job held at its size."""
+    """Whether the target keeps the learners but changes the global batch (the job's noise scale has
+    moved): inside the running learners when they apply batch changes (_changes_live), else as a
+    resize at the same size, through the checkpoint, and then only upwards: a smaller batch alone (a
+    small noise scale) waits for the next change of learners rather than cost a restart of its own.
+    Not while a change is on its way, nor through a restart for a job held at its size."""
     current = candidate.current.global_batch if candidate.current else None
-    if candidate.frozen or candidate.elastic.batch is None or not current or not target.batch:
+    held = candidate.batch_pending or (candidate.frozen and not candidate.live_batch)
+    if held or candidate.elastic.batch is None or not current or not target.batch:
         return False
-    return elasticity.shape(candidate.elastic, target.learners, target.batch).global_batch > current
+    batch = elasticity.shape(candidate.elastic, target.learners, target.batch).global_batch
+    return batch != current if candidate.live_batch else batch > current
+
+
+def _changes_live(candidate, target):
+    """Whether moving to `target` is a batch change inside the running learners (no restart)."""
+    return candidate.live_batch and target.learners == candidate.job.learners
 
 
 # --- 4. act -----------------------------------------------------------------------------------------
@@ -377,6 +417,11 @@ def _carry_out(candidates, changes, held, node_gpus):
             continue  # a grow with no idle GPU on the planned nodes yet
         why = ("its measured gradient noise scale" if same_size else
                "idle GPUs" if len(placement) > job.learners else "GPUs for other elastic jobs")
+        if _changes_live(candidate, target):
+            row = lifecycle.change_batch(job, wanted_batch=target.batch, why=why, actor=ACTOR)
+            if row is not None:
+                rows.append(row)
+            continue
         row = lifecycle.resize(job, learners=len(placement), placement=placement, why=why, actor=ACTOR,
                                wanted_batch=target.batch or None)
         if row is not None:

@@ -5,8 +5,9 @@ job page's chart).
 Read-only views over `Job.runtime["elastic"]` (written at submission) and the `Allocation` rows the
 platform opens and closes at each attempt; nothing in that part decides or changes a shape.
 
-The timeline itself (jobs.models.Allocation), one row per attempt, saying what shape the
-attempt ran at, why, what the resize that led to it cost, and how many samples it trained on.
+The timeline itself (jobs.models.Allocation), one row per shape: each attempt's first, and one more
+for each batch change made inside its running learners; each says what shape it ran at, why, what
+the change that led to it cost, and how many samples it trained on.
 
 Kept by a status-change listener (connected in JobsConfig.ready), inside the transaction of each
 change, so the timeline never disagrees with the job's history:
@@ -16,16 +17,21 @@ change, so the timeline never disagrees with the job's history:
 - when every learner of the attempt runs (PROCESSING) the row starts, and a resize's cost is the
   time from its signal to then;
 - when the attempt lets go of its resources (its job moves on to another attempt or out of the
-  active states) the row ends, with the samples learner 0 reported (`report(samples=N)`).
+  active states) the row ends, with the samples learner 0 reported (`report(samples=N)`); a batch
+  change asked of it and not yet applied is dropped.
+And by ingest (`batch_applied`): when learner 0 reports a batch change applied, the row before it
+ends and the change's row starts, at the step where the learners switched.
 """
 from django.db.models import Max, Min
 
 from jobs import runtime
-from jobs.models import ACTIVE, Allocation, MetricPoint, Status
+from jobs.models import ACTIVE, Allocation, Job, MetricPoint, Status
+from learner_agent.batch_changes import APPLIED_METRIC, LISTENING_METRIC
 from trainyard import elasticity
 
 # The metric an elastic job's rank 0 reports its cumulative samples under (learner_agent.report(samples=)).
 SAMPLES_METRIC = "samples"
+BATCH = Allocation.Kind.BATCH
 
 
 def bounds(job):
@@ -34,13 +40,18 @@ def bounds(job):
 
 
 def timeline(job):
-    """The job's Allocation rows, oldest attempt first."""
-    return Allocation.objects.filter(job=job).order_by("attempt")
+    """The job's Allocation rows, oldest first (a batch change asked and not yet applied among them)."""
+    return Allocation.objects.filter(job=job).order_by("attempt", "id")
+
+
+def _shapes_run(job):
+    """The job's rows less the batch changes asked and not yet applied."""
+    return Allocation.objects.filter(job=job).exclude(kind=BATCH, started_at=None)
 
 
 def current(job):
-    """The allocation of the job's newest attempt that has one (what it holds now, or held last)."""
-    return Allocation.objects.filter(job=job, attempt__lte=job.attempt).order_by("-attempt").first()
+    """The shape of the job's newest attempt that has one (what it holds now, or held last)."""
+    return _shapes_run(job).filter(attempt__lte=job.attempt).order_by("-attempt", "-id").first()
 
 
 def summary(job):
@@ -70,6 +81,8 @@ def on_transition(job, *, before, when):
     if not job.is_first_attempt:  # the first has no earlier one whose row could still be open
         for row in Allocation.objects.filter(job=job, ended_at=None, attempt__lt=job.attempt):
             close(row, when)
+    if job.status != Status.PROCESSING and job.batch_request is not None:
+        drop_batch_request(job)
     if job.status not in ACTIVE:
         # A resize that was requested but never carried out (the job failed, was terminated or
         # requeued meanwhile) leaves a row for an attempt that never ran at that shape.
@@ -96,7 +109,7 @@ def open_attempt(job):
     """The row of the job's current attempt (kept if a resize wrote it already)."""
     if job.is_first_attempt:  # no row a resize wrote, no samples reported yet
         return _create_row(job, samples_start=None)
-    row = Allocation.objects.filter(job=job, attempt=job.attempt).first()
+    row = Allocation.objects.filter(job=job, attempt=job.attempt).exclude(kind=BATCH).first()
     if row is not None:
         if row.samples_start is None:  # a resize's row: the job goes on from where the last attempt stopped
             row.samples_start = last_samples(job)
@@ -119,7 +132,7 @@ def _create_row(job, *, samples_start):
 
 def start(job, when):
     """Every learner of the attempt runs: the row starts; a resize's cost is measured up to here."""
-    row = Allocation.objects.filter(job=job, attempt=job.attempt, started_at=None).first()
+    row = Allocation.objects.filter(job=job, attempt=job.attempt, started_at=None).exclude(kind=BATCH).first()
     if row is None:
         return
     row.started_at = when
@@ -128,14 +141,59 @@ def start(job, when):
     row.save(update_fields=["started_at", "resize_cost_s"])
 
 
-def close(row, when):
-    """The attempt let go of its resources: the row ends with the samples its learner 0 reported."""
-    first, last = _samples_of(row.job_id, row.attempt)
+def close(row, when, *, until=None):
+    """The stretch ends (its attempt let go of its resources, or a batch change took over at `until`):
+    with the samples its learner 0 reported during it."""
+    since = row.started_at if row.kind == BATCH else None  # an attempt's first row: all of it before
+    first, last = _samples_of(row.job_id, row.attempt, since=since, until=until)
     if row.samples_start is None:
         row.samples_start = first
     row.samples_end = last if last is not None else row.samples_start
     row.ended_at = when
     row.save(update_fields=["samples_start", "samples_end", "ended_at"])
+
+
+# --- batch changes inside a running attempt (jobs.lifecycle.change_batch asks for them) --------------
+def listens_for_batch_changes(job):
+    """Whether the current attempt's learner 0 said it applies batch changes while it runs
+    (learner_agent.batch_changes reports LISTENING_METRIC when it starts)."""
+    return MetricPoint.objects.filter(job=job, attempt=job.attempt, learner=0, name=LISTENING_METRIC).exists()
+
+
+def pending_batch_change(job):
+    """The row of a batch change asked of the current attempt and not yet applied, or None."""
+    return Allocation.objects.filter(job=job, attempt=job.attempt, kind=BATCH, started_at=None).first()
+
+
+def batch_applied(job, request_id, when):
+    """Learner 0 reported (APPLIED_METRIC) that the learners run at batch change `request_id` since
+    `when`: the stretch before it ends and the change's starts. Called by ingest under the job's row
+    lock; `job` has `batch_request` loaded. A report naming any other change (one since superseded
+    or dropped, or made up) changes nothing."""
+    request = job.batch_request
+    if not isinstance(request, dict) or request.get("id") != request_id:
+        return None
+    row = pending_batch_change(job)
+    job.batch_request = None
+    Job.objects.filter(pk=job.pk).update(batch_request=None)
+    if row is None or row.id != request_id:
+        return None
+    when = max(when, row.resize_requested_at)
+    before = current(job)
+    if before is not None and before.ended_at is None:
+        close(before, when, until=when)
+    row.started_at = when
+    row.samples_start = before.samples_end if before is not None else None
+    row.resize_cost_s = (when - row.resize_requested_at).total_seconds()
+    row.save(update_fields=["started_at", "samples_start", "resize_cost_s"])
+    return row
+
+
+def drop_batch_request(job):
+    """The attempt stops running: a batch change asked of it and not yet applied never will be."""
+    Allocation.objects.filter(job=job, attempt=job.attempt, kind=BATCH, started_at=None).delete()
+    Job.objects.filter(pk=job.pk).update(batch_request=None)
+    job.batch_request = None
 
 
 def last_samples(job):
@@ -145,12 +203,17 @@ def last_samples(job):
     return None if point is None else int(point)
 
 
-def _samples_of(job_id, attempt):
+def _samples_of(job_id, attempt, *, since=None, until=None):
     points = MetricPoint.objects.filter(job_id=job_id, attempt=attempt, name=SAMPLES_METRIC, learner=0)
+    if since is not None:
+        points = points.filter(time__gte=since)
+    if until is not None:
+        points = points.filter(time__lte=until)
     values = points.aggregate(first=Min("value"), last=Max("value"))
     return tuple(None if v is None else int(v) for v in (values["first"], values["last"]))
 
 
 def of_attempt(job):
-    """The row of the job's current attempt, or None."""
-    return Allocation.objects.filter(job=job, attempt=job.attempt).first()
+    """The shape the job's current attempt runs at (its latest row, less a batch change not yet
+    applied), or None."""
+    return _shapes_run(job).filter(attempt=job.attempt).order_by("-id").first()

@@ -18,10 +18,12 @@ from datetime import datetime, timezone as dt_timezone
 import orjson
 from django.db import connection, transaction
 
-from jobs import bulk, credentials, ingest_records, lifecycle, live, logcap, prometheus_series, tensorboard
+from jobs import (bulk, credentials, elastic_timeline, ingest_records, lifecycle, live, logcap, prometheus_series,
+                  tensorboard)
 from jobs.ingest_records import AGENT_STREAMS, MAX_REASON
 from jobs.models import Job, Learner, MetricPoint, ResourceSample
 from jobs.serializers import metric_json
+from learner_agent import batch_changes
 
 MAX_RECORDS = 20000
 MAX_SEQ = 2**63 - 1  # Learner.acked_seq: BigIntegerField
@@ -47,13 +49,18 @@ class Stored:
     refused records of this post ({"seq", "error"} each)."""
     acked: int
     rejected: list = field(default_factory=list)
+    batch: dict | None = None  # a batch change asked of the learners (Job.batch_request)
 
     def answer(self):
-        """The 200 answer's JSON: {"acked"}, with the refused records when there were any."""
+        """The 200 answer's JSON: {"acked"}, with the refused records when there were any and the
+        batch change the platform asks for while it waits to hear it applied."""
+        answer = {"acked": self.acked}
+        if self.batch is not None:
+            answer["batch"] = self.batch
         if not self.rejected:
-            return {"acked": self.acked}
+            return answer
         listed = self.rejected[:MAX_REJECTED_LISTED]
-        answer = {"acked": self.acked, "rejected": listed}
+        answer["rejected"] = listed
         if len(self.rejected) > len(listed):
             answer["rejected_unlisted"] = len(self.rejected) - len(listed)
         return answer
@@ -129,7 +136,7 @@ def ingest(grant, payload, *, text_checked=True):
         lines, points = _store(job, learner, good, through=fresh[-1]["seq"] if fresh else None, rejected=rejected)
     live.publish_records_on_commit(job.id, lines, points)
     prometheus_series.ingested(slot.tenant_slug, lines=len(lines), oldest_time=_oldest_time(good))
-    return Stored(learner.acked_seq, rejected)
+    return Stored(learner.acked_seq, rejected, job.batch_request)
 
 
 def _checked(records, text_checked):
@@ -157,7 +164,8 @@ def _columns(model, names):
 
 
 _LOG_COUNTS = {"log_bytes", "log_dropped_lines", "log_dropped_bytes"}  # jobs.logcap's, on both rows
-_JOB_COLUMNS = _columns(Job, {"id", "status", "attempt", "learners", "log_seq", "tenant_id", *_LOG_COUNTS})
+_JOB_COLUMNS = _columns(Job, {"id", "status", "attempt", "learners", "log_seq", "tenant_id", "batch_request",
+                              *_LOG_COUNTS})
 _LEARNER_COLUMNS = _columns(Learner, {"id", "job_id", "attempt", "index", "acked_seq", "log_lines", *_LOG_COUNTS})
 
 
@@ -183,6 +191,7 @@ def _lock_statements():
 
 
 _LOCK_STATEMENTS = _lock_statements()
+_BATCH_REQUEST = Job._meta.get_field("batch_request")
 
 
 def _lock(job_id, attempt, index):
@@ -202,6 +211,7 @@ def _lock(job_id, attempt, index):
         return None
     split = len(_JOB_COLUMNS)
     job = Job.from_db(connection.alias, _JOB_COLUMNS, row[:split])
+    job.batch_request = _BATCH_REQUEST.from_db_value(job.batch_request, None, connection)  # JSON as text here
     learner_row = row[split + 1:]
     learner = Learner.from_db(connection.alias, _LEARNER_COLUMNS, learner_row) if learner_row[0] is not None else None
     return _Slot(job, learner, row[split])
@@ -232,6 +242,7 @@ def _store(job, learner, records, *, through=None, rejected=()):
     Returns the stored log lines and metric points as the JSON the websockets send.
     """
     stored_lines, stored_points, rows, points, samples = [], [], [], [], []
+    batch_applied = []  # (change id, time) learner 0 reported (learner_agent.batch_changes)
 
     def flush(along=()):
         bulk.insert_log_lines(rows, along=along)
@@ -241,6 +252,10 @@ def _store(job, learner, records, *, through=None, rejected=()):
         rows.clear()
         points.clear()
         samples.clear()
+        # Once stored: the stretch a batch change ends counts the samples reported before it.
+        for change_id, at in batch_applied:
+            elastic_timeline.batch_applied(job, change_id, at)
+        batch_applied.clear()
 
     job_pk, attempt, index = job.pk, learner.attempt, learner.index
     events = None  # the learner's TensorBoard files, read at its first tfevent record
@@ -286,6 +301,8 @@ def _store(job, learner, records, *, through=None, rejected=()):
             point = _metric(record, learner, when)
             point.job = job
             points.append(point)
+            if point.name == batch_changes.APPLIED_METRIC and index == 0 and 0 < point.value < 2**63:
+                batch_applied.append((int(point.value), when))
         else:
             if record.get("state") == "exited" and (notice := meter.summary_notice()) is not None:
                 system_line(notice)

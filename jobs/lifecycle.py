@@ -279,7 +279,7 @@ def resize(job, *, learners, placement, why, actor, wanted_batch=None):
     with transaction.atomic():
         Allocation.objects.filter(job=job, attempt=job.attempt + 1, started_at=None).delete()
         row = Allocation.objects.create(
-            job=job, attempt=job.attempt + 1, learners=learners, gpus_per_learner=job.gpus,
+            job=job, attempt=job.attempt + 1, kind=Allocation.Kind.RESIZE, learners=learners, gpus_per_learner=job.gpus,
             global_batch=after.global_batch, local_batch=after.local_batch, lr_scale=after.lr_scale,
             placement=list(placement), reason=f"{resize_text(before, after)}: {why}", resize_requested_at=now)
         moved = transition(job.id, Status.HALTING, actor=actor, reason=f"resizing: {row.reason}",
@@ -288,6 +288,43 @@ def resize(job, *, learners, placement, why, actor, wanted_batch=None):
             transaction.set_rollback(True)
             return None
     log.info("%s: %s", job.id, row.reason)
+    return row
+
+
+def change_batch(job, *, wanted_batch, why, actor):
+    """Have a running elastic job's learners switch to the global batch nearest `wanted_batch` at their
+    learners (trainyard.elasticity.shape) without a restart: the request goes to their agents in the
+    answers to their posts, learner 0 switches all of them after one step and says so
+    (learner_agent.batch_changes), and the timeline's new stretch starts then
+    (jobs.elastic_timeline.batch_applied). For jobs whose learners said they can
+    (elastic_timeline.listens_for_batch_changes); others change their batch through `resize`.
+
+    Returns the change's Allocation row, or None when nothing was asked: the job is not running, a
+    change is still waiting to be applied, or the batch would not change."""
+    elastic = elasticity.of(job)
+    if elastic is None or elastic.batch is None:
+        raise ValueError(f"job {job.id} declares no elastic batch_size; its batch cannot change")
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().filter(pk=job.pk, status=Status.PROCESSING,
+                                                        attempt=job.attempt).first()
+        if locked is None or locked.batch_request is not None:
+            return None
+        current = elastic_timeline.of_attempt(locked)
+        before = (elasticity.Shape(locked.learners, current.global_batch, current.local_batch, current.lr_scale)
+                  if current else elastic_timeline.shape_of(locked))
+        after = elasticity.shape(elastic, locked.learners, wanted_batch)
+        if after.global_batch == before.global_batch:
+            return None
+        row = Allocation.objects.create(
+            job=locked, attempt=locked.attempt, kind=Allocation.Kind.BATCH, learners=locked.learners,
+            gpus_per_learner=locked.gpus, global_batch=after.global_batch, local_batch=after.local_batch,
+            lr_scale=after.lr_scale, placement=list(locked.placement),
+            reason=f"batch {before.global_batch}→{after.global_batch}, no restart: {why}",
+            resize_requested_at=timezone.now())
+        locked.batch_request = {"id": row.id, "global_batch": after.global_batch, "local_batch": after.local_batch,
+                                "lr_scale": after.lr_scale}
+        Job.objects.filter(pk=locked.pk).update(batch_request=locked.batch_request)
+    log.info("%s: %s (asked by %s)", job.id, row.reason, actor)
     return row
 
 

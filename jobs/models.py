@@ -77,6 +77,11 @@ class Job(models.Model):
     # the tenant's window: since when they were idle, and in which attempt (a new attempt is not flagged).
     gpus_idle_since = models.DateTimeField(null=True, blank=True)
     gpus_idle_attempt = models.PositiveIntegerField(default=0)
+    # A batch change asked of the running attempt's learners and not yet acknowledged
+    # (jobs.elastic_timeline.request_batch): {"id": its Allocation row, "global_batch", "local_batch",
+    # "lr_scale"}. Ingest answers every post of the attempt's agents with it (a column of the row
+    # ingest locks anyway), until learner 0 reports it applied.
+    batch_request = models.JSONField(null=True, blank=True)
 
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -315,17 +320,26 @@ class FollowUp(models.Model):
 
 
 class Allocation(models.Model):
-    """One stretch of a job's allocation timeline: the shape it ran at during one attempt (learners,
-    global/local batch, learning-rate factor), why it got that shape, and what it cost and yielded.
+    """One stretch of a job's allocation timeline: a shape it ran at (learners, global/local batch,
+    learning-rate factor), why it got that shape, and what the change cost and what the stretch yielded.
 
-    An elastic job is resized by a coordinated checkpoint-restart, so every resize opens a new attempt
-    and a new row; the previous row is closed (`ended_at`). `resize_cost_s` is measured on the row the
-    resize opened: from the resize signal (`resize_requested_at`) to all learners of the new attempt
-    running. `samples_*` come from the learners' cumulative `samples` metric (`report(samples=...)`),
-    so throughput per allocation is (samples_end - samples_start) / (ended_at - started_at)."""
+    Two kinds of change open a stretch (`kind`). A change of learners is a coordinated
+    checkpoint-restart: it opens a new attempt and its row (RESIZE). A change of the batch alone is
+    made inside the running learners (BATCH): a second row of the same attempt, started when learner
+    0 reports it applied. Either closes the row before it (`ended_at`). `resize_cost_s` is measured on
+    the row the change opened: from its request (`resize_requested_at`) to all learners of the new
+    attempt running, or to the batch change applied. `samples_*` come from the learners' cumulative
+    `samples` metric (`report(samples=...)`), so throughput per stretch is
+    (samples_end - samples_start) / (ended_at - started_at)."""
+
+    class Kind(models.TextChoices):
+        START = "start"  # the attempt's first shape: admitted, resumed or requeued
+        RESIZE = "resize"  # learners changed: a new attempt, through the checkpoint
+        BATCH = "batch"  # batch changed inside the running attempt, no restart
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
     attempt = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.START)
     learners = models.PositiveIntegerField()
     gpus_per_learner = models.PositiveIntegerField(default=0)
     global_batch = models.PositiveIntegerField(null=True, blank=True)  # null: the job declares no batch
@@ -334,8 +348,10 @@ class Allocation(models.Model):
     # Where the attempt's learners run, as Job.placement: [{"node": ..., "gpu_ids": [...]}] per learner.
     placement = models.JSONField(default=list, blank=True)
     reason = models.TextField(blank=True)  # e.g. "resized 2→4 learners, batch 256→512: idle GPUs"
-    resize_requested_at = models.DateTimeField(null=True, blank=True)  # the signal that ended the last shape
-    resize_cost_s = models.FloatField(null=True, blank=True)  # signal → every learner of this attempt running
+    # The signal that ended the last shape (or the batch change's request), and the seconds from it to
+    # every learner of the new attempt running (or to the batch change applied).
+    resize_requested_at = models.DateTimeField(null=True, blank=True)
+    resize_cost_s = models.FloatField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)  # every learner running
     ended_at = models.DateTimeField(null=True, blank=True)
     samples_start = models.BigIntegerField(null=True, blank=True)
@@ -343,11 +359,13 @@ class Allocation(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["job", "attempt"], name="one_allocation_per_attempt")]
-        ordering = ["job", "attempt"]
+        # An attempt has one row per shape it ran at; at most one of them starts it.
+        constraints = [models.UniqueConstraint(fields=["job", "attempt"], condition=~models.Q(kind="batch"),
+                                               name="one_allocation_per_attempt")]
+        ordering = ["job", "attempt", "id"]
 
     def __str__(self):
-        return f"{self.job_id} attempt {self.attempt}: {self.learners} learners"
+        return f"{self.job_id} attempt {self.attempt} ({self.kind}): {self.learners} learners"
 
     @property
     def samples_per_s(self):

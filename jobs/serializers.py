@@ -181,13 +181,16 @@ class JobEventSerializer(serializers.ModelSerializer):
 
 
 class AllocationSerializer(serializers.ModelSerializer):
-    """One stretch of an elastic job's allocation timeline (jobs.elastic_timeline)."""
+    """One stretch of an elastic job's allocation timeline (jobs.elastic_timeline): `kind` says what
+    started it (start: admitted or resumed; resize: a restart at another number of learners; batch: a
+    batch change inside the running attempt, `started_at` null until the learners applied it)."""
 
     samples_per_s = serializers.FloatField(read_only=True, allow_null=True)
 
     class Meta:
         model = Allocation
-        fields = ["attempt", "learners", "gpus_per_learner", "global_batch", "local_batch", "lr_scale", "placement",
+        fields = ["attempt", "kind", "learners", "gpus_per_learner", "global_batch", "local_batch", "lr_scale",
+                  "placement",
                   "reason", "resize_requested_at", "resize_cost_s", "started_at", "ended_at", "samples_start",
                   "samples_end", "samples_per_s"]
 

@@ -28,7 +28,7 @@ import threading
 import time
 from queue import SimpleQueue
 
-from learner_agent import address, archive, cgroups, diskwatch, procfs, sandbox, telemetry, tfevents
+from learner_agent import address, archive, batch_changes, cgroups, diskwatch, procfs, sandbox, telemetry, tfevents
 from learner_agent.config import HALT_MARK, ConfigError, load_config
 from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
@@ -50,6 +50,9 @@ _CLEAN_ENV_MARK = "LEARNER_AGENT_CLEAN_ENV"
 HALT_FILE_POLL_S = 1.0
 PREPARING_QUIET_S = 0.25  # a learner still preparing after this is shown as such (Agent._hold_status)
 SPOOL_DIR = "spool"
+# The folder the learner reads the platform's batch changes from (learner_agent.batch_changes), read-only to it.
+CONTROL_DIR = "control"
+BATCH_CONTROL_FILE = "batch.json"
 LEARNER_PID_FILE = "learner.pid"  # {"pid", "start", "sandboxed"}: for an agent that has to end it after us
 
 
@@ -66,6 +69,7 @@ class Agent:
         self._standby = standby
         self._launcher_in_group = False
         self._spent_groups = []  # standby groups not adopted, removed with the learner's
+        self._batch_request = None  # the id of the platform's batch change last written for the learner
         self.shipper = shipper or Shipper(
             config.ingest_url, config.ingest_token, attempt=config.attempt, learner=config.learner,
             # On Kubernetes the learner shares our uid and sees our folder (state_dir), and nothing
@@ -73,6 +77,7 @@ class Agent:
             spool=Spool(config.agent_file(SPOOL_DIR), max_bytes=config.spool_max_bytes,
                         anonymous=bool(config.state_dir)),
             on_gone=lambda: self.request_stop("gone"),
+            on_answer=self._heard,
             # The local backend's agents outlive the platform's processes; a platform started again
             # elsewhere is found through the file it writes (learner_agent.address).
             current_url=((lambda: address.ingest_url(config.platform_file, config.job_id))
@@ -174,6 +179,7 @@ class Agent:
             raise PrepareError(f"the job's network namespace {config.network_namespace} is gone "
                                "(its holder ended); the learners cannot reach each other")
         env = sandbox.build_env(work_dir=config.work_dir, cpus=config.cpus, learner_env=config.env)
+        env[batch_changes.CONTROL_ENV] = os.path.join(self._control_dir(), BATCH_CONTROL_FILE)
         if mode == "none":
             self.discard_launcher()
             return sandbox.build_argv(config.command, network_namespace=config.network_namespace), env, None
@@ -186,7 +192,7 @@ class Agent:
         self._cgroup = self._adopt_standby() or self._make_cgroup()
         plan = sandbox.bwrap_plan(
             config.command, work_dir=config.work_dir, env=env, writable_dirs=config.writable_dirs,
-            readonly_dirs=config.readonly_dirs, network_namespace=config.network_namespace,
+            readonly_dirs=(*config.readonly_dirs, self._control_dir()), network_namespace=config.network_namespace,
             # The agent's own directory (config with the ingest token, pid, log) is never the learner's
             # business; its work/ directory inside is bound back as writable.
             hidden_dirs=(*config.hidden_dirs, config.agent_dir), identity=identity,
@@ -275,9 +281,26 @@ class Agent:
             for problem in group.remove() if group is not None else ():
                 log.warning("control group not removed: %s", problem)
 
+    def _control_dir(self):
+        return self.config.agent_file(CONTROL_DIR)
+
+    def _heard(self, answer):
+        """The platform's answer to a post (on the shipping thread): a batch change it asks of the
+        learner goes into the learner's control file."""
+        request = answer.get("batch")
+        if not isinstance(request, dict) or request.get("id") == self._batch_request:
+            return
+        try:
+            batch_changes.write_request(os.path.join(self._control_dir(), BATCH_CONTROL_FILE), request)
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            log.warning("cannot hand the learner the platform's batch change %r: %s", request, e)
+            return
+        self._batch_request = request.get("id")
+        log.info("the platform asks for global batch %s (change %s)", request.get("global_batch"), request.get("id"))
+
     def _dirs_to_create(self):
         env = self.config.env
-        return [*self.config.writable_dirs,
+        return [*self.config.writable_dirs, self._control_dir(),
                 *(env[k] for k in ("RESULT_DIR", "CHECKPOINT_DIR", "JOB_STATE_DIR", "LOG_DIR")
                   if os.path.isabs(env.get(k, "")))]
 

@@ -46,7 +46,7 @@ SYNC_INTERVAL_S = 1.0  # the longest it waits before it is on the disk itself
 class Shipper:
     def __init__(self, ingest_url, token, *, attempt, learner, spool, max_batch=20000,
                  max_batch_bytes=8 * 1024 * 1024, http_timeout=30, on_gone=None,
-                 backoff_initial=0.1, backoff_max=5.0, current_url=None):
+                 backoff_initial=0.1, backoff_max=5.0, current_url=None, on_answer=None):
         self._url = None
         self._aim(ingest_url)
         self._current_url = current_url
@@ -58,6 +58,7 @@ class Shipper:
         self._max_batch_bytes = max_batch_bytes
         self._http_timeout = http_timeout
         self._on_gone = on_gone
+        self._on_answer = on_answer  # called with each 200 answer's JSON object (the agent's batch changes)
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
 
@@ -317,11 +318,14 @@ class Shipper:
             self._drop_connection()
         status = response.status
         if status in (200, 409):
-            acked = _acked_from(payload)
+            answer = _json_object(payload)
+            acked = _acked_from(answer)
             if acked is None:
                 return "retry", f"HTTP {status} without a valid 'acked'"
             if status == 200:
-                _log_rejected(payload)
+                _log_rejected(answer)
+                if self._on_answer is not None:
+                    self._on_answer(answer)
             return self._apply_ack(acked, status=status, first_sent=batch[0][0])
         if status == 410:
             self._stop("gone: the platform answered 410 (attempt is over)", gone=True)
@@ -384,11 +388,19 @@ def _mib(n):
     return f"{n / 2**20:.1f}MiB"
 
 
-def _log_rejected(payload):
+def _json_object(payload):
+    """The answer's JSON object, or {} for anything else."""
+    try:
+        answer = json.loads(payload)
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _log_rejected(answer):
     """Log the records the platform refused (`rejected`: [{"seq", "error"}]; acked all the same, so
     they are not sent again). The platform notes them in the job's log too."""
     try:
-        answer = json.loads(payload)
         rejected = answer.get("rejected") or []
         unlisted = answer.get("rejected_unlisted") or 0
         for entry in rejected[:20]:
@@ -400,9 +412,6 @@ def _log_rejected(payload):
         log.warning("the platform refused %d more records of that batch", more)
 
 
-def _acked_from(payload):
-    try:
-        acked = json.loads(payload)["acked"]
-    except (ValueError, TypeError, KeyError):
-        return None
+def _acked_from(answer):
+    acked = answer.get("acked")
     return acked if isinstance(acked, int) and not isinstance(acked, bool) and acked >= 0 else None

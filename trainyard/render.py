@@ -149,7 +149,9 @@ def render_allocations(rows):
     def throughput(row):
         if row.get("samples_per_s") is not None:
             return f"{row['samples_per_s']:,.1f}"
-        return "running" if row.get("started_at") and not row.get("ended_at") else "-"
+        if not row.get("started_at"):
+            return "asked" if row.get("kind") == "batch" else "-"
+        return "running" if not row.get("ended_at") else "-"
 
     def cost(row):
         return "-" if row.get("resize_cost_s") is None else f"{row['resize_cost_s']:.1f}s"

@@ -1,7 +1,8 @@
 """Elastic data-parallel PyTorch (DistributedDataParallel, gloo on CPU) on scikit-learn's bundled digits.
 
 Trainyard may stop this job at any step and restart it with another number of learners and another
-batch size (a resize is a coordinated checkpoint and restart). So progress is counted in samples,
+batch size (a resize is a coordinated checkpoint and restart), or change its batch size while it runs
+(learner_agent.batch_changes: no restart). So progress is counted in samples,
 not steps or epochs: every epoch visits the training set in a fixed permutation (seeded by the
 epoch), each step takes the next `global_batch` positions of it and splits them between the
 learners (`local_batch` each), and the checkpoint records how many samples the job has done. A
@@ -13,6 +14,10 @@ stopped: across all attempts every sample is trained on exactly once per epoch.
   `batch_size.global`) x the factor x a cosine decay over the job's samples. When an attempt starts
   with another factor than the checkpoint was trained with, the factor moves there linearly over
   `--warmup-steps` steps (a fresh start warms up from 1).
+- A batch change the platform asks for while the learners run: learner 0 looks for one before each
+  step's collective (`BatchChanges.poll`) and adds it to the collective, so every learner switches
+  after the same step; the learning-rate factor moves to the new batch's over `--warmup-steps`, and
+  learner 0 reports the change applied.
 - SIGTERM (the checkpoint signal) only sets a flag. Every step the learners all-reduce it together
   with the step's loss, so all of them stop after the same step; learner 0 writes one checkpoint
   (atomically: a temporary file, then a rename) and all exit 0.
@@ -60,10 +65,12 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 try:
     from learner_agent import batch_config, report
+    from learner_agent.batch_changes import NO_CHANGE, BatchChange, BatchChanges
     from learner_agent.goodput import GradientNoiseScale, squared_grad_norm
 except ImportError:  # a bare run from a checkout: the helper lives at the repository's top
     sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir))
     from learner_agent import batch_config, report
+    from learner_agent.batch_changes import NO_CHANGE, BatchChange, BatchChanges
     from learner_agent.goodput import GradientNoiseScale, squared_grad_norm
 
 
@@ -86,7 +93,26 @@ def parse_args(argv):
                              "learners take a step faster, as on real GPUs")
     parser.add_argument("--no-noise-scale", action="store_true",
                         help="do not measure or report the gradient noise scale")
+    parser.add_argument("--noise-scale-schedule", type=noise_schedule, default=None, metavar="STEP:VALUE,...",
+                        help="report this scripted noise scale (VALUE from each STEP on) in place of the measured "
+                             "one: the platform's batch decisions on a schedule known in advance (demos, tests)")
     return parser.parse_args(argv)
+
+
+def noise_schedule(text):
+    """`0:8,60:4000` -> [(0, 8.0), (60, 4000.0)], by step."""
+    try:
+        pairs = sorted((int(step), float(value)) for step, value in (part.split(":") for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected STEP:VALUE,..., got {text!r}") from None
+    if pairs[0][0] != 0 or any(not value > 0 for _, value in pairs):
+        raise argparse.ArgumentTypeError(f"the first STEP must be 0 and every VALUE > 0, got {text!r}")
+    return pairs
+
+
+def scheduled(schedule, step):
+    """The schedule's value at `step`: that of its last entry at or before it."""
+    return [value for start, value in schedule if start <= step][-1]
 
 
 def make_model(width):
@@ -195,6 +221,8 @@ def main(argv=None):
               f"lr factor {saved['lr_scale']:g})", flush=True)
     trained = DistributedDataParallel(model) if world > 1 else model
     start_scale = state["lr_scale"]
+    global_batch, target_scale, warm_from = config.global_batch, config.lr_scale, 0
+    changes = BatchChanges(rank=rank)
     total = args.epochs * size
     print(f"learner {rank} of {world}: {size} training digits, global batch {config.global_batch} "
           f"({config.local_batch} here), lr {args.lr:g} x factor {start_scale:g} -> {config.lr_scale:g}, "
@@ -209,7 +237,7 @@ def main(argv=None):
             save_checkpoint(os.path.join(checkpoint_dir, f"samples-{state['samples']}.pt"), {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), **state,
                 "noise_scale": noise.state_dict(),
-                "epoch": state["samples"] // size, "global_batch": config.global_batch, "world_size": world})
+                "epoch": state["samples"] // size, "global_batch": global_batch, "world_size": world})
 
     if rank == 0:
         report(samples=state["samples"], step=state["step"])  # where this attempt starts
@@ -220,9 +248,9 @@ def main(argv=None):
         epoch, offset = divmod(state["samples"], size)
         if attempt_step == 0 or offset == 0:
             order = epoch_order(epoch, size, args.seed)
-        chunk = order[offset:offset + config.global_batch]  # the epoch's last chunk may be short
+        chunk = order[offset:offset + global_batch]  # the epoch's last chunk may be short
         mine = chunk.tensor_split(world)[rank]
-        state["lr_scale"] = warmed_up_scale(attempt_step, start_scale, config.lr_scale, args.warmup_steps)
+        state["lr_scale"] = warmed_up_scale(attempt_step - warm_from, start_scale, target_scale, args.warmup_steps)
         lr = args.lr * state["lr_scale"] * decay(state["samples"] / total)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -248,9 +276,13 @@ def main(argv=None):
         state["step"] += 1
         attempt_step += 1
         print(f"samples epoch={epoch} step={state['step']} rank={rank} idx={index_ranges(mine.tolist())}", flush=True)
-        # One collective per step: the stop flag travels with the loss, so every learner stops here.
-        stop, chunk_loss, half_sq_sum, half_sizes = all_sum(float(STOP.requested), loss_sum.item(), half_sq,
-                                                            float(len(parts[0])) if measure else 0.0)
+        # One collective per step: the stop flag and a batch change asked of learner 0 travel with the
+        # loss, so every learner stops, or switches, here.
+        asked = changes.poll()
+        stop, chunk_loss, half_sq_sum, half_sizes, *change = all_sum(
+            float(STOP.requested), loss_sum.item(), half_sq, float(len(parts[0])) if measure else 0.0,
+            *(asked.as_values() if asked else NO_CHANGE))
+        change = BatchChange.from_values(change)
         if measure and half_sizes > 0:
             noise.update(half_sizes / world, half_sq_sum / world, len(chunk), whole_sq)
         if args.step_delay > 0 and not stop:
@@ -263,8 +295,18 @@ def main(argv=None):
         if rank == 0:
             print(f"step {state['step']} samples={state['samples']} loss {chunk_loss:.4f} lr {lr:.5f}", flush=True)
             if since_report >= args.report_every or epoch_done or stop:
-                noise.report(samples=state["samples"], loss=loss_since_report / since_report, step=state["step"])
+                if args.noise_scale_schedule:
+                    report(samples=state["samples"], loss=loss_since_report / since_report, step=state["step"],
+                           noise_scale=scheduled(args.noise_scale_schedule, state["step"]))
+                else:
+                    noise.report(samples=state["samples"], loss=loss_since_report / since_report, step=state["step"])
                 since_report, loss_since_report = 0, 0.0
+        if change is not None and not stop:
+            print(f"learner {rank}: global batch {global_batch} -> {change.global_batch} after step {state['step']} "
+                  f"(lr factor -> {change.lr_scale:g}; no restart)", flush=True)
+            global_batch, target_scale = change.global_batch, change.lr_scale
+            start_scale, warm_from = state["lr_scale"], attempt_step
+            changes.applied(change, step=state["step"])
         if epoch_done:
             finish_epoch(state, epoch, args.epochs, size, rank, model, val_x, val_y)
             checkpoint()

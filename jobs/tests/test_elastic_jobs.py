@@ -432,3 +432,130 @@ def test_a_running_job_whose_noise_scale_grows_gets_a_larger_batch_at_its_size(f
     resized, = four_gpus.run()
     assert (resized.learners, resized.attempt) == (2, 2) and resized.global_batch > 64
     assert resized.reason.endswith(": its measured gradient noise scale") and resized.placement == row.placement
+
+
+# --- batch changes inside the running attempt (learner_agent.batch_changes) ----------------------------
+def listening(row):
+    """Learner 0 said it applies batch changes while it runs (BatchChanges() reports it at start)."""
+    MetricPoint.objects.create(job=row, attempt=row.attempt, learner=0, name="batch_changes", value=1,
+                               time=timezone.now())
+
+
+def no_idle_gpu(four_gpus):
+    """A job of 2 learners runs on GPUs 0-1 and another fills 2-3: only the batch may change."""
+    four_gpus.settings.ELASTIC_MIN_INTERVAL_S = 0.0
+    row = running(elastic_job(learners=2), gpus=[0, 1])
+    running(job(member(), gpus=1, learners=2), gpus=[2, 3])
+    reports(row, (20, 0), (0, 2000))
+    return row
+
+
+def test_learners_that_listen_change_their_batch_inside_the_running_attempt(four_gpus, sent):
+    row = no_idle_gpu(four_gpus)
+    listening(row)
+    noise_scales(row, *[100_000.0] * 5)
+    change, = four_gpus.run()
+    row.refresh_from_db()
+    assert (change.kind, change.attempt, change.learners, change.started_at) == ("batch", 1, 2, None)
+    assert change.global_batch > 64 and change.local_batch * 2 == change.global_batch
+    assert change.reason == f"batch 64→{change.global_batch}, no restart: its measured gradient noise scale"
+    assert (row.status, row.attempt) == (Status.PROCESSING, 1)  # no halt, no new attempt
+    assert row.batch_request == {"id": change.id, "global_batch": change.global_batch,
+                                 "local_batch": change.local_batch, "lr_scale": change.lr_scale}
+    assert four_gpus.run() == []  # held while the change is on its way
+
+
+def test_without_listening_learners_a_larger_batch_is_a_restart(four_gpus, sent):
+    row = no_idle_gpu(four_gpus)
+    noise_scales(row, *[100_000.0] * 5)
+    resized, = four_gpus.run()
+    assert (resized.kind, resized.attempt) == ("resize", 2)
+
+
+def test_a_small_noise_scale_never_raises_the_batch_of_a_listening_job(four_gpus, sent):
+    row = no_idle_gpu(four_gpus)
+    listening(row)
+    noise_scales(row, 8.0, 8.0, 8.0)
+    changes = four_gpus.run()
+    assert all(c.kind == "batch" and c.global_batch < 64 for c in changes)  # smaller, if anything: no restart
+
+
+@pytest.fixture
+def live_job(four_gpus, sent):
+    """A running listening job with ingest credentials and a batch change asked of it."""
+    from jobs import credentials
+    row = no_idle_gpu(four_gpus)
+    listening(row)
+    noise_scales(row, *[100_000.0] * 5)
+    change, = four_gpus.run()
+    row = Job.objects.get(pk=row.pk)
+    row.tokens = credentials.issue_for_attempt(row)
+    row.change = change
+    return row
+
+
+def metric(seq, name, value, *, step=None, time=None):
+    record = {"seq": seq, "kind": "metric", "name": name, "value": value, "time": time or timezone.now().timestamp()}
+    return record if step is None else dict(record, step=step)
+
+
+def test_ingest_hands_the_change_to_every_agent_until_learner_0_reports_it_applied(live_job):
+    from tests.support.builders import post
+    change = live_job.change
+    asked = {"id": change.id, "global_batch": change.global_batch, "local_batch": change.local_batch,
+             "lr_scale": change.lr_scale}
+    assert post(live_job, [metric(1, "loss", 0.5)], learner=1).json() == {"acked": 1, "batch": asked}
+    assert post(live_job, [metric(1, "samples", 2600)]).json() == {"acked": 1, "batch": asked}
+    assert post(live_job, [metric(2, "batch_applied", change.id, step=40), metric(3, "samples", 2700)]).json() == {
+        "acked": 3}  # applied: not asked again
+    assert post(live_job, [metric(2, "loss", 0.4)], learner=1).json() == {"acked": 2}
+
+    rows = list(Allocation.objects.filter(job=live_job).order_by("id"))
+    assert [(r.attempt, r.kind, r.global_batch) for r in rows] == [(1, "start", 64), (1, "batch", change.global_batch)]
+    before, after = rows
+    assert before.ended_at == after.started_at and after.ended_at is None
+    assert (before.samples_start, before.samples_end, after.samples_start) == (0, 2600, 2600)
+    assert after.resize_cost_s >= 0
+    live_job.refresh_from_db()
+    assert live_job.batch_request is None and live_job.status == Status.PROCESSING
+
+
+def test_a_report_naming_another_change_or_from_another_learner_applies_nothing(live_job):
+    from tests.support.builders import post
+    post(live_job, [metric(1, "batch_applied", live_job.change.id + 1)])
+    post(live_job, [metric(1, "batch_applied", live_job.change.id)], learner=1)
+    live_job.refresh_from_db()
+    assert live_job.batch_request["id"] == live_job.change.id
+    assert Allocation.objects.get(pk=live_job.change.pk).started_at is None
+
+
+def test_a_change_not_yet_applied_is_dropped_when_the_attempt_stops_running(live_job):
+    from jobs import lifecycle
+    lifecycle.halt(live_job, actor="alice")
+    live_job.refresh_from_db()
+    assert live_job.batch_request is None
+    assert not Allocation.objects.filter(pk=live_job.change.pk).exists()
+    assert [r.kind for r in Allocation.objects.filter(job=live_job)] == ["start"]
+
+
+def test_the_timeline_api_shows_both_kinds_and_the_job_its_shape_now(live_job):
+    from django.test import Client
+
+    from tests.support.builders import post
+    post(live_job, [metric(1, "batch_applied", live_job.change.id)])
+    client = Client()
+    client.force_login(live_job.owner)
+    rows = client.get(f"/api/v1/jobs/{live_job.id}/allocations/").json()["results"]
+    assert [(r["attempt"], r["kind"]) for r in rows] == [(1, "start"), (1, "batch")]
+    detail = client.get(f"/api/v1/jobs/{live_job.id}/").json()
+    assert detail["elastic"]["global_batch"] == live_job.change.global_batch
+
+
+def test_a_restart_holds_the_learners_but_not_a_batch_change_inside_them(four_gpus, sent):
+    row = no_idle_gpu(four_gpus)
+    four_gpus.settings.ELASTIC_MIN_INTERVAL_S = 600.0
+    Allocation.objects.filter(job=row).update(resize_requested_at=timezone.now())  # as if just resized
+    listening(row)
+    noise_scales(row, *[100_000.0] * 5)
+    change, = four_gpus.run()
+    assert (change.kind, change.learners) == ("batch", 2)

@@ -350,3 +350,38 @@ def _is_zombie(pid):
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+# A learner that waits for the platform's batch change and applies it (learner_agent.batch_changes).
+APPLIES_A_BATCH_CHANGE = (
+    "python3 -c '\n"
+    "import os, time\n"
+    "from learner_agent.batch_changes import BatchChanges\n"
+    "changes = BatchChanges()\n"
+    "deadline = time.monotonic() + 20\n"
+    "while (change := changes.poll()) is None and time.monotonic() < deadline:\n"
+    "    print(\"waiting\", flush=True); time.sleep(0.2)\n"
+    "print(\"control\", os.environ[\"TRAINYARD_BATCH_CONTROL\"], change, flush=True)\n"
+    "changes.applied(change, step=7)\n"
+    "try:\n"
+    "    open(os.environ[\"TRAINYARD_BATCH_CONTROL\"], \"w\")\n"
+    "except OSError:\n"
+    "    print(\"read-only\", flush=True)\n'"
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_batch_change_in_the_platforms_answer_reaches_the_learner(outside_tmp, ingest, mode):
+    ingest.answer_extra = {"batch": {"id": 12, "global_batch": 256, "local_batch": 128, "lr_scale": 2.0}}
+    config = write_agent_config(outside_tmp, ingest, command=APPLIES_A_BATCH_CHANGE, sandbox=mode)
+    result = run_agent(config)
+    assert result.returncode == 0, result.stderr
+    records = ingest.stored()
+    metrics = [(r["name"], r["value"], r.get("step")) for r in records if r["kind"] == "metric"]
+    assert metrics == [("batch_changes", 1.0, None), ("batch_applied", 12.0, 7)]
+    lines = [r["line"] for r in records if r["kind"] == "log" and r["stream"] == "stdout"]
+    control = next(line for line in lines if line.startswith("control "))
+    assert control.endswith("BatchChange(id=12, global_batch=256, local_batch=128, lr_scale=2.0)")
+    assert read_exit(config)["exit_code"] == 0
+    if mode != "none" and sandbox.bwrap_problem() is None:
+        assert "read-only" in lines  # the learner reads the platform's request and cannot rewrite it

@@ -2,18 +2,20 @@
  * how many samples per second it processed, over time. Three uPlot panels on one time axis (their
  * cursors move together), because the three figures have units of their own.
  *
- * Learners and batch come from the allocation timeline (GET …/allocations/: one row per attempt,
- * reloaded when the job changes attempt or status). Throughput is measured from the `samples` metric
+ * Learners and batch come from the allocation timeline (GET …/allocations/: one row per shape, reloaded
+ * when the job changes attempt or status, or its learners report a batch change applied). Throughput is measured from the `samples` metric
  * rank 0 reports (cumulative samples, so a rate is a difference over time), as it arrives over the
  * websocket; each closed allocation's mean (the API's samples_per_s) is drawn beside it, dashed.
  * A resize is a checkpoint-restart: between one allocation's end and the next one's start the job
- * runs nowhere, and the lines break there rather than pretend otherwise.
+ * runs nowhere, and the lines break there rather than pretend otherwise. A batch change inside the
+ * running learners starts its stretch where the last one ends: the lines go on.
  */
 (function () {
   "use strict";
   const T = window.Trainyard;
 
   const SAMPLES_METRIC = "samples";
+  const BATCH_APPLIED_METRIC = "batch_applied"; // learner_agent.batch_changes: a new stretch has started
   const PANEL_HEIGHT = 120;
   // A rate over less than this is mostly noise of when reports happened to be sent.
   const MIN_RATE_WINDOW_S = 2;
@@ -86,6 +88,7 @@
     /** Metric points off the websocket: keeps rank 0's cumulative samples. */
     addPoints(points) {
       let added = false;
+      if (points.some((p) => p.name === BATCH_APPLIED_METRIC && p.learner === 0)) this.reload();
       for (const p of points) {
         if (p.name !== SAMPLES_METRIC || p.learner !== 0) continue;
         const key = `${p.attempt ?? 1}\u0000${p.step}\u0000${p.time}\u0000${p.value}`;
@@ -125,7 +128,7 @@
       T.getJson(`/api/v1/jobs/${encodeURIComponent(this.jobId)}/allocations/`)
         .then((body) => {
           this.rows = body.results || [];
-          const newest = this.rows[this.rows.length - 1];
+          const newest = this.rows.filter((r) => r.started_at).pop(); // not a batch change still on its way
           if (newest) this.renderNow(newest);
           this.schedule();
         })

@@ -8,7 +8,6 @@ admission shrinks the elastic job to 2 (nobody is preempted); it completes. Acro
 exactly once per epoch (the example logs each index), the loss goes on where it was, and the final
 accuracy is within ACCURACY_TOLERANCE of the same job run at a fixed size (1 learner, batch 64).
 """
-import collections
 import os
 import re
 import statistics
@@ -18,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.elastic_example import (ACCURACY_TOLERANCE, FINAL_LINE, SAMPLES_LINE, STEP_LINE, TRAINING_SET,
-                                           expand)
+from tests.support.elastic_example import ACCURACY_TOLERANCE, FINAL_LINE, STEP_LINE, assert_every_sample_once
 from tests.support.harness import EXAMPLES, start_session, wait_for_status
 
 pytestmark = pytest.mark.e2e
@@ -146,26 +144,13 @@ def test_an_elastic_job_starts_small_grows_shrinks_for_its_tenant_and_completes(
     lines = session.all_logs(job_id)
     attempts = by_attempt(lines)
     assert [world for world, _ in attempts] == [2, size, 2]
-    assert_every_sample_once(lines)
+    assert_every_sample_once(lines, EPOCHS)
     assert_loss_continues([losses for _, losses in attempts])
 
     elastic_acc = float(next(m.group(1) for e in lines if (m := FINAL_LINE.search(e["line"]))))
     fixed_acc = float(next(m.group(1) for line in reference_out.splitlines() if (m := FINAL_LINE.search(line))))
     print(f"final val_acc: elastic {elastic_acc:.4f}, fixed size {fixed_acc:.4f}")
     assert fixed_acc > 0.9 and abs(elastic_acc - fixed_acc) <= ACCURACY_TOLERANCE, (elastic_acc, fixed_acc)
-
-
-def assert_every_sample_once(lines):
-    size = int(next(m.group(1) for e in lines if (m := TRAINING_SET.search(e["line"]))))
-    seen = collections.defaultdict(collections.Counter)
-    for entry in lines:
-        if m := SAMPLES_LINE.match(entry["line"]):
-            seen[int(m.group(1))].update(expand(m.group(4)))
-    assert sorted(seen) == list(range(EPOCHS))
-    for epoch, counts in seen.items():
-        repeated = sorted(i for i, n in counts.items() if n != 1)
-        missing = sorted(set(range(size)) - set(counts))
-        assert not repeated and not missing, (epoch, repeated[:10], missing[:10])
 
 
 def by_attempt(lines):

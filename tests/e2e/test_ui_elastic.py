@@ -142,6 +142,30 @@ with transaction.atomic():
     live.publish_status_on_commit(job)
 """
 
+# Then its batch changes inside the running attempt: learner 0's `batch_applied` report, as ingest
+# stores it, ends attempt 4's stretch and starts the change's (no new attempt).
+BATCH_LIVE = """
+from datetime import timedelta
+from django.db import transaction
+from jobs import live
+from jobs.models import Allocation, Job, MetricPoint
+from jobs.serializers import metric_json
+job = Job.objects.get(pk=JOB_ID)
+last = MetricPoint.objects.filter(job=job, attempt=4, name="samples").latest("time")
+with transaction.atomic():
+    Allocation.objects.filter(job=job, attempt=4).update(ended_at=last.time, samples_end=last.value)
+    Allocation.objects.create(job=job, attempt=4, kind="batch", learners=3, global_batch=768, local_batch=256,
+                              lr_scale=3.0, reason="batch 384→768, no restart: its measured gradient noise scale",
+                              resize_cost_s=1.2, resize_requested_at=last.time - timedelta(seconds=1.2),
+                              started_at=last.time, samples_start=last.value)
+    points = [MetricPoint.objects.create(job=job, attempt=4, learner=0, name="batch_applied", value=1,
+                                         step=last.step, time=last.time)]
+    points += [MetricPoint.objects.create(job=job, attempt=4, learner=0, name="samples", value=last.value + 700 * s,
+                                          step=last.step + s, time=last.time + timedelta(seconds=s))
+               for s in range(1, 6)]
+    live.publish_records_on_commit(job.id, [], [metric_json(p) for p in points])
+"""
+
 
 def shell(platform, code, **values):
     for name, value in values.items():
@@ -196,6 +220,13 @@ def test_the_job_page_charts_an_elastic_jobs_learners_batch_and_throughput_live(
     assert page.locator("[data-testid=elastic-now]").inner_text() == (
         "3 of 1–4 learners · batch 384 (128 each) · lr ×1.5 (linear)")
     assert page.locator("[data-field=learners]").inner_text() == "3"
+
+    # Live: the batch changes without a restart; the page hears learner 0's report and reloads the timeline.
+    shell(live_platform, BATCH_LIVE, JOB_ID=elastic_job["id"])
+    page.wait_for_function(f"() => document.querySelector('{SECTION}').dataset.allocationCount === '5'")
+    assert page.locator("[data-testid=elastic-now]").inner_text() == (
+        "3 of 1–4 learners · batch 768 (256 each) · lr ×3 (linear)")
+    assert page.locator("[data-field=attempt]").inner_text() == "4"
     shoot(page, "elastic-job-page.png")
     page.close()
 

@@ -40,6 +40,7 @@ class IngestServer:
         self.max_store_per_request = None  # store only a prefix of each batch (a partial ack)
         self.refused = defaultdict(list)  # (attempt, learner) -> refused records
         self.refuse = None  # record -> error text or None: refused records are acked and named, as the platform does
+        self.answer_extra = {}  # added to every 200 answer (the platform's batch change: {"batch": {...}})
         self.drop_rate = drop_rate
         self._random = random.Random(seed)
         self._lock = threading.Lock()
@@ -105,7 +106,7 @@ class IngestServer:
                 return drop
             if self.gone:
                 return 410, {"detail": "attempt is over"}
-            return 200, {"acked": acked, **({"rejected": rejected} if rejected else {})}
+            return 200, {"acked": acked, **({"rejected": rejected} if rejected else {}), **self.answer_extra}
 
 
 def _handler_for(server):

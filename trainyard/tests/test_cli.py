@@ -450,6 +450,24 @@ def test_show_prints_an_elastic_jobs_allocation_timeline(api, capsys):
     assert [a["attempt"] for a in json.loads(capsys.readouterr().out)["allocations"]] == [1, 2]
 
 
+def test_show_marks_a_batch_change_still_on_its_way(api, capsys):
+    job = api.add_job("training-elas0002", "elastic")
+    job.status = "PROCESSING"
+    job.elastic = {"min_learners": 1, "max_learners": 4, "batch": {"global": 64, "min": 32, "max": 256},
+                   "lr_scaling": "linear", "learners": 2, "global_batch": 64, "local_batch": 32, "lr_scale": 1.0,
+                   "allocation_attempt": 1}
+    job.allocations = [
+        {"attempt": 1, "kind": "start", "learners": 2, "global_batch": 64, "local_batch": 32, "lr_scale": 1.0,
+         "reason": "admitted", "started_at": "2026-05-01T10:00:00+00:00", "ended_at": None,
+         "resize_cost_s": None, "samples_per_s": None},
+        {"attempt": 1, "kind": "batch", "learners": 2, "global_batch": 256, "local_batch": 128, "lr_scale": 4.0,
+         "reason": "batch 64→256, no restart: its measured gradient noise scale", "started_at": None,
+         "ended_at": None, "resize_cost_s": None, "samples_per_s": None}]
+    assert run("show", "training-elas0002") == 0
+    _, first, second = capsys.readouterr().out.split("allocations\n")[1].splitlines()
+    assert "running" in first.split() and "asked" in second.split()
+
+
 def test_show_prints_no_timeline_for_a_fixed_job(api, capsys):
     api.add_job("training-done0001")
     assert run("show", "training-done0001") == 0
