@@ -4,9 +4,11 @@ GPUs are busy, so it is admitted at 2; when the busy jobs go, the autoscaler gro
 GPUs, to 3 or 4 learners (at most twice the largest shape it has measured: which of the two is
 worth more depends on the speed it measured on this machine), at the global batch its measured
 gradient noise scale makes worth most; a high-priority job of its tenant then needs 2 GPUs, and
-admission shrinks the elastic job to 2 (nobody is preempted); it completes. Across the three attempts every training sample is used
-exactly once per epoch (the example logs each index), the loss goes on where it was, and the final
-accuracy is within ACCURACY_TOLERANCE of the same job run at a fixed size (1 learner, batch 64).
+admission shrinks the elastic job to 2 (nobody is preempted); it completes. Between the resizes its
+batch may also change inside the running learners, as its noise scale moves. Across the three
+attempts every training sample is used exactly once per epoch (the example logs each index), the
+loss goes on where it was, and the final accuracy is within ACCURACY_TOLERANCE of the same job run
+at a fixed size (1 learner, batch 64).
 """
 import os
 import re
@@ -118,20 +120,26 @@ def test_an_elastic_job_starts_small_grows_shrinks_for_its_tenant_and_completes(
 
     timeline = session.api("GET", f"/api/v1/jobs/{job_id}/allocations/").json()
     timeline = timeline.get("results", timeline)
-    assert [row["learners"] for row in timeline] == [2, size, 2], timeline
-    grow, shrink = timeline[1], timeline[2]
+    # Each attempt's first row; between resizes the batch may also change inside the running learners.
+    restarts = [row for row in timeline if row["kind"] != "batch"]
+    assert [row["learners"] for row in restarts] == [2, size, 2], timeline
+    assert all(row["started_at"] for row in timeline)
+    grow, shrink = restarts[1], restarts[2]
+    last_of = {row["attempt"]: row for row in timeline}  # the shape each attempt ended at
     # The grow's batch is the optimizer's, from the noise scale the learners reported; the shrink keeps it.
     assert timeline[0]["global_batch"] == 64 and 32 <= grow["global_batch"] <= 128
-    assert grow["reason"] == f"resized 2→{size} learners, batch 64→{grow['global_batch']}: idle GPUs"
-    assert shrink["reason"] == (f"resized {size}→2 learners, batch {grow['global_batch']}→{shrink['global_batch']}: "
-                                f"making room for job {urgent}")
+    assert grow["reason"] == (f"resized 2→{size} learners, batch {last_of[1]['global_batch']}→{grow['global_batch']}: "
+                              "idle GPUs")
+    assert shrink["reason"] == (f"resized {size}→2 learners, batch {last_of[2]['global_batch']}→"
+                                f"{shrink['global_batch']}: making room for job {urgent}")
     assert all(row["resize_cost_s"] > 0 for row in (grow, shrink))
     print(f"\nresize costs (signal -> all learners running): grow {grow['resize_cost_s']:.1f}s, "
           f"shrink {shrink['resize_cost_s']:.1f}s; samples/s by attempt: "
           f"{[row['samples_per_s'] and round(row['samples_per_s']) for row in timeline]}")
 
     noise = session.api("GET", f"/api/v1/jobs/{job_id}/metrics/", params={"name": "noise_scale"}).json()["results"]
-    print(f"global batch by attempt: {[row['global_batch'] for row in timeline]}; noise scale reported "
+    print(f"(attempt, global batch) by stretch: {[(row['attempt'], row['global_batch']) for row in timeline]}; "
+          f"noise scale reported "
           f"(samples): {[round(p['value']) for p in noise]}")
     assert noise and all(p["value"] > 0 for p in noise)
 
