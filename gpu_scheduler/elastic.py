@@ -22,7 +22,8 @@ Policies (value of a job at g GPUs; speedups are relative to the job at its mini
   mean with p = -1 (maximise -sum 1/speedup: a job at a small share costs more than a big job gains),
   a waiting job worth `waiting_speedup`; a change of shape of a running job is discounted by
   horizon / (horizon + restart cost), horizon = time since it started + `min_horizon_s` (a job
-  that has run long will likely run on), so a resize happens only when it pays for its restart. A
+  that has run long will likely run on), so a resize happens only when it pays for its restart (a
+  batch change at its learner count is no restart for a job whose learners change it live). A
   job that reports no gradient noise scale has no statistical efficiency to go by: its global batch
   is never raised past its own (it scales GPUs only, as under `gpu_only`).
 """
@@ -54,6 +55,7 @@ class ElasticJob:
     model: ThroughputModel = GENERIC_PRIOR
     noise_scale: float | None = None  # gradient noise scale; None = job reports no gradient statistics
     restart_s: float = 60.0  # measured cost of one resize
+    live_batch: bool = False  # its batch changes inside its running learners: no restart at its learner count
     learners: int = 0  # current; 0 = not running
     batch: int = 0
     placement: tuple = ()  # current: node name per learner
@@ -125,11 +127,12 @@ def rate(job, learners, batch, policy, gpus_per_node):
 
 def best_batch(job, learners, policy, gpus_per_node, now=0.0):
     """(rate, batch) of the best batch at this learner count; (0, 0) if none is allowed. Under
-    trainyard, any shape but a running job's current one is discounted by its restart."""
+    trainyard, any shape but a running job's current one is discounted by its restart (at its current
+    learners, none is when it changes its batch live)."""
     best = _best_batch(job.model, job.noise_scale if policy.name == "trainyard" else None, job.base_batch,
                        batch_choices(job, learners, policy), learners * job.gpus_per_learner,
                        max(gpus_per_node, job.gpus_per_learner))
-    if not (job.running and policy.name == "trainyard"):
+    if not (job.running and policy.name == "trainyard") or (job.live_batch and learners == job.learners):
         return best
     best = (best[0] * restart_discount(job, policy, now), best[1])
     if learners == job.learners and job.batch:
@@ -206,8 +209,11 @@ def scaled_options(job, policy, gpus_per_node, now, base_rate):
                                         job.batch_min, batch_max(job, policy), job.max_local_batch,
                                         job.gpus_per_learner, job.min_learners, job.max_learners, gpus_per_node)
     if job.running and policy.name == "trainyard":
-        rates = rates * restart_discount(job, policy, now)
         index = job.learners - job.min_learners
+        undiscounted = rates[index] if job.live_batch and 0 <= index < len(counts) else None
+        rates = rates * restart_discount(job, policy, now)
+        if undiscounted is not None:  # its best batch at its learners is no restart away
+            rates[index] = undiscounted
         if job.batch and 0 <= index < len(counts):
             current = rate(job, job.learners, job.batch, policy, gpus_per_node)
             if current >= rates[index]:

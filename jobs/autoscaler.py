@@ -228,7 +228,7 @@ def _elastic_job(candidate, now):
         job_id=job.id, tenant=job.tenant.slug, min_learners=low, max_learners=high, gpus_per_learner=job.gpus,
         base_batch=bounds.base, batch_min=bounds.low, batch_max=high_batch, requested_learners=job.learners,
         model=candidate.model, noise_scale=candidate.noise_scale, restart_s=candidate.resize_cost_s,
-        learners=job.learners,
+        live_batch=candidate.live_batch, learners=job.learners,
         batch=batch or bounds.base, placement=tuple(p["node"] for p in job.placement),
         started_s=job.started_at.timestamp() if job.started_at else now.timestamp(),
         order=int(job.created_at.timestamp() * 1_000_000))

@@ -120,6 +120,16 @@ def test_it_does_not_resize_a_young_job_for_a_small_gain():
     assert (targets["a"].learners, targets["a"].batch) == (1, 256)
 
 
+@pytest.mark.parametrize("live,batch_moves", [(False, False), (True, True)])
+def test_a_batch_change_at_its_size_costs_a_job_that_changes_it_live_no_restart(live, batch_moves):
+    # A young job whose restart costs more than any gain: it keeps its shape, unless its learners change
+    # their batch while they run, when the better batch at its size is free to take.
+    running = ejob("a", hi=1, learners=1, batch=256, placement=("n1",), started_s=0.0, restart_s=10**6,
+                   noise=10**6, live_batch=live)
+    target = optimize([running], cluster(8), ElasticPolicy("trainyard"), now=1.0)["a"]
+    assert target.learners == 1 and (target.batch != 256) == batch_moves
+
+
 def test_it_keeps_a_running_job_at_least_at_its_minimum():
     big = ejob("a", lo=2, hi=8, learners=2, batch=256, placement=("n1", "n1"))
     targets = optimize([big] + [ejob(f"q{i}") for i in range(6)], cluster(4), ElasticPolicy("paper"))
