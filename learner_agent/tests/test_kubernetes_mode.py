@@ -137,3 +137,24 @@ def test_it_samples_its_learners_cpu_and_memory_in_a_pod(outside_tmp, ingest):
     assert max(s["cpu_cores"] for s in samples) > 0.3  # a burning learner, shared with the rest of the machine
     # The last is taken as the learner ends, when nothing of it holds memory any more.
     assert all(s["memory_bytes"] > 0 and s["memory_limit_bytes"] == 2**30 for s in samples[:-1])
+
+
+def test_a_batch_change_reaches_the_learner_in_a_pod(outside_tmp, ingest):
+    """The agent keeps the learner's control file in its state folder (the config mount is read-only)."""
+    ingest.answer_extra = {"batch": {"id": 4, "global_batch": 96, "local_batch": 48, "lr_scale": 1.5}}
+    command = ("python3 -c 'import time\n"
+               "from learner_agent.batch_changes import BatchChanges\n"
+               "changes = BatchChanges()\n"
+               "deadline = time.monotonic() + 20\n"
+               "while (change := changes.poll()) is None and time.monotonic() < deadline:\n"
+               "    print(\"waiting\", flush=True); time.sleep(0.2)\n"
+               "changes.applied(change, step=3)\n'")
+    config, state_dir, _ = kubernetes_layout(outside_tmp, ingest, command=command)
+    try:
+        agent = subprocess.run(agent_command(config), env=agent_env(), capture_output=True, timeout=60)
+    finally:
+        os.chmod(os.path.dirname(config), 0o755)
+    assert agent.returncode == 0, agent.stderr
+    applied = [(r["name"], r["value"], r.get("step")) for r in ingest.stored() if r["kind"] == "metric"]
+    assert applied == [("batch_changes", 1.0, None), ("batch_applied", 4.0, 3)]
+    assert json.loads(open(os.path.join(state_dir, "control", "batch.json")).read())["global_batch"] == 96
