@@ -22,7 +22,9 @@ scheduling cycle):
    seconds beats the restarts it costs (hysteresis: no resize for a gain the restart eats); another
    global batch at the same learners (the noise scale moved) is a batch change inside the running
    learners when they apply them (learner_agent.batch_changes), worth making from a gain of
-   LIVE_BATCH_MIN_GAIN; for learners that do not, only a larger batch, through the checkpoint;
+   LIVE_BATCH_MIN_GAIN; for learners that do not, only a larger batch, through the checkpoint (and
+   for an attempt that let one go unapplied for BATCH_CHANGE_PATIENCE_S: it is withdrawn, and the
+   attempt is not asked again);
 4. act: shrinks first, then grows onto GPUs idle now (a grow that would need a shrinking job's GPUs
    waits for a later pass). Grows also wait while GPUs are being released: until no attempt has
    given GPUs back for TRAINYARD_ELASTIC_GROW_SETTLE seconds (a stabilisation window, as the
@@ -62,6 +64,9 @@ GPU_USE_SAMPLES = 6
 # no restart, so without a margin a noise scale that wobbles around a boundary would move the batch
 # back and forth (one change at a time: the next waits until the learners have applied the last).
 LIVE_BATCH_MIN_GAIN = 0.05
+# How long a batch change may wait for the learners to apply it (at their next step: seconds, for a
+# slow step minutes) before it is withdrawn and the attempt's batch changes go through restarts.
+BATCH_CHANGE_PATIENCE_S = 600.0
 # A job is not grown past this many times the largest shape it has measured: the throughput model
 # extrapolates from what it has seen, and errs more the further it goes.
 GROWTH_PAST_MEASURED = 2
@@ -147,6 +152,8 @@ def _candidate(job, now):
     if elastic is None or not job.gpus or job.status != Status.PROCESSING or job.preempted_reason:
         return None
     current = elastic_timeline.of_attempt(job)
+    if job.batch_request is not None and _unapplied_for(job, now) > BATCH_CHANGE_PATIENCE_S:
+        elastic_timeline.withdraw_batch_request(job, now)
     # The minimum interval is between restarts: a batch change inside the learners costs none.
     last_restart = (Allocation.objects.filter(job=job, resize_requested_at__isnull=False)
                     .exclude(kind=Allocation.Kind.BATCH).aggregate(last=Max("resize_requested_at"))["last"])
@@ -158,6 +165,12 @@ def _candidate(job, now):
                      resize_cost_s=_resize_cost_s(job), frozen=frozen, noise_scale=measured_noise_scale(job),
                      largest_measured=_largest_measured(job, rate), gpu_use=measured_gpu_use(job),
                      live_batch=elastic_timeline.listens_for_batch_changes(job), batch_pending=pending)
+
+
+def _unapplied_for(job, now):
+    """Seconds the job's pending batch change has waited for its learners (0 if there is none)."""
+    row = elastic_timeline.pending_batch_change(job)
+    return (now - row.resize_requested_at).total_seconds() if row is not None else 0.0
 
 
 def _held_gpus(active):
@@ -267,6 +280,11 @@ def _stretch_rate(row):
     return _reported_rate(row.job_id, row.attempt, since=row.started_at, until=row.ended_at)
 
 
+def _finished_stretches(job):
+    """The job's rows that ran and ended (not a batch change withdrawn before it was applied)."""
+    return Allocation.objects.filter(job=job, started_at__isnull=False, ended_at__isnull=False)
+
+
 def _reported_rate(job_id, attempt, *, since=None, until=None):
     points = MetricPoint.objects.filter(job_id=job_id, attempt=attempt, learner=0, name=elastic_timeline.SAMPLES_METRIC)
     if since is not None:
@@ -305,7 +323,7 @@ def measured_gpu_use(job):
 def _largest_measured(job, rate):
     """Learners of the largest shape the job has a measured rate at (its finished attempts, and the
     current one once it has reported progress); 0 if none."""
-    sizes = [row.learners for row in Allocation.objects.filter(job=job, ended_at__isnull=False) if _stretch_rate(row)]
+    sizes = [row.learners for row in _finished_stretches(job) if _stretch_rate(row)]
     if rate:
         sizes.append(job.learners)
     return max(sizes, default=0)
@@ -319,7 +337,7 @@ def _observation(learners, gpus_per_learner, nodes, global_batch, rate):
 def _model(job, current, rate):
     """The job's throughput model: its measured shapes, pulled toward a prior scaled to its speed."""
     observations = []
-    for row in Allocation.objects.filter(job=job, ended_at__isnull=False, global_batch__isnull=False):
+    for row in _finished_stretches(job).filter(global_batch__isnull=False):
         if measured := _stretch_rate(row):
             nodes = len({p["node"] for p in row.placement if isinstance(p, dict)})
             observations.append(_observation(row.learners, row.gpus_per_learner, nodes, row.global_batch, measured))

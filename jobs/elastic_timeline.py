@@ -156,13 +156,34 @@ def close(row, when, *, until=None):
 # --- batch changes inside a running attempt (jobs.lifecycle.change_batch asks for them) --------------
 def listens_for_batch_changes(job):
     """Whether the current attempt's learner 0 said it applies batch changes while it runs
-    (learner_agent.batch_changes reports LISTENING_METRIC when it starts)."""
-    return MetricPoint.objects.filter(job=job, attempt=job.attempt, learner=0, name=LISTENING_METRIC).exists()
+    (learner_agent.batch_changes reports LISTENING_METRIC when it starts), and has not let one go
+    unapplied (withdraw_batch_request): an attempt that said so and did not is asked no more."""
+    return (MetricPoint.objects.filter(job=job, attempt=job.attempt, learner=0, name=LISTENING_METRIC).exists()
+            and not Allocation.objects.filter(job=job, attempt=job.attempt, kind=BATCH, started_at=None,
+                                              ended_at__isnull=False).exists())
 
 
 def pending_batch_change(job):
     """The row of a batch change asked of the current attempt and not yet applied, or None."""
-    return Allocation.objects.filter(job=job, attempt=job.attempt, kind=BATCH, started_at=None).first()
+    return Allocation.objects.filter(job=job, attempt=job.attempt, kind=BATCH, started_at=None,
+                                     ended_at=None).first()
+
+
+def withdraw_batch_request(job, when):
+    """Give up on a batch change the learners have not applied: its row stays in the timeline, ended
+    and never started, and the attempt is asked no more (listens_for_batch_changes). A learner that
+    says it listens and never applies a change would otherwise hold its job at its size for good.
+    Returns the row, or None when there was nothing to withdraw (applied meanwhile)."""
+    locked = Job.objects.select_for_update().filter(pk=job.pk, attempt=job.attempt).first()
+    row = pending_batch_change(job) if locked is not None and locked.batch_request is not None else None
+    if row is None or locked.batch_request.get("id") != row.id:
+        return None
+    row.ended_at = when
+    row.reason += f" (withdrawn: not applied after {(when - row.resize_requested_at).total_seconds():.0f} s)"
+    row.save(update_fields=["ended_at", "reason"])
+    Job.objects.filter(pk=job.pk).update(batch_request=None)
+    job.batch_request = None
+    return row
 
 
 def batch_applied(job, request_id, when):
@@ -191,7 +212,7 @@ def batch_applied(job, request_id, when):
 
 def drop_batch_request(job):
     """The attempt stops running: a batch change asked of it and not yet applied never will be."""
-    Allocation.objects.filter(job=job, attempt=job.attempt, kind=BATCH, started_at=None).delete()
+    Allocation.objects.filter(job=job, attempt=job.attempt, kind=BATCH, started_at=None, ended_at=None).delete()
     Job.objects.filter(pk=job.pk).update(batch_request=None)
     job.batch_request = None
 

@@ -150,7 +150,9 @@ def render_allocations(rows):
         if row.get("samples_per_s") is not None:
             return f"{row['samples_per_s']:,.1f}"
         if not row.get("started_at"):
-            return "asked" if row.get("kind") == "batch" else "-"
+            if row.get("kind") != "batch":
+                return "-"
+            return "withdrawn" if row.get("ended_at") else "asked"
         return "running" if not row.get("ended_at") else "-"
 
     def cost(row):

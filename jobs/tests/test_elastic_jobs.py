@@ -559,3 +559,19 @@ def test_a_restart_holds_the_learners_but_not_a_batch_change_inside_them(four_gp
     noise_scales(row, *[100_000.0] * 5)
     change, = four_gpus.run()
     assert (change.kind, change.learners) == ("batch", 2)
+
+
+def test_a_change_left_unapplied_is_withdrawn_and_the_attempt_asked_no_more(live_job):
+    from datetime import timedelta
+
+    from jobs import autoscaler
+    change = live_job.change
+    assert autoscaler.run() == []  # waiting for the learners
+    later = change.resize_requested_at + timedelta(seconds=autoscaler.BATCH_CHANGE_PATIENCE_S + 1)
+    resized, = autoscaler.run(now=later)  # withdrawn; the larger batch then goes through a restart
+    assert (resized.kind, resized.attempt) == ("resize", 2)
+    change.refresh_from_db()
+    assert change.started_at is None and change.ended_at == later and "(withdrawn: not applied after" in change.reason
+    live_job.refresh_from_db()
+    assert live_job.batch_request is None and live_job.status == Status.HALTING
+    assert Allocation.objects.filter(pk=change.pk).exists()  # the attempt's record keeps it

@@ -463,9 +463,11 @@ def test_show_marks_a_batch_change_still_on_its_way(api, capsys):
         {"attempt": 1, "kind": "batch", "learners": 2, "global_batch": 256, "local_batch": 128, "lr_scale": 4.0,
          "reason": "batch 64→256, no restart: its measured gradient noise scale", "started_at": None,
          "ended_at": None, "resize_cost_s": None, "samples_per_s": None}]
+    job.allocations.insert(1, dict(job.allocations[1], global_batch=128, ended_at="2026-05-01T10:10:00+00:00",
+                                   reason="batch 64→128, no restart: … (withdrawn: not applied after 601 s)"))
     assert run("show", "training-elas0002") == 0
-    _, first, second = capsys.readouterr().out.split("allocations\n")[1].splitlines()
-    assert "running" in first.split() and "asked" in second.split()
+    _, first, withdrawn, asked = capsys.readouterr().out.split("allocations\n")[1].splitlines()
+    assert "running" in first.split() and "withdrawn" in withdrawn.split() and "asked" in asked.split()
 
 
 def test_show_prints_no_timeline_for_a_fixed_job(api, capsys):
