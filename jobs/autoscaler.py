@@ -40,7 +40,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Min
+from django.db.models import Max
 from django.utils import timezone
 
 from gpu_scheduler import elastic as optimizer
@@ -286,12 +286,7 @@ def _finished_stretches(job):
 
 
 def _reported_rate(job_id, attempt, *, since=None, until=None):
-    points = MetricPoint.objects.filter(job_id=job_id, attempt=attempt, learner=0, name=elastic_timeline.SAMPLES_METRIC)
-    if since is not None:
-        points = points.filter(time__gte=since)
-    if until is not None:
-        points = points.filter(time__lte=until)
-    span = points.aggregate(first=Min("time"), last=Max("time"), low=Min("value"), high=Max("value"))
+    span = elastic_timeline.samples_reported(job_id, attempt, since=since, until=until)
     if span["first"] is None or span["last"] <= span["first"] or span["high"] <= span["low"]:
         return None
     return (span["high"] - span["low"]) / (span["last"] - span["first"]).total_seconds()

@@ -181,8 +181,7 @@ def withdraw_batch_request(job, when):
     row.ended_at = when
     row.reason += f" (withdrawn: not applied after {(when - row.resize_requested_at).total_seconds():.0f} s)"
     row.save(update_fields=["ended_at", "reason"])
-    Job.objects.filter(pk=job.pk).update(batch_request=None)
-    job.batch_request = None
+    _clear_request(job)
     return row
 
 
@@ -195,8 +194,7 @@ def batch_applied(job, request_id, when):
     if not isinstance(request, dict) or request.get("id") != request_id:
         return None
     row = pending_batch_change(job)
-    job.batch_request = None
-    Job.objects.filter(pk=job.pk).update(batch_request=None)
+    _clear_request(job)
     if row is None or row.id != request_id:
         return None
     when = max(when, row.resize_requested_at)
@@ -213,6 +211,10 @@ def batch_applied(job, request_id, when):
 def drop_batch_request(job):
     """The attempt stops running: a batch change asked of it and not yet applied never will be."""
     Allocation.objects.filter(job=job, attempt=job.attempt, kind=BATCH, started_at=None, ended_at=None).delete()
+    _clear_request(job)
+
+
+def _clear_request(job):
     Job.objects.filter(pk=job.pk).update(batch_request=None)
     job.batch_request = None
 
@@ -225,13 +227,19 @@ def last_samples(job):
 
 
 def _samples_of(job_id, attempt, *, since=None, until=None):
+    span = samples_reported(job_id, attempt, since=since, until=until)
+    return tuple(None if v is None else int(v) for v in (span["low"], span["high"]))
+
+
+def samples_reported(job_id, attempt, *, since=None, until=None):
+    """Learner 0's `samples` reports of an attempt between `since` and `until`: {"first", "last"} (their
+    times) and {"low", "high"} (their values), each None when there are none."""
     points = MetricPoint.objects.filter(job_id=job_id, attempt=attempt, name=SAMPLES_METRIC, learner=0)
     if since is not None:
         points = points.filter(time__gte=since)
     if until is not None:
         points = points.filter(time__lte=until)
-    values = points.aggregate(first=Min("value"), last=Max("value"))
-    return tuple(None if v is None else int(v) for v in (values["first"], values["last"]))
+    return points.aggregate(first=Min("time"), last=Max("time"), low=Min("value"), high=Max("value"))
 
 
 def of_attempt(job):

@@ -115,8 +115,8 @@ def ingest_url(job_id):
 
 
 def _attempt_shape(job):
-    """An elastic attempt's batch sizes and learning-rate factor: as its allocation row records them
-    (a resize chose them), else the manifest's batch at the job's learners."""
+    """An elastic attempt's batch sizes and learning-rate factor now: as its allocation row records them
+    (a resize or a batch change chose them), else the manifest's batch at the job's learners."""
     row = elastic_timeline.of_attempt(job)
     if row is not None and row.learners == job.learners:
         return elasticity.Shape(row.learners, row.global_batch, row.local_batch, row.lr_scale)
@@ -270,9 +270,7 @@ def resize(job, *, learners, placement, why, actor, wanted_batch=None):
     if not elastic.min_learners <= learners <= elastic.max_learners or len(placement) != learners:
         raise ValueError(f"job {job.id}: {learners} learners on {len(placement)} placements is outside "
                          f"{elastic.min_learners}..{elastic.max_learners}")
-    current = elastic_timeline.of_attempt(job)
-    before = (elasticity.Shape(job.learners, current.global_batch, current.local_batch, current.lr_scale)
-              if current else elastic_timeline.shape_of(job))
+    before = _attempt_shape(job)
     after = elasticity.shape(elastic, learners, wanted_batch or before.global_batch)
     holding = list(job.placement) + [p for p in placement if p not in job.placement]
     now = timezone.now()
@@ -309,9 +307,7 @@ def change_batch(job, *, wanted_batch, why, actor):
                                                         attempt=job.attempt).first()
         if locked is None or locked.batch_request is not None:
             return None
-        current = elastic_timeline.of_attempt(locked)
-        before = (elasticity.Shape(locked.learners, current.global_batch, current.local_batch, current.lr_scale)
-                  if current else elastic_timeline.shape_of(locked))
+        before = _attempt_shape(locked)
         after = elasticity.shape(elastic, locked.learners, wanted_batch)
         if after.global_batch == before.global_batch:
             return None

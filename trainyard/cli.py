@@ -43,16 +43,20 @@ def _read_manifest(path, changes=()):
     if os.path.isdir(path):
         raise UsageError(f"{path}: is a folder, not a manifest (the job's YAML file); `trainyard train` takes "
                          "the manifest first, then the code: trainyard train MANIFEST CODE_DIR_OR_ARCHIVE")
-    try:
-        with open(path, "rb") as manifest_file:
-            text = manifest_file.read()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    text = _read_bytes(path)
     try:
         text = overrides.overridden(text, changes)
         return text, parse_manifest(text)
     except ManifestError as exc:
         raise _invalid(f"{path}{' with --set/--name' if changes else ''}: invalid manifest", exc) from None
+
+
+def _read_bytes(path):
+    try:
+        with open(path, "rb") as manifest_file:
+            return manifest_file.read()
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
 
 
 def _invalid(what, error):
@@ -64,11 +68,7 @@ def _invalid(what, error):
 
 def _read_experiment(path):
     """The experiment manifest's bytes and the Experiment they make; UsageError naming every problem."""
-    try:
-        with open(path, "rb") as manifest_file:
-            text = manifest_file.read()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    text = _read_bytes(path)
     try:
         return text, parse_experiment(text)
     except ManifestError as exc:

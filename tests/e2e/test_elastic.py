@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.elastic_example import ACCURACY_TOLERANCE, FINAL_LINE, STEP_LINE, assert_every_sample_once
-from tests.support.harness import EXAMPLES, start_session, wait_for_status
+from tests.support.harness import EXAMPLES, start_session
 
 pytestmark = pytest.mark.e2e
 
@@ -83,15 +83,7 @@ def wait_training(session, job_id, attempt, *, timeout=120):
         points = session.api("GET", f"/api/v1/jobs/{job_id}/metrics/", params={"name": "samples"}).json()["results"]
         values = [p["value"] for p in points if p["attempt"] == attempt and p["learner"] == 0]
         return len(values) >= 2 and values[-1] > values[0]
-    return wait_until(session, job_id, trained, timeout=timeout)
-
-
-def wait_until(session, job_id, check, *, timeout):
-    """The job once `check(job)` holds; fail after `timeout` seconds."""
-    def get(i):
-        job = session.job(i)
-        return dict(job, status="ok" if check(job) else job["status"])
-    return wait_for_status(get, job_id, {"ok"}, timeout=timeout, poll=0.2)
+    return session.wait_until(job_id, trained, timeout=timeout)
 
 
 def test_an_elastic_job_starts_small_grows_shrinks_for_its_tenant_and_completes(four_gpus, tmp_path):
@@ -107,7 +99,7 @@ def test_an_elastic_job_starts_small_grows_shrinks_for_its_tenant_and_completes(
 
     for busy_id in busy:  # the GPUs free up: the autoscaler grows the job onto them
         assert session.api("POST", f"/api/v1/jobs/{busy_id}/terminate/").status_code == 202
-    grown = wait_until(session, job_id, lambda j: j["attempt"] == 2 and j["status"] == "PROCESSING", timeout=120)
+    grown = session.wait_until(job_id, lambda j: j["attempt"] == 2 and j["status"] == "PROCESSING", timeout=120)
     size = grown["learners"]
     assert size in (3, 4), grown
     wait_training(session, job_id, 2)

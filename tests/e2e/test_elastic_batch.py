@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.elastic_example import assert_every_sample_once
-from tests.support.harness import start_session, wait_for_status
+from tests.support.harness import start_session
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +73,7 @@ def test_the_batch_follows_the_noise_scale_inside_the_running_attempt(four_gpus)
     assert session.job(waiting)["status"] == "QUEUED"
 
     # Capacity appears: the queued job gets it in the next cycle, not the elastic job.
-    wait_until(session, job_id, lambda job: samples(session, job_id), timeout=120)  # it has a measured speed
+    session.wait_until(job_id, lambda job: samples(session, job_id), timeout=120, poll=0.5)  # it has a measured speed
     freed = time.monotonic()
     assert session.api("POST", f"/api/v1/jobs/{busy}/terminate/").status_code == 202
     session.wait_for(waiting, {"PENDING", "DOWNLOADING", "PROCESSING"}, timeout=30)
@@ -122,10 +122,3 @@ def first_report(session, job_id, name, value):
 
 def moment(iso):
     return datetime.fromisoformat(iso)
-
-
-def wait_until(session, job_id, check, *, timeout):
-    def get(i):
-        job = session.job(i)
-        return dict(job, status="ok" if check(job) else job["status"])
-    return wait_for_status(get, job_id, {"ok"}, timeout=timeout, poll=0.5)

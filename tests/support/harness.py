@@ -84,6 +84,13 @@ class PlatformSession:
     def wait_for(self, job_id, statuses=FINAL, timeout=120, poll=0.1, *, token=None):
         return wait_for_status(lambda i: self.job(i, token=token), job_id, statuses, timeout=timeout, poll=poll)
 
+    def wait_until(self, job_id, check, *, timeout, poll=0.2):
+        """The job once `check(job)` holds; fail after `timeout` seconds."""
+        def get(i):
+            job = self.job(i)
+            return dict(job, status="ok" if check(job) else job["status"])
+        return wait_for_status(get, job_id, {"ok"}, timeout=timeout, poll=poll)
+
     def all_logs(self, job_id):
         lines, since = [], 0
         while True:
