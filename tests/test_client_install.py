@@ -61,7 +61,7 @@ def run(argv, *, cwd, timeout=300):
 def test_it_installs_the_client_without_django(client_env):
     listed = run([str(client_env / "bin" / "python"), "-m", "pip", "list", "--format=json"], cwd=client_env)
     names = {entry["name"].lower() for entry in json.loads(listed.stdout)}
-    assert {"trainyard", "requests", "requests-toolbelt", "tenacity", "pyyaml", "websockets"} <= names, names
+    assert {"trainyard", "requests", "requests-toolbelt", "tenacity", "pyyaml", "websockets", "pydantic"} <= names, names
     assert not names & SERVER_DISTRIBUTIONS, names & SERVER_DISTRIBUTIONS
     django = run([str(client_env / "bin" / "python"), "-c", "import django"], cwd=client_env)
     assert django.returncode != 0 and "No module named 'django'" in django.stderr, django.stderr

@@ -11,6 +11,7 @@ Every failure is one line on stderr, never a traceback, with an exit code script
 """
 import argparse
 import getpass
+import json
 import os
 import re
 import sys
@@ -20,7 +21,7 @@ from trainyard.client import Client
 from trainyard.config import Config, config_path, normalize_url, save_config
 from trainyard.errors import TrainyardError, UsageError
 from trainyard.experiment import parse_experiment
-from trainyard.manifest import ManifestError, load_fields, parse_manifest
+from trainyard.manifest import ManifestError, json_schema, load_fields, parse_manifest
 from trainyard.packing import code_upload
 from trainyard.render import (QUOTA_ROWS, Progress, comparison_rows, final_message, human_bytes, isatty, local_time,
                               note, number, print_json, print_table, quota_value, render_allocations, render_job)
@@ -100,6 +101,11 @@ def cmd_validate(args):
     # What an FfDL manifest (or an FfDL name) was mapped to, so nothing is translated silently.
     for note_text in manifest.notes:
         print(f"  mapped: {note_text}")
+    return OK
+
+
+def cmd_schema(args):
+    print(json.dumps(json_schema(), indent=2))
     return OK
 
 
@@ -470,6 +476,7 @@ def build_parser():
 
     validate = command("validate", cmd_validate, "check a manifest (a job's or an experiment's) offline")
     validate.add_argument("manifest", metavar="MANIFEST")
+    command("schema", cmd_schema, "print the job manifest's JSON Schema (for an editor's completion and checks)")
 
     login = command("login", cmd_login, "save the URL and API token to use")
     login.add_argument("--url", required=True)

@@ -2,14 +2,23 @@
 
 Django-free on purpose: the CLI's offline `trainyard validate` and the REST API run this same code,
 so a manifest that validates on a laptop is accepted by the server. It accepts every FfDL manifest.
+
+Two layers. The YAML is read by a SafeLoader that bounds size, depth and anchors while it composes
+(PyYAML has no such limits of its own). The fields are then checked by the pydantic models below,
+which are the manifest's schema: `json_schema()` (`trainyard schema`) publishes them for editors,
+and every rule a model breaks becomes one ManifestError naming its field, so a submission hears of
+every problem at once.
 """
 import difflib
 import math
 import re
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, PrivateAttr, ValidationError, WithJsonSchema,
+                      WrapValidator, field_validator, model_validator)
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
@@ -19,16 +28,9 @@ from trainyard import elasticity, frameworks, units
 
 FRAMEWORKS = tuple(frameworks.REGISTRY)  # what jobs can run as (filters, forms); FfDL names map onto these
 DATA_STORE_TYPES = ("s3_datastore", "mount_cos", "local")
-# What a data store's `connection` may hold. auth_url and region are addresses; the rest are
-# credentials (stored encrypted, never shown back: jobs.datastores).
-CONNECTION_FIELDS = ("auth_url", "region", "user_name", "password", "access_key_id", "secret_access_key",
-                     "session_token", "type")
 PRIORITIES = ("low", "normal", "high")
 SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 METRIC_EXTRACTORS = ("regex_extractor", "tensorboard")
-TOP_LEVEL_FIELDS = ("name", "description", "version", "learners", "gpus", "cpus", "memory",
-                    "framework", "data_stores", "evaluation_metrics", "priority", "checkpoint",
-                    "restart_policy", "elastic", "disk")
 MAX_LEARNERS = 64
 MAX_GPUS = 64  # per learner
 MAX_CPUS = 1024  # per learner
@@ -40,26 +42,6 @@ MAX_MANIFEST_BYTES = 64 * 1024
 MAX_DEPTH = 20
 # Any number anywhere in a manifest: no field needs more, and the whole manifest is stored as JSON.
 MAX_NUMBER = 10**15
-
-# Unknown keys. At the top level and in Trainyard's own sections an unknown key is an error naming it: a
-# typo (`gpu: 1`) must not silently run the job with the default. Inside FfDL's sections, keys that FfDL
-# defined but Trainyard has no use for are accepted and reported as notes (SPEC §2: every FfDL manifest
-# parses, and `trainyard validate` says what was ignored); anything else there is an error too.
-SECTION_FIELDS = {
-    "framework": (("name", "version", "command"), ("image_tag", "image_location")),
-    "checkpoint": (("signal", "grace_seconds"), ()),
-    "restart_policy": (("max_retries",), ()),
-    "elastic": (("min_learners", "max_learners", "batch_size", "lr_scaling"), ()),
-    "elastic_batch": (("global", "min", "max"), ()),
-    "data_store": (("id", "type", "training_data", "training_results", "connection"), ()),
-    "container": (("container",), ()),
-    "evaluation_metrics": (("type", "groups"), ("in", "line_lookahead", "event_types", "eventTypes",
-                                                "image_tag")),
-    "metric_group": (("regex",), ("meta", "scalars", "etimes")),
-    "disk": (("results", "checkpoints", "work", "tmp", "logs", "log_lines"), ()),
-}
-# The `disk` block's sizes (bytes); `log_lines` is a count. What each caps is jobs.disk's to say.
-DISK_SIZES = ("results", "checkpoints", "work", "tmp", "logs")
 MIN_DISK_BYTES = 10**6  # 1MB
 MAX_DISK_BYTES = 1024 * 2**40  # 1PiB: the tenant's limit and the platform's default bound it in practice
 MAX_LOG_LINES = 10**12
@@ -94,29 +76,9 @@ class ManifestProblems(ManifestError):
         return list(self._problems)
 
 
-class _Problems:
-    """Collects what each independent check of a manifest finds, to raise them together."""
-
-    def __init__(self):
-        self.found = []
-
-    def check(self, run, default=None):
-        """run() or, when it breaks a rule, `default` with the problems noted."""
-        try:
-            return run()
-        except ManifestError as exc:
-            self.found += exc.problems
-            return default
-
-    def raise_any(self):
-        if len(self.found) == 1:
-            raise self.found[0]
-        if self.found:
-            raise ManifestProblems(self.found)
-
-
 @dataclass(frozen=True)
 class Manifest:
+    """A valid manifest, resolved: the framework the job runs as, sizes in bytes, the elastic rules."""
     name: str
     command: str
     framework: str
@@ -162,21 +124,17 @@ class Manifest:
 
 def parse_memory(value, field_name="memory"):
     """'4GiB' -> bytes, from 1MB to 16384GiB per learner (the syntax is trainyard.units')."""
-    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
     try:
-        size = units.parse_memory_size(text)
-    except ValueError as exc:
-        raise ManifestError(field_name, f"{_shown(value)} is not a memory size; {exc}") from None
-    if not MIN_MEMORY_BYTES <= size <= MAX_MEMORY_BYTES:
-        raise ManifestError(field_name, f"{_shown(value)} is outside 1MB..{MAX_MEMORY_BYTES // 2**30}GiB "
-                                        "per learner")
-    return size
+        return _size(value, MIN_MEMORY_BYTES, MAX_MEMORY_BYTES, "memory size")
+    except _Broken as exc:
+        raise ManifestError(field_name, exc.rule) from None
 
 
 def _safe_loader():
     """PyYAML's SafeLoader, with libyaml's scanner and parser (C) under PyYAML's own composer where
     PyYAML was built with libyaml: a manifest's events come several times faster, and the composer
-    stays Python, so _ManifestLoader's checks still see every node before anything is built. libyaml words some syntax errors differently."""
+    stays Python, so _ManifestLoader's checks still see every node before anything is built. libyaml
+    words some syntax errors differently."""
     try:
         from yaml._yaml import CParser
     except ImportError:
@@ -298,78 +256,451 @@ def _shown(value, limit=40):
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+
+
+# --- the schema -----------------------------------------------------------------------------------
+# Each field type below checks one value and words its own refusal (a _Broken); validate() turns
+# pydantic's report into ManifestErrors, adding the path of the field.
+
+class _Broken(ValueError):
+    """A rule a value broke, raised inside a model; `at` is where, below the field or model it was
+    raised for (e.g. ("max_learners",) from the elastic block's own check)."""
+
+    def __init__(self, rule, *at):
+        self.rule = rule
+        self.at = at
+        super().__init__(rule)
+
+
+def _text(value):
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise _Broken("must be text")
+    return str(value).strip()
+
+
+def _required_text(value):
+    if not (text := _text(value)):
+        raise _Broken("is required")  # given empty; validate() words a missing one with its description
+    return text
+
+
+def _choice(choices, default):
+    def check(value):
+        if not (text := _text(value) or default):
+            raise _Broken("is required")
+        if text not in choices:
+            raise _Broken(f"{text!r} is not one of {', '.join(choices)};{_did_you_mean(text, choices)}".rstrip(";"))
+        return text
+    return check
+
+
+def _whole_number(low, high):
+    def check(value, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _Broken(f"{_shown(value)} is not a whole number in {low}..{high}") from None
+            raise _Broken(f"{_shown(value)} is outside {low}..{high}") from None
+    return check
+
+
+def _cpus(value, handler):
+    try:
+        return handler(value)
+    except ValidationError:
+        raise _Broken(f"{_shown(value)} is not a number of CPUs above 0 and at most {MAX_CPUS} "
+                      "(e.g. 2 or 0.5)") from None
+
+
+def _size(value, low, high, what):
+    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+    try:
+        size = units.parse_memory_size(text)
+    except ValueError as exc:
+        raise _Broken(f"{_shown(value)} is not a {what}; {exc}") from None
+    if not low <= size <= high:
+        within = f"{high // 2**30}GiB per learner" if what == "memory size" else f"{high // 2**40}TiB"
+        raise _Broken(f"{_shown(value)} is outside 1MB..{within}")
+    return size
+
+
+def Whole(low, high):  # noqa: N802 - a type, read as one in the models
+    return Annotated[int, Field(ge=low, le=high, strict=True), WrapValidator(_whole_number(low, high))]
+
+
+def Choice(*choices, default=None):  # noqa: N802
+    return Annotated[str, PlainValidator(_choice(choices, default)), WithJsonSchema({"enum": list(choices)})]
+
+
+def Size(low, high, what="size"):  # noqa: N802
+    return Annotated[int, PlainValidator(lambda value: _size(value, low, high, what)),
+                     WithJsonSchema({"type": "string", "pattern": _SIZE_PATTERN, "examples": ["4GiB", "512Mi"]})]
+
+
+_SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*(" + "|".join(units.MEMORY_UNITS) + r")\s*$"
+Text = Annotated[str, PlainValidator(_text), WithJsonSchema({"type": ["string", "number", "null"]})]
+RequiredText = Annotated[str, PlainValidator(_required_text), WithJsonSchema({"type": ["string", "number"]})]
+CPUs = Annotated[float, Field(gt=0, le=MAX_CPUS, strict=True, allow_inf_nan=False), WrapValidator(_cpus)]
+# A key FfDL defined that Trainyard accepts and ignores; `trainyard validate` notes each one given.
+Ignored = Annotated[Any, Field(default=None, description="FfDL's; accepted and ignored")]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ffdl_ignored: typing.ClassVar[tuple] = ()
+
+    def ignored(self):
+        return [key for key in self.ffdl_ignored if key in self.model_fields_set]
+
+
+class Framework(_Section):
+    ffdl_ignored = ("image_tag", "image_location")
+    name: RequiredText = Field(description="one of " + ", ".join(frameworks.names()))
+    version: Text = ""
+    command: RequiredText = Field(description="the shell command that starts training")
+    image_tag: Ignored
+    image_location: Ignored
+    _resolved: Any = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _resolve(self):
+        try:
+            self._resolved = frameworks.resolve(self.name, self.version)
+        except frameworks.FrameworkError as exc:
+            raise _Broken(exc.rule, exc.field.rsplit(".", 1)[-1]) from None
+        return self
+
+
+class Checkpoint(_Section):
+    signal: Choice(*SIGNALS, default="SIGTERM") = "SIGTERM"
+    grace_seconds: Whole(0, 3600) = 60
+
+
+class RestartPolicy(_Section):
+    max_retries: Whole(0, 100) = 0
+
+
+class BatchSize(_Section):
+    global_: Whole(1, 10**9) = Field(alias="global")
+    min: Whole(1, 10**9)
+    max: Whole(1, 10**9)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise _Broken(f"{self.max} is below batch_size.min ({self.min})", "max")
+        if not self.min <= self.global_ <= self.max:
+            raise _Broken(f"{self.global_} is outside batch_size.min..max ({self.min}..{self.max})", "global")
+        return self
+
+
+class ElasticBlock(_Section):
+    min_learners: Whole(1, MAX_LEARNERS)
+    max_learners: Whole(1, MAX_LEARNERS)
+    batch_size: BatchSize | None = None
+    lr_scaling: Choice(*elasticity.LR_SCALINGS, default="linear") = "linear"
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        low, high = self.min_learners, self.max_learners
+        if low > high:
+            raise _Broken(f"{high} is below elastic.min_learners ({low})", "max_learners")
+        if self.batch_size and (impossible := elasticity.learner_counts_without_batch(self.batches(), low, high)):
+            batch = self.batch_size
+            raise _Broken(f"no multiple of {impossible[0]} learners lies in {batch.min}..{batch.max}; every learner "
+                          f"count in {low}..{high} needs a global batch that splits evenly between its learners",
+                          "batch_size")
+        return self
+
+    def batches(self):
+        batch = self.batch_size
+        return batch and elasticity.BatchBounds(batch.global_, batch.min, batch.max)
+
+
+class Container(_Section):
+    container: RequiredText
+
+
+class Connection(_Section):
+    """Where and how to reach an S3 store. auth_url and region are addresses; the rest are credentials
+    (stored encrypted, never shown back: jobs.datastores)."""
+    auth_url: Text = ""
+    region: Text = ""
+    user_name: Text = ""
+    password: Text = ""
+    access_key_id: Text = ""
+    secret_access_key: Text = ""
+    session_token: Text = ""
+    type: Text = ""
+
+    @field_validator("auth_url")
+    @classmethod
+    def _url(cls, url):
+        if url and not re.match(r"https?://[^/\s]+", url):
+            raise _Broken(f"{url!r} is not an http(s) URL of an S3-compatible endpoint")
+        return url
+
+    def credentials(self):
+        return any((self.user_name, self.password, self.access_key_id, self.secret_access_key))
+
+
+class DataStore(_Section):
+    id: RequiredText
+    type: Choice(*DATA_STORE_TYPES)
+    training_data: Container | None = None
+    training_results: Container | None = None
+    connection: Connection | None = None
+
+    @model_validator(mode="after")
+    def _fits_its_type(self):
+        local = self.type == "local"
+        for key in ("training_data", "training_results"):
+            if (section := getattr(self, key)) is not None:
+                _check_container(section.container, local, key)
+        if local and self.connection and self.connection.credentials():
+            raise _Broken("a local data store (a folder on the platform) takes no credentials", "connection")
+        return self
+
+
+def _check_container(container, local, key):
+    """A bucket, optionally with a key prefix (bucket/prefix); for `local`, a folder name."""
+    parts = container.split("/")
+    if container.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        raise _Broken(f"{container!r} must be a {'folder' if local else 'bucket'} name, optionally followed by "
+                      "/prefix, without '..' or empty parts", key, "container")
+    if not local and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,62}", parts[0]):
+        raise _Broken(f"{parts[0]!r} is not an S3 bucket name (3-63 letters, digits, '.', '_', '-')", key, "container")
+
+
+class MetricGroup(_Section):
+    ffdl_ignored = ("meta", "scalars", "etimes")
+    regex: Annotated[str, PlainValidator(lambda value: _regex(value)), WithJsonSchema({"type": "string"})]
+    meta: Ignored
+    scalars: Ignored
+    etimes: Ignored
+
+
+def _regex(value):
+    if not isinstance(value, str):
+        raise _Broken("must be text: a regular expression with named groups")
+    try:
+        compiled = re.compile(value)
+    except re.error as exc:
+        raise _Broken(f"is not a valid regular expression: {exc}") from None
+    if not compiled.groupindex:
+        raise _Broken("has no named groups like (?P<loss>[\\d.]+) to take values from")
+    return value
+
+
+class Metrics(_Section):
+    type: Choice(*METRIC_EXTRACTORS)
+    in_: Text = Field("", alias="in")  # tensorboard: the folder read; FfDL's, and ignored, for regexes
+    groups: dict[str, MetricGroup] | None = None
+    line_lookahead: Ignored
+    event_types: Ignored
+    eventTypes: Ignored  # noqa: N815 - FfDL's spelling
+    image_tag: Ignored
+    ffdl_ignored = ("line_lookahead", "event_types", "eventTypes", "image_tag")
+
+    def ignored(self):
+        return super().ignored() + (["in"] if self.type != "tensorboard" and "in_" in self.model_fields_set else [])
+
+    @model_validator(mode="after")
+    def _fits_its_type(self):
+        if self.type == "tensorboard":
+            try:
+                tfevents.split_dir(self.in_ or None)
+            except tfevents.PathError as exc:
+                raise _Broken(str(exc), "in") from None
+        elif not self.groups:
+            raise _Broken("must map group names to {regex: ...}", "groups")
+        return self
+
+
+class Disk(_Section):
+    """Caps on what the job may write (sizes) and on its stored log lines (a count); what each caps is
+    jobs.disk's to say."""
+    results: Size(MIN_DISK_BYTES, MAX_DISK_BYTES) | None = None
+    checkpoints: Size(MIN_DISK_BYTES, MAX_DISK_BYTES) | None = None
+    work: Size(MIN_DISK_BYTES, MAX_DISK_BYTES) | None = None
+    tmp: Size(MIN_DISK_BYTES, MAX_DISK_BYTES) | None = None
+    logs: Size(MIN_DISK_BYTES, MAX_DISK_BYTES) | None = None
+    log_lines: Whole(1, MAX_LOG_LINES) | None = None
+
+
+class Document(_Section):
+    """A job manifest's fields (SPEC §2)."""
+    model_config = ConfigDict(title="Trainyard job manifest")
+    name: Annotated[str, PlainValidator(lambda value: _name(value)),
+                    WithJsonSchema({"type": "string", "maxLength": 200})]
+    description: Text = ""
+    version: Text = ""
+    learners: Whole(1, MAX_LEARNERS) = 1
+    gpus: Whole(0, MAX_GPUS) = 0
+    cpus: CPUs = 1.0
+    memory: Size(MIN_MEMORY_BYTES, MAX_MEMORY_BYTES, "memory size") | None = None
+    framework: Framework = Field(description="what the job runs: {name, version, command}")
+    data_stores: list[DataStore] | None = None
+    evaluation_metrics: Metrics | None = None
+    priority: Choice(*PRIORITIES, default="normal") = "normal"
+    checkpoint: Checkpoint | None = None
+    restart_policy: RestartPolicy | None = None
+    elastic: ElasticBlock | None = None
+    disk: Disk | None = None
+
+    @field_validator("data_stores")
+    @classmethod
+    def _unique_ids(cls, stores):
+        seen = set()
+        for index, store in enumerate(stores or ()):
+            if store.id in seen:
+                raise _Broken(f"{store.id!r} is used by an earlier data store; ids must be unique", index, "id")
+            seen.add(store.id)
+        return stores
+
+    @model_validator(mode="after")
+    def _starts_within_its_bounds(self):
+        if self.elastic and not self.elastic.min_learners <= self.learners <= self.elastic.max_learners:
+            raise _Broken(f"{self.learners} is outside the elastic bounds {self.elastic.min_learners}.."
+                          f"{self.elastic.max_learners} (learners is where an elastic job starts)", "learners")
+        return self
+
+
+def _name(value):
+    name = _required_text(value)
+    if len(name) > 200:
+        raise _Broken("is longer than 200 characters")
+    return name
+
+
+TOP_LEVEL_FIELDS = tuple(Document.model_fields)
+
+
+def json_schema():
+    """The manifest's JSON Schema (draft 2020-12), for editors and other tools; the rules it cannot say
+    (sizes' ranges, the elastic arithmetic, framework versions) are checked by `trainyard validate`."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **Document.model_json_schema(by_alias=True)}
+
+
 def validate(data: dict[str, Any]) -> Manifest:
     """The Manifest `data` describes, or ManifestError naming every field that breaks a rule (each
     field and section is checked on its own; a check that needs another field's value is skipped
     while that field is wrong)."""
-    problems = _Problems()
-    for key in sorted(set(map(str, data)) - set(TOP_LEVEL_FIELDS)):
-        problems.found.append(ManifestError(key, _unknown_rule(key, TOP_LEVEL_FIELDS, "known fields are")))
-    framework = problems.check(lambda: _mapping(data, "framework", required=True), {})
-    ignored = problems.check(lambda: _known_keys(framework, "framework", "framework"), ())
-    resolved = problems.check(lambda: _framework(framework))
-    checkpoint = problems.check(lambda: _mapping(data, "checkpoint"), {})
-    ignored += problems.check(lambda: _known_keys(checkpoint, "checkpoint", "checkpoint"), ())
-    signal_name = problems.check(lambda: _choice(checkpoint, "signal", "checkpoint.signal", SIGNALS, "SIGTERM"))
-    restart = problems.check(lambda: _mapping(data, "restart_policy"), {})
-    ignored += problems.check(lambda: _known_keys(restart, "restart_policy", "restart_policy"), ())
-    priority = problems.check(lambda: _choice(data, "priority", "priority", PRIORITIES, "normal"))
-    memory = data.get("memory")
-    learners = problems.check(lambda: _integer(data, "learners", 1, minimum=1, maximum=MAX_LEARNERS))
-    data_stores = problems.check(lambda: _data_stores(data.get("data_stores")), [])
-    ignored += problems.check(lambda: _data_store_ignored(data_stores), ())
-    ignored += problems.check(lambda: _metric_ignored(data.get("evaluation_metrics")), ())
-    fields = dict(
-        name=problems.check(lambda: _name(data)),
-        description=problems.check(lambda: _string(data, "description", "description")),
-        version=problems.check(lambda: _string(data, "version", "version")),
-        command=problems.check(lambda: _command(framework)),
-        gpus=problems.check(lambda: _integer(data, "gpus", 0, minimum=0, maximum=MAX_GPUS)),
-        cpus=problems.check(lambda: _cpus(data)),
-        memory_bytes=problems.check(lambda: parse_memory(memory) if memory is not None else Manifest.memory_bytes),
-        grace_seconds=problems.check(lambda: _integer(checkpoint, "grace_seconds", 60, minimum=0, maximum=3600,
-                                                      path="checkpoint.grace_seconds")),
-        max_retries=problems.check(lambda: _integer(restart, "max_retries", 0, minimum=0, maximum=100,
-                                                    path="restart_policy.max_retries")),
-        evaluation_metrics=problems.check(lambda: _evaluation_metrics(data.get("evaluation_metrics"))),
-        elastic=problems.check(lambda: _elastic(data, learners)) if learners is not None else None,
-        disk=problems.check(lambda: _disk(data)),
-        notes=problems.check(lambda: _data_store_notes(data_stores) + _metric_notes(data.get("evaluation_metrics")),
-                             ()),
-    )
-    problems.raise_any()
+    try:
+        document = Document.model_validate(data)
+    except ValidationError as exc:
+        written = {key: index for index, key in enumerate(data)}  # report in the order the manifest reads
+        problems = sorted(map(_problem, exc.errors()),
+                          key=lambda problem: written.get(re.split(r"[.\[]", problem.field)[0], len(written)))
+        raise problems[0] if len(problems) == 1 else ManifestProblems(problems) from None
+    framework, checkpoint = document.framework, document.checkpoint or Checkpoint()
+    resolved = framework._resolved
     return Manifest(
-        **dict(fields, notes=resolved.notes + fields["notes"] + ignored),
-        framework=resolved.name,
-        framework_version=resolved.version,
-        framework_asked=resolved.asked_as,
-        learners=learners,
-        priority=priority,
-        checkpoint_signal=signal_name,
-        data_stores=data_stores,
+        name=document.name, description=document.description, version=document.version,
+        command=framework.command, framework=resolved.name, framework_version=resolved.version,
+        framework_asked=resolved.asked_as, learners=document.learners, gpus=document.gpus,
+        cpus=float(document.cpus), priority=document.priority,
+        memory_bytes=document.memory if document.memory is not None else Manifest.memory_bytes,
+        checkpoint_signal=checkpoint.signal, grace_seconds=checkpoint.grace_seconds,
+        max_retries=(document.restart_policy or RestartPolicy()).max_retries,
+        data_stores=data.get("data_stores") or [], evaluation_metrics=data.get("evaluation_metrics"),
+        elastic=document.elastic and elasticity.Elastic(
+            min_learners=document.elastic.min_learners, max_learners=document.elastic.max_learners,
+            batch=document.elastic.batches(), lr_scaling=document.elastic.lr_scaling),
+        disk=(document.disk or Disk()).model_dump(exclude_none=True),
+        notes=resolved.notes + _notes(document) + tuple(_ignored(document, "")),
         raw=data,
     )
 
 
-def _framework(section):
-    try:
-        return frameworks.resolve(_string(section, "name", "framework.name", required=True),
-                                  _string(section, "version", "framework.version"))
-    except frameworks.FrameworkError as exc:
-        raise ManifestError(exc.field, exc.rule) from None
+def _problem(error):
+    """One of pydantic's error reports as the ManifestError a user reads."""
+    loc, cause = list(error["loc"]), error.get("ctx", {}).get("error")
+    if isinstance(cause, _Broken):
+        return ManifestError(_path(loc + list(cause.at)), cause.rule)
+    kind = error["type"]
+    if kind == "missing":
+        rule = _required(loc)
+    elif kind == "extra_forbidden":
+        section = _section_at(loc)
+        known = [f.alias or name for name, f in section.model_fields.items() if name not in section.ffdl_ignored]
+        listing = "known fields are" if section is Document else f"{_path(loc[:-1])} has"
+        suggestion = _did_you_mean(loc[-1], known)
+        rule = f"unknown field;{suggestion}" if suggestion else f"unknown field; {listing} {', '.join(known)}"
+    else:
+        rule = {"model_type": "must be a mapping", "dict_type": "must be a mapping", "list_type": "must be a list",
+                "string_type": "must be text"}.get(kind)
+    return ManifestError(_path(loc), rule or error["msg"])
 
 
-def _choice(section, key, path, choices, default):
-    value = _string(section, key, path) or default
-    if value not in choices:
-        raise ManifestError(path, f"{value!r} is not one of {', '.join(choices)};{_did_you_mean(value, choices)}"
-                                  .rstrip(";"))
-    return value
+def _required(loc):
+    """"is required", with what the field is where the schema describes it."""
+    info = _field_at(loc)
+    return f"is required: {info.description}" if info and info.description else "is required"
 
 
-def _unknown_rule(key, known, listing):
-    suggestion = _did_you_mean(key, known)
-    return f"unknown field;{suggestion}" if suggestion else f"unknown field; {listing} {', '.join(known)}"
+def _path(loc):
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text or "manifest"
+
+
+def _section_at(loc):
+    """The model the key at the end of `loc` was given in (to list the keys it does have)."""
+    node = Document
+    for part in loc[:-1]:
+        node = _unwrap(node)
+        if typing.get_origin(node) in (list, dict):
+            node = typing.get_args(node)[-1]
+        elif (info := _field_at([part], node)) is not None:
+            node = info.annotation
+    return _unwrap(node)
+
+
+def _field_at(loc, section=None):
+    section = section or _section_at(loc)
+    fields = section.model_fields if isinstance(section, type) and issubclass(section, BaseModel) else {}
+    return next((info for name, info in fields.items() if (info.alias or name) == loc[-1]), None)
+
+
+def _unwrap(annotation):
+    """X, from X | None."""
+    args = typing.get_args(annotation)
+    return next(arg for arg in args if arg is not type(None)) if type(None) in args else annotation
+
+
+def _ignored(model, path):
+    """A note for each FfDL key given anywhere in the manifest that Trainyard accepts and ignores."""
+    for key in model.ignored():
+        yield f"{path}{key} is an FfDL field Trainyard ignores"
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        if isinstance(value, _Section):
+            yield from _ignored(value, f"{path}{info.alias or name}.")
+        for key, item in items:
+            where = f"{path}{info.alias or name}" + (f"[{key}]." if isinstance(key, int) else f".{key}.")
+            yield from _ignored(item, where) if isinstance(item, _Section) else ()
+
+
+def _notes(document):
+    notes = []
+    for store in document.data_stores or ():
+        if store.type == "mount_cos":
+            notes.append(f"data store {store.id!r}: mount_cos is read as s3_datastore: its training_data is "
+                         "downloaded into DATA_DIR before the learners start (no mount), and RESULT_DIR and "
+                         "the checkpoints are uploaded to its training_results when the job stores results")
+    metrics = document.evaluation_metrics
+    if metrics and metrics.type == "tensorboard":
+        folder = metrics.in_ or tfevents.DEFAULT_DIR
+        notes.append(f"evaluation_metrics: tensorboard scalar summaries are read from {folder} (each learner's "
+                     "own JOB_STATE_DIR) while the job runs and charted as <run>/<tag>; images, histograms and "
+                     "graphs are not read")
+    return tuple(notes)
 
 
 def _did_you_mean(word, choices):
@@ -379,275 +710,3 @@ def _did_you_mean(word, choices):
         return ""
     original = next(c for c in choices if str(c).lower() == close[0])
     return f" did you mean {original!r}?"
-
-
-def _disk(data):
-    """`disk`: caps on what the job may write (sizes) and on its stored log lines (a count)."""
-    section = _mapping(data, "disk")
-    _known_keys(section, "disk", "disk")
-    asked = {}
-    for key in DISK_SIZES:
-        if section.get(key) is not None:
-            asked[key] = _size(section[key], f"disk.{key}", MIN_DISK_BYTES, MAX_DISK_BYTES)
-    if section.get("log_lines") is not None:
-        asked["log_lines"] = _integer(section, "log_lines", 1, minimum=1, maximum=MAX_LOG_LINES,
-                                      path="disk.log_lines")
-    return asked
-
-
-def _size(value, path, low, high):
-    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
-    try:
-        size = units.parse_memory_size(text)
-    except ValueError as exc:
-        raise ManifestError(path, f"{_shown(value)} is not a size; {exc}") from None
-    if not low <= size <= high:
-        raise ManifestError(path, f"{_shown(value)} is outside 1MB..{high // 2**40}TiB")
-    return size
-
-
-def _elastic(data, learners):
-    """The `elastic` block: learner bounds around `learners`, optional batch bounds, the lr rule."""
-    section = _mapping(data, "elastic")
-    if "elastic" not in data or data["elastic"] is None:
-        return None
-    _known_keys(section, "elastic", "elastic")
-    for key in ("min_learners", "max_learners"):
-        if key not in section:
-            raise ManifestError(f"elastic.{key}", "is required in an elastic block")
-    low = _integer(section, "min_learners", 1, minimum=1, maximum=MAX_LEARNERS, path="elastic.min_learners")
-    high = _integer(section, "max_learners", 1, minimum=1, maximum=MAX_LEARNERS, path="elastic.max_learners")
-    if low > high:
-        raise ManifestError("elastic.max_learners", f"{high} is below elastic.min_learners ({low})")
-    if not low <= learners <= high:
-        raise ManifestError("learners", f"{learners} is outside the elastic bounds {low}..{high} "
-                                        "(learners is where an elastic job starts)")
-    scaling = _string(section, "lr_scaling", "elastic.lr_scaling") or "linear"
-    if scaling not in elasticity.LR_SCALINGS:
-        raise ManifestError("elastic.lr_scaling", f"{scaling!r} is not one of {', '.join(elasticity.LR_SCALINGS)}")
-    return elasticity.Elastic(min_learners=low, max_learners=high, batch=_elastic_batch(section, low, high),
-                              lr_scaling=scaling)
-
-
-def _elastic_batch(section, low, high):
-    """`elastic.batch_size`: min <= global <= max, and for every learner count a global batch that
-    splits evenly between the learners (trainyard.elasticity's rounding rule)."""
-    if section.get("batch_size") is None:
-        return None
-    batch = section["batch_size"]
-    if not isinstance(batch, dict):
-        raise ManifestError("elastic.batch_size", "must be a mapping with global, min and max")
-    _known_keys(batch, "elastic.batch_size", "elastic_batch")
-    values = {}
-    for key in ("global", "min", "max"):
-        if key not in batch:
-            raise ManifestError(f"elastic.batch_size.{key}", "is required in batch_size")
-        values[key] = _integer(batch, key, 1, minimum=1, maximum=10**9, path=f"elastic.batch_size.{key}")
-    if values["min"] > values["max"]:
-        raise ManifestError("elastic.batch_size.max", f"{values['max']} is below batch_size.min ({values['min']})")
-    if not values["min"] <= values["global"] <= values["max"]:
-        raise ManifestError("elastic.batch_size.global", f"{values['global']} is outside batch_size.min..max "
-                                                         f"({values['min']}..{values['max']})")
-    bounds = elasticity.BatchBounds(values["global"], values["min"], values["max"])
-    impossible = elasticity.learner_counts_without_batch(bounds, low, high)
-    if impossible:
-        n = impossible[0]
-        raise ManifestError("elastic.batch_size", f"no multiple of {n} learners lies in {values['min']}..{values['max']}"
-                                                  f"; every learner count in {low}..{high} needs a global batch that "
-                                                  "splits evenly between its learners")
-    return bounds
-
-
-def _known_keys(section, path, kind):
-    """Refuse a key neither Trainyard nor FfDL knows in a section (naming it); return a note for each FfDL key
-    Trainyard accepts and ignores."""
-    known, ffdl_only = SECTION_FIELDS[kind]
-    problems = _Problems()
-    problems.found = [ManifestError(f"{path}.{key}", _unknown_rule(key, known, f"{path} has"))
-                      for key in section if key not in known and key not in ffdl_only]
-    problems.raise_any()
-    return tuple(f"{path}.{key} is an FfDL field Trainyard ignores" for key in section if key in ffdl_only)
-
-
-def _data_store_ignored(stores):
-    notes = ()
-    for index, store in enumerate(stores):
-        notes += _known_keys(store, f"data_stores[{index}]", "data_store")
-        for key in ("training_data", "training_results"):
-            notes += _known_keys(store.get(key) or {}, f"data_stores[{index}].{key}", "container")
-    return notes
-
-
-def _metric_ignored(metrics):
-    if not isinstance(metrics, dict):
-        return ()
-    notes = _known_keys(metrics, "evaluation_metrics", "evaluation_metrics")
-    if metrics.get("type") == "tensorboard":  # `in` is the folder read (see _metric_notes)
-        notes = tuple(n for n in notes if not n.startswith("evaluation_metrics.in "))
-    groups = metrics.get("groups")
-    for group, spec in (groups.items() if isinstance(groups, dict) else ()):
-        if isinstance(spec, dict):
-            notes += _known_keys(spec, f"evaluation_metrics.groups.{group}", "metric_group")
-    return notes
-
-
-def _name(data):
-    name = _string(data, "name", "name", required=True)
-    if len(name) > 200:
-        raise ManifestError("name", "is longer than 200 characters")
-    return name
-
-
-def _command(framework):
-    command = framework.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise ManifestError("framework.command", "is required: the shell command that starts training")
-    return command.strip()
-
-
-def _cpus(data):
-    value = data.get("cpus", 1)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or not 0 < value <= MAX_CPUS:  # `not 0 < nan` holds too; isfinite says it first
-        raise ManifestError("cpus", f"{_shown(value)} is not a number of CPUs above 0 and at most {MAX_CPUS} "
-                                    "(e.g. 2 or 0.5)")
-    return float(value)
-
-
-def _data_stores(value):
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ManifestError("data_stores", "must be a list of data stores")
-    seen = set()
-    for index, store in enumerate(value):
-        path = f"data_stores[{index}]"
-        if not isinstance(store, dict):
-            raise ManifestError(path, "must be a mapping with id and type")
-        store_id = _string(store, "id", f"{path}.id", required=True)
-        if store_id in seen:
-            raise ManifestError(f"{path}.id", f"{store_id!r} is used by an earlier data store; ids must be unique")
-        seen.add(store_id)
-        kind = _string(store, "type", f"{path}.type", required=True)
-        if kind not in DATA_STORE_TYPES:
-            raise ManifestError(f"{path}.type", f"{kind!r} is not one of {', '.join(DATA_STORE_TYPES)}")
-        for key in ("training_data", "training_results", "connection"):
-            if key in store and not isinstance(store[key], dict):
-                raise ManifestError(f"{path}.{key}", "must be a mapping")
-        for key in ("training_data", "training_results"):
-            if key in store:
-                _container(store[key], f"{path}.{key}.container", local=kind == "local")
-        _connection(store.get("connection") or {}, f"{path}.connection", kind)
-    return value
-
-
-def _container(section, path, *, local):
-    """`container`: a bucket, optionally with a key prefix (bucket/prefix); for `local`, a folder name."""
-    container = _string(section, "container", path, required=True)
-    parts = container.split("/")
-    if container.startswith("/") or any(part in ("", ".", "..") for part in parts):
-        raise ManifestError(path, f"{container!r} must be a {'folder' if local else 'bucket'} name, optionally "
-                                  "followed by /prefix, without '..' or empty parts")
-    if not local and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,62}", parts[0]):
-        raise ManifestError(path, f"{parts[0]!r} is not an S3 bucket name (3-63 letters, digits, '.', '_', '-')")
-    return container
-
-
-def _connection(connection, path, kind):
-    unknown = sorted(set(map(str, connection)) - set(CONNECTION_FIELDS))
-    if unknown:
-        raise ManifestError(f"{path}.{unknown[0]}", f"unknown field; a connection has {', '.join(CONNECTION_FIELDS)}")
-    for key, value in connection.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
-            raise ManifestError(f"{path}.{key}", "must be text")
-    url = str(connection.get("auth_url") or "")
-    if url and not re.match(r"https?://[^/\s]+", url):
-        raise ManifestError(f"{path}.auth_url", f"{url!r} is not an http(s) URL of an S3-compatible endpoint")
-    if kind == "local" and any(connection.get(k) for k in ("user_name", "password", "access_key_id",
-                                                           "secret_access_key")):
-        raise ManifestError(path, "a local data store (a folder on the platform) takes no credentials")
-
-
-def _data_store_notes(stores):
-    notes = []
-    for store in stores:
-        if store["type"] == "mount_cos":
-            notes.append(f"data store {store['id']!r}: mount_cos is read as s3_datastore: its training_data is "
-                         "downloaded into DATA_DIR before the learners start (no mount), and RESULT_DIR and "
-                         "the checkpoints are uploaded to its training_results when the job stores results")
-    return tuple(notes)
-
-
-def _metric_notes(metrics):
-    if isinstance(metrics, dict) and metrics.get("type") == "tensorboard":
-        folder = str(metrics.get("in") or tfevents.DEFAULT_DIR).strip()
-        return (f"evaluation_metrics: tensorboard scalar summaries are read from {folder} (each learner's own "
-                "JOB_STATE_DIR) while the job runs and charted as <run>/<tag>; images, histograms and "
-                "graphs are not read",)
-    return ()
-
-
-def _evaluation_metrics(value):
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ManifestError("evaluation_metrics", "must be a mapping with a type")
-    kind = value.get("type")
-    if kind not in METRIC_EXTRACTORS:
-        raise ManifestError("evaluation_metrics.type", f"{kind!r} is not one of {', '.join(METRIC_EXTRACTORS)}")
-    if kind == "tensorboard":
-        folder = value.get("in")
-        if folder is not None and not isinstance(folder, str):
-            raise ManifestError("evaluation_metrics.in", "must be a folder path like $JOB_STATE_DIR/logs/tb")
-        try:
-            tfevents.split_dir(folder)
-        except tfevents.PathError as exc:
-            raise ManifestError("evaluation_metrics.in", str(exc)) from None
-    if kind == "regex_extractor":
-        groups = value.get("groups")
-        if not isinstance(groups, dict) or not groups:
-            raise ManifestError("evaluation_metrics.groups", "must map group names to {regex: ...}")
-        for group, spec in groups.items():
-            path = f"evaluation_metrics.groups.{group}.regex"
-            regex = spec.get("regex") if isinstance(spec, dict) else None
-            if not isinstance(regex, str):
-                raise ManifestError(path, "is required")
-            try:
-                compiled = re.compile(regex)
-            except re.error as exc:
-                raise ManifestError(path, f"is not a valid regular expression: {exc}") from None
-            if not compiled.groupindex:
-                raise ManifestError(path, "has no named groups like (?P<loss>[\\d.]+) to take values from")
-    return value
-
-
-def _mapping(data, key, *, required=False):
-    value = data.get(key)
-    if value is None:
-        if required:
-            raise ManifestError(key, "is required")
-        return {}
-    if not isinstance(value, dict):
-        raise ManifestError(key, "must be a mapping")
-    return value
-
-
-def _string(data, key, path, *, required=False):
-    value = data.get(key)
-    if value is None or value == "":
-        if required:
-            raise ManifestError(path, "is required")
-        return ""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ManifestError(path, "must be text")
-    return str(value).strip()
-
-
-def _integer(data, key, default, *, minimum, maximum, path=None):
-    path = path or key
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ManifestError(path, f"{_shown(value)} is not a whole number in {minimum}..{maximum}")
-    if not minimum <= value <= maximum:
-        raise ManifestError(path, f"{_shown(value)} is outside {minimum}..{maximum}")
-    return value

@@ -1,9 +1,11 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.bombs import billion_laughs
-from trainyard.manifest import ManifestError, parse_manifest, parse_memory
+from trainyard.manifest import ManifestError, parse_fields, parse_manifest, parse_memory
 
 FFDL_EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "shared" / "ffdl" / "examples").glob("*.yml"))
 PROJECT_EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/manifest.yml"))
@@ -82,8 +84,8 @@ def test_it_names_every_field_that_breaks_a_rule_at_once():
         parse_manifest("name: x\ngpu: 1\nlearners: 0\nmemory: 4XB\npriority: urgent\n"
                        "framework: {name: pytorch, comand: python t.py}\ncheckpoint: {signal: SIGSTOP}\n")
     fields = [problem.field for problem in error.value.problems]
-    assert fields == ["gpu", "framework.comand", "checkpoint.signal", "priority", "learners", "framework.command",
-                      "memory"]
+    assert fields == ["gpu", "learners", "memory", "priority", "framework.command", "framework.comand",
+                      "checkpoint.signal"]  # in the order the manifest names them
     assert error.value.field == "gpu"  # the first, for callers that show one
     assert str(error.value).startswith("7 problems: gpu: unknown field")
 
@@ -137,7 +139,8 @@ def test_an_unknown_field_far_from_any_lists_the_known_ones():
     ("data_stores: [{id: s, type: s3_datastore, training_data: {container: a/../b}}]",
      "data_stores[0].training_data.container"),
     ("data_stores: [{id: s, type: local, training_data: {container: /etc}}]", "data_stores[0].training_data.container"),
-    ("data_stores: [{id: s, type: s3_datastore, connection: {auth_url: ftp://x}}]", "data_stores[0].connection.auth_url"),
+    ("data_stores: [{id: s, type: s3_datastore, connection: {auth_url: ftp://x}}]",
+     "data_stores[0].connection.auth_url"),
     ("data_stores: [{id: s, type: s3_datastore, connection: {passwd: x}}]", "data_stores[0].connection.passwd"),
     ("data_stores: [{id: s, type: local, connection: {password: x}}]", "data_stores[0].connection"),
     ("data_stores: [{id: s, type: local}, {id: s, type: local}]", "data_stores[1].id"),
@@ -366,3 +369,24 @@ def test_it_refuses_a_bad_elastic_block_naming_the_field(block, field, says):
     with pytest.raises(ManifestError) as error:
         parse_manifest(GOOD + f"elastic: {block}\n")
     assert error.value.field == field and says in error.value.rule, str(error.value)
+
+
+# --- any input at all ---------------------------------------------------------------------------
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.sampled_from(
+    ["pytorch", "custom", "4GiB", "local", "s3_datastore", "tensorboard", "regex_extractor", "SIGTERM", "(?P<a>x)"])
+_KEYS = st.sampled_from(["name", "framework", "command", "learners", "elastic", "min_learners", "max_learners",
+                         "batch_size", "global", "min", "max", "data_stores", "id", "type", "training_data",
+                         "container", "connection", "password", "evaluation_metrics", "groups", "regex", "in",
+                         "disk", "results", "checkpoint", "signal", "memory", "gpu"]) | st.text(max_size=5)
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=4),
+                       max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(fields=st.dictionaries(_KEYS, _VALUES, max_size=8), framework=st.dictionaries(_KEYS, _VALUES, max_size=4))
+def test_any_fields_give_a_manifest_or_manifest_errors_naming_where(fields, framework):
+    for data in (fields, {**fields, "name": "x", "framework": {"name": "custom", "command": "x", **framework}}):
+        try:
+            parse_fields(data)
+        except ManifestError as error:
+            assert all(problem.field and problem.rule for problem in error.problems), error.problems
