@@ -20,7 +20,7 @@ from trainyard import overrides, sso
 from trainyard.client import Client
 from trainyard.config import Config, config_path, normalize_url, save_config
 from trainyard.errors import TrainyardError, UsageError
-from trainyard.experiment import parse_experiment
+from trainyard.experiment import ExperimentDocument, parse_experiment
 from trainyard.manifest import ManifestError, json_schema, load_fields, parse_manifest
 from trainyard.packing import code_upload
 from trainyard.render import (QUOTA_ROWS, Progress, comparison_rows, final_message, human_bytes, isatty, local_time,
@@ -105,7 +105,7 @@ def cmd_validate(args):
 
 
 def cmd_schema(args):
-    print(json.dumps(json_schema(), indent=2))
+    print(json.dumps(json_schema(ExperimentDocument if args.experiment else None), indent=2))
     return OK
 
 
@@ -476,7 +476,9 @@ def build_parser():
 
     validate = command("validate", cmd_validate, "check a manifest (a job's or an experiment's) offline")
     validate.add_argument("manifest", metavar="MANIFEST")
-    command("schema", cmd_schema, "print the job manifest's JSON Schema (for an editor's completion and checks)")
+    schema = command("schema", cmd_schema, "print the job manifest's JSON Schema (for an editor's completion and "
+                                           "checks)")
+    schema.add_argument("--experiment", action="store_true", help="the experiment manifest's instead")
 
     login = command("login", cmd_login, "save the URL and API token to use")
     login.add_argument("--url", required=True)

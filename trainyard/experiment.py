@@ -30,8 +30,13 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Annotated, Any
 
-from trainyard.manifest import ManifestError, ManifestProblems, Manifest, load_fields, parse_fields
+from pydantic import (BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError, WithJsonSchema,
+                      WrapValidator, field_validator, model_validator)
+
+from trainyard.manifest import (Choice, Document, ManifestError, ManifestProblems, Manifest, Whole, Broken, Section,
+                                shown, load_fields, parse_fields, read_fields)
 
 SEARCHERS = ("grid", "random", "asha", "tpe")
 TYPES = ("const", "int", "double", "log", "categorical")
@@ -44,8 +49,6 @@ MAX_LENGTH = 10**9
 MAX_LISTED = 1000  # whole numbers in an int range listed one by one (a finite space: trainyard.experiment)
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 PLACEHOLDER = re.compile(r"\{\{\s*hparams\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
-SEARCHER_FIELDS = ("name", "metric", "smaller_is_better", "max_trials", "max_concurrent_trials", "max_length",
-                   "divisor", "min_length", "max_gpu_hours", "seed")
 RANGE_FIELDS = {"const": ("type", "val"), "int": ("type", "minval", "maxval", "count"),
                 "double": ("type", "minval", "maxval", "count"), "log": ("type", "minval", "maxval", "count"),
                 "categorical": ("type", "vals")}
@@ -92,18 +95,41 @@ class Hyperparameter:
         return None
 
 
-@dataclass(frozen=True)
-class Searcher:
-    name: str
-    metric: str
-    smaller_is_better: bool = False
-    max_trials: int = 16
-    max_concurrent_trials: int = 4
-    max_length: int | None = None
-    divisor: int = 3
-    min_length: int = 1
-    max_gpu_hours: float | None = None
-    seed: int = 0
+def _metric_name(value):
+    if not isinstance(value, str) or not NAME_PATTERN.match(value.replace(".", "_").replace("-", "_")):
+        raise Broken("is required: the name of the metric the trials report")
+    return value
+
+
+def _gpu_hours(value, handler):
+    try:
+        return handler(value)
+    except ValidationError:
+        raise Broken(f"{shown(value)} is not a number of GPU-hours above 0") from None
+
+
+class Searcher(Section):
+    """How an experiment chooses its trials' hyperparameters, and when it stops."""
+    name: Choice(*SEARCHERS)
+    metric: Annotated[str, PlainValidator(_metric_name), WithJsonSchema({"type": "string"})] = Field(
+        description="the name of the metric the trials report")
+    smaller_is_better: Annotated[bool, Field(strict=True)] = False
+    max_trials: Whole(1, MAX_TRIALS) = 16
+    max_concurrent_trials: Whole(1, MAX_CONCURRENT_TRIALS) = 4
+    max_length: Whole(1, MAX_LENGTH) | None = Field(None, description="asha: the steps a trial trains at most")
+    divisor: Whole(2, 100) = 3
+    min_length: Whole(1, MAX_LENGTH) = 1
+    max_gpu_hours: Annotated[float, Field(gt=0, le=10**6, strict=True, allow_inf_nan=False),
+                             WrapValidator(_gpu_hours)] | None = None
+    seed: Whole(0, 2**31 - 1) = 0
+
+    @model_validator(mode="after")
+    def _asha_lengths(self):
+        if self.name == "asha" and self.max_length is None:
+            raise Broken("is required for asha: the steps a trial trains at most", "max_length")
+        if self.name == "asha" and self.min_length >= self.max_length:
+            raise Broken(f"{self.min_length} must be below max_length ({self.max_length})", "min_length")
+        return self
 
     @property
     def direction(self):
@@ -149,35 +175,21 @@ class Experiment:
     def to_json(self):
         """What the server stores for the experiment (and reads back with from_json)."""
         return {"fields": self.fields, "hyperparameters": [_hp_json(hp) for hp in self.hyperparameters],
-                "searcher": {name: getattr(self.searcher, name) for name in SEARCHER_FIELDS}}
+                "searcher": self.searcher.model_dump()}
 
 
 def parse_experiment(text):
     """Parse and validate an experiment manifest given as YAML text; raise ManifestError naming every
     rule it breaks."""
     data = load_fields(text)
-    problems = []
-    hp_data, searcher_data = data.pop("hyperparameters", None), data.pop("searcher", None)
-    hyperparameters = searcher = manifest = None
-    for run in (lambda: _hyperparameters(hp_data), lambda: _searcher(searcher_data)):
-        try:
-            result = run()
-        except ManifestError as exc:
-            problems += exc.problems
-            continue
-        if isinstance(result, Searcher):
-            searcher = result
-        else:
-            hyperparameters = result
-    try:
-        manifest = parse_fields(data)
-    except ManifestError as exc:
-        problems += exc.problems
-    problems += _cross_checks(manifest, hyperparameters, searcher)
+    document, manifest = read_fields(data, ExperimentDocument)
+    hyperparameters = tuple(spec.hyperparameter(name) for name, spec in document.hyperparameters.items())
+    problems = _cross_checks(manifest, hyperparameters, document.searcher)
     if problems:
         raise problems[0] if len(problems) == 1 else ManifestProblems(problems)
-    return Experiment(name=manifest.name, manifest=manifest, fields=data, hyperparameters=hyperparameters,
-                      searcher=searcher)
+    fields = {key: value for key, value in data.items() if key not in ("hyperparameters", "searcher")}
+    return Experiment(name=manifest.name, manifest=manifest, fields=fields, hyperparameters=hyperparameters,
+                      searcher=document.searcher)
 
 
 def from_json(stored):
@@ -226,128 +238,94 @@ def _hp_json(hp):
             "vals": list(hp.vals)}
 
 
-# --- the rules --------------------------------------------------------------------------------------
-def _hyperparameters(data):
-    if data is None:
-        raise ManifestError("hyperparameters", "is required in an experiment: the values its trials vary")
-    if not isinstance(data, dict) or not data:
-        raise ManifestError("hyperparameters", "must be a mapping of names to ranges, choices or constants")
-    if len(data) > MAX_HYPERPARAMETERS:
-        raise ManifestError("hyperparameters", f"has {len(data)} entries; at most {MAX_HYPERPARAMETERS}")
-    found, problems = [], []
-    for name, spec in data.items():
-        try:
-            found.append(_hyperparameter(name, spec))
-        except ManifestError as exc:
-            problems += exc.problems
-    if problems:
-        raise problems[0] if len(problems) == 1 else ManifestProblems(problems)
-    return tuple(found)
+# --- the rules ---------------------------------------------------------------------------------------
+def _name(value):
+    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+        raise Broken("names must be letters, digits and _ (not first), at most 64 characters")
+    return value
 
 
-def _hyperparameter(name, spec):
-    path = f"hyperparameters.{name}"
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise ManifestError(path, "names must be letters, digits and _ (not first), at most 64 characters")
-    if not isinstance(spec, dict):
-        _scalar(spec, path)
-        return Hyperparameter(name, "const", vals=(spec,))
-    kind = spec.get("type")
-    if kind not in TYPES:
-        raise ManifestError(f"{path}.type", f"{kind!r} is not one of {', '.join(TYPES)}")
-    unknown = sorted(set(spec) - set(RANGE_FIELDS[kind]))
-    if unknown:
-        raise ManifestError(f"{path}.{unknown[0]}", f"is not a field of a {kind} hyperparameter (it has "
-                                                    f"{', '.join(RANGE_FIELDS[kind][1:])})")
-    if kind == "const":
-        _scalar(spec.get("val"), f"{path}.val")
-        return Hyperparameter(name, "const", vals=(spec.get("val"),))
-    if kind == "categorical":
-        vals = spec.get("vals")
-        if not isinstance(vals, list) or not vals or len(vals) > MAX_CHOICES:
-            raise ManifestError(f"{path}.vals", f"must be a list of 1..{MAX_CHOICES} choices")
-        for index, value in enumerate(vals):
-            _scalar(value, f"{path}.vals[{index}]")
-        if len({json.dumps(value) for value in vals}) != len(vals):
-            raise ManifestError(f"{path}.vals", "lists a choice twice")
-        return Hyperparameter(name, "categorical", vals=tuple(vals))
-    whole = kind == "int"
-    low, high = (_number(spec.get(key), f"{path}.{key}", whole=whole) for key in ("minval", "maxval"))
-    if not low < high:
-        raise ManifestError(path, f"minval ({low}) must be less than maxval ({high})")
-    if kind == "log" and low <= 0:
-        raise ManifestError(f"{path}.minval", f"{low} must be above 0 for a log-scaled range")
-    count = spec.get("count")
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int)
-                              or not 1 <= count <= MAX_GRID_COUNT):
-        raise ManifestError(f"{path}.count", f"{count!r} is not a whole number in 1..{MAX_GRID_COUNT}")
-    return Hyperparameter(name, kind, minval=low, maxval=high, count=count)
+def _scalar(value):
+    if value is None:
+        raise Broken("needs a value (text, a number or true/false)")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
+        raise Broken(f"{value!r} is not a finite number")
+    if not isinstance(value, (bool, int, float)) and (not isinstance(value, str) or len(value) > 200):
+        raise Broken("must be text of at most 200 characters, a number or true/false")
+    return value
 
 
-def _scalar(value, path):
-    if isinstance(value, bool) or value is None:
-        if value is None:
-            raise ManifestError(path, "needs a value (text, a number or true/false)")
-        return
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ManifestError(path, f"{value!r} is not a finite number")
-        return
-    if not isinstance(value, str) or len(value) > 200:
-        raise ManifestError(path, "must be text of at most 200 characters, a number or true/false")
-
-
-def _number(value, path, *, whole):
+def _number(value):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ManifestError(path, f"{value!r} is not {'a whole number' if whole else 'a number'}")
-    if whole and not isinstance(value, int):
-        raise ManifestError(path, f"{value!r} is not a whole number")
+        raise Broken(f"{shown(value)} is not a number")
     if abs(value) > 1e15:
-        raise ManifestError(path, f"{value!r} is out of range")
+        raise Broken(f"{shown(value)} is out of range")
     return value
 
 
-def _searcher(data):
-    if not isinstance(data, dict):
-        raise ManifestError("searcher", "is required in an experiment: a mapping with name and metric")
-    unknown = sorted(set(data) - set(SEARCHER_FIELDS))
-    if unknown:
-        raise ManifestError(f"searcher.{unknown[0]}", f"is not a searcher field ({', '.join(SEARCHER_FIELDS)})")
-    name = data.get("name")
-    if name not in SEARCHERS:
-        raise ManifestError("searcher.name", f"{name!r} is not one of {', '.join(SEARCHERS)}")
-    metric = data.get("metric")
-    if not isinstance(metric, str) or not NAME_PATTERN.match(metric.replace(".", "_").replace("-", "_")):
-        raise ManifestError("searcher.metric", "is required: the name of the metric the trials report")
-    smaller = data.get("smaller_is_better", False)
-    if not isinstance(smaller, bool):
-        raise ManifestError("searcher.smaller_is_better", "must be true or false")
-    max_trials = _whole(data, "max_trials", 16, 1, MAX_TRIALS)
-    concurrent = _whole(data, "max_concurrent_trials", 4, 1, MAX_CONCURRENT_TRIALS)
-    max_length = data.get("max_length")
-    if max_length is not None:
-        max_length = _whole(data, "max_length", None, 1, MAX_LENGTH)
-    elif name == "asha":
-        raise ManifestError("searcher.max_length", "is required for asha: the steps a trial trains at most")
-    divisor = _whole(data, "divisor", 3, 2, 100)
-    min_length = _whole(data, "min_length", 1, 1, MAX_LENGTH)
-    if name == "asha" and min_length >= max_length:
-        raise ManifestError("searcher.min_length", f"{min_length} must be below max_length ({max_length})")
-    budget = data.get("max_gpu_hours")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                               or not math.isfinite(budget) or not 0 < budget <= 10**6):
-        raise ManifestError("searcher.max_gpu_hours", f"{budget!r} is not a number of GPU-hours above 0")
-    seed = _whole(data, "seed", 0, 0, 2**31 - 1)
-    return Searcher(name=name, metric=metric, smaller_is_better=smaller, max_trials=max_trials,
-                    max_concurrent_trials=concurrent, max_length=max_length, divisor=divisor,
-                    min_length=min_length, max_gpu_hours=budget, seed=seed)
+Scalar = Annotated[Any, PlainValidator(_scalar), WithJsonSchema({"type": ["string", "number", "boolean"]})]
+Number = Annotated[float, PlainValidator(_number), WithJsonSchema({"type": "number"})]
 
 
-def _whole(data, key, default, low, high):
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ManifestError(f"searcher.{key}", f"{value!r} is not a whole number in {low}..{high}")
-    return value
+class HyperparameterSpec(Section):
+    """A range (int, double, log), choices (categorical) or a constant (const, or a bare value)."""
+    type: Choice(*TYPES)
+    val: Scalar = None
+    vals: list[Scalar] | None = None
+    minval: Number | None = None
+    maxval: Number | None = None
+    count: Whole(1, MAX_GRID_COUNT) | None = Field(None, description="the points a grid search takes in the range")
+
+    @model_validator(mode="after")
+    def _fits_its_type(self):
+        kind = self.type
+        for key in sorted(self.model_fields_set - set(RANGE_FIELDS[kind])):
+            raise Broken(f"is not a field of a {kind} hyperparameter (it has {', '.join(RANGE_FIELDS[kind][1:])})",
+                          key)
+        if kind == "const" and self.val is None:
+            raise Broken("needs a value (text, a number or true/false)", "val")
+        if kind == "categorical":
+            if not self.vals or len(self.vals) > MAX_CHOICES:
+                raise Broken(f"must be a list of 1..{MAX_CHOICES} choices", "vals")
+            if len({json.dumps(value) for value in self.vals}) != len(self.vals):
+                raise Broken("lists a choice twice", "vals")
+        if kind in ("int", "double", "log"):
+            self._check_range()
+        return self
+
+    def _check_range(self):
+        for key in ("minval", "maxval"):
+            value = getattr(self, key)
+            if value is None or (self.type == "int" and not isinstance(value, int)):
+                raise Broken(f"{shown(value)} is not {'a whole number' if self.type == 'int' else 'a number'}", key)
+        if not self.minval < self.maxval:
+            raise Broken(f"minval ({self.minval}) must be less than maxval ({self.maxval})")
+        if self.type == "log" and self.minval <= 0:
+            raise Broken(f"{self.minval} must be above 0 for a log-scaled range", "minval")
+
+    def hyperparameter(self, name):
+        if self.type in ("const", "categorical"):
+            return Hyperparameter(name, self.type, vals=(self.val,) if self.type == "const" else tuple(self.vals))
+        return Hyperparameter(name, self.type, minval=self.minval, maxval=self.maxval, count=self.count)
+
+
+class ExperimentDocument(Document):
+    """An experiment manifest's fields: a job manifest's, the hyperparameters and the searcher."""
+    model_config = ConfigDict(title="Trainyard experiment manifest")
+    hyperparameters: dict[Annotated[str, PlainValidator(_name)], Annotated[
+        HyperparameterSpec, BeforeValidator(lambda spec: spec if isinstance(spec, dict) else
+                                            {"type": "const", "val": spec})]] = Field(
+        description="the values its trials vary")
+    searcher: Searcher = Field(description="a mapping with name and metric")
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _some(cls, hyperparameters):
+        if not hyperparameters:
+            raise Broken("must be a mapping of names to ranges, choices or constants")
+        if len(hyperparameters) > MAX_HYPERPARAMETERS:
+            raise Broken(f"has {len(hyperparameters)} entries; at most {MAX_HYPERPARAMETERS}")
+        return hyperparameters
 
 
 def _cross_checks(manifest, hyperparameters, searcher):

@@ -126,7 +126,7 @@ def parse_memory(value, field_name="memory"):
     """'4GiB' -> bytes, from 1MB to 16384GiB per learner (the syntax is trainyard.units')."""
     try:
         return _size(value, MIN_MEMORY_BYTES, MAX_MEMORY_BYTES, "memory size")
-    except _Broken as exc:
+    except Broken as exc:
         raise ManifestError(field_name, exc.rule) from None
 
 
@@ -193,9 +193,16 @@ def parse_manifest(text):
 
 def parse_fields(data):
     """Validate a manifest's fields as load_fields() read them; return a Manifest or raise ManifestError."""
-    manifest = validate(data)  # first, for its messages that give each field's own range
-    _check_plain(data, "")  # then every other value, as `raw` is stored
-    return manifest
+    return read_fields(data, Document)[1]
+
+
+def read_fields(data, model):
+    """(`data` as `model` read it, the Manifest of its job fields): `model` is Document, or a document
+    that adds fields of its own to a job's (an experiment's); ManifestError names every broken rule."""
+    document = checked(model, data)  # first, for its messages that give each field's own range
+    fields = {key: value for key, value in data.items() if key in Document.model_fields}
+    _check_plain(fields, "")  # then every other value, as `raw` is stored
+    return document, _resolved(document, fields)
 
 
 def load_fields(text):
@@ -233,7 +240,7 @@ def _check_plain(value, path):
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ManifestError(where, f"has the key {_shown(key)}; keys must be text")
+                raise ManifestError(where, f"has the key {shown(key)}; keys must be text")
             _check_plain(item, f"{path}.{key}" if path else key)
     elif isinstance(value, list):
         for index, item in enumerate(value):
@@ -242,15 +249,15 @@ def _check_plain(value, path):
         return
     elif isinstance(value, (int, float)):
         if not (isinstance(value, int) or math.isfinite(value)):
-            raise ManifestError(where, f"{_shown(value)} is not a finite number")
+            raise ManifestError(where, f"{shown(value)} is not a finite number")
         if abs(value) > MAX_NUMBER:
-            raise ManifestError(where, f"{_shown(value)} is larger than any field allows (at most {MAX_NUMBER:.0e})")
+            raise ManifestError(where, f"{shown(value)} is larger than any field allows (at most {MAX_NUMBER:.0e})")
     else:
         raise ManifestError(where, f"is a {type(value).__name__}; write text (quote dates and binary values), "
                                    "a number, true/false, a list or a mapping")
 
 
-def _shown(value, limit=40):
+def shown(value, limit=40):
     """A value as shown in an error message: its repr, cut short (a 400-digit number is not echoed back)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -259,10 +266,10 @@ def _shown(value, limit=40):
 
 
 # --- the schema -----------------------------------------------------------------------------------
-# Each field type below checks one value and words its own refusal (a _Broken); validate() turns
+# Each field type below checks one value and words its own refusal (a Broken); checked() turns
 # pydantic's report into ManifestErrors, adding the path of the field.
 
-class _Broken(ValueError):
+class Broken(ValueError):
     """A rule a value broke, raised inside a model; `at` is where, below the field or model it was
     raised for (e.g. ("max_learners",) from the elastic block's own check)."""
 
@@ -276,22 +283,22 @@ def _text(value):
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise _Broken("must be text")
+        raise Broken("must be text")
     return str(value).strip()
 
 
 def _required_text(value):
     if not (text := _text(value)):
-        raise _Broken("is required")  # given empty; validate() words a missing one with its description
+        raise Broken("is required")  # given empty; checked() words a missing one with its description
     return text
 
 
 def _choice(choices, default):
     def check(value):
         if not (text := _text(value) or default):
-            raise _Broken("is required")
+            raise Broken("is required")
         if text not in choices:
-            raise _Broken(f"{text!r} is not one of {', '.join(choices)};{_did_you_mean(text, choices)}".rstrip(";"))
+            raise Broken(f"{text!r} is not one of {', '.join(choices)};{_did_you_mean(text, choices)}".rstrip(";"))
         return text
     return check
 
@@ -302,8 +309,8 @@ def _whole_number(low, high):
             return handler(value)
         except ValidationError:
             if isinstance(value, bool) or not isinstance(value, int):
-                raise _Broken(f"{_shown(value)} is not a whole number in {low}..{high}") from None
-            raise _Broken(f"{_shown(value)} is outside {low}..{high}") from None
+                raise Broken(f"{shown(value)} is not a whole number in {low}..{high}") from None
+            raise Broken(f"{shown(value)} is outside {low}..{high}") from None
     return check
 
 
@@ -311,7 +318,7 @@ def _cpus(value, handler):
     try:
         return handler(value)
     except ValidationError:
-        raise _Broken(f"{_shown(value)} is not a number of CPUs above 0 and at most {MAX_CPUS} "
+        raise Broken(f"{shown(value)} is not a number of CPUs above 0 and at most {MAX_CPUS} "
                       "(e.g. 2 or 0.5)") from None
 
 
@@ -320,10 +327,10 @@ def _size(value, low, high, what):
     try:
         size = units.parse_memory_size(text)
     except ValueError as exc:
-        raise _Broken(f"{_shown(value)} is not a {what}; {exc}") from None
+        raise Broken(f"{shown(value)} is not a {what}; {exc}") from None
     if not low <= size <= high:
         within = f"{high // 2**30}GiB per learner" if what == "memory size" else f"{high // 2**40}TiB"
-        raise _Broken(f"{_shown(value)} is outside 1MB..{within}")
+        raise Broken(f"{shown(value)} is outside 1MB..{within}")
     return size
 
 
@@ -348,7 +355,8 @@ CPUs = Annotated[float, Field(gt=0, le=MAX_CPUS, strict=True, allow_inf_nan=Fals
 Ignored = Annotated[Any, Field(default=None, description="FfDL's; accepted and ignored")]
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A mapping of a manifest: unknown keys refused; `ffdl_ignored` names FfDL's keys it accepts and ignores."""
     model_config = ConfigDict(extra="forbid", frozen=True)
     ffdl_ignored: typing.ClassVar[tuple] = ()
 
@@ -356,7 +364,7 @@ class _Section(BaseModel):
         return [key for key in self.ffdl_ignored if key in self.model_fields_set]
 
 
-class Framework(_Section):
+class Framework(Section):
     ffdl_ignored = ("image_tag", "image_location")
     name: RequiredText = Field(description="one of " + ", ".join(frameworks.names()))
     version: Text = ""
@@ -370,20 +378,20 @@ class Framework(_Section):
         try:
             self._resolved = frameworks.resolve(self.name, self.version)
         except frameworks.FrameworkError as exc:
-            raise _Broken(exc.rule, exc.field.rsplit(".", 1)[-1]) from None
+            raise Broken(exc.rule, exc.field.rsplit(".", 1)[-1]) from None
         return self
 
 
-class Checkpoint(_Section):
+class Checkpoint(Section):
     signal: Choice(*SIGNALS, default="SIGTERM") = "SIGTERM"
     grace_seconds: Whole(0, 3600) = 60
 
 
-class RestartPolicy(_Section):
+class RestartPolicy(Section):
     max_retries: Whole(0, 100) = 0
 
 
-class BatchSize(_Section):
+class BatchSize(Section):
     global_: Whole(1, 10**9) = Field(alias="global")
     min: Whole(1, 10**9)
     max: Whole(1, 10**9)
@@ -391,13 +399,13 @@ class BatchSize(_Section):
     @model_validator(mode="after")
     def _ordered(self):
         if self.min > self.max:
-            raise _Broken(f"{self.max} is below batch_size.min ({self.min})", "max")
+            raise Broken(f"{self.max} is below batch_size.min ({self.min})", "max")
         if not self.min <= self.global_ <= self.max:
-            raise _Broken(f"{self.global_} is outside batch_size.min..max ({self.min}..{self.max})", "global")
+            raise Broken(f"{self.global_} is outside batch_size.min..max ({self.min}..{self.max})", "global")
         return self
 
 
-class ElasticBlock(_Section):
+class ElasticBlock(Section):
     min_learners: Whole(1, MAX_LEARNERS)
     max_learners: Whole(1, MAX_LEARNERS)
     batch_size: BatchSize | None = None
@@ -407,10 +415,10 @@ class ElasticBlock(_Section):
     def _bounds(self):
         low, high = self.min_learners, self.max_learners
         if low > high:
-            raise _Broken(f"{high} is below elastic.min_learners ({low})", "max_learners")
+            raise Broken(f"{high} is below elastic.min_learners ({low})", "max_learners")
         if self.batch_size and (impossible := elasticity.learner_counts_without_batch(self.batches(), low, high)):
             batch = self.batch_size
-            raise _Broken(f"no multiple of {impossible[0]} learners lies in {batch.min}..{batch.max}; every learner "
+            raise Broken(f"no multiple of {impossible[0]} learners lies in {batch.min}..{batch.max}; every learner "
                           f"count in {low}..{high} needs a global batch that splits evenly between its learners",
                           "batch_size")
         return self
@@ -420,11 +428,11 @@ class ElasticBlock(_Section):
         return batch and elasticity.BatchBounds(batch.global_, batch.min, batch.max)
 
 
-class Container(_Section):
+class Container(Section):
     container: RequiredText
 
 
-class Connection(_Section):
+class Connection(Section):
     """Where and how to reach an S3 store. auth_url and region are addresses; the rest are credentials
     (stored encrypted, never shown back: jobs.datastores)."""
     auth_url: Text = ""
@@ -440,14 +448,14 @@ class Connection(_Section):
     @classmethod
     def _url(cls, url):
         if url and not re.match(r"https?://[^/\s]+", url):
-            raise _Broken(f"{url!r} is not an http(s) URL of an S3-compatible endpoint")
+            raise Broken(f"{url!r} is not an http(s) URL of an S3-compatible endpoint")
         return url
 
     def credentials(self):
         return any((self.user_name, self.password, self.access_key_id, self.secret_access_key))
 
 
-class DataStore(_Section):
+class DataStore(Section):
     id: RequiredText
     type: Choice(*DATA_STORE_TYPES)
     training_data: Container | None = None
@@ -461,7 +469,7 @@ class DataStore(_Section):
             if (section := getattr(self, key)) is not None:
                 _check_container(section.container, local, key)
         if local and self.connection and self.connection.credentials():
-            raise _Broken("a local data store (a folder on the platform) takes no credentials", "connection")
+            raise Broken("a local data store (a folder on the platform) takes no credentials", "connection")
         return self
 
 
@@ -469,13 +477,13 @@ def _check_container(container, local, key):
     """A bucket, optionally with a key prefix (bucket/prefix); for `local`, a folder name."""
     parts = container.split("/")
     if container.startswith("/") or any(part in ("", ".", "..") for part in parts):
-        raise _Broken(f"{container!r} must be a {'folder' if local else 'bucket'} name, optionally followed by "
+        raise Broken(f"{container!r} must be a {'folder' if local else 'bucket'} name, optionally followed by "
                       "/prefix, without '..' or empty parts", key, "container")
     if not local and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,62}", parts[0]):
-        raise _Broken(f"{parts[0]!r} is not an S3 bucket name (3-63 letters, digits, '.', '_', '-')", key, "container")
+        raise Broken(f"{parts[0]!r} is not an S3 bucket name (3-63 letters, digits, '.', '_', '-')", key, "container")
 
 
-class MetricGroup(_Section):
+class MetricGroup(Section):
     ffdl_ignored = ("meta", "scalars", "etimes")
     regex: Annotated[str, PlainValidator(lambda value: _regex(value)), WithJsonSchema({"type": "string"})]
     meta: Ignored
@@ -485,17 +493,17 @@ class MetricGroup(_Section):
 
 def _regex(value):
     if not isinstance(value, str):
-        raise _Broken("must be text: a regular expression with named groups")
+        raise Broken("must be text: a regular expression with named groups")
     try:
         compiled = re.compile(value)
     except re.error as exc:
-        raise _Broken(f"is not a valid regular expression: {exc}") from None
+        raise Broken(f"is not a valid regular expression: {exc}") from None
     if not compiled.groupindex:
-        raise _Broken("has no named groups like (?P<loss>[\\d.]+) to take values from")
+        raise Broken("has no named groups like (?P<loss>[\\d.]+) to take values from")
     return value
 
 
-class Metrics(_Section):
+class Metrics(Section):
     type: Choice(*METRIC_EXTRACTORS)
     in_: Text = Field("", alias="in")  # tensorboard: the folder read; FfDL's, and ignored, for regexes
     groups: dict[str, MetricGroup] | None = None
@@ -514,13 +522,13 @@ class Metrics(_Section):
             try:
                 tfevents.split_dir(self.in_ or None)
             except tfevents.PathError as exc:
-                raise _Broken(str(exc), "in") from None
+                raise Broken(str(exc), "in") from None
         elif not self.groups:
-            raise _Broken("must map group names to {regex: ...}", "groups")
+            raise Broken("must map group names to {regex: ...}", "groups")
         return self
 
 
-class Disk(_Section):
+class Disk(Section):
     """Caps on what the job may write (sizes) and on its stored log lines (a count); what each caps is
     jobs.disk's to say."""
     results: Size(MIN_DISK_BYTES, MAX_DISK_BYTES) | None = None
@@ -531,7 +539,7 @@ class Disk(_Section):
     log_lines: Whole(1, MAX_LOG_LINES) | None = None
 
 
-class Document(_Section):
+class Document(Section):
     """A job manifest's fields (SPEC §2)."""
     model_config = ConfigDict(title="Trainyard job manifest")
     name: Annotated[str, PlainValidator(lambda value: _name(value)),
@@ -557,14 +565,14 @@ class Document(_Section):
         seen = set()
         for index, store in enumerate(stores or ()):
             if store.id in seen:
-                raise _Broken(f"{store.id!r} is used by an earlier data store; ids must be unique", index, "id")
+                raise Broken(f"{store.id!r} is used by an earlier data store; ids must be unique", index, "id")
             seen.add(store.id)
         return stores
 
     @model_validator(mode="after")
     def _starts_within_its_bounds(self):
         if self.elastic and not self.elastic.min_learners <= self.learners <= self.elastic.max_learners:
-            raise _Broken(f"{self.learners} is outside the elastic bounds {self.elastic.min_learners}.."
+            raise Broken(f"{self.learners} is outside the elastic bounds {self.elastic.min_learners}.."
                           f"{self.elastic.max_learners} (learners is where an elastic job starts)", "learners")
         return self
 
@@ -572,30 +580,36 @@ class Document(_Section):
 def _name(value):
     name = _required_text(value)
     if len(name) > 200:
-        raise _Broken("is longer than 200 characters")
+        raise Broken("is longer than 200 characters")
     return name
 
 
 TOP_LEVEL_FIELDS = tuple(Document.model_fields)
 
 
-def json_schema():
-    """The manifest's JSON Schema (draft 2020-12), for editors and other tools; the rules it cannot say
-    (sizes' ranges, the elastic arithmetic, framework versions) are checked by `trainyard validate`."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **Document.model_json_schema(by_alias=True)}
+def json_schema(model=None):
+    """The JSON Schema (draft 2020-12) of a manifest (Document, or an experiment's), for editors and
+    other tools; the rules it cannot say (sizes' ranges, the elastic arithmetic, framework versions)
+    are checked by `trainyard validate`."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            **(model or Document).model_json_schema(by_alias=True)}
 
 
-def validate(data: dict[str, Any]) -> Manifest:
-    """The Manifest `data` describes, or ManifestError naming every field that breaks a rule (each
-    field and section is checked on its own; a check that needs another field's value is skipped
-    while that field is wrong)."""
+def checked(model, data):
+    """`data` validated by `model`, or ManifestError naming every field that breaks a rule, in the
+    order the manifest names them (each field and section is checked on its own; a check that needs
+    another field's value is skipped while that field is wrong)."""
     try:
-        document = Document.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        written = {key: index for index, key in enumerate(data)}  # report in the order the manifest reads
-        problems = sorted(map(_problem, exc.errors()),
+        written = {key: index for index, key in enumerate(data)}
+        problems = sorted((_problem(error, model) for error in exc.errors()),
                           key=lambda problem: written.get(re.split(r"[.\[]", problem.field)[0], len(written)))
         raise problems[0] if len(problems) == 1 else ManifestProblems(problems) from None
+
+
+def _resolved(document, data):
+    """The Manifest of a valid document, read from `data`."""
     framework, checkpoint = document.framework, document.checkpoint or Checkpoint()
     resolved = framework._resolved
     return Manifest(
@@ -616,29 +630,29 @@ def validate(data: dict[str, Any]) -> Manifest:
     )
 
 
-def _problem(error):
-    """One of pydantic's error reports as the ManifestError a user reads."""
-    loc, cause = list(error["loc"]), error.get("ctx", {}).get("error")
-    if isinstance(cause, _Broken):
+def _problem(error, root):
+    """One of pydantic's error reports on a `root` document as the ManifestError a user reads."""
+    loc, cause = [part for part in error["loc"] if part != "[key]"], error.get("ctx", {}).get("error")
+    if isinstance(cause, Broken):
         return ManifestError(_path(loc + list(cause.at)), cause.rule)
     kind = error["type"]
     if kind == "missing":
-        rule = _required(loc)
+        rule = _required(loc, root)
     elif kind == "extra_forbidden":
-        section = _section_at(loc)
+        section = _section_at(loc, root)
         known = [f.alias or name for name, f in section.model_fields.items() if name not in section.ffdl_ignored]
-        listing = "known fields are" if section is Document else f"{_path(loc[:-1])} has"
+        listing = "known fields are" if section is root else f"{_path(loc[:-1])} has"
         suggestion = _did_you_mean(loc[-1], known)
         rule = f"unknown field;{suggestion}" if suggestion else f"unknown field; {listing} {', '.join(known)}"
     else:
         rule = {"model_type": "must be a mapping", "dict_type": "must be a mapping", "list_type": "must be a list",
-                "string_type": "must be text"}.get(kind)
+                "string_type": "must be text", "bool_type": "must be true or false"}.get(kind)
     return ManifestError(_path(loc), rule or error["msg"])
 
 
-def _required(loc):
+def _required(loc, root):
     """"is required", with what the field is where the schema describes it."""
-    info = _field_at(loc)
+    info = _field_at(loc, _section_at(loc, root))
     return f"is required: {info.description}" if info and info.description else "is required"
 
 
@@ -649,9 +663,9 @@ def _path(loc):
     return text or "manifest"
 
 
-def _section_at(loc):
+def _section_at(loc, root):
     """The model the key at the end of `loc` was given in (to list the keys it does have)."""
-    node = Document
+    node = root
     for part in loc[:-1]:
         node = _unwrap(node)
         if typing.get_origin(node) in (list, dict):
@@ -661,8 +675,7 @@ def _section_at(loc):
     return _unwrap(node)
 
 
-def _field_at(loc, section=None):
-    section = section or _section_at(loc)
+def _field_at(loc, section):
     fields = section.model_fields if isinstance(section, type) and issubclass(section, BaseModel) else {}
     return next((info for name, info in fields.items() if (info.alias or name) == loc[-1]), None)
 
@@ -680,11 +693,11 @@ def _ignored(model, path):
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-        if isinstance(value, _Section):
+        if isinstance(value, Section):
             yield from _ignored(value, f"{path}{info.alias or name}.")
         for key, item in items:
             where = f"{path}{info.alias or name}" + (f"[{key}]." if isinstance(key, int) else f".{key}.")
-            yield from _ignored(item, where) if isinstance(item, _Section) else ()
+            yield from _ignored(item, where) if isinstance(item, Section) else ()
 
 
 def _notes(document):

@@ -5,6 +5,8 @@ import json
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainyard.experiment import environment, parse_experiment, render_command, trial_fields
 from trainyard.manifest import ManifestError
@@ -58,3 +60,20 @@ def test_too_many_choices_or_hyperparameters_are_refused():
     many = ", ".join(f"h{i}: {{type: categorical, vals: [1, 2]}}" for i in range(33))
     with pytest.raises(ManifestError, match="at most 32"):
         experiment(f"{{opt: {{type: categorical, vals: [1]}}, {many}}}")
+
+
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6)
+                       | st.sampled_from(["grid", "asha", "int", "log", "categorical", "const", "acc"]),
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                           st.sampled_from(["type", "minval", "maxval", "count", "vals", "val", "name", "metric",
+                                            "max_length", "min_length", "seed", "lr"]) | st.text(max_size=4),
+                           inner, max_size=4), max_leaves=16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hyperparameters=_VALUES, searcher=_VALUES)
+def test_any_hyperparameters_and_searcher_give_an_experiment_or_errors_naming_where(hyperparameters, searcher):
+    try:
+        experiment(json.dumps(hyperparameters), json.dumps(searcher))
+    except ManifestError as error:
+        assert all(problem.field and problem.rule for problem in error.problems), error.problems

@@ -1,5 +1,6 @@
-"""The manifest's JSON Schema (`trainyard schema`, docs/manifest.schema.json) says what the parser says:
-every manifest the parser accepts is valid against it, and what it can express it refuses too."""
+"""The manifests' JSON Schemas (`trainyard schema [--experiment]`, docs/*.schema.json) say what the
+parsers say: every manifest a parser accepts is valid against its schema, and what a schema can
+express it refuses too."""
 import json
 from pathlib import Path
 
@@ -8,12 +9,14 @@ import pytest
 import yaml
 
 from trainyard import cli
+from trainyard.experiment import ExperimentDocument, parse_experiment
 from trainyard.manifest import ManifestError, json_schema, parse_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
-PUBLISHED = ROOT / "docs" / "manifest.schema.json"
+PUBLISHED = {None: ROOT / "docs" / "manifest.schema.json", ExperimentDocument: ROOT / "docs" / "experiment.schema.json"}
 MANIFESTS = sorted((ROOT.parent / "shared" / "ffdl" / "examples").glob("*.yml")) + sorted(
     (ROOT / "examples").glob("*/manifest.yml"))
+EXPERIMENTS = sorted((ROOT / "examples").glob("*/experiment*.yml"))
 BASE = "name: x\nframework: {name: custom, command: sh run.sh}\n"
 
 
@@ -23,14 +26,22 @@ def schema():
     return jsonschema.Draft202012Validator(json_schema())
 
 
-def test_the_published_schema_is_the_parsers():
-    assert json.loads(PUBLISHED.read_text()) == json_schema(), \
-        "docs/manifest.schema.json is stale: python -m trainyard schema > docs/manifest.schema.json"
+@pytest.mark.parametrize("model, flags", [(None, []), (ExperimentDocument, ["--experiment"])])
+def test_the_published_schemas_are_the_parsers_and_the_cli_prints_them(capsys, model, flags):
+    assert json.loads(PUBLISHED[model].read_text()) == json_schema(model), \
+        f"{PUBLISHED[model].name} is stale: python -m trainyard schema {' '.join(flags)} > docs/{PUBLISHED[model].name}"
+    assert cli.main(["schema", *flags]) == 0
+    assert json.loads(capsys.readouterr().out) == json_schema(model)
 
 
-def test_the_cli_prints_it(capsys):
-    assert cli.main(["schema"]) == 0
-    assert json.loads(capsys.readouterr().out) == json_schema()
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.parent.name + "/" + p.name)
+def test_every_experiment_example_is_valid_against_its_schema(path):
+    parse_experiment(path.read_bytes())
+    schema = json_schema(ExperimentDocument)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert not list(jsonschema.Draft202012Validator(schema).iter_errors(yaml.safe_load(path.read_text())))
+    unknown = {**yaml.safe_load(path.read_text()), "searcher": {"name": "grid", "metric": "acc", "seeed": 1}}
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(unknown))
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.parent.name + "/" + p.name)
