@@ -5,17 +5,8 @@ from django.utils import timezone
 from jobs.lifecycle import deploy_spec
 from jobs.models import Allocation, Job, Learner, MetricPoint, ResourceSample, Status
 from jobs.states import transition
-from tests.support.builders import job, member
+from tests.support.builders import ELASTIC_MANIFEST as ELASTIC, job, member
 
-ELASTIC = """
-name: elastic
-learners: 2
-gpus: 1
-cpus: 1
-memory: 1GiB
-framework: {name: custom, command: sh run.sh}
-elastic: {min_learners: 1, max_learners: 4, batch_size: {global: 64, min: 32, max: 256}, lr_scaling: sqrt}
-"""
 pytestmark = pytest.mark.django_db
 
 

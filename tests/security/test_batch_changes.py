@@ -11,19 +11,9 @@ from django.utils import timezone
 from jobs import credentials, lifecycle
 from jobs.models import Allocation, Job, Status
 from jobs.states import transition
-from tests.support.builders import job, member, post
+from tests.support.builders import ELASTIC_MANIFEST as ELASTIC, job, member, post
 
 pytestmark = pytest.mark.django_db
-
-ELASTIC = """
-name: elastic
-learners: 2
-gpus: 1
-cpus: 1
-memory: 1GiB
-framework: {name: custom, command: sh run.sh}
-elastic: {min_learners: 1, max_learners: 4, batch_size: {global: 64, min: 32, max: 256}, lr_scaling: linear}
-"""
 
 
 def asked(membership, first_gpu):

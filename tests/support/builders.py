@@ -18,6 +18,16 @@ cpus: 1
 memory: 1GiB
 framework: {name: custom, command: sh run.sh}
 """
+# An elastic job of two learners that may run on 1-4, its global batch 64 within 32..256.
+ELASTIC_MANIFEST = """
+name: elastic
+learners: 2
+gpus: 1
+cpus: 1
+memory: 1GiB
+framework: {name: custom, command: sh run.sh}
+elastic: {min_learners: 1, max_learners: 4, batch_size: {global: 64, min: 32, max: 256}, lr_scaling: sqrt}
+"""
 
 
 def member(tenant_slug="team-a", username="alice", role="researcher"):
