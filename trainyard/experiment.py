@@ -279,9 +279,9 @@ class HyperparameterSpec(Section):
     @model_validator(mode="after")
     def _fits_its_type(self):
         kind = self.type
-        for key in sorted(self.model_fields_set - set(RANGE_FIELDS[kind])):
+        if foreign := sorted(self.model_fields_set - set(RANGE_FIELDS[kind])):
             raise Broken(f"is not a field of a {kind} hyperparameter (it has {', '.join(RANGE_FIELDS[kind][1:])})",
-                          key)
+                         foreign[0])
         if kind == "const" and self.val is None:
             raise Broken("needs a value (text, a number or true/false)", "val")
         if kind == "categorical":
