@@ -91,10 +91,6 @@ def for_transition(job, *, before, attempt_before):
         add(job.id, attempt_before, Kind.TEARDOWN)
 
 
-def is_open(job_id, attempt, kind):
-    return FollowUp.objects.filter(job_id=job_id, attempt=attempt, kind=kind, done_at=None).exists()
-
-
 # --- doing the work ------------------------------------------------------------------------------
 def worker_name():
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

@@ -56,10 +56,6 @@ def sources_of(target):
     return {source for source, targets in TRANSITIONS.items() if target in targets}
 
 
-def can_transition(status, target):
-    return target in TRANSITIONS[Status(status)]
-
-
 def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=False, only_from=None, **fields):
     """Move a job to `target` if its current status allows it (and its attempt matches).
 

@@ -144,10 +144,6 @@ class Searcher(Section):
             length *= self.divisor
         return milestones + [self.max_length]
 
-    def better(self, a, b):
-        """Whether metric value a beats b."""
-        return a < b if self.smaller_is_better else a > b
-
 
 @dataclass(frozen=True)
 class Experiment:
@@ -163,9 +159,6 @@ class Experiment:
 
     def constants(self):
         return {hp.name: hp.vals[0] for hp in self.hyperparameters if hp.constant}
-
-    def grid_size(self):
-        return math.prod(len(hp.grid_points()) for hp in self.varied())
 
     def finite_space(self):
         """{name: every value} when every varied hyperparameter has a listable set of values, else None."""

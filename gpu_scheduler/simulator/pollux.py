@@ -223,9 +223,3 @@ def published(policy, load, root=None):
     path = (Path(root) if root else data_dir()) / "results-jobload" / f"{policy}-{load}" / "summary.json"
     jcts = json.loads(path.read_text())["jcts"]
     return {int(w.split("-")[1]): jobs for w, jobs in jcts.items()}
-
-
-def published_mean_jct(policy, load, root=None):
-    """Mean over the workloads of each workload's mean JCT (how Pollux averages)."""
-    per = published(policy, load, root)
-    return float(np.mean([np.mean(list(jobs.values())) for jobs in per.values()]))
