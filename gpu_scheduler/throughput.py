@@ -23,8 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TERMS = ("a", "b", "c", "d", "e", "f")
-
 
 @dataclass(frozen=True)
 class ThroughputModel:

@@ -38,7 +38,6 @@ REDACTED = "<redacted>"
 SEALED_FILE = ".credentials.sealed"
 FETCHED_MARK = ".trainyard-fetched"  # in DATA_DIR: this job's data is complete (attempts share it)
 LOCAL_STORES_DIR = "datastores"  # under TRAINYARD_DATA_DIR: <tenant>/<container> of `type: local` stores
-S3_TYPES = ("s3_datastore", "mount_cos")
 
 
 class DataStoreError(Exception):

@@ -116,10 +116,6 @@ class Job(models.Model):
         return self.id
 
     @property
-    def is_final(self):
-        return self.status in FINAL
-
-    @property
     def gpus_idle(self):
         """Since when this attempt's GPUs have been idle by its tenant's policy, or None."""
         return self.gpus_idle_since if self.gpus_idle_attempt == self.attempt else None

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-APPLICATIONS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 LOADS = ("0.5", "1.0", "1.5", "2.0")
 WORKLOADS = tuple(range(1, 9))
 PUBLISHED_POLICIES = ("pollux", "tiresias", "optimus")
