@@ -62,7 +62,7 @@ def run_cycle():
             return []  # not timed: idle cycles (the loop's periodic ones) would drown the ones that decide
         running = list(_cycle_rows(Job.objects.filter(status__in=ACTIVE)))
         tenants = _policies({job.tenant_id for job in queued + running})
-        # As a subquery: a list of 11,000 ids took Django 0.2 s to compile into the statement.
+        # As a subquery: Django compiles a list of every queued and active id slowly into the statement.
         attained = quotas.earlier_gpu_seconds(Job.objects.filter(status__in=(Status.QUEUED, *ACTIVE)).values("id"))
         snapshot = scheduler.Snapshot(nodes=nodes, tenants={p.name: p for p in tenants.values()},
                                       running=tuple(_workload(job, tenants, attained) for job in running),
@@ -87,10 +87,10 @@ def run_cycle():
 
 def _cycle_rows(jobs):
     """The jobs as the cycle reads them: named tuples of CYCLE_FIELDS and the owner's username.
-    Building a model instance per row was 0.4 s of a cycle at 11,000 jobs; the one path that needs
+    A model instance per row is a large share of a cycle over a long queue; the one path that needs
     a job's model (a shrink) loads it."""
-    # Of the runtime block only its elastic part (null for most jobs): decoding each whole block was
-    # a sixth of the rows' cost.
+    # Of the runtime block only its elastic part (null for most jobs): the whole block would be
+    # decoded for every row.
     return jobs.annotate(owner_name=F("owner__username"), elastic=F("runtime__elastic")).values_list(
         *CYCLE_FIELDS, "owner_name", "elastic", named=True)
 
@@ -138,10 +138,9 @@ def _position_refresh_due():
 def _record_wait_reasons(reasons):
     """Write {job id: why it waits} in a few statements. A reason names the job's place in its
     queue, so one admission changes the reason of every job behind it: one UPDATE per job made a
-    cycle at 10,000 queued jobs take seconds, holding the admission lock throughout, and so did an
-    ORM CASE of 500 branches (Django compiles each branch; 10 s for 2,000 rows under load, bench
-    controlplane). Plain SQL; only jobs still QUEUED are touched (a user may have terminated one
-    meanwhile)."""
+    cycle over a long queue take seconds, holding the admission lock throughout, and so did an ORM
+    CASE of many branches (Django compiles each branch). Plain SQL; only jobs still QUEUED are
+    touched (a user may have terminated one meanwhile)."""
     changed = list(reasons.items())
     table = Job._meta.db_table
     with connection.cursor() as cursor:
@@ -154,7 +153,7 @@ def _record_wait_reasons(reasons):
             batch = changed[start:start + WAIT_REASON_BATCH]
             rows = ", ".join(["(%s, %s)"] * len(batch))
             # A join with the batch's VALUES (hashed or by primary key), not a subquery per row that
-            # searched the whole batch: 10,000 reasons took 1.5 s that way, 0.9 s this way (idle machine).
+            # searches the whole batch.
             cursor.execute(
                 f"UPDATE {table} SET wait_reason = reason.text FROM (VALUES {rows}) AS reason(id, text) "
                 f"WHERE {table}.id = reason.id AND {table}.status = %s",

@@ -49,7 +49,7 @@ def _copy_text(rows):
     buffer = io.StringIO()
     write = buffer.write
     for job_id, seq, attempt, learner, stream, time, line in rows:
-        # Rare, and five `in` checks cost a sixth of always translating.
+        # Rare, and five `in` checks cost less than always translating.
         if "\\" in line or "\t" in line or "\n" in line or "\r" in line or "\0" in line:
             line = line.translate(_COPY_ESCAPES)
         write(f"{job_id}\t{seq}\t{attempt}\t{learner}\t{stream}\t{_iso(time)}\t{line}\n")

@@ -27,7 +27,7 @@ SOCKET_STREAMS = ("job", "list")
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Seconds a job waited in the queue: from an idle cluster to a day's backlog.
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
-# Seconds from a learner printing a line to the platform storing it (the agent batches for ~0.2 s).
+# Seconds from a learner printing a line to the platform storing it (the agent sends its lines in batches).
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 SCHEDULING_CYCLE = shared.SharedHistogram(
