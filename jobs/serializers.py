@@ -67,12 +67,12 @@ class DiskCapsSerializer(serializers.Serializer):
 
 
 class ElasticBatchSerializer(serializers.Serializer):
-    # "global" is a Python keyword: the field is declared below under its JSON name.
     min = serializers.IntegerField()
     max = serializers.IntegerField()
 
-
-ElasticBatchSerializer._declared_fields["global"] = serializers.IntegerField()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["global"] = serializers.IntegerField()  # a Python keyword: no class attribute can name it
 
 
 class ElasticSummarySerializer(serializers.Serializer):

@@ -1,13 +1,14 @@
-"""No shipped module reaches into the private members of Django, Channels, channels_redis, asgiref or
-Celery: an ordinary upgrade of one of them must not break the platform silently. The few overrides
-kept for a measured reason live in portal/overrides/, each with a canary test of what it relies on
-(portal/overrides/tests), and their library is pinned to a minor version.
+"""No shipped module reaches into the private members of Django, Channels, channels_redis, asgiref,
+Celery or Django REST framework: an ordinary upgrade of one of them must not break the platform
+silently. The few overrides kept for a measured reason live in portal/overrides/, each with a canary
+test of what it relies on (portal/overrides/tests), and their library is pinned to a minor version.
 
 Reads the source (ast). What counts as touching a private member `_x` (not a `__dunder__`):
 - `name._x` where `name` (or the root of `name.a.b`) was imported from one of those libraries, or was
   assigned from an expression rooted at such a name, at `super()` or at `self` of a library subclass;
 - `super()._x`, `self._x`, `cls._x` or `def _x` in a subclass of a library class, where a class of
-  that library in the subclass's ancestry defines `_x` (as a method, a class attribute or `self._x = ...`).
+  that library in the subclass's ancestry defines `_x` (as a method, a class attribute or `self._x = ...`);
+  likewise `Sub._x` anywhere in the module, `Sub` being such a subclass.
 """
 import ast
 import importlib
@@ -19,7 +20,7 @@ import pytest
 
 from tests.support.shipped import PACKAGES, ROOT
 
-LIBRARIES = ("django", "channels", "channels_redis", "asgiref", "celery")
+LIBRARIES = ("django", "channels", "channels_redis", "asgiref", "celery", "rest_framework")
 OVERRIDES = ROOT / "portal" / "overrides"
 
 
@@ -137,6 +138,11 @@ def findings(source, where):
     imported = imported_names(tree)
     found = []
 
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    # {name of a subclass of a library class: the private names its library ancestry defines}
+    subclasses = {cls.name: frozenset().union(*(members_defined_by(base) for base in bases))
+                  for cls in classes for bases in [library_bases(cls, imported)] if bases}
+
     def check_scope(body_nodes, *, library_defined=frozenset()):
         tainted = set(imported)
         # A name bound from a library expression is a library object too (`layer = super()._get_layer()`).
@@ -158,6 +164,8 @@ def findings(source, where):
                 elif is_super_call(base):
                     if library_defined:
                         found.append(f"{where}:{node.lineno}: super().{node.attr}")
+                elif isinstance(base, ast.Name) and node.attr in subclasses.get(base.id, ()):
+                    found.append(f"{where}:{node.lineno}: {base.id}.{node.attr} (defined by the library class)")
                 else:
                     root = root_of(base)
                     if isinstance(root, ast.Name) and root.id in tainted:
@@ -166,20 +174,17 @@ def findings(source, where):
                   and is_private(node.name)):
                 found.append(f"{where}:{node.lineno}: overrides {node.name}")
 
-    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
-    in_classes = {id(n) for cls in classes if library_bases(cls, imported) for n in ast.walk(cls)}
+    in_classes = {id(n) for cls in classes if cls.name in subclasses for n in ast.walk(cls)}
     check_scope([node for node in tree.body if id(node) not in in_classes])
     for cls in classes:
-        bases = library_bases(cls, imported)
-        if bases:
-            defined = frozenset().union(*(members_defined_by(base) for base in bases))
-            check_scope(cls.body, library_defined=defined)
+        if cls.name in subclasses:
+            check_scope(cls.body, library_defined=subclasses[cls.name])
     return sorted(set(found))
 
 
 def test_no_shipped_module_outside_the_overrides_touches_a_private_member_of_the_libraries():
     found = [line for path in shipped_modules() for line in findings(path.read_text(), path.relative_to(ROOT))]
-    assert found == [], "private members of Django/Channels/channels_redis/asgiref/Celery:\n" + "\n".join(found)
+    assert found == [], "private members of Django/Channels/channels_redis/asgiref/Celery/DRF:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -193,6 +198,9 @@ def test_no_shipped_module_outside_the_overrides_touches_a_private_member_of_the
     ("from channels_redis import pubsub\nclass L(pubsub.RedisPubSubChannelLayer):\n"
      "    def _get_layer(self):\n        layer = super()._get_layer()\n        return layer._shards",
      ["layer._shards", "overrides _get_layer", "super()._get_layer"]),
+    ("from rest_framework import serializers\nclass S(serializers.Serializer):\n    pass\n"
+     "S._declared_fields['global'] = serializers.IntegerField()",
+     ["S._declared_fields (defined by the library class)"]),
 ])
 def test_it_finds_private_members_of_the_libraries(source, expected):
     assert sorted(line.split(": ", 1)[1] for line in findings(source, "probe.py")) == sorted(expected)

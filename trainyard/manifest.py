@@ -136,7 +136,7 @@ def _safe_loader():
     stays Python, so _ManifestLoader's checks still see every node before anything is built. libyaml
     words some syntax errors differently."""
     try:
-        from yaml._yaml import CParser
+        from yaml.cyaml import CParser
     except ImportError:
         return yaml.SafeLoader
 
