@@ -487,6 +487,64 @@ def test_a_quiet_watch_stream_that_outlasts_its_read_timeout_ends_without_an_err
         server.shutdown()
 
 
+@pytest.fixture
+def scripted_api_server():
+    """An API server that answers each request with the next (status, body) of a script, the last one
+    for good, and counts the requests."""
+    import http.server
+    import threading
+
+    served = {"script": [], "requests": 0}
+
+    class Scripted(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            script = served["script"]
+            status, body = script[min(served["requests"], len(script) - 1)]
+            served["requests"] += 1
+            payload = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    served["url"] = f"http://127.0.0.1:{server.server_address[1]}"
+    yield served
+    server.shutdown()
+
+
+def _status(code, reason):
+    return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
+                  "message": f"answered {code}"}
+
+
+CONFIG_MAP = {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "c", "namespace": "n"}, "data": {}}
+
+
+@pytest.mark.parametrize("script, retries, requests, outcome", [
+    ([_status(503, "ServiceUnavailable"), _status(503, "ServiceUnavailable"), (200, CONFIG_MAP)], 2, 3, "read"),
+    ([_status(503, "ServiceUnavailable")], 2, 3, "raises"),  # every try spent
+    ([_status(403, "Forbidden"), (200, CONFIG_MAP)], 2, 1, "raises"),  # permanent: not tried again
+    ([_status(404, "NotFound"), (200, CONFIG_MAP)], 2, 1, "none"),  # about the object: not tried again
+])
+def test_transient_api_errors_are_retried_with_backoff_and_the_rest_are_not(scripted_api_server, script, retries,
+                                                                            requests, outcome):
+    scripted_api_server["script"] = script
+    api = KubeApi(api_client_for(scripted_api_server["url"]), retries=retries, backoff_s=0.01)
+    if outcome == "raises":
+        with pytest.raises(BackendError, match="answered"):
+            api.read("ConfigMap", "n", "c")
+    else:
+        assert api.read("ConfigMap", "n", "c") == (CONFIG_MAP if outcome == "read" else None)
+    assert scripted_api_server["requests"] == requests
+
+
 # --- wiring --------------------------------------------------------------------------------------
 def test_get_backend_builds_it_from_kubeconfig_and_settings(cluster, settings, tmp_path, monkeypatch):
     from jobs.backends import get_backend

@@ -9,8 +9,8 @@ leaves out, never breaks a read.
 import json
 import logging
 import os
-import time
 
+import tenacity
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
@@ -206,23 +206,30 @@ class KubeApi:
         return getattr(api, f"{verb}_{snake}"), name
 
     def _call(self, what, method, *args, raw=False, **kwargs):
-        """Call the API with retries and exponential backoff for transient failures; the decoded JSON."""
-        attempt = 0
-        while True:
+        """Call the API, retrying transient failures with exponential backoff; the decoded JSON."""
+        def once():
             try:
                 response = method(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-                text = response.data.decode("utf-8", errors="replace")
-                return text if raw else (json.loads(text) if text.strip() else {})
             except k8s_client.ApiException as exc:
-                error = _error(exc, what)
+                raise _error(exc, what) from None
             except urllib3.exceptions.HTTPError as exc:
-                error = KubeError(f"{what}: cannot reach the Kubernetes API: {exc}")
-            if error.permanent or isinstance(error, (NotFound, AlreadyExists)) or attempt >= self.retries:
-                raise error
-            delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
-            log.warning("%s failed (%s); retrying in %.1fs", what, error, delay)
-            time.sleep(delay)
-            attempt += 1
+                raise KubeError(f"{what}: cannot reach the Kubernetes API: {exc}") from None
+            text = response.data.decode("utf-8", errors="replace")
+            return text if raw else (json.loads(text) if text.strip() else {})
+
+        def say_retrying(state):
+            log.warning("%s failed (%s); retrying in %.1fs", what, state.outcome.exception(), state.next_action.sleep)
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_transient),
+            wait=tenacity.wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
+            stop=tenacity.stop_after_attempt(self.retries + 1), before_sleep=say_retrying, reraise=True)(once)
+
+
+def _transient(error):
+    """Worth calling again: a KubeError that is not permanent, and not an answer about the object
+    itself (it does not exist, or already does)."""
+    return isinstance(error, KubeError) and not error.permanent and not isinstance(error, (NotFound, AlreadyExists))
 
 
 def _error(exc, what):
