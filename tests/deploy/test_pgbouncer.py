@@ -92,6 +92,25 @@ def test_what_a_client_leaves_on_its_session_does_not_reach_the_next(server):
         second.close()
 
 
+def test_its_sessions_are_in_utc_so_django_sets_no_time_zone_per_request(server):
+    """Django sets its zone on each connection it opens unless the server reports that zone when the
+    connection starts (a round trip per request); a session a client left in another zone comes back
+    in UTC."""
+    _, pooled = server
+    assert ConnectionHandler({"default": dj_database_url.parse(pooled)})["default"].timezone_name == "UTC"
+    for _ in range(2):
+        client = psycopg2.connect(pooled)
+        client.autocommit = True
+        try:
+            assert client.info.parameter_status("TimeZone") == "UTC"  # what Django compares with its zone
+            with client.cursor() as cursor:
+                cursor.execute("SELECT current_setting('TimeZone')")
+                assert cursor.fetchone() == ("UTC",)
+                cursor.execute("SET TIME ZONE 'Europe/Berlin'")
+        finally:
+            client.close()
+
+
 def test_the_scheduling_loops_lease_is_freed_through_it_when_its_holder_is_killed(server):
     """The scheduling loop's lease (jobs.scheduler_loop.PostgresLease, a session-level advisory lock)
     through PgBouncer: held while its holder lives, freed for a standby once the holder is SIGKILLed

@@ -34,6 +34,12 @@ def shipped_config():
     return config
 
 
+def on_server(connect_string, host, port):
+    """A [databases] connect string pointed at host:port; its other settings as they are."""
+    kept = [part for part in connect_string.split() if not part.startswith(("host=", "port="))]
+    return " ".join([f"host={host}", f"port={port}", *kept])
+
+
 def _free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -50,7 +56,7 @@ def running(url):
     listen = _free_port()
     folder = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
     folder.chmod(0o755)  # PgBouncer refuses to run as root: it drops to the postgres user, who reads these
-    config["databases"] = {"*": f"host={host} port={port}"}
+    config["databases"] = {"*": on_server(config["databases"]["*"], host, port)}
     config["pgbouncer"].update({"listen_addr": "127.0.0.1", "listen_port": str(listen), "auth_type": "trust",
                                 "auth_file": str(folder / "userlist.txt"), "unix_socket_dir": ""})
     (folder / "userlist.txt").write_text(f'"{user}" "{params["PASSWORD"] or ""}"\n')
