@@ -99,7 +99,8 @@ def disk_caps_for(tenant, manifest):
         caps = disk.caps_for(manifest.disk, quota)
     except disk.DiskError as exc:
         raise SubmitError(str(exc), field=exc.field) from None
-    state, reason = quotas.storage_state(quota, quotas.stored_bytes(tenant) if quota is not None else 0)
+    limited = quota is not None and quota.storage_bytes is not None  # counting what is stored costs a query
+    state, reason = quotas.storage_state(quota, quotas.stored_bytes(tenant) if limited else 0)
     if state != "ok":
         raise SubmitError(reason, field="storage")
     return caps
