@@ -639,6 +639,7 @@ def _problem(error, root):
     if kind == "missing":
         rule = _required(loc, root)
     elif kind == "extra_forbidden":
+        loc = list(error["loc"])  # ends with the unknown key as written, even one named "[key]"
         section = _section_at(loc, root)
         known = [f.alias or name for name, f in section.model_fields.items() if name not in section.ffdl_ignored]
         listing = "known fields are" if section is root else f"{_path(loc[:-1])} has"

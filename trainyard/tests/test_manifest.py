@@ -275,6 +275,9 @@ def test_it_bounds_the_manifest_size(text):
     ("data_stores: [{id: s, type: local, training_data: {container: a, bucket: b}}]",
      "data_stores[0].training_data.bucket"),
     ("evaluation_metrics: {type: tensorboard, directory: x}", "evaluation_metrics.directory"),
+    # pydantic's own marker for a dict's key, written as a key: still the user's unknown field
+    ("'[key]': 1", "[key]"),
+    ("framework: {name: custom, command: x, '[key]': y}", "framework.[key]"),
 ])
 def test_it_names_unknown_keys_in_every_section(line, field):
     text = BASE.replace("framework: {name: custom, command: sh run.sh}\n", "") if line.startswith("framework") else BASE
