@@ -35,6 +35,10 @@ def test_a_high_priority_job_preempts_one_low_job_which_resumes_later(four_gpus)
     low = [session.submit(str(RESUMABLE), manifest_text=manifest(f"low-{i}", "low", 40))["id"] for i in range(4)]
     for job_id in low:
         session.wait_for(job_id, {"PROCESSING"}, timeout=60)
+        # Its first step logged, so its script's SIGTERM trap is set and a halt leaves a checkpoint. A
+        # learner halted before that has none to resume from (the platform says so): not this test.
+        session.wait_until(job_id, lambda _, job_id=job_id: any(
+            x["line"].startswith("step 1/") for x in session.all_logs(job_id)), timeout=60)
     high = session.submit(str(RESUMABLE), manifest_text=manifest("urgent", "high", 3))["id"]
 
     assert session.wait_for(high, timeout=120)["status"] == "COMPLETED"
