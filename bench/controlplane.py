@@ -604,15 +604,17 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     database, redis_url = require_services()
     with contextlib.ExitStack() as stack:
-        if PGBOUNCER:
-            database = stack.enter_context(pgbouncer.running(database))(database.rsplit("/", 1)[1])
+        bouncer = stack.enter_context(pgbouncer.running(database)) if PGBOUNCER else None
+        if bouncer is not None:
+            database = bouncer.url(database.rsplit("/", 1)[1])
         os.environ["DATABASE_URL"], os.environ["REDIS_URL"] = database, redis_url
-        figures = measure()
+        figures = measure(logins=bouncer.logins if bouncer is not None else lambda: None)
     figures["database_via"] = "PgBouncer (deploy/pgbouncer/pgbouncer.ini)" if PGBOUNCER else "PostgreSQL directly"
     report(figures)
 
 
-def measure():
+def measure(logins):
+    """The figures; `logins()`: clients logged in to PgBouncer so far (None without it)."""
     work_dir = Path(tempfile.mkdtemp(prefix="trainyard-bench-cp-"))
     cluster = Cluster(work_dir)
     session = None
@@ -621,7 +623,7 @@ def measure():
         setup_django(session, cluster)
         from jobs import dispatch
         with Autovacuum(session.env["DATABASE_URL"]) as autovacuum:
-            figures = run(session, cluster, dispatch.wake_scheduler, work_dir)
+            figures = run(session, cluster, dispatch.wake_scheduler, work_dir, logins)
         figures["autovacuum"] = autovacuum.describe()
     finally:
         if session is not None:
@@ -671,7 +673,7 @@ def reference_loop_s():
     return round(min(loop() for _ in range(3)), 3)
 
 
-def run(session, cluster, schedule, work_dir):
+def run(session, cluster, schedule, work_dir, logins):
     figures = {"concurrent_target": CONCURRENT, "queued_target": QUEUED, "job_s": JOB_S,
                "reference_loop_s": reference_loop_s()}
     started = time.monotonic()
@@ -710,6 +712,7 @@ def run(session, cluster, schedule, work_dir):
         usage = Usage(dict(session.platform.pids(), apiserver=cluster.process.pid, fleet=os.getpgid(0),
                            browsers=ws.pid, submitter=submitter.pid), work_dir).__enter__()
         machine_before, services_before, sessions_before = machine_cpu(), services_cpu(), sessions_opened()
+        logins_before = logins()
         steady_started = time.monotonic()
         large_s, large_queries, large_active, large_parts = measure_reconcile_apart(
             work_dir, profile=os.environ.get("BENCH_CP_PROFILE"))
@@ -722,9 +725,8 @@ def run(session, cluster, schedule, work_dir):
                       for part, cpu in sorted({**usage.platform_cpu_by_part, **services}.items())}
         busy, total = (after - before for after, before in zip(machine_cpu(), machine_before))
         steady_cpu["whole machine"] = round(busy / total * (os.cpu_count() or 1), 2)
-        sessions_after = sessions_opened()
-        sessions_per_s = (round((sessions_after - sessions_before) / (time.monotonic() - steady_started), 1)
-                          if None not in (sessions_before, sessions_after) else None)
+        sessions_per_s = _per_s(sessions_before, sessions_opened(), steady_started)
+        logins_per_s = _per_s(logins_before, logins(), steady_started)
         ws.wait(STEADY_S + 60)
         sockets = json.loads(ws_file.read_text())
         sampled = json.loads(submits_file.read_text())
@@ -766,10 +768,16 @@ def run(session, cluster, schedule, work_dir):
         "ws_change_to_socket_p95_ms_by_status": _p95_by_status(sockets["delays"]),
         "cores_used_during_steady": steady_cpu,
         "db_sessions_opened_per_s": sessions_per_s,
+        "pgbouncer_logins_per_s": logins_per_s,
         "errors": fleet.errors[:20], "error_count": len(fleet.errors),
         "total_s": round(time.monotonic() - started, 1),
     })
     return figures
+
+
+def _per_s(before, after, since):
+    """A count's growth per second since the monotonic time `since` (None where it was not counted)."""
+    return round((after - before) / (time.monotonic() - since), 1) if None not in (before, after) else None
 
 
 def _p95_by_status(delays):
@@ -803,6 +811,8 @@ def report(figures):
         ("cores used under the load (of this machine's)", ", ".join(
             f"{part} {cores}" for part, cores in f["cores_used_during_steady"].items()), str(os.cpu_count())),
         ("PostgreSQL sessions opened per second under the load", f["db_sessions_opened_per_s"], ""),
+        ("logins to PgBouncer per second under the load (each a SCRAM exchange)",
+         f.get("pgbouncer_logins_per_s"), ""),
         ("PostgreSQL's autovacuum", f.get("autovacuum", "not recorded"), ""),
         ("this machine's speed: a fixed Python loop on it idle, s", f["reference_loop_s"], "lower is faster"),
         ("errors", f["error_count"], "0"),

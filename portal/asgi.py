@@ -19,8 +19,9 @@ from portal.overrides.ingest import IngestRoute  # noqa: E402
 # or token at every check (jobs.consumers), and AuthMiddleware loaded a user nobody read, for every
 # socket opening, in the one thread channels gives synchronous code by default.
 # ServingLoop: a request's live updates are handed to the server's event loop (jobs.live).
+# Agents' posts go straight to their view, past the middleware a browser's request needs.
+ingest_route = IngestRoute(django_asgi_app)
 application = ServingLoop(ProtocolTypeRouter({
-    # Agents' posts go straight to their view, past the middleware a browser's request needs.
-    "http": IngestRoute(django_asgi_app),
+    "http": ingest_route,
     "websocket": WebsocketOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
 }))

@@ -98,7 +98,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # on the writers, a large share of a busy worker's time.
     CELERY_DB_REUSE_MAX = 500
 # On PostgreSQL a connection per request (CONN_MAX_AGE 0): the ASGI server runs each request in a
-# thread of its own, where a kept connection would outlive its thread. Opening one is cheap when
+# thread of its own, where a kept connection would outlive its thread (the ingest threads, which live
+# as long as the process, keep theirs: portal.overrides.ingest). Opening one is cheap when
 # DATABASE_URL names a PgBouncer in front of the server (deploy/pgbouncer, docs/operating.md).
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -230,6 +231,8 @@ RESOURCE_SAMPLE_S = env.number("TRAINYARD_RESOURCE_SAMPLE_S", 5.0, minimum=0.0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
 # Threads of each web process that serve agents' ingest posts (portal.overrides.ingest); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)
+# How long an ingest thread keeps its database connection between posts (portal.overrides.ingest).
+INGEST_KEEP_CONNECTION_S = env.integer("TRAINYARD_INGEST_KEEP_CONNECTION_S", 300, minimum=0)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 LOCAL_GPUS = env.integer("TRAINYARD_LOCAL_GPUS", -1)  # -1: the GPUs nvidia-smi reports

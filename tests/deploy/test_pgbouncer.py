@@ -37,7 +37,7 @@ def server():
     admin.cursor().execute(f'CREATE DATABASE "{name}"')
     try:
         with pgbouncer.running(url) as through:
-            yield f"{url.rsplit('/', 1)[0]}/{name}", through(name)
+            yield f"{url.rsplit('/', 1)[0]}/{name}", through.url(name)
     finally:
         admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
@@ -141,3 +141,15 @@ def test_the_scheduling_loops_lease_is_freed_through_it_when_its_holder_is_kille
     finally:
         holder.kill()
         standby.release()
+
+
+def test_a_client_logs_in_with_scram_against_the_secret_in_its_user_list(server):
+    """The shipped file's auth_type with the user list as the manual tells a deployment to write it (a
+    SCRAM secret, no password): the password logs in, anything else is refused."""
+    _, pooled = server
+    parsed = dj_database_url.parse(pooled)
+    assert pgbouncer.shipped_config()["pgbouncer"]["auth_type"] == "scram-sha-256"
+    psycopg2.connect(pooled).close()
+    with pytest.raises(psycopg2.OperationalError, match="SASL authentication failed"):
+        psycopg2.connect(host=parsed["HOST"], port=parsed["PORT"], user=parsed["USER"], dbname=parsed["NAME"],
+                         password="not-" + parsed["PASSWORD"])

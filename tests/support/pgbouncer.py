@@ -1,11 +1,17 @@
 """Debian's PgBouncer, configured as deploy/pgbouncer/pgbouncer.ini configures it, in front of a
 PostgreSQL server: for the tests of that file and for `bench controlplane`, which runs the platform
-the way a deployment does. Only where things are changes (the server, a free port, trust auth on
-this machine); pooling and resetting are the shipped file's.
+the way a deployment does. Only where things are changes (the server, a free port); pooling,
+resetting and authentication are the shipped file's: clients log in with SCRAM against a SCRAM secret
+in the user list, as docs/operating.md tells a deployment to list them, so every login costs what it
+costs there.
 """
+import base64
 import configparser
 import contextlib
+import hashlib
+import hmac
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -46,20 +52,50 @@ def _free_port():
         return probe.getsockname()[1]
 
 
+def scram_secret(password, iterations=4096):
+    """The SCRAM-SHA-256 secret of `password` (RFC 7677), as PostgreSQL stores it in pg_authid and
+    PgBouncer reads it from a user list: a login checks the client's proof against it without
+    deriving a key from a password."""
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    stored_key = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    encoded = [base64.b64encode(part).decode() for part in (salt, stored_key, server_key)]
+    return f"SCRAM-SHA-256${iterations}:{encoded[0]}${encoded[1]}:{encoded[2]}"
+
+
+class Bouncer:
+    """A running PgBouncer: the URL of a database through it, and how many clients have logged in."""
+
+    def __init__(self, user, password, port, log):
+        self.user, self.password, self.port, self.log = user, password, port, log
+
+    def url(self, name):
+        return f"postgres://{self.user}:{self.password}@127.0.0.1:{self.port}/{name}"
+
+    def logins(self):
+        """Clients logged in so far (PgBouncer logs each login, log_connections being on by default)."""
+        return self.log.read_bytes().count(b" login attempt: ")
+
+
 @contextlib.contextmanager
 def running(url):
-    """PgBouncer in front of the server `url` names (postgres://...); yields a function that turns a
-    database name into the URL of that database through PgBouncer. Stopped on leaving."""
+    """PgBouncer in front of the server `url` names (postgres://...); yields its Bouncer. Clients log
+    in to it with a password of its own; it logs in to the server as `url` does. Stopped on leaving."""
     params = dj_database_url.parse(url)
     host, port, user = params["HOST"] or "127.0.0.1", int(params["PORT"] or 5432), params["USER"] or "postgres"
     config = shipped_config()
     listen = _free_port()
     folder = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
     folder.chmod(0o755)  # PgBouncer refuses to run as root: it drops to the postgres user, who reads these
-    config["databases"] = {"*": on_server(config["databases"]["*"], host, port)}
-    config["pgbouncer"].update({"listen_addr": "127.0.0.1", "listen_port": str(listen), "auth_type": "trust",
+    # Its own logins to the server use the server's password, where it has one (the user list holds the
+    # clients' secret, not the server's).
+    server = on_server(config["databases"]["*"], host, port)
+    config["databases"] = {"*": f"{server} password={params['PASSWORD']}" if params["PASSWORD"] else server}
+    config["pgbouncer"].update({"listen_addr": "127.0.0.1", "listen_port": str(listen),
                                 "auth_file": str(folder / "userlist.txt"), "unix_socket_dir": ""})
-    (folder / "userlist.txt").write_text(f'"{user}" "{params["PASSWORD"] or ""}"\n')
+    password = secrets.token_urlsafe(24)
+    (folder / "userlist.txt").write_text(f'"{user}" "{scram_secret(password)}"\n')
     with open(folder / "pgbouncer.ini", "w") as out:
         config.write(out)
     for path in folder.iterdir():
@@ -67,7 +103,8 @@ def running(url):
     command = [executable(), str(folder / "pgbouncer.ini")]
     if os.geteuid() == 0:
         command[1:1] = ["-u", "postgres"]
-    log = open(folder / "pgbouncer.log", "w+b")  # opened here: PgBouncer's user need not write the folder
+    log_path = folder / "pgbouncer.log"
+    log = open(log_path, "w+b")  # opened here: PgBouncer's user need not write the folder
     bouncer = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 10
@@ -81,8 +118,7 @@ def running(url):
                 if time.monotonic() > deadline:
                     raise RuntimeError("PgBouncer did not start listening") from None
                 time.sleep(0.05)
-        credentials = f"{user}:{params['PASSWORD']}@" if params["PASSWORD"] else f"{user}@"
-        yield lambda name: f"postgres://{credentials}127.0.0.1:{listen}/{name}"
+        yield Bouncer(user, password, listen, log_path)
     finally:
         bouncer.terminate()
         bouncer.wait(10)
