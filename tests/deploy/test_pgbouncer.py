@@ -153,3 +153,15 @@ def test_a_client_logs_in_with_scram_against_the_secret_in_its_user_list(server)
     with pytest.raises(psycopg2.OperationalError, match="SASL authentication failed"):
         psycopg2.connect(host=parsed["HOST"], port=parsed["PORT"], user=parsed["USER"], dbname=parsed["NAME"],
                          password="not-" + parsed["PASSWORD"])
+
+
+def test_its_pool_holds_the_sessions_ingest_servers_keep_with_room_for_the_rest(settings):
+    """Each ingest server's threads keep a session each (portal.overrides.ingest); at the production
+    overlay's most ingest servers they must leave sessions for web requests and workers, within
+    PostgreSQL's default max_connections (100, 3 of them reserved for superusers)."""
+    import yaml
+    scalers = yaml.safe_load_all((ROOT / "deploy/kubernetes/overlays/production/autoscaling.yaml").read_text())
+    ingest = next(s for s in scalers if s["metadata"]["name"] == "trainyard-ingest")
+    kept = ingest["spec"]["maxReplicas"] * settings.INGEST_THREADS
+    pool = int(pgbouncer.shipped_config()["pgbouncer"]["default_pool_size"])
+    assert kept <= pool // 2 and pool <= 100 - 3
