@@ -12,14 +12,15 @@ A post to /api/v1/ingest/<job id>/ reaches the same view as through Django (jobs
 its throttling, credential check and batch), in a pool of INGEST_THREADS threads, so posts overlap
 each other's waits on PostgreSQL and Redis. What the skipped middleware gave it is done here: the
 Host is validated (a name the platform does not answer as gets a 400), the request signals run
-(they hand the thread's database connection back), and an error is answered as Django answers it.
+(they close the thread's database connection past its age or after an error), and an error is
+answered as Django answers it.
 The route in portal/urls.py stays, for the test client and `reverse`; both reach the one view.
 
 The pool's threads live as long as the process, so each keeps its database connection from one post
 to the next (INGEST_KEEP_CONNECTION_S, checked before each post as CONN_HEALTH_CHECKS checks it),
 where a request in Django's stack runs in a thread of its own and opens one per request. A post then
 costs no login to PgBouncer, whose SCRAM exchange is a key derivation on both ends, and no session
-reset; the agents' posts are most of a web process's requests.
+reset.
 """
 import gc
 import re
@@ -53,8 +54,7 @@ def keep_connection():
     connection = connections[DEFAULT_DB_ALIAS]
     if connection.settings_dict["CONN_MAX_AGE"] is not None:  # None: kept for good already (SQLite)
         connection.settings_dict = {**connection.settings_dict, "CONN_HEALTH_CHECKS": True,
-                                    "CONN_MAX_AGE": max(connection.settings_dict["CONN_MAX_AGE"],
-                                                        settings.INGEST_KEEP_CONNECTION_S)}
+                                    "CONN_MAX_AGE": settings.INGEST_KEEP_CONNECTION_S}
 
 
 class IngestRoute:
@@ -89,8 +89,8 @@ class IngestRoute:
 
 def respond(request, job_id):
     """One post, as Django would serve it: request signals around the view (they close this thread's
-    database connection past its age or after an error), the Host checked as CommonMiddleware checks it, and an exception
-    answered by Django's own handling."""
+    database connection past its age or after an error), the Host checked as CommonMiddleware checks
+    it, and an exception answered by Django's own handling."""
     from jobs.api import ingest_view
     signals.request_started.send(sender=IngestRoute)
     try:

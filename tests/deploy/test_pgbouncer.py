@@ -12,6 +12,7 @@ from pathlib import Path
 import dj_database_url
 import psycopg2
 import pytest
+import yaml
 from django.db.utils import ConnectionHandler
 
 from tests.support import pgbouncer
@@ -159,7 +160,6 @@ def test_its_pool_holds_the_sessions_ingest_servers_keep_with_room_for_the_rest(
     """Each ingest server's threads keep a session each (portal.overrides.ingest); at the production
     overlay's most ingest servers they must leave sessions for web requests and workers, within
     PostgreSQL's default max_connections (100, 3 of them reserved for superusers)."""
-    import yaml
     scalers = yaml.safe_load_all((ROOT / "deploy/kubernetes/overlays/production/autoscaling.yaml").read_text())
     ingest = next(s for s in scalers if s["metadata"]["name"] == "trainyard-ingest")
     kept = ingest["spec"]["maxReplicas"] * settings.INGEST_THREADS

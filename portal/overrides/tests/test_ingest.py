@@ -6,7 +6,6 @@ import time
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import HttpCommunicator
-
 from django.db import connection, connections
 
 from jobs import credentials
@@ -14,6 +13,7 @@ from jobs.models import LogLine
 from portal.asgi import application, ingest_route
 from portal.overrides.ingest import IngestRoute
 from tests.support.builders import job, member
+from tests.support.optional import skip_or_fail
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,7 +88,7 @@ def test_other_paths_still_reach_django():
 @pytest.fixture
 def one_thread_route(settings):
     if connection.vendor != "postgresql":
-        pytest.skip("a kept connection is PostgreSQL's matter (SQLite keeps its connection anyway)")
+        skip_or_fail("a kept connection is PostgreSQL's matter (set DATABASE_URL; SQLite keeps its own anyway)")
     settings.INGEST_THREADS = 1
     route = IngestRoute(ingest_route.django)
     yield route
