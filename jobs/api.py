@@ -71,14 +71,14 @@ class JobList(TenantScoped, generics.ListCreateAPIView):
 
     def create(self, request, *args, **kwargs):
         membership = self.membership()
-        submission.admit(membership)  # before the upload is parsed (request.FILES)
+        admitted = submission.admit(membership)  # before the upload is parsed (request.FILES)
         manifest = request.FILES.get("manifest")
         if manifest is None:
             raise submission.SubmitError("a manifest file (YAML) is required", field="manifest")
         if manifest.size > 64 * 1024:
             raise submission.SubmitError("manifest is larger than 64 KiB", field="manifest")
         job = submission.submit(membership, manifest_bytes=manifest.read(), code_file=request.FILES.get("code"),
-                                private=_flag(request.data.get("private")), admitted=True)
+                                private=_flag(request.data.get("private")), admitted=admitted)
         return Response(JobDetailSerializer(job, context={"just_submitted": True}).data, status=status.HTTP_201_CREATED)
 
 

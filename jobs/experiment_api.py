@@ -127,7 +127,7 @@ class ExperimentList(Scoped, APIView):
         429: OpenApiResponse(ErrorSerializer, description="past the tenant's submissions per minute")})
     def post(self, request):
         membership = self.membership()
-        experiments.submission.admit(membership)  # before the upload is parsed
+        admitted = experiments.submission.admit(membership)  # before the upload is parsed
         manifest = request.FILES.get("manifest")
         if manifest is None:
             return Response({"detail": "a manifest file (YAML) is required", "field": "manifest"}, status=400)
@@ -135,7 +135,7 @@ class ExperimentList(Scoped, APIView):
             return Response({"detail": "manifest is larger than 64 KiB", "field": "manifest"}, status=400)
         experiment = experiments.create(membership, manifest_bytes=manifest.read(), code_file=request.FILES.get("code"),
                                         private=str(request.data.get("private", "")).lower() in ("1", "true", "on"),
-                                        admitted=True)
+                                        admitted=admitted)
         return Response(ExperimentDetailSerializer(experiment).data, status=status.HTTP_201_CREATED)
 
 

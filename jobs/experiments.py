@@ -53,15 +53,15 @@ class ExperimentError(submission.SubmitError):
 
 
 # --- create -------------------------------------------------------------------------------------
-def create(membership, *, manifest_bytes, code_file, private=False, admitted=False):
-    """Validate and store a new experiment; its trials start from the scheduling loop's next pass."""
-    if not admitted:
-        submission.admit(membership)
+def create(membership, *, manifest_bytes, code_file, private=False, admitted=None):
+    """Validate and store a new experiment; its trials start from the scheduling loop's next pass.
+    `admitted`: what submission.admit() answered, when the caller has called it already."""
+    admitted = admitted or submission.admit(membership)
     try:
         spec = experiments.parse_experiment(manifest_bytes)
     except ManifestError as exc:
         raise ExperimentError(str(exc), field=exc.field) from None
-    submission.disk_caps_for(membership.tenant, spec.manifest)
+    submission.disk_caps_for(membership.tenant, spec.manifest, admitted.quota)
     submission.check_priority(membership, spec.manifest)
     upload, info = submission.checked_code(code_file)
     stored = spec.to_json()
@@ -310,7 +310,7 @@ class Pass:
         job = submission.store_job(
             tenant, self.experiment.owner, manifest, yaml.safe_dump(fields, sort_keys=False), code,
             code.name.removeprefix("code."), private=self.experiment.private,
-            disk_caps=submission.disk_caps_for(tenant, manifest), hold_queue_place=False,
+            disk_caps=submission.disk_caps_for(tenant, manifest, quotas.quota_of(tenant)),
             credentials=transfers.sealed_credentials(folder),
             runtime_extra={"hyperparameters": values, "experiment": {"id": self.experiment.id, "trial": number}})
         _write_hparams(job, values)

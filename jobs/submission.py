@@ -6,6 +6,7 @@ kept on the job (jobs.runtime), so they never parse the manifest again.
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -31,6 +32,17 @@ class SubmitError(Exception):
 
 
 # --- submit --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Admitted:
+    """A submission admit() let through, with the tenant's quota it read (None: the platform's
+    defaults), which the rest of the submission checks against rather than reading it again."""
+    quota: object
+
+    @property
+    def intake(self):
+        return quotas.intake_of(self.quota)
+
+
 def admit(membership):
     """Refuse a member who may not submit now (403 for the role, 429 past the tenant's intake). It
     reads no upload: the API calls it before parsing one, so refused submits, however large and
@@ -38,24 +50,25 @@ def admit(membership):
     if not membership.can_submit:
         raise SubmitError(f"your role in {membership.tenant.slug!r} ({membership.role}) cannot submit jobs",
                           status=403)
-    _admit(membership.tenant)
+    admitted = Admitted(quotas.quota_of(membership.tenant))
+    _admit(membership.tenant, admitted.intake)
+    return admitted
 
 
-def submit(membership, *, manifest_bytes, code_file, private=False, admitted=False):
+def submit(membership, *, manifest_bytes, code_file, private=False, admitted=None):
     """Validate and store a new job; nothing is stored or reserved unless everything is valid.
-    `admitted`: the caller has called admit() for this submission already."""
-    if not admitted:
-        admit(membership)
+    `admitted`: what admit() answered, when the caller has called it for this submission already."""
+    admitted = admitted or admit(membership)
     try:
         manifest = parse_manifest(manifest_bytes)
     except ManifestError as exc:
         raise SubmitError(str(exc), field=exc.field) from None
-    disk_caps = disk_caps_for(membership.tenant, manifest)
+    disk_caps = disk_caps_for(membership.tenant, manifest, admitted.quota)
     check_priority(membership, manifest)
     upload, info = checked_code(code_file)
     try:
         return store_job(membership.tenant, membership.user, manifest, manifest_bytes.decode("utf-8"), upload,
-                         info.kind, private=private, disk_caps=disk_caps)
+                         info.kind, private=private, disk_caps=disk_caps, queue_limit=admitted.intake)
     finally:
         upload.unlink(missing_ok=True)
 
@@ -91,10 +104,10 @@ def checked_code(code_file):
     return upload, info
 
 
-def disk_caps_for(tenant, manifest):
-    """The job's disk caps within its tenant's limits (jobs.disk); refused while the tenant's stored
-    output fills its storage quota, since the job's results could only be stored past it."""
-    quota = quotas.quota_of(tenant)
+def disk_caps_for(tenant, manifest, quota):
+    """The job's disk caps within its tenant's limits (jobs.disk; `quota`, the tenant's, None for
+    none); refused while the tenant's stored output fills its storage quota, since the job's results
+    could only be stored past it."""
     try:
         caps = disk.caps_for(manifest.disk, quota)
     except disk.DiskError as exc:
@@ -111,11 +124,10 @@ def _inspect_bounds():
     return InspectBounds(max_ratio=settings.MAX_ARCHIVE_RATIO, max_seconds=settings.ARCHIVE_INSPECT_SECONDS)
 
 
-def _admit(tenant):
+def _admit(tenant, intake):
     """Refuse a submission past the tenant's intake (tenants.quotas.intake_of) before it costs anything:
     429 with Retry-After past its submissions per minute (every attempt counts), 429 while it has as
     many jobs queued as it may."""
-    intake = quotas.intake_of(quotas.quota_of(tenant))
     retry_s = throttling.submission_retry_after(tenant.pk, intake.submissions_per_minute)
     if retry_s:
         raise SubmitError(f"too many submissions: tenant {tenant.slug!r} may submit {intake.submissions_per_minute} "
@@ -133,11 +145,11 @@ def _check_queue(tenant, intake):
                           "been terminated", status=429)
 
 
-def _hold_queue_place(tenant):
+def _hold_queue_place(tenant, intake):
     """Inside the transaction that queues the job: check the queue again under the tenant's row lock,
     so submissions racing each other cannot pass the limit together."""
     Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).first()
-    _check_queue(tenant, quotas.intake_of(quotas.quota_of(tenant)))
+    _check_queue(tenant, intake)
 
 
 def queue_room(tenant):
@@ -155,11 +167,11 @@ def _save_upload(code_file):
 
 
 def store_job(tenant, owner, manifest, manifest_text, code, kind, *, private=False, disk_caps=None,
-              runtime_extra=None, credentials=None, hold_queue_place=True):
+              runtime_extra=None, credentials=None, queue_limit=None):
     """Store a validated job with its code (a copy of the archive `code`, of `kind` zip or tar.gz) and
     queue it. `credentials`: the data stores' secrets when they are not the manifest's own (an
-    experiment's trial: they were sealed beside the experiment). `hold_queue_place`: check the
-    tenant's queue limit under its row lock (a caller that keeps within it itself passes False)."""
+    experiment's trial: they were sealed beside the experiment). `queue_limit`: the tenant's intake,
+    whose queued_jobs is checked under its row lock (None: the caller keeps within it itself)."""
     # Data-store credentials never reach the database: stored redacted, sealed beside the job instead.
     job = Job(tenant=tenant, owner=owner, name=manifest.name,
               description=manifest.description, framework=manifest.framework,
@@ -178,8 +190,8 @@ def store_job(tenant, owner, manifest, manifest_text, code, kind, *, private=Fal
         else:
             transfers.seal_credentials(folder, credentials)
         with transaction.atomic():
-            if hold_queue_place:
-                _hold_queue_place(tenant)
+            if queue_limit is not None:
+                _hold_queue_place(tenant, queue_limit)
             job.save(force_insert=True)
             job.events.create(to_status=Status.QUEUED, actor=owner.username, reason="submitted")
             dispatch.wake_scheduler_on_commit()  # first: its wake is what the job waits for

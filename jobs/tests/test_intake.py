@@ -75,6 +75,33 @@ def test_the_queue_is_checked_again_where_the_job_is_queued(settings, monkeypatc
     settings.MAX_QUEUED_JOBS = 1
     alice = member("team-a", "alice")
     assert submit(client_for(alice)).status_code == 201
-    monkeypatch.setattr(submission, "_admit", lambda tenant: None)  # the early check passed (a racing submit)
+    monkeypatch.setattr(submission, "_admit", lambda tenant, intake: None)  # the early check passed (a racing submit)
     response = submit(client_for(alice))
     assert response.status_code == 429 and Job.objects.filter(tenant=alice.tenant).count() == 1
+
+
+def test_a_submission_reads_its_tenants_quota_once(settings):
+    """admit() reads the quota; the disk caps and the queue check under the tenant's lock use it."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    quotas.Quota.objects.create(tenant=member("team-a", "alice").tenant, queued_jobs=5)
+    with CaptureQueriesContext(connection) as queries:
+        assert submit(client_for(member("team-a", "alice"))).status_code == 201
+    assert sum('FROM "tenants_quota"' in q["sql"] for q in queries.captured_queries) == 1
+
+
+def test_counting_a_tenants_queue_reads_an_index_of_queued_jobs_alone(settings):
+    """The count every submission makes twice need not scan the rest of the tenant's jobs (their
+    history, or those running) nor the table: PostgreSQL can answer it from job_queued_per_tenant."""
+    from django.db import connection, transaction
+    from tests.support.optional import skip_or_fail
+    if connection.vendor != "postgresql":
+        skip_or_fail("the partial index is PostgreSQL's (set DATABASE_URL)")
+    alice = member("team-a", "alice")
+    query = Job.objects.filter(tenant=alice.tenant, status=Status.QUEUED).values("pk")
+    sql, params = query.query.sql_with_params()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN SELECT COUNT(*) FROM ({sql}) AS queued", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "job_queued_per_tenant" in plan, plan

@@ -118,7 +118,7 @@ def seeded(researcher, colleague):
                                   sealed_secret="x", created_by="alice")
     Delivery.objects.create(webhook=hook, job=target, event="completed", payload={}, tries=1, response_status=500,
                             last_error="HTTP 500")
-    sweep, to_pause, paused, to_kill = (experiments.create(researcher, manifest_bytes=EXPERIMENT, admitted=True,
+    sweep, to_pause, paused, to_kill = (experiments.create(researcher, manifest_bytes=EXPERIMENT,
                                                            code_file=upload(tar_gz({"run.sh": b"echo hi\n"})))
                                         for _ in range(4))
     experiments.advance(sweep.id)  # its first trials, as jobs
