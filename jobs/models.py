@@ -100,8 +100,8 @@ class Job(models.Model):
         # (tenant, created_at) serves the jobs page's default order; with status in between, its status
         # filter (jobs.listing keyset pages stay one index range at 100,000 jobs). On PostgreSQL the
         # table leaves 30% of each page free for rewritten wait reasons (migration 0012). The tenant's
-        # queued jobs alone: a submission counts them twice (jobs.submission) in an index a fraction
-        # of the table's size, where a tenant's long queue made the count a scan of the whole table.
+        # queued jobs alone: a submission counts them (jobs.submission) in an index a fraction of the
+        # table's size, where a tenant's long queue made the count a scan of the whole table.
         indexes = [models.Index(fields=["tenant", "-created_at"]),
                    models.Index(fields=["tenant", "status", "-created_at"], name="job_tenant_status_created"),
                    models.Index(fields=["tenant"], condition=models.Q(status=Status.QUEUED), name="job_queued_per_tenant")]

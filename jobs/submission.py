@@ -44,14 +44,25 @@ class Admitted:
 
 
 def admit(membership):
-    """Refuse a member who may not submit now (403 for the role, 429 past the tenant's intake). It
+    """Refuse a member who may not submit now: 403 for the role, 429 with Retry-After past the
+    tenant's submissions per minute (tenants.quotas.intake_of; every call counts as an attempt). It
     reads no upload: the API calls it before parsing one, so refused submits, however large and
-    however many, cost the web process no parsing. Each call counts as an attempt."""
+    however many, cost the web process no parsing.
+
+    The queue's limit is checked once, where the job is queued (store_job, under the tenant's lock):
+    a count of a long queue here as well was a second scan of it in every submission, and refused
+    nothing the rate does not bound already."""
     if not membership.can_submit:
         raise SubmitError(f"your role in {membership.tenant.slug!r} ({membership.role}) cannot submit jobs",
                           status=403)
     admitted = Admitted(quotas.quota_of(membership.tenant))
-    _admit(membership.tenant, admitted.intake)
+    tenant, per_minute = membership.tenant, admitted.intake.submissions_per_minute
+    retry_s = throttling.submission_retry_after(tenant.pk, per_minute)
+    if retry_s:
+        raise SubmitError(f"too many submissions: tenant {tenant.slug!r} may submit {per_minute} jobs per minute "
+                          f"({admitted.intake.source('submissions_per_minute')}), at most "
+                          f"{throttling.submission_burst(per_minute)} of them in any ten seconds; try again in "
+                          f"{retry_s}s", status=429, retry_after=retry_s)
     return admitted
 
 
@@ -124,32 +135,16 @@ def _inspect_bounds():
     return InspectBounds(max_ratio=settings.MAX_ARCHIVE_RATIO, max_seconds=settings.ARCHIVE_INSPECT_SECONDS)
 
 
-def _admit(tenant, intake):
-    """Refuse a submission past the tenant's intake (tenants.quotas.intake_of) before it costs anything:
-    429 with Retry-After past its submissions per minute (every attempt counts), 429 while it has as
-    many jobs queued as it may."""
-    retry_s = throttling.submission_retry_after(tenant.pk, intake.submissions_per_minute)
-    if retry_s:
-        raise SubmitError(f"too many submissions: tenant {tenant.slug!r} may submit {intake.submissions_per_minute} "
-                          f"jobs per minute ({intake.source('submissions_per_minute')}), at most "
-                          f"{throttling.submission_burst(intake.submissions_per_minute)} of them in any ten "
-                          f"seconds; try again in {retry_s}s", status=429, retry_after=retry_s)
-    _check_queue(tenant, intake)
-
-
-def _check_queue(tenant, intake):
+def _hold_queue_place(tenant, intake):
+    """Inside the transaction that queues the job: 429 while the tenant has as many jobs queued as its
+    intake allows, counted under its row lock, so submissions racing each other cannot pass the limit
+    together."""
+    Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).first()
     queued = tenant.jobs.filter(status=Status.QUEUED).count()
     if queued >= intake.queued_jobs:
         raise SubmitError(f"too many queued jobs: tenant {tenant.slug!r} has {queued} jobs queued, the most it may "
                           f"have ({intake.source('queued_jobs')}); submit again once some have started or "
                           "been terminated", status=429)
-
-
-def _hold_queue_place(tenant, intake):
-    """Inside the transaction that queues the job: check the queue again under the tenant's row lock,
-    so submissions racing each other cannot pass the limit together."""
-    Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).first()
-    _check_queue(tenant, intake)
 
 
 def queue_room(tenant):

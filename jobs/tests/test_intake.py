@@ -69,15 +69,27 @@ def test_a_tenants_quota_sets_its_own_limits(settings):
     assert summary["quota"]["queued_jobs"] == 1 and quotas.summary(bob.tenant)["quota"]["queued_jobs"] is None
 
 
-def test_the_queue_is_checked_again_where_the_job_is_queued(settings, monkeypatch):
-    """Two submissions racing past the first check cannot both queue the last place."""
-    from jobs import submission
+def test_a_submission_past_the_queues_limit_leaves_nothing_stored(settings):
+    """The queue is counted where the job is queued, under the tenant's lock: a refusal there removes
+    the job's folder it had written (code, sealed credentials) and queues nothing."""
+    from jobs import storage
     settings.MAX_QUEUED_JOBS = 1
     alice = member("team-a", "alice")
     assert submit(client_for(alice)).status_code == 201
-    monkeypatch.setattr(submission, "_admit", lambda tenant, intake: None)  # the early check passed (a racing submit)
+    folders = set(storage.root().joinpath("team-a").iterdir())
     response = submit(client_for(alice))
     assert response.status_code == 429 and Job.objects.filter(tenant=alice.tenant).count() == 1
+    assert set(storage.root().joinpath("team-a").iterdir()) == folders
+    assert not list(storage.uploads_dir().iterdir())
+
+
+def test_a_submission_counts_its_tenants_queue_once(settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    alice = member("team-a", "alice")
+    with CaptureQueriesContext(connection) as queries:
+        assert submit(client_for(alice)).status_code == 201
+    assert sum(q["sql"].startswith("SELECT COUNT(*)") and '"jobs_job"' in q["sql"] for q in queries.captured_queries) == 1
 
 
 def test_a_submission_reads_its_tenants_quota_once(settings):
@@ -91,7 +103,7 @@ def test_a_submission_reads_its_tenants_quota_once(settings):
 
 
 def test_counting_a_tenants_queue_reads_an_index_of_queued_jobs_alone(settings):
-    """The count every submission makes twice need not scan the rest of the tenant's jobs (their
+    """The count every submission makes need not scan the rest of the tenant's jobs (their
     history, or those running) nor the table: PostgreSQL can answer it from job_queued_per_tenant."""
     from django.db import connection, transaction
     from tests.support.optional import skip_or_fail
