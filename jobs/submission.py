@@ -56,11 +56,12 @@ def admit(membership):
         raise SubmitError(f"your role in {membership.tenant.slug!r} ({membership.role}) cannot submit jobs",
                           status=403)
     admitted = Admitted(quotas.quota_of(membership.tenant))
-    tenant, per_minute = membership.tenant, admitted.intake.submissions_per_minute
+    tenant, intake = membership.tenant, admitted.intake
+    per_minute = intake.submissions_per_minute
     retry_s = throttling.submission_retry_after(tenant.pk, per_minute)
     if retry_s:
         raise SubmitError(f"too many submissions: tenant {tenant.slug!r} may submit {per_minute} jobs per minute "
-                          f"({admitted.intake.source('submissions_per_minute')}), at most "
+                          f"({intake.source('submissions_per_minute')}), at most "
                           f"{throttling.submission_burst(per_minute)} of them in any ten seconds; try again in "
                           f"{retry_s}s", status=429, retry_after=retry_s)
     return admitted
