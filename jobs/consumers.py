@@ -22,7 +22,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
 from jobs import listhub, live, prometheus_series, tenancy
-from tenants import access, throttling
+from tenants import access, sso, throttling
 from tenants.models import Membership
 from tenants.auth import user_for_key
 
@@ -131,7 +131,13 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         if not key:
             return AnonymousUser()
         store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=key)
-        return auth.get_user(SimpleNamespace(session=store))
+        user = auth.get_user(SimpleNamespace(session=store))
+        if not sso.session_vouched_for(store, user):  # single sign-on's recheck, as the pages have it
+            store.delete()  # the session ends for the pages too
+            return AnonymousUser()
+        if store.modified:  # what the recheck wrote (its time, the provider's fresh tokens)
+            store.save()
+        return user
 
 
 class JobConsumer(_ScopedConsumer):

@@ -1,9 +1,12 @@
 """Which tenant a request acts in. The queries of tenant-scoped jobs build on it in jobs.tenancy
 (this package never imports jobs: jobs builds on tenants, not the other way round).
 """
+import re
+
 from tenants.models import Membership, Tenant
 
 TENANT_HEADER = "HTTP_X_TRAINYARD_TENANT"
+SLUG = re.compile(r"[-a-zA-Z0-9_]+")  # what a tenant's slug (a SlugField) may be
 
 
 class NoTenant(Exception):
@@ -26,6 +29,8 @@ def membership_for(user, requested_slug=None):
         raise NoTenant("not logged in")
     memberships = Membership.objects.select_related("tenant").filter(user=user).order_by("-is_default", "pk")
     if requested_slug:
+        if not SLUG.fullmatch(requested_slug):  # no tenant is named so (nor can the database compare a NUL)
+            raise NoTenant(f"there is no tenant {requested_slug!r}: a tenant's name is letters, digits, - and _")
         membership = memberships.filter(tenant__slug=requested_slug).first()
         if membership is None and is_platform_admin(user):
             tenant = Tenant.objects.filter(slug=requested_slug).first()

@@ -188,3 +188,4 @@ class SsoIdentityAdmin(admin.ModelAdmin):
     list_display = ["user", "issuer", "subject", "created_at", "checked_at"]
     search_fields = ["user__username", "subject"]
     readonly_fields = ["user", "issuer", "subject", "created_at", "checked_at"]
+    exclude = ["refresh_token"]  # a credential for the person's account at the provider: never shown

@@ -34,8 +34,9 @@ class ApiTokenAuthentication(authentication.TokenAuthentication):
         token = ApiToken.authenticate(key)
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
-        if not sso.still_vouched_for(token):  # a personal token of single sign-on (tenants.sso)
-            raise exceptions.AuthenticationFailed("The identity provider no longer vouches for this token's owner.")
+        refusal = sso.token_refusal(token)  # a token of someone who signs in through the provider
+        if refusal:
+            raise exceptions.AuthenticationFailed(refusal)
         now = timezone.now()
         if token.last_used_at is None or now - token.last_used_at >= LAST_USED_PRECISION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
@@ -43,6 +44,6 @@ class ApiTokenAuthentication(authentication.TokenAuthentication):
 
 
 def user_for_key(key):
-    """The user an API key belongs to, or None (used by the websocket handshake)."""
+    """The user an API key belongs to, or None (the websockets: they authenticate as the REST API does)."""
     token = ApiToken.authenticate(key) if key else None
-    return token.user if token else None
+    return token.user if token and not sso.token_refusal(token) else None

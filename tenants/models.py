@@ -122,8 +122,8 @@ class SsoIdentity(models.Model):
     subject = models.CharField(max_length=255)
     created_at = models.DateTimeField(default=timezone.now)
     checked_at = models.DateTimeField(null=True, blank=True)  # the provider last confirmed the groups
-    # The device flow's refresh token: how the personal tokens of `trainyard login --sso` ask the provider
-    # again about their owner (tenants.sso.still_vouched_for). A browser session keeps its own.
+    # The device flow's refresh token: how the API tokens of someone who signs in through the provider
+    # ask it again about their owner (tenants.sso.token_refusal). A browser session keeps its own.
     refresh_token = models.TextField(blank=True, default="")
 
     class Meta:

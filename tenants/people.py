@@ -81,6 +81,8 @@ def add_member(tenant, username, role=Membership.Role.RESEARCHER):
 
 def set_default_tenant(user, slug):
     """The tenant `user`'s requests act in when they name none (their own choice, nobody else's)."""
+    slug = str(slug or "")
+    _refuse_control_characters(slug, "tenant", "a tenant's name")
     with transaction.atomic():
         mine = Membership.objects.select_for_update().filter(user=user)
         chosen = mine.filter(tenant__slug=slug).first()
@@ -120,7 +122,14 @@ def _username(username):
     username = str(username or "").strip()
     if not username or len(username) > USERNAME_MAX:
         raise PeopleError(f"give a username (1-{USERNAME_MAX} characters)", field="username")
+    _refuse_control_characters(username, "username", "a username")
     return username
+
+
+def _refuse_control_characters(text, field, what):
+    # Control characters and lone surrogates: PostgreSQL cannot store a NUL, nor UTF-8 a surrogate.
+    if any(unicodedata.category(character) in ("Cc", "Cs") for character in text):
+        raise PeopleError(f"{what} may not hold control characters or unpaired surrogates", field=field)
 
 
 def _check_role(role):
@@ -144,9 +153,7 @@ def create_token(user, name):
     name = (name or "").strip()
     if not name or len(name) > TOKEN_NAME_MAX:
         raise PeopleError(f"give the token a name (1-{TOKEN_NAME_MAX} characters)", field="name")
-    # Control characters and lone surrogates: PostgreSQL cannot store a NUL, nor UTF-8 a surrogate.
-    if any(unicodedata.category(character) in ("Cc", "Cs") for character in name):
-        raise PeopleError("the token's name may not hold control characters or unpaired surrogates", field="name")
+    _refuse_control_characters(name, "name", "the token's name")
     return ApiToken.issue(user, name)
 
 

@@ -123,8 +123,9 @@ def roles_for(groups, entries):
     return wanted
 
 
-def sync_memberships(user, groups):
-    """Make `user`'s memberships in the mapped tenants what `groups` say; the rest are left alone."""
+def sync_memberships(user, groups, *, why_removed=None):
+    """Make `user`'s memberships in the mapped tenants what `groups` say; the rest are left alone.
+    `why_removed`: what the audit log says of a membership that ends (default: the groups it lost)."""
     entries = mappings()
     mapped = {slug for _, slug, _ in entries}
     wanted = roles_for(groups, entries)
@@ -137,8 +138,8 @@ def sync_memberships(user, groups):
         for slug, membership in held.items():
             if slug not in wanted:
                 groups_named = sorted(group for group, mapped_slug, _ in entries if mapped_slug == slug)
-                with audit.because(f"the identity provider no longer has {user.username} in "
-                                   f"{' or '.join(groups_named)}"):
+                with audit.because(why_removed or f"the identity provider no longer has {user.username} in "
+                                                  f"{' or '.join(groups_named)}"):
                     membership.delete()
             elif membership.role != wanted[slug][0]:
                 membership.role = wanted[slug][0]
@@ -345,41 +346,63 @@ class PortalLoginView(auth_views.LoginView):
 
 class SsoRecheckMiddleware:
     """Asks the provider again about a signed-in person every TRAINYARD_OIDC_RECHECK_INTERVAL seconds
-    and brings their memberships in line; a session the provider no longer vouches for (the person
-    removed or disabled, the tokens revoked) ends. So does one the provider cannot be reached for: a
-    session that cannot be checked is not kept."""
+    and brings their memberships in line (session_vouched_for); a session the provider no longer
+    vouches for ends, and so does one the provider cannot be reached for: a session that cannot be
+    checked is not kept."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
         session = getattr(request, "session", None)
-        if (session is not None and ACCESS_TOKEN in session and request.user.is_authenticated
-                and time.time() - session.get(CHECKED_AT, 0) >= settings.OIDC_RECHECK_S):
-            try:
-                recheck(request)
-            except (SsoError, SuspiciousOperation, requests.RequestException) as exc:
-                log.info("single sign-on session of %s ended: %s", request.user.username, exc)
-                auth.logout(request)
+        if session is not None and not session_vouched_for(session, request.user):
+            auth.logout(request)
         return self.get_response(request)
 
 
-def recheck(request):
-    session = request.session
+def session_vouched_for(session, user):
+    """Whether the signed-in session of `user` may go on (pages, the API, websockets). A session of
+    single sign-on is asked about again once TRAINYARD_OIDC_RECHECK_INTERVAL has passed since its last
+    check (recheck); when the provider refuses, the person's memberships in mapped tenants end too
+    (disowned), so none of their API tokens reaches those tenants either. The caller ends a session
+    this says no to; other sessions are never asked about."""
+    if (ACCESS_TOKEN not in session or not user.is_authenticated
+            or time.time() - session.get(CHECKED_AT, 0) < settings.OIDC_RECHECK_S):
+        return True
+    try:
+        recheck(session, user)
+        return True
+    except requests.RequestException as exc:
+        log.info("single sign-on session of %s ended: the provider cannot be asked (%s)", user.username, exc)
+    except (SsoError, SuspiciousOperation) as exc:
+        log.info("single sign-on session of %s ended: %s", user.username, exc)
+        disowned(user, f"the identity provider no longer vouches for {user.username} ({exc})")
+    return False
+
+
+def recheck(session, user):
     response = _userinfo(session[ACCESS_TOKEN])
     if response.status_code == 401 and session.get(REFRESH_TOKEN):
         tokens = refreshed(session[REFRESH_TOKEN])
         session[ACCESS_TOKEN], session[REFRESH_TOKEN] = tokens["access_token"], tokens.get("refresh_token")
         response = _userinfo(session[ACCESS_TOKEN])
-    if response.status_code != 200:
-        raise SsoError(f"the provider's userinfo endpoint answered {response.status_code}")
-    claims = response.json()
-    identity = SsoIdentity.objects.filter(user=request.user, issuer=settings.OIDC_ISSUER).first()
+    claims = _vouching_claims(response)
+    identity = SsoIdentity.objects.filter(user=user, issuer=settings.OIDC_ISSUER).first()
     if identity is None or str(claims.get("sub")) != identity.subject:
         raise SsoError("userinfo is about someone else")
     if sign_in(claims) is None:
         raise SsoError("the account is disabled")
     session[CHECKED_AT] = time.time()
+
+
+def _vouching_claims(response):
+    """The userinfo endpoint's claims; a server error is the provider out of reach (asked again
+    later), any other refusal is the provider's answer."""
+    if response.status_code >= 500:
+        raise requests.RequestException(f"the provider's userinfo endpoint answered {response.status_code}")
+    if response.status_code != 200:
+        raise SsoError(f"the provider's userinfo endpoint answered {response.status_code}")
+    return response.json()
 
 
 def _userinfo(access_token):
@@ -390,6 +413,8 @@ def _userinfo(access_token):
 def refreshed(refresh_token):
     response = requests.post(provider()["token_endpoint"], auth=client_auth(), timeout=TIMEOUT_S,
                              data={"grant_type": "refresh_token", "refresh_token": refresh_token})
+    if response.status_code >= 500:
+        raise requests.RequestException(f"the provider could not refresh the session ({response.status_code})")
     if response.status_code != 200:
         raise SsoError(f"the provider refused to refresh the session ({response.status_code})")
     return response.json()
@@ -425,48 +450,69 @@ def finish_device_flow(device_code):
     user = sign_in(verified_claims(backend, answer.get("access_token"), id_claims))
     if user is None:
         raise SsoError("the account is disabled")
-    if answer.get("refresh_token"):
-        SsoIdentity.objects.filter(user=user, issuer=settings.OIDC_ISSUER).update(refresh_token=answer["refresh_token"])
+    if not answer.get("refresh_token"):
+        # Without one the token could not follow the person's account between sign-ins.
+        raise SsoError("the identity provider gave no refresh token, so a token could not follow your account; "
+                       "your administrator can ask for one in TRAINYARD_OIDC_SCOPES (offline_access, for most "
+                       "providers)")
+    SsoIdentity.objects.filter(user=user, issuer=settings.OIDC_ISSUER).update(refresh_token=answer["refresh_token"])
     expires_at = timezone.now() + timedelta(seconds=settings.OIDC_TOKEN_LIFETIME_S)
     token, key = ApiToken.issue(user, PERSONAL_TOKEN_NAME, expires_at=expires_at)
     return (token, key, user), None
 
 
-# --- personal tokens follow the provider too ---------------------------------------------------------------
-def still_vouched_for(token):
-    """Whether a personal token (one that expires) may still be used: every
-    TRAINYARD_OIDC_RECHECK_INTERVAL its owner's memberships are brought in line with the provider, through
-    the device flow's refresh token; when the provider refuses (the person removed, their grant revoked)
-    every personal token of theirs is revoked. One request at a time asks (a compare-and-swap on
-    checked_at); the others go on with what the last answer left."""
-    if not configured() or token.expires_at is None:
-        return True
-    identity = (SsoIdentity.objects.filter(user_id=token.user_id, issuer=settings.OIDC_ISSUER)
-                .exclude(refresh_token="").first())
+# --- tokens follow the provider too ------------------------------------------------------------------------
+def token_refusal(token):
+    """Why an API token may not be used now, or "" when it may. A token of someone who signs in
+    through the provider (a personal token from `trainyard login --sso`, or one they made on the
+    Tokens page) follows the provider:
+    - with the device flow's refresh token kept for them, every TRAINYARD_OIDC_RECHECK_INTERVAL the
+      provider is asked and their memberships brought in line; when it refuses, the person is
+      disowned and their personal tokens revoked. One request at a time asks (a compare-and-swap on
+      checked_at); the others go on with what the last answer left;
+    - without one, nothing can ask on the token's behalf: it works while the provider vouched for
+      them (a sign-in, a session's recheck) within TRAINYARD_OIDC_TOKEN_LIFETIME.
+    Accounts that never signed in through the provider (service accounts) are never asked about."""
+    if not configured():
+        return ""
+    identity = SsoIdentity.objects.filter(user_id=token.user_id, issuer=settings.OIDC_ISSUER).first()
+    if identity is None:
+        return ""
     now = timezone.now()
-    if identity is None or (identity.checked_at and
-                            now - identity.checked_at < timedelta(seconds=settings.OIDC_RECHECK_S)):
-        return True
+    if not identity.refresh_token:
+        if identity.checked_at and now - identity.checked_at < timedelta(seconds=settings.OIDC_TOKEN_LIFETIME_S):
+            return ""
+        return ("The identity provider has not vouched for this token's owner lately: sign in through your "
+                "organisation again (the portal, or trainyard login --sso).")
+    if identity.checked_at and now - identity.checked_at < timedelta(seconds=settings.OIDC_RECHECK_S):
+        return ""
     if not SsoIdentity.objects.filter(pk=identity.pk, checked_at=identity.checked_at).update(checked_at=now):
-        return True
+        return ""
+    refused = "The identity provider no longer vouches for this token's owner."
     try:
         tokens = refreshed(identity.refresh_token)
-        response = _userinfo(tokens["access_token"])
-        if response.status_code != 200:
-            raise SsoError(f"the provider's userinfo endpoint answered {response.status_code}")
-        claims = response.json()
+        claims = _vouching_claims(_userinfo(tokens["access_token"]))
         if str(claims.get("sub")) != identity.subject:
             raise SsoError("userinfo is about someone else")
     except requests.RequestException as exc:  # not asked: this request is refused, the tokens are kept
         SsoIdentity.objects.filter(pk=identity.pk).update(checked_at=identity.checked_at)
         log.warning("cannot ask the identity provider about %s: %s", token.user.username, exc)
-        return False
+        return "The identity provider cannot be reached to vouch for this token's owner; try again shortly."
     except SsoError as exc:
-        revoke_personal_tokens(token.user, f"the identity provider no longer vouches for {token.user.username} ({exc})")
-        return False
+        reason = f"the identity provider no longer vouches for {token.user.username} ({exc})"
+        disowned(token.user, reason)
+        revoke_personal_tokens(token.user, reason)
+        return refused
     rotated = tokens.get("refresh_token") or identity.refresh_token
     SsoIdentity.objects.filter(pk=identity.pk).update(refresh_token=rotated)
-    return sign_in(claims) is not None
+    return "" if sign_in(claims) is not None else refused
+
+
+def disowned(user, reason):
+    """The provider refused to vouch for `user`: their memberships in the tenants a mapping names end
+    (the audit entry gives `reason`), so no session or token of theirs reaches those tenants until a
+    sign-in through the provider brings them back. Other memberships (invitations) are left alone."""
+    sync_memberships(user, set(), why_removed=reason)
 
 
 def revoke_personal_tokens(user, reason):

@@ -88,7 +88,7 @@ def tokens_page(request):
             except people.PeopleError as exc:
                 _refused(request, exc)
         elif request.POST.get("action") == "revoke":
-            token = ApiToken.objects.filter(pk=request.POST.get("token"), user=request.user,
+            token = ApiToken.objects.filter(pk=_number(request.POST.get("token")), user=request.user,
                                             revoked_at__isnull=True).first()
             if token is not None:
                 people.revoke_token(token)

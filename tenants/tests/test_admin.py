@@ -6,7 +6,7 @@ from django.test import Client
 from jobs.models import Status
 from jobs.states import transition
 from tenants import quotas
-from tenants.models import Quota
+from tenants.models import Quota, SsoIdentity
 from tests.support.builders import job, member
 
 pytestmark = pytest.mark.django_db
@@ -56,3 +56,11 @@ def test_the_other_admin_lists_render(admin_client, path):
     quotas.set_quota(alice.tenant, gpus=1)
     transition(job(alice).id, Status.PENDING, actor="test")
     assert admin_client.get(path).status_code == 200
+
+
+def test_the_admin_console_never_shows_a_persons_refresh_token(admin_client):
+    """The device flow's refresh token is a credential for the person's account at the identity provider."""
+    identity = SsoIdentity.objects.create(user=member("team-a", "carol").user, issuer="https://id.example.org",
+                                          subject="carol", refresh_token="rt-secret-0123456789")
+    page = admin_client.get(f"/admin/tenants/ssoidentity/{identity.pk}/change/")
+    assert page.status_code == 200 and "rt-secret-0123456789" not in page.content.decode()

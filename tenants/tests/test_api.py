@@ -126,6 +126,22 @@ def test_a_token_name_with_a_control_character_or_a_lone_surrogate_is_a_400(name
     assert response.status_code == 400 and response.json()["field"] == "name"
 
 
+@pytest.mark.parametrize("field, method, path, body", [
+    ("username", "post", "/api/v1/tenants/current/members/", '{"username": "bob\\u0000"}'),
+    ("tenant", "put", "/api/v1/account/default-tenant/", '{"tenant": "team-a\\u0000"}'),
+])
+def test_a_name_with_a_nul_is_a_400_naming_its_field(field, method, path, body):
+    """PostgreSQL cannot compare a string holding a NUL: refused by name before any query is made."""
+    admin = member("team-a", "ada", role="admin")
+    response = getattr(client_for(admin), method)(path, body, content_type="application/json")
+    assert response.status_code == 400 and response.json()["field"] == field
+
+
+def test_a_tenant_named_with_a_nul_is_refused_as_no_such_tenant():
+    response = client_for(member("team-a", "alice")).get("/api/v1/tenants/current/?tenant=team-a%00")
+    assert response.status_code == 403 and "there is no tenant" in response.json()["detail"]
+
+
 def test_another_users_token_is_not_found():
     alice, bob = member("team-a", "alice"), member("team-a", "bob")
     theirs, _ = ApiToken.issue(alice.user, "ci")

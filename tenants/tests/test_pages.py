@@ -64,6 +64,7 @@ def test_tokens_page_shows_a_new_key_once_and_revokes():
     other.refresh_from_db()
     token.refresh_from_db()
     assert other.revoked_at is None and token.revoked_at is not None
+    assert page.post("/account/tokens/", {"action": "revoke", "token": "abc"}).status_code == 302  # no row, no 500
 
 
 def test_a_platform_admin_of_no_tenant_sees_every_tenant_to_open():

@@ -14,7 +14,8 @@ from django.utils import timezone
 from tenants import sso
 from tenants.models import ApiToken, AuditEntry, GroupMapping, Invitation, Membership, SsoIdentity, Tenant
 from tests.support import oidc
-from tests.support.builders import member
+from tests.support.builders import job, member
+from tests.support.websockets import session as socket_session
 
 CALLBACK = "http://testserver/sso/callback/"
 pytestmark = pytest.mark.django_db
@@ -149,6 +150,10 @@ def test_a_session_the_provider_no_longer_vouches_for_ends(idp, client, settings
     time.sleep(1.1)
     assert client.get("/api/v1/tenants/current/").status_code == 401
     assert "_auth_user_id" not in client.session
+    # Nor does any token of hers reach the tenants the provider decides: her memberships there end.
+    assert not Membership.objects.filter(user__username="carol", tenant__slug="vision").exists()
+    entry = AuditEntry.objects.get(target="carol@vision", action="deleted")
+    assert "no longer vouches for carol" in entry.after["reason"]
 
 
 def test_an_expired_access_token_is_refreshed_at_the_recheck(idp, client, settings):
@@ -408,3 +413,78 @@ def test_a_token_for_a_service_account_is_never_asked_about(idp, client, setting
     settings.OIDC_RECHECK_S = 1
     time.sleep(1.1)
     assert Client().get("/api/v1/tenants/current/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
+
+
+def make_token(name, **credentials):
+    """A token made through the API (the Tokens page's endpoint) by whoever `credentials` sign in as."""
+    return Client().post("/api/v1/tokens/", {"name": name}, content_type="application/json", **credentials).json()["key"]
+
+
+def test_a_token_made_on_the_tokens_page_follows_the_provider_too(idp, client, settings):
+    made = make_token("ci", HTTP_AUTHORIZATION=f"Token {device_token(client, 'dave')}")
+    use = lambda: Client().get("/api/v1/tenants/current/", HTTP_AUTHORIZATION=f"Token {made}")  # noqa: E731
+    assert use().json()["role"] == "admin"
+
+    idp.set_accounts({})  # dave leaves the organisation
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    refused = use()
+    assert refused.status_code == 401 and "no longer vouches" in refused.json()["detail"]
+    assert not Membership.objects.filter(user__username="dave", tenant__slug="vision").exists()
+    assert use().status_code != 200  # between two asks: no tenant of the provider's is left to act in
+
+
+def test_without_a_refresh_token_a_persons_token_works_while_the_provider_vouched_lately(idp, client, settings):
+    """A browser sign-in keeps no refresh token for tokens: nothing can ask the provider on their behalf."""
+    sign_in(client, "carol")
+    made = make_token("ci", HTTP_COOKIE=f"sessionid={client.cookies['sessionid'].value}")
+    use = lambda: Client().get("/api/v1/tenants/current/", HTTP_AUTHORIZATION=f"Token {made}")  # noqa: E731
+    assert use().status_code == 200
+
+    settings.OIDC_TOKEN_LIFETIME_S = 60
+    SsoIdentity.objects.filter(user__username="carol").update(checked_at=timezone.now() - timedelta(seconds=61))
+    refused = use()
+    assert refused.status_code == 401 and "sign in through your organisation again" in refused.json()["detail"]
+
+    sign_in(Client(), "carol")  # the provider vouches for her again
+    assert use().status_code == 200
+
+
+def test_the_device_flow_refuses_to_issue_a_token_it_could_not_recheck(idp, client, monkeypatch):
+    """The real provider's answer without its refresh token, as a provider answers where offline access
+    was not asked for (TRAINYARD_OIDC_SCOPES)."""
+    started = client.post("/api/v1/sso/device/").json()
+    oidc.complete_device_flow(started["verification_uri_complete"], "carol")
+    real_post = sso.requests.post
+
+    def without_refresh_token(url, **kwargs):
+        response = real_post(url, **kwargs)
+        if kwargs.get("data", {}).get("grant_type") == sso.DEVICE_GRANT and response.status_code == 200:
+            answer = {key: value for key, value in response.json().items() if key != "refresh_token"}
+            response.json = lambda **_: answer
+        return response
+    monkeypatch.setattr(sso.requests, "post", without_refresh_token)
+
+    refused = client.post("/api/v1/sso/device/token/", {"device_code": started["device_code"]},
+                          content_type="application/json")
+    assert refused.status_code == 403 and "TRAINYARD_OIDC_SCOPES" in refused.json()["detail"]
+    assert not ApiToken.objects.filter(user__username="carol").exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the sockets read the database from threads of their own
+def test_websockets_follow_the_provider_like_the_pages(idp, client, settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    target = job(member("vision", "alice"))
+    key = device_token(Client(), "dave")
+    sign_in(client, "carol")
+    cookie = [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+    assert socket_session(f"/ws/jobs/{target.id}/", headers=cookie)[0] is None
+    assert socket_session(f"/ws/jobs/{target.id}/?token={key}")[0] is None
+
+    idp.set_accounts({})  # both leave the organisation
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    assert socket_session(f"/ws/jobs/{target.id}/", headers=cookie)[0] == 4401
+    assert client.get("/api/v1/tenants/current/").status_code == 401  # the session ended for the pages too
+    assert socket_session(f"/ws/jobs/{target.id}/?token={key}")[0] == 4401
+    assert not Membership.objects.filter(tenant__slug="vision", user__username__in=["carol", "dave"]).exists()
