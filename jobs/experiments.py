@@ -39,13 +39,16 @@ from gpu_scheduler import search as searching
 from jobs import datastores, dispatch, lifecycle, storage, submission, transfers
 from jobs.models import ACTIVE, FINAL, Experiment, MetricPoint, Status, Trial
 from jobs.states import InvalidTransition
-from tenants import quotas
+from tenants import access, quotas
 from tenants.models import Membership
 from trainyard import experiment as experiments
 from trainyard.manifest import ManifestError, parse_fields
 
 log = logging.getLogger(__name__)
 HPARAMS_FILE = "hparams.json"  # in each trial's results: the hyperparameters it ran with
+# New trials one pass may start: an experiment reaches its max_concurrent_trials over a few cycles, and
+# no tenant's search holds the scheduling loop, which admits every tenant's jobs, for long.
+NEW_TRIALS_PER_PASS = 4
 
 
 class ExperimentError(submission.SubmitError):
@@ -153,6 +156,9 @@ class Pass:
     def run(self):
         state, before = self.experiment.state, self.recorded()
         self.observe()
+        if state == Experiment.State.ACTIVE and (why := self.owner_may_not_submit()):
+            state = self.experiment.state = Experiment.State.PAUSED  # its running trials halt below
+            self.experiment.state_reason = why
         if state == Experiment.State.TERMINATED:
             self.stop_all()
         elif state == Experiment.State.PAUSED:
@@ -169,6 +175,19 @@ class Pass:
         if self.recorded() != before:  # most passes over a running experiment change nothing
             self.experiment.updated_at = timezone.now()
             self.experiment.save()
+
+    def owner_may_not_submit(self):
+        """Why the experiment's owner may not start its trials now ("" when they may): trials are jobs
+        they submit, so an owner who left the tenant, or is a viewer now, starts none."""
+        experiment = self.experiment
+        if access.is_platform_admin(experiment.owner):  # acts in any tenant as its admin
+            return ""
+        membership = Membership.objects.filter(tenant=experiment.tenant, user=experiment.owner).first()
+        if membership is None:
+            return f"paused: its owner {experiment.owner.username} is no longer a member of {experiment.tenant.slug}"
+        if not membership.can_submit:
+            return f"paused: its owner {experiment.owner.username} is a {membership.role} and may not submit jobs"
+        return ""
 
     def recorded(self):
         """What a pass may change of the experiment's row."""
@@ -264,8 +283,8 @@ class Pass:
     def fill(self):
         searcher = self.spec.searcher
         room = searcher.max_concurrent_trials - sum(t.state == Trial.State.RUNNING for t in self.trials)
-        queue_room = None
-        while room > 0:
+        queue_room, new_trials = None, 0
+        while room > 0 and new_trials < NEW_TRIALS_PER_PASS:
             promotion = self.search.promotions(self.views()) if self.asha else []
             if promotion:
                 self.promote(*promotion[0])
@@ -286,6 +305,7 @@ class Pass:
             self.start_trial(proposal)
             room -= 1
             queue_room -= 1
+            new_trials += 1
 
     def out_of_trials(self):
         searcher = self.spec.searcher

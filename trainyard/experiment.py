@@ -35,8 +35,8 @@ from typing import Annotated, Any
 from pydantic import (BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError, WithJsonSchema,
                       WrapValidator, field_validator, model_validator)
 
-from trainyard.manifest import (Choice, Document, ManifestError, ManifestProblems, Manifest, Whole, Broken, Section,
-                                shown, load_fields, parse_fields, read_fields)
+from trainyard.manifest import (MAX_MANIFEST_BYTES, Broken, Choice, Document, Manifest, ManifestError, ManifestProblems,
+                                Section, Whole, load_fields, parse_fields, read_fields, shown)
 
 SEARCHERS = ("grid", "random", "asha", "tpe")
 TYPES = ("const", "int", "double", "log", "categorical")
@@ -47,6 +47,8 @@ MAX_TRIALS = 10_000
 MAX_CONCURRENT_TRIALS = 256
 MAX_LENGTH = 10**9
 MAX_LISTED = 1000  # whole numbers in an int range listed one by one (a finite space: trainyard.experiment)
+MAX_GRID_POINTS = 100_000  # the points of a grid search: every one is a configuration the searcher lists
+MAX_FLOAT_TEXT = 24  # the longest repr() of a float ("-1.2345678901234567e-308")
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 PLACEHOLDER = re.compile(r"\{\{\s*hparams\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 RANGE_FIELDS = {"const": ("type", "val"), "int": ("type", "minval", "maxval", "count"),
@@ -338,4 +340,23 @@ def _cross_checks(manifest, hyperparameters, searcher):
             if hp.type in ("double", "log") and hp.count is None:
                 problems.append(ManifestError(f"hyperparameters.{hp.name}.count",
                                               "is required for a grid search over a continuous range"))
+        if not problems and (points := math.prod(len(hp.grid_points()) for hp in hyperparameters)) > MAX_GRID_POINTS:
+            problems.append(ManifestError("hyperparameters", f"make a grid of {points:,} points; a grid search "
+                                                             f"takes at most {MAX_GRID_POINTS:,}"))
+    if manifest is not None and not problems:
+        longest = {hp.name: _longest_text(hp) for hp in hyperparameters}
+        rendered = len(PLACEHOLDER.sub(lambda match: "x" * longest[match.group(1)], manifest.command).encode())
+        if rendered > MAX_MANIFEST_BYTES:
+            problems.append(ManifestError("framework.command", f"becomes {rendered:,} bytes with the longest values "
+                                                               f"of its hyperparameters; a trial's command may "
+                                                               f"have {MAX_MANIFEST_BYTES:,}"))
     return problems
+
+
+def _longest_text(hp):
+    """The most characters `{{hparams.NAME}}` can become in a command (render_command) for `hp`."""
+    if hp.vals:
+        return max(len(shlex.quote(_text(value)).encode()) for value in hp.vals)
+    if hp.type == "int":
+        return max(len(str(int(hp.minval))), len(str(int(hp.maxval))))
+    return MAX_FLOAT_TEXT

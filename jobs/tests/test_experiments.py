@@ -227,6 +227,53 @@ def test_a_bad_experiment_is_refused_naming_each_problem(alice):
     assert not list(storage.root().glob("team-a/exp-*"))
 
 
+def test_an_experiment_that_could_flood_the_platform_is_refused_by_name(alice):
+    """A grid the searcher would have to list in full, and a command its values would blow up past a
+    manifest's size in every trial's job row."""
+    huge = {f"h{i}": {"type": "double", "minval": 0, "maxval": 1, "count": 100} for i in range(6)}
+    huge["lr"], huge["width"] = {"type": "const", "val": 1}, {"type": "const", "val": 2}
+    with pytest.raises(experiments.ExperimentError, match="hyperparameters: make a grid of 1,000,000,000,000 points; "
+                                                         "a grid search takes at most 100,000"):
+        create(alice, {"name": "grid", "metric": "val_acc"}, hyperparameters=huge)
+    long_values = {"lr": {"type": "categorical", "vals": ["'" * 200, "b"]}, "width": {"type": "const", "val": 1}}
+    with pytest.raises(experiments.ExperimentError, match="framework.command: becomes"):
+        experiments.create(alice, manifest_bytes=manifest({"name": "grid", "metric": "val_acc"}, long_values).replace(
+            b"--lr {{hparams.lr}}", b" ".join([b"{{hparams.lr}}"] * 100)), code_file=upload(tar_gz({"t.py": b"1\n"})))
+    assert not Experiment.objects.exists()
+
+
+def test_a_pass_starts_a_few_new_trials_however_many_may_run(alice):
+    """The searcher's proposals run in the scheduling loop every tenant waits on: a search that may run
+    256 trials at once reaches that over several passes."""
+    experiment = create(alice, {"name": "random", "metric": "val_acc", "max_trials": 300, "max_concurrent_trials": 256},
+                        hyperparameters={"lr": {"type": "double", "minval": 0, "maxval": 1},
+                                         "width": {"type": "int", "minval": 1, "maxval": 100000}})
+    experiments.advance(experiment.id)
+    assert len(trials_of(experiment)) == experiments.NEW_TRIALS_PER_PASS
+    experiments.advance(experiment.id)
+    assert len(trials_of(experiment)) == 2 * experiments.NEW_TRIALS_PER_PASS
+
+
+@pytest.mark.parametrize("change", ["removed", "viewer"])
+def test_an_experiment_pauses_when_its_owner_may_no_longer_submit(alice, change):
+    from tenants import people
+    member("team-a", "root", role="admin")  # the tenant keeps an admin
+    experiment = create(alice, {"name": "grid", "metric": "val_acc", "max_concurrent_trials": 2})
+    experiments.advance(experiment.id)
+    first = trials_of(experiment)
+    run_to(first[0].job, Status.PROCESSING)
+    if change == "removed":
+        people.remove_member(alice)
+    else:
+        people.change_role(alice, "viewer")
+    experiments.advance(experiment.id)
+    experiment.refresh_from_db()
+    assert experiment.state == Experiment.State.PAUSED
+    assert experiment.state_reason.startswith("paused: its owner alice ")
+    assert len(trials_of(experiment)) == 2  # no trial more
+    assert Job.objects.get(pk=first[0].job.pk).status == Status.HALTING  # its running trial halts
+
+
 def test_a_hundred_trial_experiment_keeps_to_its_tenants_quota_and_gives_borrowed_gpus_back(alice, monkeypatch):
     """Trials are the tenant's jobs to the scheduler: beside an idle tenant they borrow its GPUs, and
     when that tenant submits, the borrowed ones are reclaimed (preempted through a halt, queued again)
@@ -240,7 +287,8 @@ def test_a_hundred_trial_experiment_keeps_to_its_tenants_quota_and_gives_borrowe
 hyperparameters: {lr: {type: log, minval: 0.001, maxval: 0.1}, width: {type: int, minval: 8, maxval: 64}}
 searcher: {name: random, metric: val_acc, max_trials: 100, max_concurrent_trials: 100}
 """).encode(), code_file=upload(tar_gz({"train.py": b"print(1)\n"})))
-    experiments.advance(experiment.id)
+    for _ in range(100 // experiments.NEW_TRIALS_PER_PASS):  # a few new trials a pass
+        experiments.advance(experiment.id)
     assert len(trials_of(experiment)) == 100
     admission.run_cycle()
 
