@@ -13,9 +13,10 @@ the body is read or parsed: a caller without a valid credential costs the platfo
 """
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime, timedelta, timezone as dt_timezone
 
 import orjson
+from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import (bulk, credentials, elastic_timeline, ingest_records, lifecycle, live, logcap, prometheus_series,
@@ -28,6 +29,9 @@ from learner_agent import batch_changes
 MAX_RECORDS = 20000
 MAX_SEQ = 2**63 - 1  # Learner.acked_seq: BigIntegerField
 MAX_REJECTED_LISTED = 100  # refused records named in one answer; the rest are counted
+# How far a resource sample's time may be from its arrival: behind, a spool sent after an outage;
+# ahead, an agent's clock running fast.
+SAMPLE_BACKLOG_S, SAMPLE_AHEAD_S = 3600.0, 300.0
 
 
 class IngestError(Exception):
@@ -132,23 +136,71 @@ def ingest(grant, payload, *, text_checked=True):
             learner, _ = Learner.objects.select_for_update().get_or_create(job=job, attempt=grant.attempt,
                                                                            index=batch.learner)
         fresh = _fresh_records(batch.records, learner.acked_seq)
-        good, rejected = _checked(fresh, text_checked)
+        good, rejected = _checked(fresh, text_checked, _SampleGate(job, learner))
         lines, points = _store(job, learner, good, through=fresh[-1]["seq"] if fresh else None, rejected=rejected)
     live.publish_records_on_commit(job.id, lines, points)
     prometheus_series.ingested(slot.tenant_slug, lines=len(lines), oldest_time=_oldest_time(good))
     return Stored(learner.acked_seq, rejected, job.batch_request)
 
 
-def _checked(records, text_checked):
-    """(the records to store, [{"seq", "error"}] of those refused), each judged on its own."""
+def _checked(records, text_checked, samples):
+    """(the records to store, [{"seq", "error"}] of those refused), each judged on its own; a
+    resource record by `samples` (a _SampleGate) too."""
     good, rejected = [], []
     for record in records:
         error = ingest_records.problem(record, text_checked=text_checked)
+        if error is None and record["kind"] == "resource":
+            error = samples.problem(record)
         if error is None:
             good.append(record)
         else:
             rejected.append({"seq": record["seq"], "error": error})
     return good, rejected
+
+
+class _SampleGate:
+    """Which of one learner's resource records a batch may store. An agent samples its learner's own
+    GPUs (learner_agent.telemetry) every TRAINYARD_RESOURCE_SAMPLE_S, and once more as the learner
+    ends, so a sample is kept only where it names each of the job's GPUs per learner at most once,
+    comes within SAMPLE_BACKLOG_S behind its arrival and SAMPLE_AHEAD_S ahead, no earlier than the
+    learner's last sample kept, and with at most one other kept in the half period before it: what one
+    credential can store grows with the time it runs, as a real agent's samples do, however fast it
+    posts. The learner's row is locked (_lock), so the samples read here are still the last ones when
+    the batch is stored."""
+
+    def __init__(self, job, learner):
+        self.job, self.learner = job, learner
+        self.spacing = timedelta(seconds=settings.RESOURCE_SAMPLE_S / 2)
+        self._recent = None  # the times of the learner's last two samples kept, oldest first
+
+    def problem(self, record):
+        if not settings.RESOURCE_SAMPLE_S:
+            return "resource: this platform takes no resource samples (TRAINYARD_RESOURCE_SAMPLE_S is 0)"
+        gpus = self.job.gpus
+        indices = [gpu["index"] for gpu in record.get("gpus") or []]
+        if indices and not gpus:
+            return "gpus: the learner has no GPUs"
+        if len(set(indices)) != len(indices) or any(index >= gpus for index in indices):
+            return f"gpus: each of the learner's {gpus} GPUs at most once, by its index (0 to {gpus - 1})"
+        when, now = _time(record.get("time")), datetime.now(tz=dt_timezone.utc)
+        if not now - timedelta(seconds=SAMPLE_BACKLOG_S) <= when <= now + timedelta(seconds=SAMPLE_AHEAD_S):
+            return (f"time: a resource sample is kept from {SAMPLE_BACKLOG_S:.0f} s before it arrives to "
+                    f"{SAMPLE_AHEAD_S:.0f} s after")
+        recent = self.recent()
+        if recent and when < recent[-1]:
+            return "time: before the learner's last resource sample"
+        if len(recent) == 2 and when - recent[0] < self.spacing:
+            return (f"time: a learner's resource samples come one per {settings.RESOURCE_SAMPLE_S:g} s; two "
+                    "are kept already in the half period before this one")
+        self._recent = [*recent, when][-2:]
+        return None
+
+    def recent(self):
+        if self._recent is None:
+            self._recent = list(reversed(ResourceSample.objects.filter(
+                job_id=self.job.pk, attempt=self.learner.attempt, learner=self.learner.index)
+                .order_by("-time").values_list("time", flat=True)[:2]))
+        return self._recent
 
 
 @dataclass
@@ -164,7 +216,7 @@ def _columns(model, names):
 
 
 _LOG_COUNTS = {"log_bytes", "log_dropped_lines", "log_dropped_bytes"}  # jobs.logcap's, on both rows
-_JOB_COLUMNS = _columns(Job, {"id", "status", "attempt", "learners", "log_seq", "tenant_id", "batch_request",
+_JOB_COLUMNS = _columns(Job, {"id", "status", "attempt", "learners", "gpus", "log_seq", "tenant_id", "batch_request",
                               *_LOG_COUNTS})
 _LEARNER_COLUMNS = _columns(Learner, {"id", "job_id", "attempt", "index", "acked_seq", "log_lines", *_LOG_COUNTS})
 

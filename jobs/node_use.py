@@ -4,8 +4,10 @@
 From the learners' resource samples (learner_agent.telemetry), every tenant's, in tenant-neutral
 totals as the cluster page's other figures are. A sample's `cpu_cores` is its learner's cores over the
 sampling period before it and `gpus_busy` its GPUs' utilisations summed (two GPUs at 50% are one busy
-GPU), so a node's figure for a minute is the sum of its learners' samples in it, each counting for
-one sampling period, over the minute (over the part of it gone by, for the current one). A learner's
+GPU), so a node's figure for a minute is, summed over its learners, each learner's mean over its
+samples in the minute for as long as they cover (one sampling period each, at most the minute), over
+the minute (over the part of it gone by, for the current one). The mean, not the sum: a learner
+sending more samples than its period allows (jobs.ingest refuses most) counts once. A learner's
 node is where its attempt placed it (the attempt's Allocation row); a node's GPU figure is None where
 no sample of the minute read a GPU (no NVML there).
 
@@ -14,7 +16,7 @@ One GROUP BY over the window's samples, per learner and minute, whatever their n
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Sum
+from django.db.models import Avg, Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -32,7 +34,7 @@ def history(minutes, now=None):
     groups = list(ResourceSample.objects.filter(time__gte=since, time__lte=now)
                   .annotate(minute=TruncMinute("time"))
                   .values("job_id", "attempt", "learner", "minute")
-                  .annotate(cpu=Sum("cpu_cores"), busy=Sum("gpus_busy")))
+                  .annotate(cpu=Avg("cpu_cores"), busy=Avg("gpus_busy"), samples=Count("id")))
     nodes = _nodes_of({(g["job_id"], g["attempt"]) for g in groups})
     period = settings.RESOURCE_SAMPLE_S or MINUTE_S
     totals = {}  # (node, minute) -> [core-seconds, busy GPU-seconds or None]
@@ -41,9 +43,10 @@ def history(minutes, now=None):
         if node is None:
             continue  # an attempt without a placement on record (it never ran)
         total = totals.setdefault((node, g["minute"]), [0.0, None])
-        total[0] += g["cpu"] * period
+        covered_s = min(MINUTE_S, g["samples"] * period)
+        total[0] += g["cpu"] * covered_s
         if g["busy"] is not None:
-            total[1] = (total[1] or 0.0) + g["busy"] * period
+            total[1] = (total[1] or 0.0) + g["busy"] * covered_s
     by_node = {}
     for (node, minute), (core_s, busy_s) in sorted(totals.items()):  # by node, then time
         span = max(1.0, min(MINUTE_S, (now - minute).total_seconds()))

@@ -25,6 +25,8 @@ from tenants.models import UsageRecord
 
 HOURS = 3600.0
 MAX_SPAN = timedelta(days=400)
+MIN_YEAR, MAX_YEAR = 1970, 9998
+MAX_OFFSET = timedelta(hours=16)
 FIELDS = ("allocated_gpu_hours", "used_gpu_hours", "allocated_cpu_hours", "used_cpu_hours")
 
 
@@ -56,6 +58,13 @@ def _moment(text, field, *, whole_day=False):
         value = datetime.fromisoformat(str(text))
     except ValueError:
         raise PeriodError("an ISO date (2026-11-01) or time (2026-11-01T12:00Z)", field=field) from None
+    # Within what the database can compare: PostgreSQL refuses offsets past 15:59, and a day after the
+    # last of year 9999 is no date at all.
+    if not MIN_YEAR <= value.year <= MAX_YEAR:
+        raise PeriodError(f"a date in the years {MIN_YEAR} to {MAX_YEAR}", field=field)
+    offset = value.utcoffset()
+    if offset is not None and abs(offset) >= MAX_OFFSET:
+        raise PeriodError("a time zone offset within ±15:59", field=field)
     date_only = len(str(text)) == 10
     if timezone.is_naive(value):
         value = timezone.make_aware(value)

@@ -43,6 +43,18 @@ def test_a_node_sums_its_learners_of_every_tenant_a_minute_at_a_time(settings):
     }
 
 
+def test_a_learner_sending_more_samples_than_its_period_allows_counts_once(settings):
+    """1,000 samples in one minute (a hostile agent's, past what ingest refuses) are that learner's mean."""
+    settings.RESOURCE_SAMPLE_S = 5.0
+    row = job(member())
+    placed(row, 1, "n1")
+    ResourceSample.objects.bulk_create(
+        ResourceSample(job=row, attempt=1, learner=0, time=PAST_MINUTE, cpu_cores=1.0, memory_bytes=1,
+                       memory_peak_bytes=1, gpus_busy=1.0) for _ in range(1000))
+    history = {n["name"]: n["points"] for n in node_use.history(60, now=NOW)}
+    assert history == {"n1": [{"time": PAST_MINUTE, "cpu_cores": 1.0, "gpus_busy": 1.0}]}
+
+
 def test_a_learner_counts_where_its_attempt_ran_and_the_current_minute_over_its_part_gone_by(settings):
     settings.RESOURCE_SAMPLE_S = 5.0
     row = job(member())

@@ -1,18 +1,32 @@
 """Resource samples (learner_agent.telemetry): stored from ingest one record at a time, a hostile one
 refused by name, and read back through GET /api/v1/jobs/<id>/resources/ by the job's tenant only."""
+import time
+
 import pytest
 
-from jobs.models import LogLine, ResourceSample
+from jobs.ingest import SAMPLE_AHEAD_S, SAMPLE_BACKLOG_S
+from jobs.models import Job, LogLine, ResourceSample
 from tests.support.builders import client_for, job, member, post
 
 pytestmark = pytest.mark.django_db
+PERIOD_S = 5.0  # TRAINYARD_RESOURCE_SAMPLE_S here: the agent's sampling period
+T0 = time.time() - 1800  # the first sample's time: a real agent's are recent
 
 GPU = {"index": 0, "utilization": 97.0, "memory_used_bytes": 40 * 2**30, "memory_total_bytes": 80 * 2**30,
        "power_watts": 650.5, "learner_memory_bytes": 30 * 2**30}
 
 
+@pytest.fixture
+def running_job(running_job, settings):
+    """The running job of every test here, with the GPU per learner its samples name."""
+    settings.RESOURCE_SAMPLE_S = PERIOD_S
+    Job.objects.filter(pk=running_job.pk).update(gpus=1)
+    return running_job
+
+
 def sample(seq, **fields):
-    record = {"seq": seq, "kind": "resource", "time": 1_800_000_000.0 + seq, "cpu_cores": 0.98,
+    """Sample `seq`, one sampling period after the one before it."""
+    record = {"seq": seq, "kind": "resource", "time": T0 + PERIOD_S * seq, "cpu_cores": 0.98,
               "memory_bytes": 300 * 2**20, "memory_peak_bytes": 320 * 2**20, "memory_limit_bytes": 2**30, "gpus": [GPU]}
     record.update(fields)
     return record
@@ -25,7 +39,7 @@ def test_it_stores_resource_samples_beside_the_log(running_job):
     first, second = ResourceSample.objects.order_by("id")
     assert (first.job_id, first.attempt, first.learner, first.cpu_cores) == (running_job.id, 1, 0, 0.98)
     assert (first.memory_bytes, first.memory_peak_bytes, first.memory_limit_bytes) == (300 * 2**20, 320 * 2**20, 2**30)
-    assert first.gpus == [GPU] and first.time.timestamp() == 1_800_000_001.0
+    assert first.gpus == [GPU] and first.time.timestamp() == pytest.approx(T0 + PERIOD_S)
     assert second.gpus == [] and second.memory_limit_bytes is None
     assert (first.gpu_utilization, second.gpu_utilization) == (97.0, None)  # the busiest GPU, for jobs.idle
     assert (first.gpus_busy, second.gpus_busy) == (0.97, None)  # GPUs busy, for jobs.usage
@@ -64,6 +78,46 @@ def test_a_hostile_sample_is_refused_by_name_and_the_rest_stored(running_job, fi
     assert answer["acked"] == 3
     assert [r["seq"] for r in answer["rejected"]] == [2] and answer["rejected"][0]["error"].startswith(error)
     assert ResourceSample.objects.count() == 2
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"gpus": [GPU, GPU]}, "gpus: each of the learner's 1 GPUs at most once"),
+    ({"gpus": [GPU, {**GPU, "index": 1}]}, "gpus: each of the learner's 1 GPUs at most once, by its index (0 to 0)"),
+    ({"time": T0 + PERIOD_S * 0.5}, "time: before the learner's last resource sample"),
+    ({"time": time.time() - SAMPLE_BACKLOG_S - 60}, "time: a resource sample is kept from 3600 s before"),
+    ({"time": time.time() + SAMPLE_AHEAD_S + 60}, "time: a resource sample is kept from 3600 s before"),
+])
+def test_a_sample_its_learner_could_not_have_taken_is_refused_by_name(running_job, fields, error):
+    answer = post(running_job, [sample(1), sample(2, **fields), sample(3)]).json()
+    assert [r["seq"] for r in answer["rejected"]] == [2] and answer["rejected"][0]["error"].startswith(error)
+    assert ResourceSample.objects.count() == 2
+
+
+def test_the_last_sample_as_the_learner_ends_is_kept_however_soon_but_no_more(running_job):
+    """The agent samples once more as its learner ends (learner_agent.telemetry: stop); a third sample
+    in half a period is one no agent sends."""
+    answer = post(running_job, [sample(1), sample(2), sample(3, time=T0 + PERIOD_S * 2 + 0.1),
+                                sample(4, time=T0 + PERIOD_S * 2 + 0.2)]).json()
+    assert [r["seq"] for r in answer["rejected"]] == [4]
+    assert answer["rejected"][0]["error"].startswith("time: a learner's resource samples come one per 5 s")
+    assert ResourceSample.objects.count() == 3
+
+
+def test_a_learner_with_no_gpus_sends_samples_without_any(running_job):
+    Job.objects.filter(pk=running_job.pk).update(gpus=0)
+    answer = post(running_job, [sample(1, gpus=[]), sample(2)]).json()
+    assert answer["rejected"] == [{"seq": 2, "error": "gpus: the learner has no GPUs"}]
+
+
+def test_what_one_credential_stores_grows_with_time_not_with_how_fast_it_posts(running_job):
+    """A stolen credential posting 5,000 samples stamped alike, twice, stores two: what it may add is
+    two samples per half period of the time it runs, however fast it posts."""
+    now = time.time()
+    for first in (1, 5001):
+        post(running_job, [sample(seq, time=now) for seq in range(first, first + 5000)])
+    assert ResourceSample.objects.count() == 2
+    assert post(running_job, [sample(10_001, time=now + PERIOD_S)]).json() == {"acked": 10_001}
+    assert ResourceSample.objects.count() == 3
 
 
 def test_nan_in_a_sample_is_refused_not_the_batch(running_job):

@@ -79,7 +79,9 @@ def test_the_period_cuts_what_was_held_and_used(tenant_jobs):
 
 @pytest.mark.parametrize("query, field", [({"start": "yesterday"}, "start"),
                                           ({"start": "2026-11-02", "end": "2026-11-01"}, "end"),
-                                          ({"start": "2020-01-01", "end": "2026-01-01"}, "end")])
+                                          ({"start": "2020-01-01", "end": "2026-01-01"}, "end"),
+                                          ({"start": "9999-12-01", "end": "9999-12-31"}, "start"),
+                                          ({"start": "2026-11-01T00:00-20:00", "end": "2026-11-02"}, "start")])
 def test_a_period_that_makes_no_sense_is_refused_by_name(query, field):
     response = client_for(member()).get(URL, query)
     assert response.status_code == 400 and response.json()["field"] == field
