@@ -10,7 +10,7 @@ from tests.support.builders import client_for, job, member, post
 
 pytestmark = pytest.mark.django_db
 PERIOD_S = 5.0  # TRAINYARD_RESOURCE_SAMPLE_S here: the agent's sampling period
-T0 = time.time() - 1800  # the first sample's time: a real agent's are recent
+T0 = time.time() - 1800  # the first sample's time: a real agent's are recent (reset for each test)
 
 GPU = {"index": 0, "utilization": 97.0, "memory_used_bytes": 40 * 2**30, "memory_total_bytes": 80 * 2**30,
        "power_watts": 650.5, "learner_memory_bytes": 30 * 2**30}
@@ -18,7 +18,10 @@ GPU = {"index": 0, "utilization": 97.0, "memory_used_bytes": 40 * 2**30, "memory
 
 @pytest.fixture
 def running_job(running_job, settings):
-    """The running job of every test here, with the GPU per learner its samples name."""
+    """The running job of every test here, with the GPU per learner its samples name; its samples
+    start half an hour before the test runs."""
+    global T0
+    T0 = time.time() - 1800
     settings.RESOURCE_SAMPLE_S = PERIOD_S
     Job.objects.filter(pk=running_job.pk).update(gpus=1)
     return running_job
@@ -83,11 +86,12 @@ def test_a_hostile_sample_is_refused_by_name_and_the_rest_stored(running_job, fi
 @pytest.mark.parametrize("fields, error", [
     ({"gpus": [GPU, GPU]}, "gpus: each of the learner's 1 GPUs at most once"),
     ({"gpus": [GPU, {**GPU, "index": 1}]}, "gpus: each of the learner's 1 GPUs at most once, by its index (0 to 0)"),
-    ({"time": T0 + PERIOD_S * 0.5}, "time: before the learner's last resource sample"),
-    ({"time": time.time() - SAMPLE_BACKLOG_S - 60}, "time: a resource sample is kept from 3600 s before"),
-    ({"time": time.time() + SAMPLE_AHEAD_S + 60}, "time: a resource sample is kept from 3600 s before"),
-])
+    ({"time": lambda: T0 + PERIOD_S * 0.5}, "time: before the learner's last resource sample"),
+    ({"time": lambda: time.time() - SAMPLE_BACKLOG_S - 60}, "time: a resource sample is kept from 3600 s before"),
+    ({"time": lambda: time.time() + SAMPLE_AHEAD_S + 60}, "time: a resource sample is kept from 3600 s before"),
+], ids=["gpu-twice", "gpu-not-its-own", "out-of-order", "too-old", "ahead"])
 def test_a_sample_its_learner_could_not_have_taken_is_refused_by_name(running_job, fields, error):
+    fields = {name: value() if callable(value) else value for name, value in fields.items()}  # times: now's
     answer = post(running_job, [sample(1), sample(2, **fields), sample(3)]).json()
     assert [r["seq"] for r in answer["rejected"]] == [2] and answer["rejected"][0]["error"].startswith(error)
     assert ResourceSample.objects.count() == 2

@@ -82,7 +82,8 @@ def experiment(monkeypatch):
     alice.user.set_password(PASSWORD)
     alice.user.save()
     created = experiments.create(alice, manifest_bytes=MANIFEST, code_file=upload(tar_gz({"train.py": b"print(1)\n"})))
-    experiments.advance(created.id)
+    for _ in range(2):  # a pass starts a few new trials (experiments.NEW_TRIALS_PER_PASS)
+        experiments.advance(created.id)
     trials = list(Trial.objects.filter(experiment=created).select_related("job").order_by("number"))
     assert len(trials) == 6
     for trial in trials[:4]:
@@ -218,7 +219,8 @@ def test_pause_resume_and_kill_from_the_page_in_a_browser(browser, live_server, 
     shoot(page, "experiment-new.png")
     page.goto(f"{live_server.url}/experiments/{created.id}/")
     assert page.get_by_test_id("trials-empty").is_visible()
-    experiments.advance(created.id)  # the loop's pass starts the trials: the open page shows them
+    for _ in range(2):  # the loop's passes start the trials, a few a pass: the open page shows them
+        experiments.advance(created.id)
     page.wait_for_function("() => document.querySelectorAll('[data-testid=trial-row]').length === 6")
     assert page.get_by_test_id("trials-empty").is_hidden()
     assert page.locator("tr[data-number='0'] [data-testid=trial-state]").inner_text() == "running"
