@@ -12,8 +12,8 @@ seed is the experiment's seed and the trial's number, so asking again for the sa
 before the trial was stored) gives the same configuration. A finite space (a grid; a small one searched at
 random) is visited point by point as Optuna's GridSampler visits it (the same shuffled order from the
 experiment's seed, the same `grid_id` per point), but read here: the sampler compares every trial's
-copy of the whole space with its own and deep-copies it on each call, which cost 8 ms per trial over a
-space of 1,000 points, in the scheduling loop every tenant waits on.
+copy of the whole space with its own and deep-copies it on each call, a cost that grows with trials
+times points, paid in the scheduling loop every tenant waits on (gpu_scheduler/tests/test_search.py).
 
 ASHA (asynchronous successive halving, Li et al., MLSys 2020) is the platform's own, since it is a
 scheduling decision Optuna cannot take: Optuna's pruner can only stop a trial for good ("Optuna does
