@@ -124,9 +124,10 @@ def _set_state(experiment, target, sources, reason):
 
 # --- the loop's pass ----------------------------------------------------------------------------
 def advance_all():
-    """One pass over every experiment not yet ended (the scheduling loop calls this each cycle)."""
-    for experiment_id in Experiment.objects.filter(
-            state__in=(Experiment.State.ACTIVE, Experiment.State.PAUSED)).values_list("id", flat=True):
+    """One pass over every experiment not yet ended (the scheduling loop calls this each cycle). A killed
+    one counts until its pass has stopped its trials: the kill commits first, and a web process that
+    dies before its own pass leaves that pass to this loop."""
+    for experiment_id in Experiment.objects.filter(finished_at=None).values_list("id", flat=True):
         try:
             advance(experiment_id)
         except Exception:

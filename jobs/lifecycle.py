@@ -248,9 +248,10 @@ def _finish_halt(job, learners):
         return
     if killed:
         reason += f" ({killed_note})"
-    halted = transition(job.id, Status.HALTED, actor=SYSTEM, attempt=job.attempt, reason=reason)
-    if halted and halted.preempted_reason:
-        _requeue_preempted(halted)
+    with transaction.atomic():  # a preempted job is HALTED and queued again at once, or neither
+        halted = transition(job.id, Status.HALTED, actor=SYSTEM, attempt=job.attempt, reason=reason)
+        if halted and halted.preempted_reason:
+            _requeue_preempted(halted)
 
 
 # --- resize (elastic jobs) ------------------------------------------------------------------------
@@ -385,9 +386,10 @@ def halt(job, *, actor, reason=None):
 
 
 def resume(job, *, actor):
-    """Queue a halted job again as a new attempt; its learners start from the last checkpoint."""
+    """Queue a halted job again as a new attempt; its learners start from the last checkpoint. A job once
+    halted for preemption is no longer being preempted (the scheduler counts such a job as stopping)."""
     job = require_transition(job.id, Status.QUEUED, actor=actor, reason=f"resumed by {actor}", attempt=job.attempt,
-                             attempt_next=True, only_from={Status.HALTED})
+                             attempt_next=True, only_from={Status.HALTED}, preempted_reason="")
     dispatch.wake_scheduler_on_commit()
     return job
 

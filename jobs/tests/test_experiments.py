@@ -193,6 +193,23 @@ def test_kill_terminates_every_trial(alice):
     assert {(t.state, t.job.status) for t in trials_of(experiment)} == {("stopped", Status.TERMINATED)}
 
 
+def test_a_kill_whose_own_pass_never_ran_is_finished_by_the_loop(alice, monkeypatch):
+    """The kill commits, then the web process dies before its pass stops the trials: the loop's pass does it."""
+    experiment = create(alice, {"name": "random", "metric": "val_acc", "max_trials": 5, "max_concurrent_trials": 2})
+    experiments.advance(experiment.id)
+    run_to(trials_of(experiment)[0].job, Status.PROCESSING)
+    with monkeypatch.context() as patched:
+        patched.setattr(experiments, "advance", lambda experiment_id: None)  # the request's own pass: never ran
+        experiments.kill(experiment, actor="alice")
+    experiment.refresh_from_db()
+    assert experiment.state == Experiment.State.TERMINATED and experiment.finished_at is None
+    assert {t.job.status for t in trials_of(experiment)} == {Status.PROCESSING, Status.QUEUED}
+    experiments.advance_all()
+    experiment.refresh_from_db()
+    assert experiment.finished_at is not None
+    assert {(t.state, t.job.status) for t in trials_of(experiment)} == {("stopped", Status.TERMINATED)}
+
+
 def test_tpe_and_random_propose_within_the_ranges(alice):
     for name in ("random", "tpe"):
         experiment = create(alice, {"name": name, "metric": "loss", "smaller_is_better": True, "max_trials": 12,

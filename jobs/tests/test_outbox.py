@@ -279,3 +279,35 @@ def test_a_claim_reads_its_row_alone(sent):
         claimed = outbox.claim(row.pk, "worker-1")
     assert claimed.pk == row.pk and claimed.claimed_by == "worker-1"
     assert len(queries) == 2 and not any("jobs_job" in query["sql"] for query in queries)
+
+
+class Died(BaseException):
+    """A worker killed where it stood (not an error its code would catch)."""
+
+
+def test_a_preempted_job_is_queued_again_even_when_its_worker_dies_while_halting_it(sent, monkeypatch):
+    # Halted and queued again commit together: a worker that dies between the two leaves the job
+    # storing, and the finish sent again halts and queues it. Before, it stayed HALTED for good.
+    target = job(member(), status="PROCESSING")
+    storage.create_job_dir(target.tenant.slug, target.id)
+    transition(target.id, Status.HALTING, actor="scheduler", attempt=1, preempted_reason="for a high-priority job")
+    Learner.objects.create(job=target, attempt=1, index=0, state="exited", exit_code=0, finished_at=timezone.now())
+
+    def dies(halted):
+        raise Died()
+
+    with monkeypatch.context() as patched, pytest.raises(Died):
+        patched.setattr(lifecycle, "_requeue_preempted", dies)
+        lifecycle.finish_attempt(target.id, 1)
+    assert Job.objects.get(pk=target.id).status == Status.STORING
+    lifecycle.finish_attempt(target.id, 1)
+    target.refresh_from_db()
+    assert (target.status, target.attempt, target.preempted_reason) == (Status.QUEUED, 2, "")
+
+
+def test_a_resume_by_hand_ends_a_preemption_left_on_a_halted_job(sent):
+    # A job left HALTED with its preemption set (by the crash above, before it was fixed) would count
+    # as stopping in every cycle after its resume, and the autoscaler would pass it by.
+    target = job(member(), status="HALTED", preempted_reason="for a high-priority job")
+    resumed = lifecycle.resume(target, actor="alice")
+    assert (resumed.status, resumed.attempt, resumed.preempted_reason) == (Status.QUEUED, 2, "")
