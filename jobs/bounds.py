@@ -1,8 +1,11 @@
 """Reading what a request carries with bounds: query parameters as numbers in a range, limit/offset pages,
-JSON bodies. Nothing unbounded reaches the database (which answers numbers beyond 64 bits with a 500) or
-Python's stack (a RecursionError). Only DRF's parsers and paginators are imported here: DRF's settings load
-this module while `rest_framework.views` is itself still loading."""
+JSON bodies, and no NUL character anywhere. Nothing unbounded reaches the database (which answers numbers
+beyond 64 bits with a 500, and text holding NUL with another) or Python's stack (a RecursionError). Only
+DRF's parsers and paginators are imported here: DRF's settings load this module while `rest_framework.views`
+is itself still loading."""
 import re
+
+from django.http import HttpResponseBadRequest, JsonResponse
 
 from rest_framework.exceptions import ParseError
 from rest_framework.pagination import LimitOffsetPagination
@@ -54,10 +57,56 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
 
 
 class BoundedJSONParser(JSONParser):
-    """JSON bodies whose nesting is too deep for Python's decoder are a 400, not a RecursionError (500)."""
+    """JSON bodies whose nesting is too deep for Python's decoder are a 400, not a RecursionError (500);
+    so is a NUL character in any of its texts, which PostgreSQL stores in no text or JSON column."""
 
     def parse(self, stream, media_type=None, parser_context=None):
         try:
-            return super().parse(stream, media_type, parser_context)
+            data = super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError("JSON parse error - the body nests too deeply") from None
+        if (where := _nul_in(data, "")) is not None:
+            raise ParseError(f"JSON parse error - {_shown(where) or 'the body'} holds a NUL character")
+        return data
+
+
+def _nul_in(data, path):
+    """The dotted path of the first key or text in parsed JSON that holds a NUL character, or None.
+    A stack, not recursion: the body may nest as deep as the decoder went."""
+    stack = [(path, data)]
+    while stack:
+        at, value = stack.pop()
+        if isinstance(value, str) and "\x00" in value:
+            return at
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            inner = f"{at}.{key}" if at else str(key)
+            if isinstance(key, str) and "\x00" in key:
+                return inner
+            stack.append((inner, item))
+    return None
+
+
+def _shown(name):
+    """A name that may hold NUL, as an answer can say it."""
+    return name.replace("\x00", "\\0")
+
+
+class NulRefusalMiddleware:
+    """A path or query parameter holding a NUL character is a 400 naming it, before any view: every
+    filter, cursor and id would otherwise reach the database as text it refuses (a 500). API answers
+    are JSON with `detail` and `field`, like every other error of the API."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        field = "path" if "\x00" in request.path else next(
+            (name for name, values in request.GET.lists() if "\x00" in name or any("\x00" in v for v in values)), None)
+        if field is None:
+            return self.get_response(request)
+        field = _shown(field)
+        detail = f"{field}: holds a NUL character"
+        if request.path.startswith("/api/"):
+            return JsonResponse({"detail": detail, "field": field}, status=400)
+        return HttpResponseBadRequest(detail, content_type="text/plain; charset=utf-8")

@@ -429,7 +429,7 @@ def _apply_status(job, learner, record, when):
         lifecycle.learner_running(job, learner, when)
     elif state == "exited":
         lifecycle.learner_exited(job, learner, exit_code=ingest_records.integer(record.get("exit_code")),
-                               reason=(record.get("reason") or "")[:MAX_REASON], when=when)
+                               reason=(record.get("reason") or "").replace("\x00", "")[:MAX_REASON], when=when)
 
 
 def _time(value):

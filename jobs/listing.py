@@ -150,7 +150,8 @@ def _decode_cursor(text, name, sort):
         decoded = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
     except (ValueError, TypeError):
         raise refused from None
-    if not (isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(part, str) for part in decoded)):
+    if not (isinstance(decoded, list) and len(decoded) == 2
+            and all(isinstance(part, str) and "\x00" not in part for part in decoded)):
         raise refused
     value, job_id = decoded
     if SORTS[sort][0] == "created_at":

@@ -46,6 +46,7 @@ MIDDLEWARE = [
     # First and last: django-prometheus times whole requests (/metrics, docs/operating.md, "Operating Trainyard").
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "jobs.bounds.NulRefusalMiddleware",  # before anything reads the path or the query into a query
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -178,6 +178,15 @@ def test_a_refused_last_record_is_acked_all_the_same(running_job):
     assert post(running_job, logs(2, 1)).json() == {"acked": 2}
 
 
+def test_a_nul_in_an_exit_reason_is_dropped_and_the_exit_stored(running_job):
+    # The database refused the reason, which answered the whole batch as "not JSON": the exit never came in.
+    response = post(running_job, [{"seq": 1, "kind": "status", "state": "exited", "exit_code": 3,
+                                   "reason": "killed\x00 by a signal", "time": 1.0}])
+    assert response.json() == {"acked": 1}
+    learner = Learner.objects.get(job=running_job)
+    assert (learner.exit_code, learner.reason) == (3, "killed by a signal")
+
+
 def test_a_record_without_a_usable_seq_still_fails_the_batch(running_job):
     for seq in (True, 2**63, 0, "1", 1.0):
         response = post(running_job, [{"seq": seq, "kind": "log", "line": "x"}])

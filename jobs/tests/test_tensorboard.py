@@ -137,6 +137,22 @@ def test_hostile_records_are_noted_and_break_nothing(running_job):
     assert "not base64" in notes[1] and "its file's path" in notes[2] and "at most" in notes[3]
 
 
+def test_a_nul_in_a_tag_or_a_file_name_is_passed_over_and_the_batch_stored(running_job):
+    # PostgreSQL keeps no NUL in JSON or text: either one failed the whole post (a 500 the agent retries
+    # for good), so none of the learner's log came in after it.
+    def record(seq, file, event):
+        return {"seq": seq, "kind": "tfevent", "file": file, "offset": seq * 100, "time": 1.0,
+                "data": base64.b64encode(event.SerializeToString()).decode()}
+
+    records = [record(1, "f", simple("lo\x00ss", 1.0, 1)), record(2, "tr\x00ain/f", simple("loss", 2.0, 2)),
+               record(3, "f", simple("loss", 3.0, 3)), {"seq": 4, "kind": "log", "stream": "stdout", "line": "after"}]
+    assert post(running_job, records).json() == {"acked": 4}
+    assert points() == [("loss", 3, 3.0)]
+    assert Learner.objects.get(job=running_job).tensorboard["tags"] == {"": {"loss": True}}
+    assert "its file's path: printable" in LogLine.objects.get(stream="system").line
+    assert LogLine.objects.filter(stream="stdout", line="after").exists()
+
+
 def test_notes_stop_at_the_limit(running_job):
     records = [{"seq": s, "kind": "tfevent", "file": "f", "offset": s, "time": 1.0,
                 "data": base64.b64encode(b"\xff garbage").decode()} for s in range(1, 40)]

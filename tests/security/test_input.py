@@ -117,6 +117,8 @@ CRAFTED_CURSORS = {
     "deeply-nested": base64.urlsafe_b64encode(("[" * 100 + "]" * 100).encode()).decode(),
     "100000-deep": base64.urlsafe_b64encode(("[" * 100_000 + "]" * 100_000).encode()).decode(),
     "very-long": cursor(["x" * 5000, "training-x"]),
+    "nul-in-the-value": cursor(["x\x00", "training-x"]),
+    "nul-in-the-id": cursor(["2024-01-01T00:00:00+00:00", "training-\x00"]),
 }
 
 
@@ -217,3 +219,42 @@ def test_the_use_per_node_names_no_job_owner_or_tenant_and_answers_only_members(
     for name in (secret.id, "secret-project", "alice", "team-a"):
         assert name not in answer.content.decode()
     assert APIClient().get("/api/v1/cluster/use/").status_code in (401, 403)
+
+
+# A NUL character reached PostgreSQL, which refuses it in any text (a 500), from each of these.
+NUL_IN_THE_QUERY = [("/api/v1/jobs/", {"user": "a\x00"}, "user"), ("/api/v1/jobs/", {"framework": "a\x00"}, "framework"),
+                    ("/api/v1/jobs/", {"q": "a\x00"}, "q"), ("/api/v1/jobs/", {"a\x00": "1"}, "a\\0"),
+                    ("/api/v1/jobs/{id}/metrics/", {"name": "loss\x00"}, "name")]
+NUL_IN_THE_PATH = ["/api/v1/jobs/x%00y/", "/api/v1/jobs/x%00y/share/", "/api/v1/jobs/{id}/artifacts/results/a%00b"]
+
+
+@pytest.mark.parametrize("path, params, field", NUL_IN_THE_QUERY)
+def test_a_nul_in_a_query_parameter_is_a_400_naming_it(alice, path, params, field):
+    response = client_for(alice).get(path.format(id=job(alice).id), params)
+    assert response.status_code == 400 and response.json()["field"] == field
+    assert "holds a NUL character" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("path", NUL_IN_THE_PATH)
+def test_a_nul_in_the_path_is_a_400(alice, path):
+    response = client_for(alice).get(path.format(id=job(alice).id))
+    assert response.status_code == 400 and response.json() == {"detail": "path: holds a NUL character", "field": "path"}
+
+
+@pytest.mark.parametrize("params", [{"user": "a\x00"}, {"q": "a\x00"}, {"metric": "lo\x00ss"}])
+def test_the_pages_refuse_a_nul_too(alice, params):
+    job(alice)
+    page = logged_in(alice).get("/", params)
+    assert page.status_code == 400 and b"holds a NUL character" in page.content
+    assert logged_in(alice).get("/jobs/x%00y/").status_code == 400
+
+
+@pytest.mark.parametrize("body, where", [({"username": "bob\x00", "access": "view"}, "username"),
+                                         ({"username": "bob", "access": "view", "x\x00": 1}, "x\\0"),
+                                         ({"username": ["bob", {"deep": "\x00"}]}, "username.1.deep")])
+def test_a_nul_in_a_json_body_is_a_400_naming_where(alice, body, where):
+    target = job(alice)
+    response = client_for(alice).post(f"/api/v1/jobs/{target.id}/share/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["detail"] == f"JSON parse error - {where} holds a NUL character"
+

@@ -84,6 +84,11 @@ def test_other_paths_still_reach_django():
     assert status == 200 and b"<form" in body
 
 
+def test_a_nul_in_the_job_id_is_refused_by_name(running_job):
+    status, body = async_to_sync(post)("/api/v1/ingest/x\x00y/", b"{}", token=running_job.tokens[0])
+    assert (status, json.loads(body)) == (400, {"detail": "path: holds a NUL character", "field": "path"})
+
+
 # --- the pool's threads keep their database connection between posts ---------------------------
 @pytest.fixture
 def one_thread_route(settings):
