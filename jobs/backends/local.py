@@ -183,8 +183,10 @@ class LocalBackend:
         The deploy does not wait for an interpreter, so a worker deploys many jobs a second.
         Without setsid the agent detaches itself (`--detach`)."""
         # The platform's own Python comes first on PATH: on the local backend, the frameworks a
-        # learner's `python` imports are the ones installed beside Trainyard.
-        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+        # learner's `python` imports are the ones installed beside Trainyard. Its folder as the sandbox
+        # shows it, at its real path: a `.venv` that is a link is not there under the link's name.
+        python_dir = Path(sys.executable).parent.resolve()  # the folder, not the interpreter a venv links to
+        path = os.pathsep.join([str(python_dir), os.environ.get("PATH", "/usr/bin:/bin")])
         env = clean_environment({"PATH": path, "LANG": "C.UTF-8"})
         argv = [SETSID, "--fork", *argv] if SETSID else [*argv, "--detach"]
         with open(log_path, "ab") as log_file:

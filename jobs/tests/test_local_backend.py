@@ -105,6 +105,21 @@ def test_it_refuses_an_agent_config_the_agent_would_refuse(outside_tmp, monkeypa
     assert not (Path(outside_tmp) / "l0" / "agent.json").exists()
 
 
+def test_the_learners_python_is_found_through_a_linked_virtual_environment(tmp_path, monkeypatch):
+    # The sandbox binds the environment at its real path; PATH named it through the link, where the
+    # learner's `sh -c "python ..."` found nothing (exit 127).
+    linked = tmp_path / "checkout" / ".venv"
+    linked.parent.mkdir()
+    linked.symlink_to(Path(local.sys.executable).parent.parent, target_is_directory=True)
+    monkeypatch.setattr(local.sys, "executable", str(linked / "bin" / Path(local.sys.executable).name))
+    seen = {}
+    monkeypatch.setattr(local.subprocess, "run", lambda argv, **kwargs: seen.update(kwargs) or
+                        local.subprocess.CompletedProcess(argv, 0))
+    local.LocalBackend()._launch(["true"], cwd=tmp_path, log_path=tmp_path / "agent.log")
+    first = seen["env"]["PATH"].split(os.pathsep)[0]
+    assert first == os.path.realpath(linked / "bin") and os.path.realpath(first) == first
+
+
 def local_learner():
     return LearnerSpec(index=0, env={}, gpu_ids=(), node="", ingest_token="t")
 
