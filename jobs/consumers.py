@@ -1,6 +1,7 @@
 """Websockets: `/ws/jobs/<id>/` streams one job, `/ws/jobs/` the status changes of a tenant's jobs.
 
-A connection is authenticated (browser session, or `?token=` for scripts) and scoped to a tenant
+A connection is authenticated (browser session; for scripts an API token, as `?token=` or the REST
+API's `Authorization: Token` header) and scoped to a tenant
 exactly like the REST API; another tenant's job id is refused without a word about it.
 
 Access is checked again whenever something that grants it changes (jobs.live sends the user's
@@ -116,13 +117,19 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
 
     def _token_user(self):
         # Guessing keys here is throttled per address like on the REST API (tenants.throttling).
-        key, address = self.query("token"), (self.scope.get("client") or ("",))[0]
+        key, address = self.query("token") or self._header_token(), (self.scope.get("client") or ("",))[0]
         if not key or throttling.retry_after(throttling.TOKEN_FAILURES, address):
             return None
         user = user_for_key(key)
         if user is None:
             throttling.record(throttling.TOKEN_FAILURES, address)
         return user
+
+    def _header_token(self):
+        """The key of an `Authorization: Token <key>` header, as the REST API reads it ("" when none)."""
+        header = dict(self.scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
+        scheme, _, key = header.partition(" ")
+        return key.strip() if scheme.lower() == "token" else ""
 
     def _session_user(self):
         # A fresh read of the session row: the scope's session object caches what it loaded at connect.

@@ -49,6 +49,16 @@ def test_it_closes_a_job_socket_when_its_token_is_revoked(mode):
     assert code == 4401 and messages[0]["type"] == "job"
 
 
+def test_a_script_may_send_its_token_as_the_rest_api_takes_it_and_loses_the_socket_alike():
+    alice = member()
+    target = job(alice)
+    headers = [(b"authorization", f"Token {token_for(alice)}".encode())]
+    code, messages = session(f"/ws/jobs/{target.id}/", headers=headers,
+                             then=change(lambda: revoke_all_tokens(alice.user)))
+    assert code == 4401 and messages[0]["type"] == "job"
+    assert session(f"/ws/jobs/{target.id}/", headers=[(b"authorization", b"Token ty_forged")]) == (4401, [])
+
+
 def test_it_keeps_the_socket_when_another_token_of_the_user_is_revoked():
     alice = member()
     target = job(alice)
