@@ -66,6 +66,19 @@ def choice(name, default, choices):
     return value
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(name, default):
+    """A logging level's name in any case (`debug` is DEBUG), upper-cased. Django's logging set-up would
+    refuse another name too, but with a traceback that does not name the variable."""
+    value = text(name, default)
+    level = value.strip().upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"{name}={value!r} is not a log level; use one of: {', '.join(LOG_LEVELS)} (any case)")
+    return level
+
+
 def url(name, default, *, schemes):
     value = text(name, default)
     scheme = urlparse(value).scheme

@@ -391,6 +391,11 @@ def _page_size(text):
     return size
 
 
+def _state(text):
+    """An experiment's state in any case, as --status takes a job's: the API's states are upper case."""
+    return text.strip().upper()
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="trainyard", description="Submit and follow training jobs on Trainyard.",
@@ -463,8 +468,8 @@ def build_parser():
     create.add_argument("--json", action="store_true", help="print the experiment as JSON instead of its id")
     create.add_argument("--wait", action="store_true", help="wait until it completes; exit 1 unless it did")
     experiment_list = experiment_command("list", cmd_experiment_list, "list the tenant's experiments")
-    experiment_list.add_argument("--state", help="only experiments in this state (ACTIVE, PAUSED, COMPLETED, "
-                                                 "TERMINATED)")
+    experiment_list.add_argument("--state", type=_state, help="only experiments in this state (ACTIVE, PAUSED, "
+                                                               "COMPLETED, TERMINATED; any case)")
     experiment_list.add_argument("--json", action="store_true")
     experiment_show = experiment_command("show", cmd_experiment_show, "show an experiment and its trials")
     experiment_show.add_argument("id", metavar="ID")

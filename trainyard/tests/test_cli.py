@@ -498,6 +498,37 @@ def test_list_prints_a_table(api, capsys):
     assert json.loads(capsys.readouterr().out)["count"] == 1
 
 
+def experiment_row(experiment_id, state):
+    return {"id": experiment_id, "name": "lr-sweep", "searcher": "grid", "metric": "val_loss", "state": state,
+            "trials_started": 2, "max_trials": 4, "best_value": 0.31, "owner": "alice",
+            "created_at": "2026-05-01T10:00:00+00:00"}
+
+
+@pytest.fixture
+def experiments_api(api, monkeypatch):
+    """The fake API with a paused and an active experiment; its `?state=` matches the stored state exactly."""
+    rows = [experiment_row("exp-paused01", "PAUSED"), experiment_row("exp-active01", "ACTIVE")]
+    served = api.handle
+
+    def handle(method, path, query, headers, body):
+        if method == "GET" and path == "/api/v1/experiments/":
+            api.requested_paths.append(path)
+            found = [row for row in rows if query.get("state") in (None, row["state"])]
+            return 200, {"count": len(found), "next": None, "previous": None, "results": found}
+        return served(method, path, query, headers, body)
+
+    monkeypatch.setattr(api, "handle", handle)
+    return api
+
+
+@pytest.mark.parametrize("state", ["paused", "Paused", "PAUSED"])
+def test_experiment_list_takes_a_state_in_any_case(experiments_api, capsys, state):
+    assert run("experiment", "list", "--state", state) == 0, capsys.readouterr().err
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["ID", "NAME", "SEARCHER", "STATE"]
+    assert [row.split()[0] for row in rows] == ["exp-paused01"]
+
+
 def test_metrics_prints_points(api, capsys):
     api.add_job("training-run00001")
     assert run("metrics", "training-run00001", "--name", "loss") == 0
