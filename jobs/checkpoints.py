@@ -6,7 +6,12 @@ attempts' folders read-only, so a crashing attempt can never damage the checkpoi
 A checkpoint is offered for resuming only when it passes `is_complete`: temporary names never do,
 and zip-based formats (PyTorch's `torch.save`, NumPy's `.npz`, Keras' `.keras`) must have an intact
 central directory, which a write cut short never has.
+
+A learner may fill its folder with files (up to its disk caps' entries), and these scans run on the
+workers every tenant shares, at every store, halt and deploy: each looks at no more than MAX_FILES of
+an attempt's folder, and opens a file to check it only when its age puts it among what is asked for.
 """
+import itertools
 import zipfile
 from pathlib import Path
 
@@ -14,6 +19,7 @@ from django.conf import settings
 
 TEMPORARY_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".incomplete", ".lock")
 ZIP_FORMATS = (".pt", ".pth", ".npz", ".zip", ".keras", ".ckpt")
+MAX_FILES = 10_000  # entries of one attempt's folder looked at; a folder holding more is seen in part
 
 
 def attempt_dir(job_folder, attempt):
@@ -37,23 +43,31 @@ def is_complete(path):
     return True
 
 
-def candidates(job_folder, before_attempt):
-    """Complete checkpoints of attempts before `before_attempt`, newest first."""
-    root = Path(job_folder) / "checkpoints"
-    found = []
-    for attempt in range(before_attempt - 1, 0, -1):
-        folder = root / f"attempt-{attempt}"
-        if folder.is_dir():
-            found += sorted((p for p in folder.rglob("*") if is_complete(p)),
-                            key=lambda p: p.stat().st_mtime, reverse=True)
-        if found:
-            break  # the most recent attempt that left a good checkpoint wins
-    return found
+def newest_first(folder):
+    """The files in `folder` (at most MAX_FILES of its entries, folders among them), newest first."""
+    files = []
+    for path in itertools.islice(Path(folder).rglob("*"), MAX_FILES):
+        try:
+            if path.is_file():
+                files.append((path.stat().st_mtime, path))
+        except OSError:  # gone meanwhile
+            continue
+    return [path for _, path in sorted(files, key=lambda found: found[0], reverse=True)]
+
+
+def complete_ones(folder):
+    """The complete checkpoints in `folder`, newest first, each checked only when it is reached."""
+    return (path for path in newest_first(folder) if is_complete(path))
 
 
 def last_good(job_folder, before_attempt):
-    found = candidates(job_folder, before_attempt)
-    return found[0] if found else None
+    """The newest complete checkpoint of the latest attempt before `before_attempt` that left one."""
+    root = Path(job_folder) / "checkpoints"
+    for attempt in range(before_attempt - 1, 0, -1):
+        folder = root / f"attempt-{attempt}"
+        if folder.is_dir() and (found := next(complete_ones(folder), None)) is not None:
+            return found
+    return None
 
 
 def apply_retention(job_folder, attempt, keep=None):
@@ -64,9 +78,7 @@ def apply_retention(job_folder, attempt, keep=None):
     folder = attempt_dir(job_folder, attempt)
     if not folder.is_dir():
         return []
-    files = sorted((p for p in folder.rglob("*") if p.is_file() and is_complete(p)),
-                   key=lambda p: p.stat().st_mtime, reverse=True)
-    removed = files[keep:]
+    removed = list(itertools.islice(complete_ones(folder), keep, None))
     for path in removed:
         path.unlink(missing_ok=True)
     return removed

@@ -55,3 +55,22 @@ def test_retention_keeps_the_newest_per_attempt(tmp_path):
     assert sorted(p.name for p in removed) == [f"epoch-{e}.pt" for e in range(1, 5)]
     assert sorted(p.name for p in checkpoints.attempt_dir(tmp_path, 1).iterdir()) == [
         "epoch-5.pt", "epoch-6.pt", "epoch-7.pt"]
+
+
+def test_a_folder_filled_with_files_costs_a_bounded_look(tmp_path, monkeypatch):
+    # A learner may leave a million files among its checkpoints; every store, halt and deploy scanned
+    # and opened them all, on a worker every tenant shares.
+    folder = checkpoints.attempt_dir(tmp_path, 1)
+    folder.mkdir(parents=True)
+    for index in range(60):
+        (folder / f"junk-{index}.pt").write_bytes(b"PK\x03\x04 junk")
+    newest = write(tmp_path, 1, "epoch-9.pt", age=-10)
+    opened = []
+    monkeypatch.setattr(checkpoints, "MAX_FILES", 100)
+    monkeypatch.setattr(checkpoints, "is_complete", lambda path, check=checkpoints.is_complete: opened.append(path)
+                        or check(path))
+    assert checkpoints.last_good(tmp_path, before_attempt=2) == newest and opened == [newest]
+    monkeypatch.setattr(checkpoints, "MAX_FILES", 20)
+    opened.clear()
+    checkpoints.apply_retention(tmp_path, 1, keep=1)
+    assert len(opened) <= 20
