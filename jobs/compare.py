@@ -4,16 +4,18 @@ One home for the comparison, so the REST endpoint (which the compare page's char
 compare` both read) and the page's server-rendered table say the same thing. Every job is looked up
 through jobs.tenancy: an id the caller cannot see is "not found", exactly like an id that never existed.
 
-Bounds: at most MAX_JOBS jobs, MAX_METRICS metric names and MAX_POINTS points per job and metric (a
-longer line is thinned to evenly spaced points, its last point kept, or for a very long one averaged
-over step buckets by the database; it says so), so the answer's size does not depend on what the runs
-logged, and a run of millions of points is never read into Python.
+Bounds: at most MAX_JOBS jobs, MAX_METRICS metric names, and MAX_ANSWER_POINTS points in all, shared
+evenly by the lines, at most MAX_POINTS each (a longer line is thinned by the database to evenly spaced
+points, its first and last kept, or for a very long one averaged over step buckets; it says so), so
+the answer's size does not depend on what the runs logged, no line's points are read into Python
+beyond its share, and the queries are a few per job, not a few per line.
 """
 import math
 import re
 import shlex
 from dataclasses import dataclass
 
+from django.db import connection
 from django.db.models import Avg, BigIntegerField, Count, ExpressionWrapper, F, Max, Min
 from django.http import Http404
 
@@ -24,6 +26,7 @@ from trainyard.units import format_bytes
 MIN_JOBS, MAX_JOBS = 2, 8
 MAX_METRICS = 24
 MAX_POINTS = 1000
+MAX_ANSWER_POINTS = 24_000  # all lines of one answer together: each line gets an even share (point_share)
 AVERAGE_ABOVE = 20_000  # points in one line beyond which the database averages them (see job_line)
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 
@@ -77,18 +80,24 @@ class Comparison:
     def as_json(self):
         return {"jobs": [job_json(job) for job in self.jobs], "rows": self.rows, "same": self.same,
                 "metrics": self.metrics, "omitted_metrics": self.omitted_metrics,
-                "limits": {"max_jobs": MAX_JOBS, "max_metrics": MAX_METRICS, "max_points": MAX_POINTS}}
+                "limits": {"max_jobs": MAX_JOBS, "max_metrics": MAX_METRICS, "max_points": self.points_per_line}}
+
+    @property
+    def points_per_line(self):
+        """The most points any line of this answer carries: the page says long runs are cut to it."""
+        return point_share(sum(len(metric["series"]) for metric in self.metrics))
 
 
-def compare(membership, ids):
-    """The Comparison of these jobs as `membership` sees them; Http404 for the first id it cannot see."""
+def compare(membership, ids, *, charted=True):
+    """The Comparison of these jobs as `membership` sees them; Http404 for the first id it cannot see.
+    `charted=False` leaves the lines' points out (see metric_series)."""
     found = {job.id: job for job in tenancy.jobs_of(membership).filter(pk__in=ids).select_related("owner")}
     for job_id in ids:
         if job_id not in found:
             raise Http404(f"No job {job_id!r} in tenant {membership.tenant.slug!r}.")
     jobs = [found[job_id] for job_id in ids]
     rows, same = differences(jobs)
-    metrics, omitted = metric_series(jobs)
+    metrics, omitted = metric_series(jobs, charted=charted)
     return Comparison(jobs=jobs, rows=rows, same=same, metrics=metrics, omitted_metrics=omitted)
 
 
@@ -185,67 +194,122 @@ def _elastic_range(job):
 
 
 # --- metrics ----------------------------------------------------------------------------------------
-def metric_series(jobs):
+def metric_series(jobs, *, charted=True):
     """([{name, final: [value|None per job], series: [{job, points: [[step, value]], count, thinned,
     averaged}]}], [metric names left out]).
 
     One line per job: the job's lowest-numbered learner that reported the metric (rank 0 in a
-    distributed job, where every learner usually reports the same figure)."""
+    distributed job, where every learner usually reports the same figure). All lines share
+    MAX_ANSWER_POINTS, so the answer's size and the rows read stay bounded however many lines there are.
+    `charted=False` (the page's table, whose charts come from the REST API) reads only each line's
+    final value."""
     names = sorted(set(MetricPoint.objects.filter(job__in=jobs).values_list("name", flat=True).distinct()),
                    key=lambda name: (0 if "loss" in name.lower() else 1, name))
     shown, omitted = names[:MAX_METRICS], names[MAX_METRICS:]
+    lines = _line_summaries(jobs, shown)
+    share = point_share(len(lines)) if charted else 2
+    read = {}
+    for job in jobs:
+        read.update(_job_lines(job, {key: line for key, line in lines.items() if key[0] == job.id}, share, charted))
     metrics = []
     for name in shown:
         series, final = [], []
         for job in jobs:
-            line = job_line(job, name)
-            final.append(line["final"])
-            if line["count"]:
+            line = read.get((job.id, name))
+            final.append(line["final"] if line else None)
+            if line and charted:
                 series.append({"job": job.id, "points": line["points"], "count": line["count"],
                                "thinned": line["count"] > len(line["points"]), "averaged": line["averaged"]})
         metrics.append({"name": name, "final": final, "series": series})
     return metrics, omitted
 
 
-def job_line(job, name):
-    """{points, count, final, averaged} of one job's line for one metric.
-
-    Up to AVERAGE_ABOVE points the line is exact: attempts joined on step, a later attempt's value
-    winning where a resumed run repeats steps, a point without a step placed in the order it arrived,
-    then thinned to MAX_POINTS evenly spaced points. Beyond that, reading every point into Python would
-    cost seconds per line, so the database averages the points into MAX_POINTS equal step buckets (as
-    the job page's chart does for long runs; a repeated step is then averaged with its repeat), and the
-    final value is read on its own: the highest step's, of the latest attempt."""
-    points = MetricPoint.objects.filter(job=job, name=name)
-    # One pass for the learner whose line it is, its count and its step range.
-    first = (points.values("learner").annotate(count=Count("id"), low=Min("step"), high=Max("step"))
-             .order_by("learner").first())
-    if first is None:
-        return {"points": [], "count": 0, "final": None, "averaged": False}
-    points, count = points.filter(learner=first["learner"]), first["count"]
-    if count <= AVERAGE_ABOVE:
-        joined = _joined(points)
-        return {"points": thin(joined, MAX_POINTS), "count": count, "final": joined[-1][1], "averaged": False}
-    last = points.order_by(F("step").desc(nulls_last=True), "-attempt", "-id").values_list("value", flat=True).first()
-    return {"points": _bucket_averages(points, first["low"], first["high"]), "count": count,
-            "final": _finite(last), "averaged": True}
+def point_share(lines):
+    """How many points each of this many lines may carry: an even share of MAX_ANSWER_POINTS, at most
+    MAX_POINTS, and never fewer than a line's first and last."""
+    return max(2, min(MAX_POINTS, MAX_ANSWER_POINTS // max(1, lines)))
 
 
-def _joined(points):
-    by_step, unstepped = {}, 0
-    for step, value in points.order_by("attempt", "id").values_list("step", "value").iterator(chunk_size=5000):
-        if step is None:
-            step, unstepped = unstepped, unstepped + 1
-        by_step[step] = _finite(value)
-    return sorted(by_step.items())
+def _line_summaries(jobs, names):
+    """{(job id, name): {learner, count, low, high}} of every line, in one query: the lowest-numbered
+    learner that reported the metric, its count of points and its step range."""
+    lines = {}
+    rows = (MetricPoint.objects.filter(job__in=jobs, name__in=names).values("job_id", "name", "learner")
+            .annotate(count=Count("id"), low=Min("step"), high=Max("step")).order_by("job_id", "name", "-learner"))
+    for row in rows:  # a lower learner comes later and takes the line
+        lines[(row["job_id"], row["name"])] = row
+    return lines
 
 
-def _bucket_averages(points, low, high):
-    """[[last step of the bucket, mean value]] over MAX_POINTS equal buckets of steps low..high, in SQL
+def _job_lines(job, lines, share, charted):
+    """{(job id, name): {points, count, final, averaged}} of one job's lines.
+
+    Up to AVERAGE_ABOVE points a line is exact: attempts joined on step, a later attempt's value winning
+    where a resumed run repeats steps, a point without a step placed in the order it arrived, then
+    thinned to `share` evenly spaced points by the database, in one query for all such lines of the job.
+    Beyond that, the database averages the points into `share` equal step buckets (as the job page's
+    chart does for long runs; a repeated step is then averaged with its repeat), and the final value is
+    read on its own: the highest step's, of the latest attempt."""
+    exact = [line for line in lines.values() if line["count"] <= AVERAGE_ABOVE]
+    found = {}
+    for name, points in _thinned(job, exact, share).items():
+        line = lines[(job.id, name)]
+        found[(job.id, name)] = {"points": points, "count": line["count"], "final": points[-1][1], "averaged": False}
+    for line in lines.values():
+        if line["count"] > AVERAGE_ABOVE:
+            points = MetricPoint.objects.filter(job=job, name=line["name"], learner=line["learner"])
+            last = (points.order_by(F("step").desc(nulls_last=True), "-attempt", "-id")
+                    .values_list("value", flat=True).first())
+            averages = _bucket_averages(points, line["low"], line["high"], share) if charted else []
+            found[(job.id, line["name"])] = {"points": averages, "count": line["count"], "final": _finite(last),
+                                            "averaged": True}
+    return found
+
+
+# Each line's points keyed by step (a point without one by its place among those, in arrival order), the
+# latest arrival kept where keys repeat, then numbered: a line longer than the share keeps the positions
+# ceil(i * last / (share - 1)), which include its first and last.
+THINNED_SQL = """
+WITH keyed AS (
+    SELECT name, value, attempt, id, COALESCE(step, ROW_NUMBER() OVER (
+        PARTITION BY name, step IS NULL ORDER BY attempt, id) - 1) AS x
+    FROM {table} WHERE job_id = %s AND ({lines})
+), latest AS (
+    SELECT name, x, value, ROW_NUMBER() OVER (PARTITION BY name, x ORDER BY attempt DESC, id DESC) AS newest
+    FROM keyed
+), numbered AS (
+    SELECT name, x, value, ROW_NUMBER() OVER (PARTITION BY name ORDER BY x) - 1 AS position,
+        COUNT(*) OVER (PARTITION BY name) - 1 AS last
+    FROM latest WHERE newest = 1
+)
+SELECT name, x, value FROM numbered
+WHERE last < %s OR (position * %s) %% NULLIF(last, 0) < %s
+ORDER BY name, x
+"""
+
+
+def _thinned(job, lines, share):
+    """{name: [[step, value]]} of these lines of one job, each thinned to `share` points by the database."""
+    if not lines:
+        return {}
+    sql = THINNED_SQL.format(table=MetricPoint._meta.db_table,
+                             lines=" OR ".join(["(name = %s AND learner = %s)"] * len(lines)))
+    params = [job.id, *(value for line in lines for value in (line["name"], line["learner"])),
+              share, share - 1, share - 1]
+    found = {}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for name, step, value in cursor.fetchall():
+            found.setdefault(name, []).append([step, _finite(value)])
+    return found
+
+
+def _bucket_averages(points, low, high, buckets):
+    """[[last step of the bucket, mean value]] over `buckets` equal buckets of steps low..high, in SQL
     (points without a step are left out of such a line)."""
     if low is None:
         return []
-    width = max(1, math.ceil((high - low + 1) / MAX_POINTS))
+    width = max(1, math.ceil((high - low + 1) / buckets))
     bucket = ExpressionWrapper((F("step") - low) / width, output_field=BigIntegerField())
     rows = (points.exclude(step=None).annotate(bucket=bucket).values("bucket").annotate(x=Max("step"), y=Avg("value"))
             .order_by("bucket").values_list("x", "y"))
@@ -256,10 +320,3 @@ def _finite(value):
     """NaN and infinity are not JSON: such a point is a gap in the line."""
     return value if value is not None and math.isfinite(value) else None
 
-
-def thin(points, limit):
-    """At most `limit` evenly spaced points, the first and last always among them."""
-    if len(points) <= limit:
-        return [list(point) for point in points]
-    last = len(points) - 1
-    return [list(points[round(i * last / (limit - 1))]) for i in range(limit)]

@@ -120,7 +120,7 @@ def compare_page(request, membership):
         ids = compare.parse_ids(request.GET.getlist("ids"))
     except compare.CompareError as exc:
         return render(request, "jobs/compare.html", {"membership": membership, "error": str(exc)}, status=400)
-    comparison = compare.compare(membership, ids)
+    comparison = compare.compare(membership, ids, charted=False)  # compare.js reads the lines from the API
     finals = [{"name": m["name"], "values": ["—" if v is None else f"{v:.6g}" for v in m["final"]]}
               for m in comparison.metrics]
     return render(request, "jobs/compare.html", {"membership": membership, "comparison": comparison,

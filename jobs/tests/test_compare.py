@@ -121,6 +121,48 @@ def test_a_very_long_line_is_averaged_over_step_buckets_by_the_database(alice, m
     assert not metric["series"][1]["averaged"]
 
 
+def test_points_without_a_step_line_up_in_the_order_they_arrived(alice):
+    unstepped = job(alice, name="unstepped", manifest_yaml=manifest("python train.py"))
+    now = timezone.now()
+    MetricPoint.objects.bulk_create([MetricPoint(job=unstepped, attempt=attempt, name="loss", step=None, value=value,
+                                                 time=now) for attempt, value in ((1, 0.9), (1, 0.7), (2, 0.4))])
+    other = sweep_job(alice, "other", "python train.py", losses=[1.0])
+    loss = get(client_for(alice), [unstepped.id, other.id]).json()["metrics"][0]
+    assert loss["series"][0]["points"] == [[0, 0.9], [1, 0.7], [2, 0.4]] and loss["final"] == [0.4, 1.0]
+
+
+@pytest.fixture
+def many_long_lines(alice, monkeypatch):
+    """Eight jobs of 24 metrics of 50 points each, and an answer's budget of 5 points a line."""
+    monkeypatch.setattr(compare, "MAX_ANSWER_POINTS", 8 * 24 * 5, raising=False)
+    rows = [job(alice, name=f"run-{i}", manifest_yaml=manifest(f"python train.py --seed {i}")) for i in range(8)]
+    now = timezone.now()
+    MetricPoint.objects.bulk_create([
+        MetricPoint(job=row, name=f"m{metric:02}", step=step, value=float(step), time=now)
+        for row in rows for metric in range(24) for step in range(1, 51)])
+    return rows
+
+
+def test_all_lines_share_one_point_budget_read_in_a_few_queries_per_job(alice, many_long_lines,
+                                                                        django_assert_max_num_queries):
+    client = client_for(alice)
+    with django_assert_max_num_queries(2 * len(many_long_lines) + 10):  # not a few per line
+        body = get(client, [row.id for row in many_long_lines]).json()
+    lines = [line for metric in body["metrics"] for line in metric["series"]]
+    assert len(lines) == 8 * 24 and sum(len(line["points"]) for line in lines) <= 8 * 24 * 5
+    assert all(line["points"][0] == [1, 1.0] and line["points"][-1] == [50, 50.0] and line["thinned"]
+               for line in lines)
+    assert body["limits"]["max_points"] == 5 and body["metrics"][0]["final"] == [50.0] * 8
+
+
+def test_the_page_reads_only_the_final_values_its_table_shows(alice, many_long_lines, django_assert_max_num_queries):
+    client = logged_in(alice)
+    with django_assert_max_num_queries(2 * len(many_long_lines) + 15):
+        response = client.get("/jobs/compare/", {"ids": ",".join(row.id for row in many_long_lines)})
+    assert response.status_code == 200 and response.content.decode().count('data-testid="final-row"') == 24
+    assert all(metric["series"] == [] for metric in response.context["comparison"].metrics)  # compare.js reads them
+
+
 def test_it_charts_at_most_the_metric_cap_and_names_the_rest(alice, sweep, monkeypatch):
     monkeypatch.setattr(compare, "MAX_METRICS", 2)
     for name in ("acc", "zeta"):
