@@ -100,13 +100,17 @@ class JobCompare(TenantScoped, APIView):
                 "jobs, rows that differ, facts in common, metrics with one series per job and final values")),
             400: OpenApiResponse(ErrorSerializer, description=(
                 "`ids` missing, malformed, repeated, fewer than 2 or more than 8")),
-            404: OpenApiResponse(ErrorSerializer, description="an id the caller cannot see")})
+            404: OpenApiResponse(ErrorSerializer, description="an id the caller cannot see"),
+            429: OpenApiResponse(ErrorSerializer, description=(
+                "the tenant's comparisons at once are running; retry after the Retry-After header's seconds"))})
     def get(self, request):
         try:
             ids = compare.parse_ids(request.query_params.getlist("ids"))
+            return Response(compare.compare(self.membership(), ids).as_json())
         except compare.CompareError as exc:
             return Response({"detail": str(exc), "field": exc.field}, status=400)
-        return Response(compare.compare(self.membership(), ids).as_json())
+        except compare.Busy as exc:
+            return Response({"detail": str(exc)}, status=429, headers={"Retry-After": str(exc.retry_after_s)})
 
 
 class JobAction(TenantScoped, APIView):

@@ -21,6 +21,7 @@ from django.http import Http404
 
 from jobs import tenancy
 from jobs.models import MetricPoint
+from tenants import throttling
 from trainyard.units import format_bytes
 
 MIN_JOBS, MAX_JOBS = 2, 8
@@ -51,6 +52,16 @@ class CompareError(ValueError):
     """The ids parameter does not make sense; `field` is always "ids"."""
 
     field = "ids"
+
+
+class Busy(Exception):
+    """The tenant's comparisons at once are all running (tenants.throttling.COMPARISONS)."""
+
+    retry_after_s = 3
+
+    def __init__(self):
+        super().__init__(f"{throttling.COMPARISONS.limit} comparisons of this tenant are running; "
+                         f"try again in a few seconds")
 
 
 def parse_ids(values):
@@ -89,15 +100,19 @@ class Comparison:
 
 
 def compare(membership, ids, *, charted=True):
-    """The Comparison of these jobs as `membership` sees them; Http404 for the first id it cannot see.
-    `charted=False` leaves the lines' points out (see metric_series)."""
+    """The Comparison of these jobs as `membership` sees them; Http404 for the first id it cannot see, Busy
+    while the tenant's other comparisons take every slot. `charted=False` leaves the lines' points out
+    (see metric_series)."""
     found = {job.id: job for job in tenancy.jobs_of(membership).filter(pk__in=ids).select_related("owner")}
     for job_id in ids:
         if job_id not in found:
             raise Http404(f"No job {job_id!r} in tenant {membership.tenant.slug!r}.")
     jobs = [found[job_id] for job_id in ids]
     rows, same = differences(jobs)
-    metrics, omitted = metric_series(jobs, charted=charted)
+    with throttling.slot(throttling.COMPARISONS, membership.tenant_id) as running:
+        if not running:  # the lines' points are the heavy part, read by the database for every line
+            raise Busy()
+        metrics, omitted = metric_series(jobs, charted=charted)
     return Comparison(jobs=jobs, rows=rows, same=same, metrics=metrics, omitted_metrics=omitted)
 
 

@@ -118,9 +118,13 @@ def compare_page(request, membership):
     the charts are drawn by static/js/compare.js from the same comparison over the REST API."""
     try:
         ids = compare.parse_ids(request.GET.getlist("ids"))
+        comparison = compare.compare(membership, ids, charted=False)  # compare.js reads the lines from the API
     except compare.CompareError as exc:
         return render(request, "jobs/compare.html", {"membership": membership, "error": str(exc)}, status=400)
-    comparison = compare.compare(membership, ids, charted=False)  # compare.js reads the lines from the API
+    except compare.Busy as exc:
+        response = render(request, "jobs/compare.html", {"membership": membership, "error": str(exc)}, status=429)
+        response["Retry-After"] = str(exc.retry_after_s)
+        return response
     finals = [{"name": m["name"], "values": ["—" if v is None else f"{v:.6g}" for v in m["final"]]}
               for m in comparison.metrics]
     return render(request, "jobs/compare.html", {"membership": membership, "comparison": comparison,

@@ -16,10 +16,13 @@ proxy's address, so an operator who puts one in front should have it limit too.
 - Submissions: a tenant may submit its intake's submissions per minute (tenants.quotas.intake_of;
   TRAINYARD_SUBMITS_PER_MINUTE by default), counted per tenant in fixed windows of the clock's
   minutes; past it, submits are refused until the next minute begins (jobs.submission).
+- Heavy reads at once: a tenant may have 2 comparisons of jobs (jobs.compare, which reads every point
+  of the lines it draws) running at a time; a third is refused with 429 until one ends.
 
 If the cache cannot be reached, requests are let through (and a warning logged): an outage of Redis
 must not lock every user out of a platform that is otherwise up.
 """
+import contextlib
 import functools
 import hashlib
 import logging
@@ -51,6 +54,34 @@ class Rule:
 TOKEN_FAILURES = Rule("token", limit=30, window_s=60, lockout_s=60)
 INGEST_POSTS = Rule("ingest", limit=600, window_s=10, lockout_s=10)
 INGEST_FAILURES = Rule("ingest-bad", limit=20, window_s=60, lockout_s=60)
+
+
+@dataclass(frozen=True)
+class AtOnce:
+    name: str
+    limit: int  # requests of one key running at the same time
+    hold_s: int  # the longest a request holds its slot: one whose process died frees it then
+
+
+COMPARISONS = AtOnce("compare", limit=2, hold_s=120)
+
+
+@contextlib.contextmanager
+def slot(rule, *parts):
+    """One of `rule.limit` slots of `parts` for the block; yields False when every one is taken."""
+    held = None
+    try:
+        held = next((key for key in (_key(rule, (*parts, index), "slot") for index in range(rule.limit))
+                     if cache.add(key, 1, timeout=rule.hold_s)), None)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log.warning("throttling: cache unreachable (%s); %s not limited", exc, rule.name)
+        held = ""
+    try:
+        yield held is not None
+    finally:
+        if held:
+            with contextlib.suppress(Exception):
+                cache.delete(held)
 
 
 def _key(rule, parts, kind):

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from jobs import compare, sharing
 from jobs.models import MetricPoint
+from tenants import throttling
 from tests.support.builders import client_for, job, logged_in, member
 
 pytestmark = pytest.mark.django_db
@@ -196,6 +197,25 @@ def test_another_tenants_job_is_404_and_never_named(alice, sweep):
     assert get(client_for(alice), [sweep[0].id, "training-nosuchjob"]).status_code == 404
     # and from the other side: mallory cannot see alice's jobs either
     assert get(client_for(mallory), [theirs.id, sweep[1].id]).status_code == 404
+
+
+def test_a_tenant_runs_a_bounded_number_of_comparisons_at_once_and_others_are_not_held(alice, sweep):
+    # At the limits one comparison keeps the database reading for many seconds: a tenant that asks for
+    # many at once waits for its own, never for another tenant's room.
+    ids = [job.id for job in sweep[:2]]
+    mallory = member("team-b", "mallory")
+    theirs = [sweep_job(mallory, f"b-{n}", "python train.py", losses=[1.0]).id for n in range(2)]
+    holds = [throttling.slot(throttling.COMPARISONS, alice.tenant_id) for _ in range(throttling.COMPARISONS.limit)]
+    assert all(hold.__enter__() for hold in holds)
+    try:
+        busy = get(client_for(alice), ids)
+        assert busy.status_code == 429 and busy["Retry-After"] == "3" and "running" in busy.json()["detail"]
+        assert logged_in(alice).get("/jobs/compare/", {"ids": ",".join(ids)}).status_code == 429
+        assert get(client_for(mallory), theirs).status_code == 200
+    finally:
+        for hold in holds:
+            hold.__exit__(None, None, None)
+    assert get(client_for(alice), ids).status_code == 200
 
 
 def test_a_private_job_counts_only_for_those_who_may_see_it(alice, sweep):

@@ -79,6 +79,11 @@
       root.dataset.running = String(running);
       if (running) setTimeout(refresh, REFRESH_MS);
     } catch (error) {
+      if (error.message === "HTTP 429") { // the tenant's other comparisons are running: a moment later
+        status.textContent = "waiting for the tenant's other comparisons to finish…";
+        setTimeout(refresh, REFRESH_MS);
+        return;
+      }
       status.textContent = `could not load the metrics: ${error.message}`;
       root.dataset.loaded = "error";
     }
