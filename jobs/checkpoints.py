@@ -8,8 +8,9 @@ and zip-based formats (PyTorch's `torch.save`, NumPy's `.npz`, Keras' `.keras`) 
 central directory, which a write cut short never has.
 
 A learner may fill its folder with files (up to its disk caps' entries), and these scans run on the
-workers every tenant shares, at every store, halt and deploy: each looks at no more than MAX_FILES of
-an attempt's folder, and opens a file to check it only when its age puts it among what is asked for.
+workers every tenant shares, at every store, halt and deploy. Opening files is their cost: the one to
+resume from is the newest complete one, so files are opened newest first until it is found, and
+retention opens no more than the newest MAX_CHECKED. Listing is cheaper, and bounded too (MAX_FILES).
 """
 import itertools
 import zipfile
@@ -19,7 +20,8 @@ from django.conf import settings
 
 TEMPORARY_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".incomplete", ".lock")
 ZIP_FORMATS = (".pt", ".pth", ".npz", ".zip", ".keras", ".ckpt")
-MAX_FILES = 10_000  # entries of one attempt's folder looked at; a folder holding more is seen in part
+MAX_FILES = 100_000  # entries of one attempt's folder listed; a folder holding more is seen in part
+MAX_CHECKED = 10_000  # files retention opens to check, newest first; older ones are left as they are
 
 
 def attempt_dir(job_folder, attempt):
@@ -55,9 +57,10 @@ def newest_first(folder):
     return [path for _, path in sorted(files, key=lambda found: found[0], reverse=True)]
 
 
-def complete_ones(folder):
-    """The complete checkpoints in `folder`, newest first, each checked only when it is reached."""
-    return (path for path in newest_first(folder) if is_complete(path))
+def complete_ones(folder, *, checked=None):
+    """The complete checkpoints in `folder`, newest first, each checked only when it is reached (and only
+    the newest `checked` files, when given)."""
+    return (path for path in newest_first(folder)[:checked] if is_complete(path))
 
 
 def last_good(job_folder, before_attempt):
@@ -78,7 +81,7 @@ def apply_retention(job_folder, attempt, keep=None):
     folder = attempt_dir(job_folder, attempt)
     if not folder.is_dir():
         return []
-    removed = list(itertools.islice(complete_ones(folder), keep, None))
+    removed = list(itertools.islice(complete_ones(folder, checked=MAX_CHECKED), keep, None))
     for path in removed:
         path.unlink(missing_ok=True)
     return removed

@@ -28,7 +28,7 @@ MIN_JOBS, MAX_JOBS = 2, 8
 MAX_METRICS = 24
 MAX_POINTS = 1000
 MAX_ANSWER_POINTS = 24_000  # all lines of one answer together: each line gets an even share (point_share)
-AVERAGE_ABOVE = 20_000  # points in one line beyond which the database averages them (see job_line)
+AVERAGE_ABOVE = 20_000  # points in one line beyond which the database averages them (see _job_lines)
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 
 # Command-line flags that name the same hyperparameter, merged into one row so a sweep that spells it
@@ -95,7 +95,8 @@ class Comparison:
 
     @property
     def points_per_line(self):
-        """The most points any line of this answer carries: the page says long runs are cut to it."""
+        """The most points a line of this answer may carry (its lines' share of MAX_ANSWER_POINTS): the
+        page says long runs are cut to it."""
         return point_share(sum(len(metric["series"]) for metric in self.metrics))
 
 

@@ -108,7 +108,7 @@ def decode(data, tags, *, room=MAX_TAGS):
     event = data_compat.migrate_event(event)
     found = []
     for value in event.summary.value:
-        if len(value.tag) > MAX_TAG or not value.tag.isprintable():  # a metric's name is printable text
+        if len(value.tag) > MAX_TAG or "\x00" in value.tag:  # PostgreSQL stores no NUL in a name or a JSON key
             continue
         scalar = tags.get(value.tag)
         if scalar is None:
@@ -149,8 +149,8 @@ def _scalar_of(value):
 
 def _fields(record):
     path, offset, data = record.get("file"), record.get("offset"), record.get("data")
-    if not isinstance(path, str) or not path or len(path) > MAX_PATH or not path.isprintable():
-        raise MalformedEvent(f"a tfevent record needs its file's path: printable, at most {MAX_PATH} characters")
+    if not isinstance(path, str) or not path or len(path) > MAX_PATH or "\x00" in path:
+        raise MalformedEvent(f"a tfevent record needs its file's path: at most {MAX_PATH} characters, no NUL")
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise MalformedEvent(f"{path}: a tfevent record needs its offset in the file")
     if not isinstance(data, str) or len(data) > 4 * (MAX_RECORD_BYTES // 3 + 1):

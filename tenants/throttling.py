@@ -27,6 +27,7 @@ import functools
 import hashlib
 import logging
 import math
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -68,11 +69,12 @@ COMPARISONS = AtOnce("compare", limit=2, hold_s=120)
 
 @contextlib.contextmanager
 def slot(rule, *parts):
-    """One of `rule.limit` slots of `parts` for the block; yields False when every one is taken."""
-    held = None
+    """One of `rule.limit` slots of `parts` for the block; yields False when every one is taken. A slot
+    holds a token of its own: a request that outran `hold_s` frees only a slot it still holds."""
+    held, token = None, secrets.token_hex(8)
     try:
         held = next((key for key in (_key(rule, (*parts, index), "slot") for index in range(rule.limit))
-                     if cache.add(key, 1, timeout=rule.hold_s)), None)
+                     if cache.add(key, token, timeout=rule.hold_s)), None)
     except Exception as exc:  # noqa: BLE001 - fail open
         log.warning("throttling: cache unreachable (%s); %s not limited", exc, rule.name)
         held = ""
@@ -81,7 +83,8 @@ def slot(rule, *parts):
     finally:
         if held:
             with contextlib.suppress(Exception):
-                cache.delete(held)
+                if cache.get(held) == token:
+                    cache.delete(held)
 
 
 def _key(rule, parts, kind):

@@ -70,7 +70,7 @@ def test_a_folder_filled_with_files_costs_a_bounded_look(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoints, "is_complete", lambda path, check=checkpoints.is_complete: opened.append(path)
                         or check(path))
     assert checkpoints.last_good(tmp_path, before_attempt=2) == newest and opened == [newest]
-    monkeypatch.setattr(checkpoints, "MAX_FILES", 20)
+    monkeypatch.setattr(checkpoints, "MAX_CHECKED", 20)
     opened.clear()
     checkpoints.apply_retention(tmp_path, 1, keep=1)
     assert len(opened) <= 20

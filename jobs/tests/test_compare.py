@@ -2,6 +2,7 @@
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.utils import timezone
 
 from jobs import compare, sharing
@@ -216,6 +217,18 @@ def test_a_tenant_runs_a_bounded_number_of_comparisons_at_once_and_others_are_no
         for hold in holds:
             hold.__exit__(None, None, None)
     assert get(client_for(alice), ids).status_code == 200
+
+
+def test_a_comparison_that_outran_its_slot_frees_only_a_slot_it_still_holds():
+    rule = throttling.AtOnce("compare-test", limit=1, hold_s=60)
+    first = throttling.slot(rule, "t")
+    assert first.__enter__()
+    cache.delete(throttling._key(rule, ("t", 0), "slot"))  # its slot timed out while it ran
+    with throttling.slot(rule, "t") as second:
+        assert second
+        first.__exit__(None, None, None)  # ends now: the slot is the second's
+        with throttling.slot(rule, "t") as third:
+            assert not third
 
 
 def test_a_private_job_counts_only_for_those_who_may_see_it(alice, sweep):

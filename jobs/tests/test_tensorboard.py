@@ -149,7 +149,7 @@ def test_a_nul_in_a_tag_or_a_file_name_is_passed_over_and_the_batch_stored(runni
     assert post(running_job, records).json() == {"acked": 4}
     assert points() == [("loss", 3, 3.0)]
     assert Learner.objects.get(job=running_job).tensorboard["tags"] == {"": {"loss": True}}
-    assert "its file's path: printable" in LogLine.objects.get(stream="system").line
+    assert "its file's path: at most" in LogLine.objects.get(stream="system").line
     assert LogLine.objects.filter(stream="stdout", line="after").exists()
 
 

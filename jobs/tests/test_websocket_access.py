@@ -59,6 +59,13 @@ def test_a_script_may_send_its_token_as_the_rest_api_takes_it_and_loses_the_sock
     assert session(f"/ws/jobs/{target.id}/", headers=[(b"authorization", b"Token ty_forged")]) == (4401, [])
 
 
+def test_a_nul_in_a_sockets_job_id_matches_no_route():
+    # It reached the database, which refused it: the handshake failed with a server error.
+    alice = member()
+    with pytest.raises(ValueError, match="No route found"):
+        session(f"/ws/jobs/x\x00y/?token={token_for(alice)}")
+
+
 def test_it_keeps_the_socket_when_another_token_of_the_user_is_revoked():
     alice = member()
     target = job(alice)
