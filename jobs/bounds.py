@@ -65,8 +65,8 @@ class BoundedJSONParser(JSONParser):
             data = super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError("JSON parse error - the body nests too deeply") from None
-        if (where := _nul_in(data, "")) is not None:
-            raise ParseError(f"JSON parse error - {_shown(where) or 'the body'} holds a NUL character")
+        if (where := _nul_in(data, "")) is not None:  # a 400 {detail, field} like a bad parameter's
+            raise BadParameter(_shown(where) or "body", "holds a NUL character")
         return data
 
 

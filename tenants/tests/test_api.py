@@ -137,8 +137,12 @@ def test_a_name_with_a_nul_is_a_400_naming_its_field(field, method, path, body):
     assert response.status_code == 400 and response.json()["field"] == field
 
 
-def test_a_tenant_named_with_a_nul_is_refused_as_no_such_tenant():
-    response = client_for(member("team-a", "alice")).get("/api/v1/tenants/current/?tenant=team-a%00")
+def test_a_tenant_named_with_a_nul_is_refused_by_name_or_as_no_such_tenant():
+    client = client_for(member("team-a", "alice"))
+    response = client.get("/api/v1/tenants/current/?tenant=team-a%00")  # as every query parameter with one
+    assert response.status_code == 400 and response.json() == {"detail": "tenant: holds a NUL character",
+                                                                "field": "tenant"}
+    response = client.get("/api/v1/tenants/current/", HTTP_X_TRAINYARD_TENANT="team-a\x00")
     assert response.status_code == 403 and "there is no tenant" in response.json()["detail"]
 
 

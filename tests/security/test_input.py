@@ -256,5 +256,5 @@ def test_a_nul_in_a_json_body_is_a_400_naming_where(alice, body, where):
     target = job(alice)
     response = client_for(alice).post(f"/api/v1/jobs/{target.id}/share/", body, format="json")
     assert response.status_code == 400
-    assert response.json()["detail"] == f"JSON parse error - {where} holds a NUL character"
+    assert response.json() == {"detail": f"{where}: holds a NUL character", "field": where}
 
