@@ -35,7 +35,8 @@ scheduling cycle):
 Elastic jobs without GPUs (gpus: 0) are not resized by the autoscaler: the optimizer divides GPUs.
 """
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -109,18 +110,21 @@ def run(now=None):
     with transaction.atomic():
         admission.take_admission_lock()
         active = list(Job.objects.filter(status__in=ACTIVE).select_related("tenant"))
-        candidates = [c for job in active if (c := _candidate(job, now)) is not None]
+        candidates = _candidates(active, now)
         if not candidates:
             return []
         held = _held_gpus(active)
         mine = {c.job.id for c in candidates}
         reserved = _reserved_for_queue(nodes, held, active)
+        gpus_left = _tenant_gpus_left(active, mine)
+        candidates = _over_quota_kept(candidates, gpus_left)
+        caps = _grow_caps(candidates, active, nodes)
         cluster = optimizer.ElasticCluster(
             nodes={n.name: n.gpus - reserved.get(n.name, 0)
                    - sum(1 for (node, _), owner in held.items() if node == n.name and owner not in mine)
                    for n in nodes if n.schedulable},
-            quotas=_tenant_gpus_left(active, mine))
-        jobs = [_elastic_job(c, now) for c in candidates]
+            quotas=gpus_left)
+        jobs = [_elastic_job(c, now, most=caps[c.job.id]) for c in candidates]
         policy = optimizer.ElasticPolicy(settings.ELASTIC_POLICY, min_horizon_s=settings.ELASTIC_HORIZON_S)
         try:
             targets = optimizer.optimize(jobs, cluster, policy, now=now.timestamp())
@@ -147,6 +151,22 @@ def run(now=None):
 
 
 # --- 1. snapshot --------------------------------------------------------------------------------------
+def _candidates(active, now):
+    """The jobs the pass may resize, each read on its own: what one job reported cannot stop the
+    pass for every other tenant's (a job whose reads fail is left as it is, and logged)."""
+    candidates = []
+    for job in active:
+        try:
+            with transaction.atomic():  # a savepoint: a failed read leaves the pass's transaction usable
+                candidate = _candidate(job, now)
+        except Exception:  # noqa: BLE001 - one job's failure is logged, the others go on
+            log.exception("autoscaler: %s left as it is: reading it failed", job.id)
+            continue
+        if candidate is not None:
+            candidates.append(candidate)
+    return candidates
+
+
 def _candidate(job, now):
     elastic = elasticity.of(job)
     if elastic is None or not job.gpus or job.status != Status.PROCESSING or job.preempted_reason:
@@ -230,9 +250,71 @@ def _tenant_gpus_left(active, mine):
     return left
 
 
-def _elastic_job(candidate, now):
+def _over_quota_kept(candidates, gpus_left):
+    """The candidates, those of a tenant already past its GPU quota held at their size (frozen): its
+    quota was lowered, or borrowing turned off, since they grew. `gpus_left` is raised to what they
+    hold, so the plan fits: one tenant's overrun must not leave every tenant without a plan."""
+    kept = []
+    for tenant, left in gpus_left.items():
+        theirs = [c for c in candidates if c.job.tenant.slug == tenant]
+        holding = sum(max(c.job.learners, len(c.job.placement)) * c.job.gpus for c in theirs)
+        if holding > left:
+            gpus_left[tenant] = holding
+            kept += [c.job.id for c in theirs]
+    return [replace(c, frozen=True) if c.job.id in kept else c for c in candidates]
+
+
+def _grow_caps(candidates, active, nodes):
+    """{job id: the most learners it may grow to, or None}: a grow adds learners as an admission does,
+    so it keeps what admission keeps beside GPUs: no grow once a hard budget is spent, the tenant's
+    CPU and memory quota (unless it may borrow), its GPUs per user, and the CPUs and memory the
+    schedulable nodes have free in all (the optimizer places by GPUs alone). What is left of each is
+    shared evenly among the candidates it binds; a cap never asks a shrink."""
+    caps = {c.job.id: None for c in candidates}
+    schedulable = [n for n in nodes if n.schedulable]
+    for resource in ("cpus", "memory_bytes"):
+        free = sum(getattr(n, resource) for n in schedulable) - _holds(active, resource)
+        _share_out(caps, candidates, free, resource)
+    for tenant_id in {c.job.tenant_id for c in candidates}:
+        theirs = [c for c in candidates if c.job.tenant_id == tenant_id]
+        quota = quotas.quota_of(theirs[0].job.tenant)
+        if quota is None:
+            continue
+        if quotas.budget_state(quota, quotas.usage_of(theirs[0].job.tenant, quota=quota))[0] == "hard_exceeded":
+            caps.update({c.job.id: c.job.learners for c in theirs})
+            continue
+        holding = [job for job in active if job.tenant_id == tenant_id]
+        if not quota.can_borrow:
+            for resource, limit in (("cpus", quota.cpus), ("memory_bytes", quota.memory_bytes)):
+                if limit is not None:
+                    _share_out(caps, theirs, limit - _holds(holding, resource), resource)
+        if quota.gpus_per_user is not None:
+            for owner_id in {c.job.owner_id for c in theirs}:
+                left = quota.gpus_per_user - _holds([job for job in holding if job.owner_id == owner_id], "gpus")
+                _share_out(caps, [c for c in theirs if c.job.owner_id == owner_id], left, "gpus")
+    return caps
+
+
+def _holds(jobs, resource):
+    """How much of `resource` (per learner) these jobs hold: a resize under way holds both shapes."""
+    return sum(max(job.learners, len(job.placement)) * getattr(job, resource) for job in jobs)
+
+
+def _share_out(caps, candidates, left, resource):
+    each = max(0, left) / len(candidates)
+    for c in candidates:
+        per_learner = getattr(c.job, resource)
+        if per_learner:
+            most = c.job.learners + int(each // per_learner)
+            caps[c.job.id] = most if caps[c.job.id] is None else min(caps[c.job.id], most)
+
+
+def _elastic_job(candidate, now, *, most=None):
+    """The optimizer's view of a candidate; `most`: the learners it may have at most (_grow_caps)."""
     job, elastic, current = candidate.job, candidate.elastic, candidate.current
     low, high = (job.learners, job.learners) if candidate.frozen else (elastic.min_learners, max_learners(candidate))
+    if most is not None:
+        high = max(low, min(high, most))
     batch = (current.global_batch if current else None) or 0
     bounds = elastic.batch or elasticity.BatchBounds(*(_no_batch(elastic, job),) * 3)
     # No noise scale, no measure of what a bigger batch is worth: at most its own, whatever the policy.
@@ -289,7 +371,8 @@ def _reported_rate(job_id, attempt, *, since=None, until=None):
     span = elastic_timeline.samples_reported(job_id, attempt, since=since, until=until)
     if span["first"] is None or span["last"] <= span["first"] or span["high"] <= span["low"]:
         return None
-    return (span["high"] - span["low"]) / (span["last"] - span["first"]).total_seconds()
+    rate = (span["high"] - span["low"]) / (span["last"] - span["first"]).total_seconds()
+    return rate if math.isfinite(rate) else None
 
 
 def measured_noise_scale(job):

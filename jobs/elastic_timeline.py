@@ -31,6 +31,9 @@ from trainyard import elasticity
 
 # The metric an elastic job's rank 0 reports its cumulative samples under (learner_agent.report(samples=)).
 SAMPLES_METRIC = "samples"
+# Reports at or past this count of samples are passed over, as are negative ones: a BigIntegerField
+# holds less, and a report the learner wrote must not fail its job's every transition.
+SAMPLES_BOUND = 2.0 ** 63
 BATCH = Allocation.Kind.BATCH
 
 
@@ -221,7 +224,7 @@ def _clear_request(job):
 
 def last_samples(job):
     """The job's progress so far in samples (learner 0's last report over all attempts), or None."""
-    point = (MetricPoint.objects.filter(job=job, name=SAMPLES_METRIC, learner=0)
+    point = (_samples_points().filter(job=job)
              .order_by("-attempt", "-id").values_list("value", flat=True).first())
     return None if point is None else int(point)
 
@@ -234,12 +237,17 @@ def _samples_of(job_id, attempt, *, since=None, until=None):
 def samples_reported(job_id, attempt, *, since=None, until=None):
     """Learner 0's `samples` reports of an attempt between `since` and `until`: {"first", "last"} (their
     times) and {"low", "high"} (their values), each None when there are none."""
-    points = MetricPoint.objects.filter(job_id=job_id, attempt=attempt, name=SAMPLES_METRIC, learner=0)
+    points = _samples_points().filter(job_id=job_id, attempt=attempt)
     if since is not None:
         points = points.filter(time__gte=since)
     if until is not None:
         points = points.filter(time__lte=until)
     return points.aggregate(first=Min("time"), last=Max("time"), low=Min("value"), high=Max("value"))
+
+
+def _samples_points():
+    """Learner 0's `samples` reports that can be a count of samples; any other is passed over."""
+    return MetricPoint.objects.filter(name=SAMPLES_METRIC, learner=0, value__gte=0, value__lt=SAMPLES_BOUND)
 
 
 def of_attempt(job):

@@ -10,9 +10,9 @@ from tests.support.builders import ELASTIC_MANIFEST as ELASTIC, job, member
 pytestmark = pytest.mark.django_db
 
 
-def elastic_job(**fields):
+def elastic_job(tenant="team-a", username="alice", **fields):
     fields.setdefault("learners", 2)
-    return job(member(), manifest_yaml=ELASTIC, gpus=1, **fields)
+    return job(member(tenant, username), manifest_yaml=ELASTIC, gpus=1, **fields)
 
 
 def admit(row, placement=None):
@@ -566,3 +566,59 @@ def test_a_change_left_unapplied_is_withdrawn_and_the_attempt_asked_no_more(live
     live_job.refresh_from_db()
     assert live_job.batch_request is None and live_job.status == Status.HALTING
     assert Allocation.objects.filter(pk=change.pk).exists()  # the attempt's record keeps it
+
+
+# --- what a job reports, and what its tenant may hold, bound a grow -------------------------------------
+@pytest.mark.parametrize("value", [1e300, -5.0, 2.0 ** 63])
+def test_a_samples_report_no_count_could_be_is_passed_over_and_the_job_still_ends(sent, value):
+    row = running(elastic_job(learners=1), gpus=[0])
+    reports(row, (20, 0), (10, 500), (0, value))
+    ended = transition(row.id, Status.TERMINATED, actor="alice", reason="terminated")
+    assert ended.status == Status.TERMINATED
+    assert Allocation.objects.get(job=row).samples_end == 500
+
+
+def test_one_jobs_hostile_reports_leave_the_other_tenants_grows_alone(four_gpus, sent):
+    import sys
+    good = running(elastic_job(tenant="team-b", username="bob", learners=1), gpus=[0])
+    reports(good, (20, 0), (0, 2000))
+    hostile = running(elastic_job(learners=1), gpus=[1])
+    reports(hostile, (20, -sys.float_info.max), (10, 0), (0, sys.float_info.max))
+    assert [(r.job_id, r.learners) for r in four_gpus.run()] == [(good.id, 2)]
+
+
+def test_a_tenant_already_past_its_gpu_quota_is_held_at_its_size_and_the_others_grow(four_gpus, sent):
+    from tenants.models import Quota
+    over = running(elastic_job(learners=2), gpus=[0, 1])
+    reports(over, (20, 0), (0, 2000))
+    Quota.objects.update_or_create(tenant=over.tenant, defaults={"gpus": 1, "can_borrow": False})  # lowered since
+    other = running(elastic_job(tenant="team-b", username="bob", learners=1), gpus=[2])
+    reports(other, (20, 0), (0, 2000))
+    assert [(r.job_id, r.learners) for r in four_gpus.run()] == [(other.id, 2)]
+    assert Job.objects.get(pk=over.pk).status == Status.PROCESSING
+
+
+@pytest.mark.parametrize("limits, fields", [
+    ({"gpus_per_user": 1}, {}),
+    ({"cpus": 1.0, "can_borrow": False}, {"cpus": 1.0}),
+    ({"memory_bytes": 2**30, "can_borrow": False}, {"memory_bytes": 2**30}),
+    ({"gpu_hours": 0.0, "budget_mode": "hard"}, {}),
+])
+def test_a_grow_keeps_what_admission_keeps_of_the_tenants_quota(four_gpus, sent, limits, fields):
+    from tenants.models import Quota
+    row = running(elastic_job(learners=1, **fields), gpus=[0])
+    reports(row, (20, 0), (0, 2000))
+    Quota.objects.update_or_create(tenant=row.tenant, defaults=limits)
+    assert four_gpus.run() == []
+
+
+def test_a_grow_fits_the_cpus_the_nodes_have_free(four_gpus, sent, monkeypatch):
+    from types import SimpleNamespace
+
+    from jobs import autoscaler
+    from jobs.backends.base import Capacity, Node
+    capacity = Capacity(nodes=(Node("local", 4, 1.5, 256 * 2**30),))
+    monkeypatch.setattr(autoscaler, "get_backend", lambda: SimpleNamespace(capacity=lambda: capacity))
+    row = running(elastic_job(learners=1, cpus=1.0), gpus=[0])
+    reports(row, (20, 0), (0, 2000))
+    assert four_gpus.run() == []  # 3 GPUs idle, but half a CPU
