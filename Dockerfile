@@ -22,4 +22,4 @@ RUN useradd --uid 1000 --user-group --no-create-home --shell /usr/sbin/nologin t
 USER 1000:1000
 EXPOSE 8000
 # uvicorn, as portal/runner.py runs it (WEB_SERVER_OPTIONS says why each option).
-CMD ["python", "-m", "uvicorn", "portal.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--lifespan", "off", "--no-proxy-headers", "--no-server-header", "--no-access-log", "--ws", "websockets-sansio", "--timeout-graceful-shutdown", "5"]
+CMD ["python", "-m", "uvicorn", "portal.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--lifespan", "off", "--no-proxy-headers", "--no-server-header", "--no-access-log", "--ws", "websockets-sansio", "--ws-max-size", "4096", "--timeout-graceful-shutdown", "5"]

@@ -9,6 +9,7 @@ group an `access.recheck`): a socket whose credential, membership or job access 
 with the code an outsider gets at connect (4401 or 4404), and the list socket stops forwarding
 private jobs its user may no longer see.
 """
+import asyncio
 import logging
 from importlib import import_module
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
@@ -29,6 +31,12 @@ from tenants.auth import user_for_key
 
 log = logging.getLogger(__name__)
 BACKLOG_LINES = 5000
+BACKLOG_LOG_BYTES = 4 * 2**20  # of the newest BACKLOG_LINES, as many as fit
+BACKLOG_POINTS_PER_LINE = 2000  # of each line of a chart (metric, learner, attempt): spread over all of it
+# The longest a send waits for the client to take it. One that reads nothing fills its connection's
+# buffer; a send to it would then wait for ever, and with it whatever sends to the next socket (a
+# tenant's list hub) while its messages queue without bound.
+SEND_TIMEOUT_S = 5.0
 CLOSE_NOT_FOUND = 4404
 CLOSE_UNAUTHORIZED = 4401
 
@@ -43,6 +51,10 @@ def _db(function):
     return database_sync_to_async(function, thread_sensitive=False)
 
 
+class Stalled(Exception):
+    """A socket's client took nothing for SEND_TIMEOUT_S."""
+
+
 class _ScopedConsumer(AsyncJsonWebsocketConsumer):
     groups_joined = ()
     tenant_slug = None  # the tenant the socket was opened in: every later check is about that one
@@ -54,6 +66,30 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         if not self.counted:
             self.counted = True
             prometheus_series.SOCKETS.opened(self.stream)
+
+    async def send(self, text_data=None, bytes_data=None, close=False):
+        """Channels' send, within SEND_TIMEOUT_S: a socket that takes nothing that long is let go. The
+        sender gets Stalled (a tenant's list hub then drops the socket), and the socket's own task
+        stops it, at once when it was the sender (dispatch), else at its `socket.stalled` message."""
+        try:
+            await asyncio.wait_for(super().send(text_data=text_data, bytes_data=bytes_data, close=close),
+                                   SEND_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.info("a %s socket took nothing for %.0fs; it is let go", self.stream, SEND_TIMEOUT_S)
+            await self.channel_layer.send(self.channel_name, {"type": "socket.stalled"})
+            raise Stalled() from None
+
+    async def socket_stalled(self, event):
+        await self._let_go()
+
+    async def _let_go(self):
+        await self.disconnect(1011)  # leaves every group and hub: nothing more is queued for it
+        raise StopConsumer()
+
+    async def receive(self, text_data=None, bytes_data=None):
+        """Clients send nothing: a message is not read (decoding a large one held the event loop), and
+        the socket that sent it is closed."""
+        await self.close(code=1003)
 
     async def refuse(self, code):
         # Accept-then-close, so the browser sees why (4401/4404) instead of an anonymous 1006;
@@ -71,7 +107,10 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        try:
+            await handler(message)
+        except Stalled:
+            await self._let_go()
 
     def query(self, name):
         values = parse_qs(self.scope.get("query_string", b"").decode()).get(name)
@@ -198,11 +237,16 @@ class JobConsumer(_ScopedConsumer):
         messages = [{"type": "job", "job": JobDetailSerializer(job).data}]
         if not with_output:
             return messages
-        lines = job.log_lines.filter(seq__gt=since).order_by("-seq")[:BACKLOG_LINES]
-        lines = [log_line_json(line) for line in reversed(list(lines))]
+        lines, size = [], 0
+        for line in job.log_lines.filter(seq__gt=since).order_by("-seq")[:BACKLOG_LINES]:
+            size += len(line.line)
+            if size > BACKLOG_LOG_BYTES:
+                break
+            lines.append(log_line_json(line))
+        lines.reverse()
         for start in range(0, len(lines), live.CHUNK):
             messages.append({"type": "logs", "lines": lines[start:start + live.CHUNK]})
-        points = [metric_json(p) for p in job.metric_points.order_by("id")]
+        points = [metric_json(p) for p in _spread_points(job)]
         if points:
             messages.append({"type": "metrics", "points": points})
         return messages
@@ -276,3 +320,27 @@ def _int(value, default):
         return max(0, int(value))
     except (TypeError, ValueError):
         return default
+
+
+# Each chart line's points numbered in arrival order; a line longer than the share keeps the
+# positions where position * (share - 1) wraps past its last, which include its first and last.
+SPREAD_SQL = """
+SELECT * FROM {table} WHERE id IN (
+    SELECT id FROM (
+        SELECT id, ROW_NUMBER() OVER (PARTITION BY name, learner, attempt ORDER BY id) - 1 AS position,
+               COUNT(*) OVER (PARTITION BY name, learner, attempt) - 1 AS last
+        FROM {table} WHERE job_id = %s
+    ) numbered
+    WHERE last < %s OR (position * %s) %% NULLIF(last, 0) < %s
+)
+ORDER BY id
+"""
+
+
+def _spread_points(job):
+    """The job's metric points for a socket's backlog: each line's whole length, at most
+    BACKLOG_POINTS_PER_LINE of its points (a job may hold millions, which a page draws no better)."""
+    from jobs.models import MetricPoint
+    share = BACKLOG_POINTS_PER_LINE
+    return MetricPoint.objects.raw(SPREAD_SQL.format(table=MetricPoint._meta.db_table),
+                                   [job.id, share, share - 1, share - 1])

@@ -122,8 +122,10 @@ class TenantHub:
                     await socket.send(text_data=shared)
                 else:
                     await socket.send(text_data=_encode(visible))
-            except Exception:  # noqa: BLE001 - that socket went away meanwhile; its disconnect cleans up
+            except Exception:  # noqa: BLE001 - that socket went away meanwhile, or takes nothing (let go)
                 log.debug("could not send status changes to a list socket", exc_info=True)
+                if socket in self.sockets:
+                    self.sockets.remove(socket)  # never waited on again
 
 
 def _encode(changes):

@@ -32,11 +32,12 @@ class StartupError(RuntimeError):
 
 # The ASGI server (HTTP, websockets): uvicorn, trusting no forwarded headers (the throttles count the
 # connecting address), not naming itself, without the lifespan protocol (Channels' router has none),
-# and closing what is still open 5 s after it is told to stop. Not daphne: Twisted parses every
+# closing what is still open 5 s after it is told to stop, and taking websocket messages of at most
+# 4 KiB (clients send none: the default 16 MiB let one compressed frame cost the loop seconds). Not daphne: Twisted parses every
 # multipart upload with the email package on its event loop before the application sees it, so one
 # tenant's uploads held every other request of the process (tests/security/test_noisy_neighbour.py).
 WEB_SERVER_OPTIONS = ("--lifespan", "off", "--no-proxy-headers", "--no-server-header", "--no-access-log",
-                      "--ws", "websockets-sansio", "--timeout-graceful-shutdown", "5")
+                      "--ws", "websockets-sansio", "--ws-max-size", "4096", "--timeout-graceful-shutdown", "5")
 
 
 def web_server_command(*where):

@@ -447,3 +447,76 @@ def test_a_burst_with_a_private_job_reaches_each_socket_with_what_it_may_see(mon
         return seen
 
     assert scenario() == {"alice": [public.id, secret.id, later.id], "bob": [public.id, later.id]}
+
+
+# --- what one socket can cost the others ----------------------------------------------------------------
+def test_a_socket_that_takes_nothing_is_let_go_and_the_tenants_other_sockets_go_on(monkeypatch):
+    from channels.generic.websocket import AsyncWebsocketConsumer
+    from channels.layers import get_channel_layer
+    from jobs import consumers, listhub
+    monkeypatch.setattr(consumers, "SEND_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(listhub, "COALESCE_S", 0.05)
+    alice, mallory = member("team-a", "alice"), member("team-a", "mallory", role="viewer")
+    stalled = token_for(mallory)
+    real_send = AsyncWebsocketConsumer.send
+
+    async def send(self, text_data=None, bytes_data=None, close=False):
+        if stalled.encode() in self.scope["query_string"]:
+            await asyncio.sleep(3600)  # its client reads nothing: its connection's buffer stays full
+        return await real_send(self, text_data=text_data, bytes_data=bytes_data, close=close)
+
+    monkeypatch.setattr(AsyncWebsocketConsumer, "send", send)
+    targets = [job(alice) for _ in range(3)]
+    reading = token_for(alice)
+
+    @async_to_sync
+    async def scenario():
+        layer = get_channel_layer()
+        stuck = communicator_for(f"/ws/jobs/?token={stalled}")
+        reader = communicator_for(f"/ws/jobs/?token={reading}")
+        assert (await stuck.connect())[0] and (await reader.connect())[0]  # the stuck one first in line
+        got = []
+        for target in targets:
+            await status_change(target)()
+            message = await reader.receive_json_from(timeout=2)
+            got += [message["job"]] if message["type"] == "status" else [c["job"] for c in message["changes"]]
+        await stuck.wait(timeout=2)  # its consumer ended
+        groups = {name for name, channels in layer.groups.items() if channels}
+        await reader.disconnect()
+        return got, groups
+
+    got, groups = scenario()
+    assert got == [t.id for t in targets]
+    assert live.user_group(mallory.user_id) not in groups  # nothing more is queued for it
+
+
+def test_a_message_from_a_client_is_not_read_and_closes_its_socket():
+    token = token_for(member())
+
+    @async_to_sync
+    async def scenario():
+        socket = communicator_for(f"/ws/jobs/?token={token}")
+        assert (await socket.connect())[0]
+        await socket.send_to(text_data="[" * 1000 + "]" * 1000)
+        return await socket.receive_output(timeout=2)
+
+    assert scenario() == {"type": "websocket.close", "code": 1003}
+
+
+def test_the_backlog_spreads_each_lines_points_over_its_length_and_keeps_the_newest_log_within_bytes(monkeypatch):
+    from jobs import consumers
+    monkeypatch.setattr(consumers, "BACKLOG_POINTS_PER_LINE", 50)
+    monkeypatch.setattr(consumers, "BACKLOG_LOG_BYTES", 10 * len("l1000"))
+    alice = member()
+    target = job(alice)
+    lines(target, 1000)
+    now = timezone.now()
+    MetricPoint.objects.bulk_create([MetricPoint(job=target, name="loss", value=i, step=i, time=now) for i in range(1000)]
+                                    + [MetricPoint(job=target, name="acc", value=1.0, step=1, time=now)])
+    code, messages = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}")
+    logged = [line["seq"] for m in messages if m["type"] == "logs" for line in m["lines"]]
+    assert logged == list(range(989, 1001))  # the newest that fit in 50 characters ("l989" … "l1000")
+    [metrics] = [m for m in messages if m["type"] == "metrics"]
+    loss = [p["step"] for p in metrics["points"] if p["name"] == "loss"]
+    assert 40 <= len(loss) <= 50 and loss[0] == 0 and loss[-1] == 999 and loss == sorted(loss)
+    assert [p["step"] for p in metrics["points"] if p["name"] == "acc"] == [1]

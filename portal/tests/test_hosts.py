@@ -57,3 +57,16 @@ def test_the_asgi_application_refuses_a_foreign_origin_at_the_handshake(origin, 
         return connected
     # Accepted means it reached the consumer, which then refuses an anonymous caller with 4401.
     assert connect() is accepted
+
+
+@pytest.mark.parametrize("public_url, secure", [("https://trainyard.example.org", True), ("http://127.0.0.1:8000", False)])
+def test_an_https_public_url_keeps_the_session_and_csrf_cookies_to_https(public_url, secure, tmp_path):
+    import os
+    import subprocess
+    import sys
+    code = ("import django; django.setup(); from django.conf import settings; "
+            "print(settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE)")
+    env = {**os.environ, "TRAINYARD_PUBLIC_URL": public_url, "TRAINYARD_DATA_DIR": str(tmp_path),
+           "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert shown.split() == [str(secure)] * 2

@@ -92,9 +92,18 @@
     return input ? input.value : "";
   }
 
+  /** `url` (of this platform) in the tenant the page shows: its `?tenant=`, which the server read too. */
+  function inTenant(url) {
+    const tenant = new URLSearchParams(location.search).get("tenant");
+    if (!tenant) return url;
+    const full = new URL(url, location.href);
+    if (!full.searchParams.has("tenant")) full.searchParams.set("tenant", tenant);
+    return full.origin === location.origin || full.host === location.host ? full.href : url;
+  }
+
   function wsUrl(path) {
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    return `${scheme}//${location.host}${path}`;
+    return inTenant(`${scheme}//${location.host}${path}`);
   }
 
   /**
@@ -182,7 +191,7 @@
 
   /** GET a JSON resource of the platform with the browser session; throws on a non-2xx answer. */
   async function getJson(path) {
-    const response = await fetch(path, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    const response = await fetch(inTenant(path), { credentials: "same-origin", headers: { Accept: "application/json" } });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     return response.json();
   }
@@ -203,7 +212,7 @@
 
   window.Trainyard = {
     FINAL_STATUSES, isFinal, parseTime, formatDuration, elapsedMs, formatBytes, formatLocalTime,
-    localizeTimes, setStatusChip, csrfToken, wsUrl, LiveSocket, showConnectionState, getJson, CHART_PALETTE,
+    localizeTimes, setStatusChip, csrfToken, inTenant, wsUrl, LiveSocket, showConnectionState, getJson, CHART_PALETTE,
   };
 
   document.addEventListener("DOMContentLoaded", () => localizeTimes());

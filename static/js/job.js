@@ -139,7 +139,7 @@
     showActionError("");
     button.disabled = true;
     try {
-      const response = await fetch(api(`${action}/`), {
+      const response = await fetch(T.inTenant(api(`${action}/`)), {
         method: "POST",
         credentials: "same-origin",
         headers: { "X-CSRFToken": T.csrfToken(), Accept: "application/json" },
