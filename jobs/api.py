@@ -1,5 +1,6 @@
 """REST endpoints for jobs (SPEC §4). Views parse input, resolve the tenant, and call one action."""
 import mimetypes
+from pathlib import PurePosixPath
 from urllib.parse import urlencode
 
 from django.http import FileResponse, Http404, JsonResponse
@@ -9,7 +10,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
-from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -24,7 +24,7 @@ from jobs.serializers import (AllocationListSerializer, AllocationSerializer, Ar
                               MetricListSerializer, ShareRequestSerializer, SharesSerializer,
                               SubmitRequestSerializer, log_line_json, metric_json)
 from jobs.serializers import ResourcePageSerializer, ResourceSampleSerializer
-from jobs.bounds import BadParameter, BoundedJSONParser, whole_number
+from jobs.bounds import BadParameter, BoundedFormParser, BoundedJSONParser, BoundedMultiPartParser, whole_number
 from jobs.models import ACTIVE, FINAL, Artifact
 from tenants import access
 from tenants.throttling import throttle_ingest
@@ -51,7 +51,7 @@ class JobList(TenantScoped, generics.ListCreateAPIView):
     """The tenant's jobs, filtered (?status= ?user= ?framework= ?q=) and sorted (?sort=): jobs.listing."""
 
     serializer_class = JobSerializer
-    parser_classes = [MultiPartParser]
+    parser_classes = [BoundedMultiPartParser]
 
     def get_queryset(self):
         try:
@@ -253,11 +253,12 @@ class JobArtifactDownload(TenantScoped, APIView):
         job = self.job()
         if not job.artifacts.filter(name=name).exists():
             raise Http404(f"No artifact {name!r} in job {job.id}.")
-        path = storage.artifact_path(job.tenant.slug, job.id, name)
-        if path is None:
+        stored = storage.open_artifact(job.tenant.slug, job.id, name)
+        if stored is None:
             raise Http404(f"Artifact {name!r} is no longer stored.")
-        content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        return FileResponse(open(path, "rb"), as_attachment=True, filename=path.name, content_type=content_type)
+        filename = PurePosixPath(name).name
+        content_type = mimetypes.guess_type(filename)[0] or "application/octet-stream"
+        return FileResponse(stored, as_attachment=True, filename=filename, content_type=content_type)
 
 
 class Cluster(APIView):
@@ -318,7 +319,7 @@ class ManifestValidate(APIView):
     """POST a manifest (JSON {"manifest": "<yaml>"} or a multipart `manifest` file): 200 with what it asks
     for, or the same 400 {detail, field} that submitting it would give. Nothing is stored."""
 
-    parser_classes = [BoundedJSONParser, MultiPartParser, FormParser]
+    parser_classes = [BoundedJSONParser, BoundedMultiPartParser, BoundedFormParser]
 
     @extend_schema(request=ManifestRequestSerializer, responses={200: ManifestValidSerializer})
     def post(self, request):

@@ -9,7 +9,7 @@ from django.http import HttpResponseBadRequest, JsonResponse
 
 from rest_framework.exceptions import ParseError
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 
 
 class BadParameter(ValueError):
@@ -70,6 +70,24 @@ class BoundedJSONParser(JSONParser):
         return data
 
 
+class _NoNulFields:
+    """A form's fields (not its files' contents) holding a NUL character are a 400 {detail, field}."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        parsed = super().parse(stream, media_type, parser_context)
+        if (name := _nul_field(getattr(parsed, "data", parsed))) is not None:  # multipart: data and files
+            raise BadParameter(_shown(name), "holds a NUL character")
+        return parsed
+
+
+class BoundedFormParser(_NoNulFields, FormParser):
+    """DRF's url-encoded form parser, refusing NUL in a field like BoundedJSONParser."""
+
+
+class BoundedMultiPartParser(_NoNulFields, MultiPartParser):
+    """DRF's multipart parser, refusing NUL in a field (files are read by their own rules)."""
+
+
 def _nul_in(data, path):
     """The dotted path of the first key or text in parsed JSON that holds a NUL character, or None.
     A stack, not recursion: the body may nest as deep as the decoder went."""
@@ -92,17 +110,24 @@ def _shown(name):
     return name.replace("\x00", "\\0")
 
 
+def _nul_field(query):
+    return next((name for name, values in query.lists() if "\x00" in name or any("\x00" in v for v in values)), None)
+
+
 class NulRefusalMiddleware:
-    """A path or query parameter holding a NUL character is a 400 naming it, before any view: every
-    filter, cursor and id would otherwise reach the database as text it refuses (a 500). API answers
-    are JSON with `detail` and `field`, like every other error of the API."""
+    """A path, query parameter or form field holding a NUL character is a 400 naming it, before any
+    view: every filter, cursor, id and form value would otherwise reach the database as text it
+    refuses (a 500). API answers are JSON with `detail` and `field`, like every other error of the
+    API. Only url-encoded forms are read here: a multipart body is left to its view, whose upload
+    handlers bound what it reads (BoundedJSONParser checks JSON bodies)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
-        field = "path" if "\x00" in request.path else next(
-            (name for name, values in request.GET.lists() if "\x00" in name or any("\x00" in v for v in values)), None)
+        field = "path" if "\x00" in request.path else _nul_field(request.GET)
+        if field is None and request.method == "POST" and request.content_type == "application/x-www-form-urlencoded":
+            field = _nul_field(request.POST)
         if field is None:
             return self.get_response(request)
         field = _shown(field)

@@ -6,7 +6,7 @@ and `push` (STORING: RESULT_DIR and the checkpoints out).
 
 Credentials a manifest carries (a data store's `connection`) are secrets: `redact_yaml`/`redact`
 remove them before the manifest is stored or shown, `seal_credentials` keeps them encrypted
-(Fernet, with a key derived from SECRET_KEY) in the job's folder, and they are deleted when the job
+(Fernet, with a key derived from SECRET_KEY; older keys in SECRET_KEY_FALLBACKS still open) in the job's folder, and they are deleted when the job
 reaches a final state. Error messages name the store and the problem, never a secret.
 
 Where transfers run: on the local backend, the lifecycle worker downloads into the job's data/
@@ -38,6 +38,8 @@ REDACTED = "<redacted>"
 SEALED_FILE = ".credentials.sealed"
 FETCHED_MARK = ".trainyard-fetched"  # in DATA_DIR: this job's data is complete (attempts share it)
 LOCAL_STORES_DIR = "datastores"  # under TRAINYARD_DATA_DIR: <tenant>/<container> of `type: local` stores
+MAX_SERVER_TEXT = 300  # of an S3 server's error message: the endpoint is whoever wrote the manifest
+MAX_REASON = 1000  # of a transfer failure, as a job's reason and log line
 
 
 class DataStoreError(Exception):
@@ -45,6 +47,30 @@ class DataStoreError(Exception):
 
 
 # --- the store interface and its two implementations ---------------------------------------------
+class Allowance:
+    """What a download may still take: `most_bytes` (the job's data cap, named `cap` in a refusal)
+    and `seconds` in all. Counted as bytes are written, not from what a listing says (a data store's
+    server says what it likes): one reading past either raises DataStoreError."""
+
+    def __init__(self, most_bytes, seconds, cap):
+        self.left, self.seconds, self.cap = most_bytes, seconds, cap
+        self.deadline = time.monotonic() + seconds
+
+    def listed(self, total, label):
+        """Refuse at once a listing that says more than is left."""
+        if total > self.left:
+            raise DataStoreError(f"{label} holds {format_bytes(total)}, more than the job's {self.cap} "
+                                 f"({format_bytes(self.left)} left)")
+
+    def take(self, count, label):
+        self.left -= count
+        if self.left < 0:
+            raise DataStoreError(f"{label}: the download went past the job's {self.cap}; stopped")
+        if time.monotonic() > self.deadline:
+            raise DataStoreError(f"{label}: the download took longer than {self.seconds}s in all "
+                                 "(TRAINYARD_DATA_DOWNLOAD_SECONDS); stopped")
+
+
 @dataclass(frozen=True)
 class StoredObject:
     key: str  # relative to the store's root, '/'-separated
@@ -64,12 +90,12 @@ class LocalStore:
     def list(self, prefix=""):
         top = self.path_of(prefix)
         if not top.is_dir():
-            raise DataStoreError(f"data store {self.name!r}: folder {prefix or '.'!r} does not exist")
+            raise DataStoreError(f"data store {self.name!r}: folder {prefix.rstrip('/') or '.'!r} does not exist")
         for path in regular_files(top):
             yield StoredObject(_relative_posix(path, top, prefix), path.stat().st_size)
 
-    def get(self, key, destination):
-        _copy_file(self.path_of(key), destination)
+    def get(self, key, destination, allowance=None):
+        _copy_file(self.path_of(key), destination, allowance, label=f"data store {self.name!r}")
 
     def put(self, source, key):
         _copy_file(source, self.path_of(key))
@@ -127,13 +153,14 @@ class S3Store:
                     if not item["Key"].endswith("/"):
                         yield StoredObject(item["Key"], item["Size"])
 
-    def get(self, key, destination):
-        destination = Path(destination)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        tmp = destination.with_name(f".tmp-{destination.name}")
+    def get(self, key, destination, allowance=None):
+        """The object streamed into `destination`, counted against `allowance` as it arrives."""
         with self._errors(f"downloading {key}"):
-            self.client.download_file(self.bucket, key, str(tmp))
-        os.replace(tmp, destination)
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            try:
+                _write(body.iter_chunks(1024 * 1024), destination, allowance, label=f"data store {self.name!r}")
+            finally:
+                body.close()
 
     def put(self, source, key):
         with self._errors(f"uploading {key}"):
@@ -211,6 +238,22 @@ def _guarded_pool(pool_class, connection_class, policy):
     return type(f"Guarded{pool_class.__name__}", (pool_class,), {"ConnectionCls": GuardedConnection})
 
 
+def transfer_failures():
+    """What a transfer may fail with because of what its manifest or its data store holds: told to
+    its job (which fails) rather than retried for ever. Beside DataStoreError: an endpoint or region
+    boto refuses (ValueError, BotoCoreError), a key or file name the file system cannot hold, a
+    full disk (OSError), a name that is not text (UnicodeError)."""
+    from botocore.exceptions import BotoCoreError
+    return DataStoreError, BotoCoreError, OSError, ValueError, UnicodeError
+
+
+def failure_text(exc):
+    """A transfer failure as its job's reason and log line say it: at most MAX_REASON characters (a
+    data store's server wrote part of it)."""
+    text = str(exc) if isinstance(exc, DataStoreError) else f"{type(exc).__name__}: {exc}"
+    return text[:MAX_REASON]
+
+
 def _explain_client_error(exc):
     error = exc.response.get("Error", {})
     code = str(error.get("Code", ""))
@@ -219,7 +262,7 @@ def _explain_client_error(exc):
                 "key id) and password (secret key), and that they may read/write this bucket")
     if code in ("NoSuchBucket", "404"):
         return f"the bucket does not exist ({code})"
-    return f"{code}: {error.get('Message', '')}".strip(": ")
+    return f"{code[:60]}: {str(error.get('Message', ''))[:MAX_SERVER_TEXT]}".strip(": ")
 
 
 def _relative_posix(path, top, prefix):
@@ -227,14 +270,26 @@ def _relative_posix(path, top, prefix):
     return (PurePosixPath(prefix) / path.relative_to(top).as_posix()).as_posix()
 
 
-def _copy_file(source, destination):
+def _copy_file(source, destination, allowance=None, *, label=""):
+    with open(source, "rb") as src:
+        _write(iter(lambda: src.read(1024 * 1024), b""), destination, allowance, label=label)
+
+
+def _write(blocks, destination, allowance=None, *, label=""):
+    """`blocks` into `destination` through a temporary file beside it, which goes when anything fails."""
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = destination.with_name(f".tmp-{destination.name}")
-    with open(source, "rb") as src, open(tmp, "wb") as out:
-        while block := src.read(1024 * 1024):
-            out.write(block)
-    os.replace(tmp, destination)
+    try:
+        with open(tmp, "wb") as out:
+            for block in blocks:
+                if allowance is not None:
+                    allowance.take(len(block), label)
+                out.write(block)
+        os.replace(tmp, destination)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # --- the manifest's stores ---------------------------------------------------------------------
@@ -294,20 +349,27 @@ class Progress:
                         f"{format_bytes(done_bytes)}/{format_bytes(total_bytes)} ({what})")
 
 
-def fetch(source, destination, *, report=lambda line: None):
-    """Download every object under source.prefix into `destination`, keeping relative paths."""
+def fetch(source, destination, *, report=lambda line: None, allowance=None):
+    """Download every object under source.prefix into `destination`, keeping relative paths, within
+    `allowance` (an Allowance, shared by every store of the job) when given."""
     destination = Path(destination)
-    objects = list(source.store.list(source.prefix))
+    # The prefix is a folder: `inputs` is not `inputs-old/` (a key prefix alone would match both).
+    folder = source.prefix.strip("/") + "/" if source.prefix.strip("/") else ""
+    objects = list(source.store.list(folder))
     total = sum(o.size for o in objects)
+    if allowance is not None:
+        allowance.listed(total, source.label)
     progress = Progress(report, "downloading from", source.label)
     progress(0, len(objects), 0, total)
     done = 0
     for count, obj in enumerate(objects, 1):
-        relative = _relative_key(obj.key, source.prefix)
+        relative = _relative_key(obj.key, folder)
+        if PurePosixPath(relative).name == FETCHED_MARK:  # the platform's own mark of a complete download
+            raise DataStoreError(f"{source.label}: object {obj.key!r} has a name the platform keeps for itself")
         target = (destination / relative).resolve()
         if destination.resolve() not in target.parents:
             raise DataStoreError(f"{source.label}: object {obj.key!r} would land outside DATA_DIR; refused")
-        source.store.get(obj.key, target)
+        source.store.get(obj.key, target, allowance)
         done += obj.size
         progress(count, len(objects), done, total)
     progress(len(objects), len(objects), done, total, final=True)
@@ -438,26 +500,30 @@ def _items(node):
     return node.value if isinstance(node, yaml.SequenceNode) else []
 
 
-def _fernet(secret_key):
-    from cryptography.fernet import Fernet
-    # A key of its own for this purpose, derived from SECRET_KEY (never SECRET_KEY itself).
-    digest = hashlib.sha256(b"trainyard.datastores.credentials\0" + secret_key.encode()).digest()
-    return Fernet(base64.urlsafe_b64encode(digest))
+def _fernet(keys):
+    """The credentials' cipher for `keys` (the secret key, then older ones): each sealed with a key of
+    its own for this purpose derived from it (never the secret key itself); the first seals, any opens."""
+    from cryptography.fernet import Fernet, MultiFernet
+    if isinstance(keys, str):
+        keys = [keys]
+    return MultiFernet([Fernet(base64.urlsafe_b64encode(
+        hashlib.sha256(b"trainyard.datastores.credentials\0" + key.encode()).digest())) for key in keys])
 
 
-def seal_credentials(folder, secrets, *, secret_key):
-    """Keep `secrets` encrypted in the job's folder (mode 0600); nothing is written when there are none."""
+def seal_credentials(folder, secrets, *, keys):
+    """Keep `secrets` encrypted in the job's folder (mode 0600); nothing is written when there are none.
+    `keys`: the secret key, then any older ones still accepted (SECRET_KEY_FALLBACKS)."""
     if not secrets:
         return None
     path = Path(folder) / SEALED_FILE
-    token = _fernet(secret_key).encrypt(json.dumps(secrets).encode())
+    token = _fernet(keys).encrypt(json.dumps(secrets).encode())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(token)
     return path
 
 
-def unseal_credentials(folder, *, secret_key):
+def unseal_credentials(folder, *, keys):
     """The sealed secrets of a job, {} if it has none (or they were deleted because it ended)."""
     from cryptography.fernet import InvalidToken
     path = Path(folder) / SEALED_FILE
@@ -466,9 +532,10 @@ def unseal_credentials(folder, *, secret_key):
     except FileNotFoundError:
         return {}
     try:
-        return json.loads(_fernet(secret_key).decrypt(token))
+        return json.loads(_fernet(keys).decrypt(token))
     except InvalidToken:
-        raise DataStoreError("the job's data-store credentials cannot be decrypted (SECRET_KEY changed?)") from None
+        raise DataStoreError("the job's data-store credentials cannot be decrypted (SECRET_KEY changed? "
+                             "an old key belongs in TRAINYARD_SECRET_KEY_FALLBACKS)") from None
 
 
 def delete_credentials(folder):

@@ -3,7 +3,8 @@
 Caps (docs/submitting.md, "Disk caps"): `results` and `checkpoints` (bytes, per job: each folder as a whole,
 every attempt's checkpoints together), `work` (bytes, per learner: its work folder with the unpacked
 code, and its state folder), `tmp` (bytes, per learner: the size of its /tmp and /dev/shm, which are
-memory), `logs` and `log_lines` (what of its log the platform stores, per job; jobs.logcap).
+memory), `logs` and `log_lines` (what of its log the platform stores, per job; jobs.logcap), `data`
+(bytes, per job: the training data downloaded from its data stores; jobs.transfers).
 
 Each is what the manifest's `disk` block asks, else the platform's default (settings.DISK_DEFAULTS).
 A tenant's `disk_per_job_bytes` is the most any size cap of its jobs may be: a default above it is
@@ -19,7 +20,7 @@ from django.conf import settings
 
 from trainyard.units import format_bytes
 
-SIZES = ("results", "checkpoints", "work", "tmp", "logs")
+SIZES = ("results", "checkpoints", "work", "tmp", "logs", "data")
 CAPS = (*SIZES, "log_lines")
 
 

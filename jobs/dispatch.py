@@ -107,12 +107,12 @@ def _send_forever(outgoing):
             log.exception("sending %s%s failed", getattr(call, "__name__", call), args)
 
 
-def backlog():
-    """How many messages wait in the workers' queue for a worker to take them (None: the broker
-    cannot tell). The outbox sweep asks before it sends rows again (jobs.outbox.sweep)."""
+def backlog(queue=None):
+    """How many messages wait in `queue` (the workers' default one when None) for a worker to take
+    them (None: the broker cannot tell). The outbox sweep asks before it sends rows again (jobs.outbox.sweep)."""
     try:
         with current_app.connection_for_read() as connection:
-            queue_name = current_app.conf.task_default_queue
+            queue_name = queue or current_app.conf.task_default_queue
             return connection.default_channel.queue_declare(queue=queue_name, passive=True).message_count
     except ChannelError:  # no such queue yet: nothing was ever sent, or the broker lost it all
         return 0

@@ -13,18 +13,27 @@ the researcher (SSRF). So every connection made for a data store goes through `c
   again, so a DNS answer that changes between the check and the connection (rebinding) cannot slip
   through;
 - every way of not getting a connection (refused by this policy, connection refused, timeout, a
-  name that does not resolve) is reported with ONE message, `UNREACHABLE`.
+  name that does not resolve) is reported with ONE message, `UNREACHABLE`;
+- with a `timeout`, it bounds the whole of it: the lookup (a name served by a slow resolver) and every
+  address tried share it, and at most MAX_ADDRESSES are tried (a name with thirty addresses that
+  drop connections must not hold a worker thirty timeouts long).
 
 Django-free: jobs.datastores passes the policy built from the settings.
 """
 import ipaddress
 import socket
+import threading
+import time
 from dataclasses import dataclass, field
 
 UNREACHABLE = ("its endpoint cannot be reached: the address is not allowed for data stores on this platform, "
                "or it does not resolve, refuses connections or does not answer")
 # IPv6 prefixes that carry an IPv4 address in their last 32 bits (NAT64, RFC 6052).
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# Not public, though Python 3.11's is_global says so: the deprecated site-local prefix (still routed
+# inside some networks) and the documentation prefix of RFC 9637.
+NOT_PUBLIC = (ipaddress.ip_network("fec0::/10"), ipaddress.ip_network("3fff::/20"))
+MAX_ADDRESSES = 4  # addresses of one name tried before giving up
 
 
 class EndpointRefused(OSError):
@@ -71,7 +80,8 @@ def normal_host(host):
 def is_public(ip):
     """An address anyone on the internet could reach: none of the special-purpose ranges."""
     return ip.is_global and not (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast
-                                 or ip.is_reserved or ip.is_unspecified)
+                                 or ip.is_reserved or ip.is_unspecified
+                                 or any(ip in network for network in NOT_PUBLIC if network.version == ip.version))
 
 
 def _meanings(ip):
@@ -83,14 +93,15 @@ def _meanings(ip):
         yield from (e for e in embedded if e is not None)
 
 
-def checked_addresses(host, port, policy):
-    """getaddrinfo() results for (host, port), every one allowed by `policy`; EndpointRefused otherwise.
+def checked_addresses(host, port, policy, *, timeout=None):
+    """getaddrinfo() results for (host, port), every one allowed by `policy`; EndpointRefused otherwise
+    (also when the lookup takes longer than `timeout` seconds).
 
     One disallowed address refuses the whole host: which address a connection would use is the
     resolver's choice, and a name with a public and a private address is the usual rebinding trick."""
     try:
-        infos = socket.getaddrinfo(normal_host(host), port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError, ValueError):
+        infos = _lookup(normal_host(host), port, timeout)
+    except (OSError, UnicodeError, ValueError):
         raise EndpointRefused() from None
     if not infos:
         raise EndpointRefused()
@@ -99,16 +110,46 @@ def checked_addresses(host, port, policy):
     return infos
 
 
+def _lookup(host, port, timeout):
+    """getaddrinfo() within `timeout` seconds (None: the resolver's own). The C call cannot be
+    interrupted, so a bounded one runs on a thread of its own that is left to finish alone."""
+    if timeout is None:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    answer = {}
+
+    def ask():
+        try:
+            answer["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller below
+            answer["error"] = exc
+
+    asking = threading.Thread(target=ask, name=f"resolve {host[:50]}", daemon=True)
+    asking.start()
+    asking.join(timeout)
+    if "error" in answer:
+        raise answer["error"]
+    if "infos" not in answer:
+        raise TimeoutError(f"resolving {host} took over {timeout:g}s")
+    return answer["infos"]
+
+
 def connect(host, port, policy, *, timeout=None, source_address=None, socket_options=()):
     """A TCP socket connected to one of the checked addresses of (host, port); EndpointRefused when
-    none can be reached (the causes are deliberately not told apart)."""
-    for family, kind, proto, _, sockaddr in checked_addresses(host, port, policy):
+    none can be reached (the causes are deliberately not told apart). A numeric `timeout` bounds the
+    lookup and all the addresses tried together."""
+    bounded = isinstance(timeout, (int, float))  # urllib3 may pass its "default" sentinel
+    deadline = time.monotonic() + timeout if bounded else None
+    infos = checked_addresses(host, port, policy, timeout=timeout if bounded else None)
+    for family, kind, proto, _, sockaddr in infos[:MAX_ADDRESSES]:
+        left = deadline - time.monotonic() if bounded else None
+        if bounded and left <= 0:
+            break
         sock = socket.socket(family, kind, proto)
         try:
             for option in socket_options or ():
                 sock.setsockopt(*option)
-            if isinstance(timeout, (int, float)):  # urllib3 may pass its "default" sentinel
-                sock.settimeout(timeout)
+            if bounded:
+                sock.settimeout(left)
             if source_address:
                 sock.bind(source_address)
             sock.connect(sockaddr)

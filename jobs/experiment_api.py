@@ -2,12 +2,11 @@
 is a 404. The trials themselves are jobs: their logs, metrics and actions are the jobs endpoints'."""
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
-from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import experiments
-from jobs.bounds import whole_number
+from jobs.bounds import BoundedMultiPartParser, whole_number
 from jobs.models import Experiment, MetricPoint
 from jobs.serializers import ErrorSerializer, SubmitRequestSerializer
 from tenants import access
@@ -105,7 +104,7 @@ class Scoped:
 
 
 class ExperimentList(Scoped, APIView):
-    parser_classes = [MultiPartParser]
+    parser_classes = [BoundedMultiPartParser]
 
     @extend_schema(operation_id="v1_experiments_list",
                    parameters=[OpenApiParameter("state", str, description="only experiments in this state")],

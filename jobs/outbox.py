@@ -42,14 +42,15 @@ RETRY_MAX_S = 60.0
 KEEP_DONE = timedelta(days=7)
 # Other apps keep outbox rows of their own (same fields: created, due_at, claimed_at, claimed_by,
 # done_at, tries, last_error) and register them here, so one claim, backoff and sweep serve all:
-# [(model, task name)], follow-ups first.
-_tables = [(FollowUp, TASK)]
+# [(model, task name, queue: None for the workers' default one)], follow-ups first.
+_tables = [(FollowUp, TASK, None)]
 
 
-def register(model, task):
-    """Have the sweep send `task`(row id) again for the open rows of `model` too (notifications.apps)."""
-    if (model, task) not in _tables:
-        _tables.append((model, task))
+def register(model, task, queue=None):
+    """Have the sweep send `task`(row id) again for the open rows of `model` too (notifications.apps);
+    `queue` is the one its task is routed to, whose backlog the sweep looks at."""
+    if (model, task, queue) not in _tables:
+        _tables.append((model, task, queue))
 
 
 # --- writing rows --------------------------------------------------------------------------------
@@ -107,6 +108,15 @@ def claim(row_id, worker, model=FollowUp):
     return model.objects.filter(pk=row_id).first() if taken else None
 
 
+class NotYet(Exception):
+    """Raised by a row's work that cannot go on yet (it waits its turn for something its tenant
+    shares): the row is sent again `after_s` later, and the wait counts as no failed try."""
+
+    def __init__(self, reason, after_s=10.0):
+        super().__init__(reason)
+        self.after_s = after_s
+
+
 def run(row_id, handlers):
     """Claim the row, do its work with `handlers[kind](job_id, attempt)`, mark it done.
 
@@ -125,6 +135,9 @@ def run_row(row_id, work, *, model=FollowUp, task=TASK):
     try:
         with _renewed(row.pk, worker, model):
             work(row)
+    except NotYet as wait:
+        _later(row, worker, wait, model, task)
+        return None
     except Exception as exc:  # noqa: BLE001 - any failure is kept on the row and retried, never lost
         _failed(row, worker, exc, model, task)
         return None
@@ -139,6 +152,13 @@ def _failed(row, worker, exc, model=FollowUp, task=TASK):
     model.objects.filter(pk=row.pk, claimed_by=worker).update(
         claimed_at=None, claimed_by="", last_error=error[:2000], due_at=timezone.now() + timedelta(seconds=delay))
     dispatch.send(task, row.pk, countdown=delay)
+
+
+def _later(row, worker, wait, model, task):
+    log.info("%s waits %.0fs: %s", row, wait.after_s, wait)
+    model.objects.filter(pk=row.pk, claimed_by=worker).update(
+        claimed_at=None, claimed_by="", tries=F("tries") - 1, due_at=timezone.now() + timedelta(seconds=wait.after_s))
+    dispatch.send(task, row.pk, countdown=wait.after_s)
 
 
 @contextmanager
@@ -169,10 +189,9 @@ def sweep(now=None):
     """Send again every open row nobody works on (never sent, message lost, worker died); returns
     their ids. Run by every reconcile pass."""
     now = now or timezone.now()
-    waiting = dispatch.backlog()
     rows = []
-    for model, task in _tables:
-        rows += _sweep_table(model, task, now, backlog=waiting)
+    for model, task, queue in _tables:
+        rows += _sweep_table(model, task, now, backlog=dispatch.backlog(queue))
     return rows
 
 

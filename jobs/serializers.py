@@ -57,13 +57,14 @@ class JobUsageSerializer(serializers.Serializer):
 
 
 class DiskCapsSerializer(serializers.Serializer):
-    """jobs.disk.stored_caps(): bytes per folder and the log; log_lines a count."""
+    """jobs.disk.stored_caps(): bytes per folder, the log and the training data; log_lines a count."""
     results = serializers.IntegerField()
     checkpoints = serializers.IntegerField()
     work = serializers.IntegerField()
     tmp = serializers.IntegerField()
     logs = serializers.IntegerField()
     log_lines = serializers.IntegerField()
+    data = serializers.IntegerField()
 
 
 class ElasticBatchSerializer(serializers.Serializer):

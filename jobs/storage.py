@@ -10,8 +10,10 @@ checkpoints and log into the bucket when the job stores its results (jobs.transf
 same Store interface as the manifests' data stores, jobs.datastores).
 """
 import hashlib
+import os
 import shutil
-from pathlib import Path
+import stat
+from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
 from django.conf import settings
@@ -112,10 +114,32 @@ def artifact_name_problem(name):
     return None
 
 
-def artifact_path(tenant_slug, job_id, name):
-    """The file behind an artifact name, or None if the name leaves the artifact folders."""
-    base = job_dir(tenant_slug, job_id).resolve()
-    candidate = (base / name).resolve()
-    if base not in candidate.parents or candidate.relative_to(base).parts[0] not in ARTIFACT_DIRS:
+def open_artifact(tenant_slug, job_id, name):
+    """The file behind an artifact name, open for reading, or None if the name leaves the artifact
+    folders or no plain file is there.
+
+    Opened one folder at a time, each without following a link (O_NOFOLLOW), never by its path: the
+    learner writes its results folder, and one swapping a link to any file of the platform's (its
+    secret key, another tenant's results) in for a checked file between a check and an open would
+    have the web process read that file for it."""
+    parts = PurePosixPath(name).parts
+    if len(parts) < 2 or parts[0] not in ARTIFACT_DIRS or any(part in ("/", ".", "..") for part in parts):
         return None
-    return candidate if candidate.is_file() else None
+    folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        folder = os.open(job_dir(tenant_slug, job_id), folder_flags)  # the platform's own folders
+        try:
+            for part in parts[:-1]:
+                inner = os.open(part, folder_flags, dir_fd=folder)
+                os.close(folder)
+                folder = inner
+            # O_NONBLOCK: a FIFO put there must not hold the request; a plain file reads the same.
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=folder)
+        finally:
+            os.close(folder)
+    except OSError:  # not there, a link, not a folder
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")

@@ -17,10 +17,23 @@ def jobs_of(membership):
     jobs = Job.objects.filter(tenant=membership.tenant)
     if membership.is_admin:
         return jobs
-    shared = UserObjectPermission.objects.filter(
-        user=membership.user, permission__codename="view_job",
-        content_type__app_label="jobs", content_type__model="job").values("object_pk")
+    shared = _view_grants().filter(user=membership.user).values("object_pk")
     return jobs.filter(Q(private=False) | Q(owner=membership.user) | Q(pk__in=shared))
+
+
+def who_sees(job, user_ids):
+    """Of `user_ids`, those who may see `job` (jobs_of's rule, for many people in one query): the
+    tenant's members; of a private job, only its admins, its owner and those it is shared with."""
+    members = Membership.objects.filter(tenant_id=job.tenant_id, user_id__in=user_ids)
+    if job.private:
+        shared = _view_grants().filter(object_pk=str(job.pk)).values("user_id")
+        members = members.filter(Q(role=Membership.Role.ADMIN) | Q(user_id=job.owner_id) | Q(user_id__in=shared))
+    return set(members.values_list("user_id", flat=True))
+
+
+def _view_grants():
+    return UserObjectPermission.objects.filter(permission__codename="view_job", content_type__app_label="jobs",
+                                               content_type__model="job")
 
 
 def job_or_404(membership, job_id):

@@ -12,28 +12,38 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import datastores, egress, live, runtime, storage
+from jobs import datastores, egress, live, outbox, runtime, storage
 from jobs.models import FINAL, Job, LogLine, Status
 from jobs.serializers import log_line_json
 from jobs.states import transition
+from tenants import throttling
+from trainyard.units import format_bytes
 
 log = logging.getLogger(__name__)
 SYSTEM = "lifecycle-manager"
+DOWNLOADS_PER_TENANT = 1
+
+
+def sealing_keys():
+    """What the platform seals its secrets with (data-store credentials, webhook secrets): the secret
+    key first, then the older ones still accepted, so a key rotated with its predecessor in
+    TRAINYARD_SECRET_KEY_FALLBACKS opens what the old one sealed."""
+    return [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
 
 
 def seal_submitted_credentials(folder, manifest):
     """At submission: keep the manifest's credentials encrypted beside the job (never in the database)."""
-    datastores.seal_credentials(folder, datastores.credentials(manifest.raw), secret_key=settings.SECRET_KEY)
+    datastores.seal_credentials(folder, datastores.credentials(manifest.raw), keys=sealing_keys())
 
 
 def seal_credentials(folder, secrets):
     """Keep secrets already taken out of a manifest ({store id: {field: value}}) encrypted in `folder`."""
-    datastores.seal_credentials(folder, secrets, secret_key=settings.SECRET_KEY)
+    datastores.seal_credentials(folder, secrets, keys=sealing_keys())
 
 
 def sealed_credentials(folder):
     """The secrets sealed in `folder` ({} when there are none)."""
-    return datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY)
+    return datastores.unseal_credentials(folder, keys=sealing_keys())
 
 
 def forget_credentials(job_id, status):
@@ -56,29 +66,50 @@ def fetch_training_data(job):
     """Download the job's training data into its data/ folder before any learner starts.
 
     Returns True when the learners may start (no data stores, data already complete, or just
-    fetched), False when they must not (the job failed here, or another worker is fetching).
+    fetched), False when they must not (the job failed here, or another worker is fetching). Raises
+    outbox.NotYet while another download of its tenant runs (DOWNLOADS_PER_TENANT).
     """
-    stores = runtime.of(job).stores_with("training_data")
+    run = runtime.of(job)
+    stores = run.stores_with("training_data")
     folder = storage.job_dir(job.tenant.slug, job.id)
     data_dir = folder / "data"
     if not stores or (data_dir / datastores.FETCHED_MARK).exists():
         return True
+    with throttling.slot(_downloading(), job.tenant_id) as free:
+        if not free:
+            raise outbox.NotYet(f"another download of tenant {job.tenant.slug!r} is under way; this one waits its turn")
+        return _fetch(job, run, stores, folder, data_dir)
+
+
+def _downloading():
+    # One download of a tenant at a time: a download holds a lifecycle worker, which every tenant
+    # shares, for up to DATA_DOWNLOAD_SECONDS. Kept while it runs; a dead worker's is free in 2 minutes.
+    return throttling.AtOnce("data-downloads", limit=DOWNLOADS_PER_TENANT, hold_s=120, renewed=True)
+
+
+def _fetch(job, run, stores, folder, data_dir):
     with datastores.exclusive(folder / ".fetch.lock") as mine:
         if not mine:
             return False  # a re-driven deploy while the first one downloads; that one goes on
+        if (data_dir / datastores.FETCHED_MARK).exists():
+            return True  # another worker finished it between the look above and the lock
         labels = ", ".join(repr(s["id"]) for s in stores)
         if job.status == Status.PENDING:
             transition(job.id, Status.DOWNLOADING, actor=SYSTEM, attempt=job.attempt,
                        reason=f"downloading training data from data store {labels}")
         try:
-            secrets = datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY)
+            secrets = datastores.unseal_credentials(folder, keys=sealing_keys())
+            cap = run.disk["data"]
+            allowance = datastores.Allowance(cap, settings.DATA_DOWNLOAD_SECONDS,
+                                             cap=f"data cap (disk.data) of {format_bytes(cap)}")
             for spec in stores:
                 source = datastores.location(spec, "training_data", secrets, **_store_context(job))
-                datastores.fetch(source, data_dir, report=lambda line: system_log(job.id, line))
-        except datastores.DataStoreError as exc:
-            system_log(job.id, f"[trainyard] {exc}")
+                datastores.fetch(source, data_dir, report=lambda line: system_log(job.id, line), allowance=allowance)
+        except datastores.transfer_failures() as exc:
+            failure = datastores.failure_text(exc)
+            system_log(job.id, f"[trainyard] {failure}")
             transition(job.id, Status.FAILED, actor=SYSTEM, attempt=job.attempt,
-                       reason=f"downloading training data failed: {exc}")
+                       reason=f"downloading training data failed: {failure}")
             return False
         (data_dir / datastores.FETCHED_MARK).touch()
     return True
@@ -95,9 +126,10 @@ def push_results(job, run):
         targets = _result_targets(job, run, folder)
         for target in targets:
             datastores.push(folders, target, report=lambda line: system_log(job.id, line))
-    except datastores.DataStoreError as exc:
-        system_log(job.id, f"[trainyard] {exc}")
-        return str(exc)
+    except datastores.transfer_failures() as exc:
+        failure = datastores.failure_text(exc)
+        system_log(job.id, f"[trainyard] {failure}")
+        return failure
     return None
 
 
@@ -105,7 +137,7 @@ def _result_targets(job, run, folder):
     targets = []
     specs = run.stores_with("training_results")
     if specs:
-        secrets = datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY)
+        secrets = datastores.unseal_credentials(folder, keys=sealing_keys())
         for spec in specs:
             target = datastores.location(spec, "training_results", secrets, **_store_context(job))
             # FfDL's layout: each job's results under its own id in the results container.

@@ -5,6 +5,8 @@ class NotificationsConfig(AppConfig):
     name = "notifications"
 
     def ready(self):
+        from django.conf import settings
+
         from jobs import idle, outbox, states
         from notifications import services
         from notifications.models import Delivery
@@ -14,4 +16,4 @@ class NotificationsConfig(AppConfig):
         # Inside the transaction that flags a job's GPUs idle (jobs.idle): a GPUS_IDLE event.
         idle.listen(services.on_gpus_idle)
         # The reconcile pass sends again every delivery nobody works on, as it does follow-ups.
-        outbox.register(Delivery, services.TASK)
+        outbox.register(Delivery, services.TASK, settings.WEBHOOK_QUEUE)

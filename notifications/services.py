@@ -8,6 +8,7 @@ tenant's jobs that are not private. The payload names the job, its tenant and th
 import base64
 import hashlib
 import json
+import math
 import re
 import secrets
 import socket
@@ -16,18 +17,25 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 
-from jobs import dispatch, egress, outbox, tenancy
+from jobs import dispatch, egress, outbox, tenancy, transfers
 from jobs.models import Status
 from notifications import delivery
 from notifications.models import Delivery, Webhook
-from tenants import audit
-from tenants.models import Membership
+from tenants import audit, throttling
+from tenants.models import Tenant
 
 TASK = "deliver_webhook"  # notifications.tasks.deliver_webhook(row id), sent by name (jobs.dispatch)
 PREEMPTED = "PREEMPTED"  # a job halted by the scheduler for another one (HALTING with a preemption reason)
 GPUS_IDLE = "GPUS_IDLE"  # a running job's GPUs stayed below its tenant's idle-GPU policy (jobs.idle)
 EVENTS = tuple([s.value for s in Status] + [PREEMPTED, GPUS_IDLE])
 MAX_HOOKS_PER_OWNER = 20
+MAX_HOOKS_PER_TENANT = 100  # every status change writes a row per hook, in the change's transaction
+LOOKUP_TIMEOUT_S = 5  # resolving a new hook's host, inside the request that adds it
+# Deliveries of one tenant going out at once. The webhooks' workers are few and a slow receiver holds
+# one for the whole timeout: a tenant with many hooks to slow receivers must leave the others to the
+# rest of the tenants. A delivery finding its tenant's slot taken goes back on the queue for later.
+DELIVERING_PER_TENANT = 1
+WAIT_FOR_SLOT_S = 3.0  # how much later a delivery finding its tenant's slot taken is tried again
 MAX_TRIES = 20  # about 17 minutes of retries with the outbox's backoff (1, 2, 4 ... 60 s)
 
 
@@ -67,6 +75,8 @@ def check_url(url):
     url = str(url or "").strip()
     if not url or len(url) > 2000:
         raise HookError("give an http:// or https:// URL of at most 2000 characters", field="url")
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        raise HookError("the URL holds a control character (NUL, a line break, ...)", field="url")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -78,7 +88,8 @@ def check_url(url):
         raise HookError("credentials in the URL are not allowed; the hook's secret signs every request",
                         field="url")
     try:
-        egress.checked_addresses(parts.hostname, port or (443 if parts.scheme == "https" else 80), egress_policy())
+        egress.checked_addresses(parts.hostname, port or (443 if parts.scheme == "https" else 80), egress_policy(),
+                                 timeout=LOOKUP_TIMEOUT_S)
     except (egress.EndpointRefused, socket.error):
         raise HookError("this address is not allowed for webhooks on this platform (internal, private or "
                         "reserved addresses are refused) or it does not resolve", field="url") from None
@@ -106,12 +117,17 @@ def create(membership, *, url, events=None, format=Webhook.Format.SLACK, scope="
         raise HookError(f"format is one of {', '.join(Webhook.Format.values)}", field="format")
     url, events = check_url(url), check_events(events)
     user = membership.user if scope == "user" else None
-    if Webhook.objects.filter(tenant=membership.tenant, user=user).count() >= MAX_HOOKS_PER_OWNER:
-        raise HookError(f"at most {MAX_HOOKS_PER_OWNER} webhooks each", field="url")
     secret = "whsec_" + secrets.token_urlsafe(32)
     with transaction.atomic():
+        # Counted under the tenant's row lock: requests at the same time cannot each find room for one more.
+        Tenant.objects.select_for_update().filter(pk=membership.tenant_id).exists()
+        hooks = Webhook.objects.filter(tenant=membership.tenant)
+        if hooks.filter(user=user).count() >= MAX_HOOKS_PER_OWNER:
+            raise HookError(f"at most {MAX_HOOKS_PER_OWNER} webhooks each", field="url")
+        if hooks.count() >= MAX_HOOKS_PER_TENANT:
+            raise HookError(f"the tenant has {MAX_HOOKS_PER_TENANT} webhooks, the most it may have", field="url")
         hook = Webhook.objects.create(tenant=membership.tenant, user=user, url=url, events=events, format=format,
-                                      sealed_secret=_fernet().encrypt(secret.encode()).decode(),
+                                      sealed_secret=_sealers()[0].encrypt(secret.encode()).decode(),
                                       created_by=membership.user.username)
         audit.record("created", "webhook", _label(hook), tenant=hook.tenant, after=describe(hook))
     return hook, secret
@@ -133,14 +149,27 @@ def _label(hook):
 
 
 def secret_of(hook):
-    return _fernet().decrypt(hook.sealed_secret.encode()).decode()
+    """The hook's secret in clear. One sealed under a key since rotated out (now a fallback) is sealed
+    again under the current key, so it keeps working once the fallback is dropped."""
+    from cryptography.fernet import InvalidToken
+    current, any_key = _sealers()
+    sealed = hook.sealed_secret.encode()
+    try:
+        return current.decrypt(sealed).decode()
+    except InvalidToken:
+        secret = any_key.decrypt(sealed)  # InvalidToken when no key opens it: the delivery fails, kept
+        Webhook.objects.filter(pk=hook.pk, sealed_secret=hook.sealed_secret).update(
+            sealed_secret=current.encrypt(secret).decode())
+        return secret.decode()
 
 
-def _fernet():
-    from cryptography.fernet import Fernet
-    # A key of its own for this purpose, derived from SECRET_KEY (never SECRET_KEY itself).
-    digest = hashlib.sha256(b"trainyard.notifications.secret\0" + settings.SECRET_KEY.encode()).digest()
-    return Fernet(base64.urlsafe_b64encode(digest))
+def _sealers():
+    """(the current key's cipher, one that opens with any key): a key of its own for this purpose
+    derived from each of the platform's keys (jobs.transfers.sealing_keys), never the key itself."""
+    from cryptography.fernet import Fernet, MultiFernet
+    ciphers = [Fernet(base64.urlsafe_b64encode(hashlib.sha256(b"trainyard.notifications.secret\0" + key.encode())
+                                               .digest())) for key in transfers.sealing_keys()]
+    return ciphers[0], MultiFernet(ciphers)
 
 
 # --- the rows a status change writes -------------------------------------------------------------
@@ -163,23 +192,20 @@ def on_gpus_idle(job, *, since, policy, when):
 
 
 def _write_deliveries(job, event, *, before, when, extra=None):
-    for hook in Webhook.objects.filter(tenant_id=job.tenant_id).select_related("user"):
-        if hook.events and event not in hook.events:
-            continue
-        if not _sees(hook, job):
-            continue
-        row = Delivery.objects.create(webhook=hook, job=job, event=event, payload={})
+    """A row per hook that hears of it, in a fixed number of queries however many hooks the tenant has
+    (this runs inside status changes, some of them under the scheduler's admission lock)."""
+    hooks = [hook for hook in Webhook.objects.filter(tenant_id=job.tenant_id).order_by("pk")
+             if not hook.events or event in hook.events]
+    if not hooks:
+        return
+    seeing = tenancy.who_sees(job, {hook.user_id for hook in hooks if hook.user_id is not None})
+    hooks = [hook for hook in hooks if (not job.private if hook.user_id is None else hook.user_id in seeing)]
+    rows = Delivery.objects.bulk_create([Delivery(webhook=hook, job=job, event=event, payload={}) for hook in hooks])
+    for hook, row in zip(hooks, rows):
         row.payload = payload(hook, job, event=event, before=before, when=when, sequence=row.pk, extra=extra)
-        row.save(update_fields=["payload"])
+    Delivery.objects.bulk_update(rows, ["payload"])
+    for row in rows:
         dispatch.send_on_commit(TASK, row.pk)
-
-
-def _sees(hook, job):
-    if hook.user_id is None:
-        return not job.private
-    membership = Membership.objects.filter(tenant_id=hook.tenant_id, user_id=hook.user_id).select_related(
-        "tenant", "user").first()
-    return membership is not None and tenancy.jobs_of(membership).filter(pk=job.pk).exists()
 
 
 def payload(hook, job, *, event, before, when, sequence, extra=None):
@@ -220,8 +246,35 @@ def slack_text(text):
 
 # --- doing one delivery --------------------------------------------------------------------------
 def deliver(row_id):
-    """The task's body: claim the row and POST it (jobs.outbox: failures kept, retried with backoff)."""
-    return outbox.run_row(row_id, _post, model=Delivery, task=TASK)
+    """The task's body: claim the row and POST it (jobs.outbox: failures kept, retried with backoff).
+
+    A hook's deliveries go out one at a time, in order (a chat channel shows them as they arrive):
+    a row with an earlier one of its hook still open waits for it, which sends this one when done.
+    And a tenant delivers DELIVERING_PER_TENANT at once: a row finding its tenant's slot taken is
+    sent again for WAIT_FOR_SLOT_S later."""
+    row = Delivery.objects.filter(pk=row_id, done_at=None).values("webhook_id", "webhook__tenant_id").first()
+    if row is None:
+        return None  # done already, or its hook was removed
+    if Delivery.objects.filter(webhook_id=row["webhook_id"], done_at=None, pk__lt=row_id).exists():
+        return None
+    with throttling.slot(_delivering(), row["webhook__tenant_id"]) as free:
+        if free:
+            done = outbox.run_row(row_id, _post, model=Delivery, task=TASK)
+    if not free:
+        dispatch.send(TASK, row_id, countdown=WAIT_FOR_SLOT_S)
+        return None
+    if done is not None:
+        following = (Delivery.objects.filter(webhook_id=row["webhook_id"], done_at=None, pk__gt=row_id)
+                     .order_by("pk").values_list("pk", flat=True).first())
+        if following is not None:
+            dispatch.send(TASK, following)
+    return done
+
+
+def _delivering():
+    # Held no longer than a delivery may take, so a worker that died frees its tenant's slot soon.
+    return throttling.AtOnce("webhook-deliveries", limit=DELIVERING_PER_TENANT,
+                             hold_s=math.ceil(settings.WEBHOOK_TIMEOUT_S) + 30)
 
 
 def _post(row):

@@ -50,4 +50,5 @@ def _change(request, membership):
 
 
 def _number(value):
-    return int(value) if str(value or "").isdigit() else None
+    value = str(value or "")
+    return int(value) if value.isascii() and value.isdigit() else None  # "²" is a digit int() refuses

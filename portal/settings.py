@@ -21,6 +21,9 @@ if not SECRET_KEY:
     from portal import secret_key
     # Generated once, mode 0600, shared by every process that uses this TRAINYARD_DATA_DIR.
     SECRET_KEY = secret_key.load_or_create(DATA_DIR)
+# Keys rotated out, separated by spaces: sessions they signed and secrets they sealed (jobs.transfers.
+# sealing_keys) still open; everything new uses SECRET_KEY.
+SECRET_KEY_FALLBACKS = (env.text("TRAINYARD_SECRET_KEY_FALLBACKS") or "").split()
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -217,9 +220,13 @@ DISK_DEFAULTS = {
     "work": env.integer("TRAINYARD_DISK_WORK_MB", 10240, minimum=1) * 2**20,
     "tmp": env.integer("TRAINYARD_DISK_TMP_MB", 1024, minimum=1) * 2**20,
     "logs": env.integer("TRAINYARD_LOG_MAX_MB", 1024, minimum=1) * 2**20,
+    "data": env.integer("TRAINYARD_DISK_DATA_MB", 10240, minimum=1) * 2**20,
     "log_lines": env.integer("TRAINYARD_LOG_MAX_LINES", 4_000_000, minimum=1),
 }
 # What one learner of a job may store of the log (within the job's caps), and one line's length.
+# How long downloading a job's training data may take in all (a data store answering slowly holds a
+# lifecycle worker meanwhile).
+DATA_DOWNLOAD_SECONDS = env.integer("TRAINYARD_DATA_DOWNLOAD_SECONDS", 3600, minimum=1)
 LOG_MAX_BYTES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_MB_PER_LEARNER", 256, minimum=1) * 2**20
 LOG_MAX_LINES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_LINES_PER_LEARNER", 1_000_000, minimum=1)
 LOG_MAX_LINE_BYTES = env.integer("TRAINYARD_LOG_MAX_LINE_BYTES", 16384, minimum=256)
@@ -273,6 +280,9 @@ METRICS_TOKEN = env.text("TRAINYARD_METRICS_TOKEN", "")
 ALLOWED_HOSTS = hosts.allowed_hosts(PUBLIC_URL, extra=env.text("TRAINYARD_ALLOWED_HOSTS", ""),
                                     service_urls=[K8S_INGEST_URL])
 CSRF_TRUSTED_ORIGINS = hosts.trusted_origins(PUBLIC_URL, extra=env.text("TRAINYARD_CSRF_TRUSTED_ORIGINS", ""))
+# Served over https (the public URL says so, whether TLS ends here or at a proxy): the session and
+# CSRF cookies are then never sent over plain http.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = PUBLIC_URL.startswith("https://")
 
 # --- auth and API -------------------------------------------------------------------------------
 # Single sign-on through an OpenID provider (tenants.sso, docs/security.md): on when an issuer and a
@@ -322,8 +332,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "jobs.bounds.BoundedLimitOffsetPagination",
-    "DEFAULT_PARSER_CLASSES": ["jobs.bounds.BoundedJSONParser", "rest_framework.parsers.FormParser",
-                               "rest_framework.parsers.MultiPartParser"],
+    "DEFAULT_PARSER_CLASSES": ["jobs.bounds.BoundedJSONParser", "jobs.bounds.BoundedFormParser",
+                               "jobs.bounds.BoundedMultiPartParser"],
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "portal.schema.ApiSchema",
     "EXCEPTION_HANDLER": "portal.api.exception_handler",

@@ -16,8 +16,10 @@ proxy's address, so an operator who puts one in front should have it limit too.
 - Submissions: a tenant may submit its intake's submissions per minute (tenants.quotas.intake_of;
   TRAINYARD_SUBMITS_PER_MINUTE by default), counted per tenant in fixed windows of the clock's
   minutes; past it, submits are refused until the next minute begins (jobs.submission).
-- Heavy reads at once: a tenant may have 2 comparisons of jobs (jobs.compare, which reads every point
-  of the lines it draws) running at a time; a third is refused with 429 until one ends.
+- Heavy work at once: a tenant may have 2 comparisons of jobs (jobs.compare, which reads every point
+  of the lines it draws) running at a time, a third is refused with 429 until one ends; one webhook
+  delivery (notifications.services) and one download of training data (jobs.transfers) at a time, the
+  rest waiting their turn.
 
 If the cache cannot be reached, requests are let through (and a warning logged): an outage of Redis
 must not lock every user out of a platform that is otherwise up.
@@ -28,6 +30,7 @@ import hashlib
 import logging
 import math
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
@@ -62,7 +65,8 @@ class AtOnce:
     name: str
     limit: int  # requests of one key running at the same time
     hold_s: int  # the longest a request holds its slot: one whose process died frees it then
-
+    renewed: bool = False  # the slot is kept while its block runs, however long: hold_s is then how
+    # soon a slot whose process died is free again
 
 COMPARISONS = AtOnce("compare", limit=2, hold_s=120)
 
@@ -78,13 +82,41 @@ def slot(rule, *parts):
     except Exception as exc:  # noqa: BLE001 - fail open
         log.warning("throttling: cache unreachable (%s); %s not limited", exc, rule.name)
         held = ""
+    renewal = _Renewal(held, token, rule.hold_s) if held and rule.renewed else contextlib.nullcontext()
     try:
-        yield held is not None
+        with renewal:
+            yield held is not None
     finally:
         if held:
             with contextlib.suppress(Exception):
                 if cache.get(held) == token:
                     cache.delete(held)
+
+
+class _Renewal:
+    """Keeps a held slot from expiring while its block runs (a thread touching it every third of its
+    hold), so a long block keeps it and a dead process frees it within hold_s."""
+
+    def __init__(self, key, token, hold_s):
+        self.key, self.token, self.hold_s = key, token, hold_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._renew, name=f"renew {key}", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+    def _renew(self):
+        while not self.done.wait(self.hold_s / 3):
+            try:
+                if cache.get(self.key) != self.token:
+                    return  # outran its hold after all: the slot is someone else's now
+                cache.touch(self.key, self.hold_s)
+            except Exception as exc:  # noqa: BLE001 - the slot then expires as if its process died
+                log.warning("throttling: could not keep %s (%s)", self.key, exc)
 
 
 def _key(rule, parts, kind):

@@ -171,6 +171,18 @@ class _ManifestLoader(_safe_loader()):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node, deep=False):
+        # YAML keeps the last of a repeated key; anything that reads the text itself (the redaction of
+        # a data store's credentials, a person reading the manifest) may take the first. One meaning only.
+        seen = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    raise ManifestError("manifest", f"has the key {shown(key.value)} twice in one mapping"
+                                                    f"{_line(key)}; give each key once")
+                seen.add(key.value)
+        return super().construct_mapping(node, deep)
+
     def construct_yaml_int(self, node):
         # Python refuses to read an int of more than 4,300 digits with a message about sys; say it plainly.
         if len(node.value) > 1000:
@@ -241,11 +253,16 @@ def _check_plain(value, path):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ManifestError(where, f"has the key {shown(key)}; keys must be text")
+            if "\x00" in key:
+                raise ManifestError(where, f"has the key {shown(key)}, which holds a NUL character")
             _check_plain(item, f"{path}.{key}" if path else key)
     elif isinstance(value, list):
         for index, item in enumerate(value):
             _check_plain(item, f"{where}[{index}]")
-    elif isinstance(value, bool) or value is None or isinstance(value, str):
+    elif isinstance(value, str):
+        if "\x00" in value:  # no database column stores it
+            raise ManifestError(where, "holds a NUL character")
+    elif isinstance(value, bool) or value is None:
         return
     elif isinstance(value, (int, float)):
         if not (isinstance(value, int) or math.isfinite(value)):
@@ -537,6 +554,7 @@ class Disk(Section):
     tmp: Size(MIN_DISK_BYTES, MAX_DISK_BYTES) | None = None
     logs: Size(MIN_DISK_BYTES, MAX_DISK_BYTES) | None = None
     log_lines: Whole(1, MAX_LOG_LINES) | None = None
+    data: Size(MIN_DISK_BYTES, MAX_DISK_BYTES) | None = None
 
 
 class Document(Section):
@@ -562,11 +580,17 @@ class Document(Section):
     @field_validator("data_stores")
     @classmethod
     def _unique_ids(cls, stores):
-        seen = set()
+        seen, results = set(), None
         for index, store in enumerate(stores or ()):
             if store.id in seen:
                 raise Broken(f"{store.id!r} is used by an earlier data store; ids must be unique", index, "id")
             seen.add(store.id)
+            if store.training_results is not None:
+                # Every results store gets a copy of the job's output: one copy per job.
+                if results is not None:
+                    raise Broken(f"data store {results!r} already takes the results; one data store may",
+                                 index, "training_results")
+                results = store.id
         return stores
 
     @model_validator(mode="after")

@@ -115,3 +115,81 @@ def test_an_artifact_url_carries_its_name_unchanged(db):
     target = job(member())
     artifact = target.artifacts.create(name="results/a #1?.txt", kind="result", size=1)
     assert ArtifactSerializer(artifact).data["url"] == f"/api/v1/jobs/{target.id}/artifacts/results/a%20%231%3F.txt"
+
+
+# --- downloads never follow a link ------------------------------------------------------------------
+FLIPPER = """
+import os, sys
+target, victim = sys.argv[1], sys.argv[2]
+link, plain = target + ".link", target + ".plain"
+while True:
+    try:
+        os.unlink(link)
+    except FileNotFoundError:
+        pass
+    os.symlink(victim, link)
+    os.replace(link, target)  # a link to another tenant's file
+    with open(plain, "w") as out:
+        out.write("mine")
+    os.replace(plain, target)  # a plain file again
+"""
+
+
+def recorded(membership, name, content="mine"):
+    from jobs.models import Artifact
+    target = job(membership)
+    path = storage.create_job_dir(membership.tenant.slug, target.id) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    Artifact.objects.create(job=target, name=name, kind="result", size=len(content), sha256="0" * 64, attempt=1)
+    return target, path
+
+
+def another_tenants_secret():
+    theirs = job(member("team-b", "bob"))
+    secret = storage.create_job_dir("team-b", theirs.id) / "results" / "secret.txt"
+    secret.write_text("TEAM-B SECRET")
+    return secret
+
+
+def download(client, target, name):
+    answer = client.get(f"/api/v1/jobs/{target.id}/artifacts/{name}")
+    return answer.status_code, b"".join(answer.streaming_content) if answer.status_code == 200 else b""
+
+
+def test_a_learner_swapping_a_link_in_for_its_result_never_gets_another_file_downloaded(db):
+    """A later attempt's learner writes results/ while the earlier attempt's artifacts stay listed."""
+    import subprocess
+    import sys
+
+    from tests.support.builders import client_for
+    alice = member()
+    target, path = recorded(alice, "results/model.bin")
+    client = client_for(alice)
+    flipper = subprocess.Popen([sys.executable, "-c", FLIPPER, str(path), str(another_tenants_secret())])
+    try:
+        answers = {download(client, target, "results/model.bin") for _ in range(600)}
+    finally:
+        flipper.kill()
+        flipper.wait()
+    assert answers <= {(200, b"mine"), (404, b"")}, answers
+    assert (200, b"mine") in answers
+
+
+def test_a_linked_folder_a_fifo_or_a_dot_dot_is_no_artifact(db):
+    import os
+
+    from tests.support.builders import client_for
+    alice = member()
+    client = client_for(alice)
+    secret = another_tenants_secret()
+    target, path = recorded(alice, "results/sub/model.bin")
+    os.rename(path.parent, path.parent.with_name("real"))
+    os.symlink(secret.parent, path.parent)  # results/sub -> team-b's results
+    (secret.parent / "model.bin").write_text("TEAM-B SECRET")
+    assert download(client, target, "results/sub/model.bin") == (404, b"")
+    fifo_job, fifo = recorded(alice, "results/pipe")
+    fifo.unlink()
+    os.mkfifo(fifo)
+    assert download(client, fifo_job, "results/pipe") == (404, b"")
+    assert storage.open_artifact(alice.tenant.slug, target.id, "results/../../x") is None

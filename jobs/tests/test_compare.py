@@ -219,6 +219,18 @@ def test_a_tenant_runs_a_bounded_number_of_comparisons_at_once_and_others_are_no
     assert get(client_for(alice), ids).status_code == 200
 
 
+def test_a_renewed_slot_is_kept_past_its_hold_while_its_block_runs():
+    import time
+    rule = throttling.AtOnce("renewed-test", limit=1, hold_s=1, renewed=True)
+    with throttling.slot(rule, "t") as first:
+        assert first
+        time.sleep(2.2)  # twice its hold
+        with throttling.slot(rule, "t") as second:
+            assert not second
+    with throttling.slot(rule, "t") as after:
+        assert after
+
+
 def test_a_comparison_that_outran_its_slot_frees_only_a_slot_it_still_holds():
     rule = throttling.AtOnce("compare-test", limit=1, hold_s=60)
     first = throttling.slot(rule, "t")

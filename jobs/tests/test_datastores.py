@@ -65,18 +65,25 @@ def test_it_redacts_the_parsed_mapping_and_reads_the_credentials():
 
 # --- sealing -------------------------------------------------------------------------------------
 def test_sealed_credentials_are_encrypted_private_and_need_the_same_key(tmp_path):
-    path = datastores.seal_credentials(tmp_path, {"lake": {"password": SECRET}}, secret_key="key-one")
+    path = datastores.seal_credentials(tmp_path, {"lake": {"password": SECRET}}, keys="key-one")
     assert SECRET.encode() not in path.read_bytes()
     assert path.stat().st_mode & 0o777 == 0o600
-    assert datastores.unseal_credentials(tmp_path, secret_key="key-one") == {"lake": {"password": SECRET}}
+    assert datastores.unseal_credentials(tmp_path, keys="key-one") == {"lake": {"password": SECRET}}
     with pytest.raises(DataStoreError, match="cannot be decrypted"):
-        datastores.unseal_credentials(tmp_path, secret_key="key-two")
+        datastores.unseal_credentials(tmp_path, keys="key-two")
     datastores.delete_credentials(tmp_path)
-    assert datastores.unseal_credentials(tmp_path, secret_key="key-one") == {}
+    assert datastores.unseal_credentials(tmp_path, keys="key-one") == {}
+
+
+def test_credentials_sealed_under_a_key_rotated_out_still_open_while_it_is_a_fallback(tmp_path):
+    datastores.seal_credentials(tmp_path, {"lake": {"password": SECRET}}, keys="old-key")
+    assert datastores.unseal_credentials(tmp_path, keys=["new-key", "old-key"]) == {"lake": {"password": SECRET}}
+    with pytest.raises(DataStoreError, match="TRAINYARD_SECRET_KEY_FALLBACKS"):
+        datastores.unseal_credentials(tmp_path, keys=["new-key"])
 
 
 def test_nothing_is_sealed_without_credentials(tmp_path):
-    assert datastores.seal_credentials(tmp_path, {}, secret_key="k") is None
+    assert datastores.seal_credentials(tmp_path, {}, keys="k") is None
     assert not list(tmp_path.iterdir())
 
 
@@ -122,7 +129,8 @@ def test_fetch_refuses_keys_that_would_escape_data_dir(tmp_path):
 @pytest.fixture(scope="module")
 def s3():
     """yields (endpoint, id, secret) of a signature-checking S3 server with data-bucket and results-bucket."""
-    data = {"inputs/train.csv": b"x,y\n1,2\n", "inputs/nested/more.csv": b"x,y\n3,4\n"}
+    data = {"inputs/train.csv": b"x,y\n1,2\n", "inputs/nested/more.csv": b"x,y\n3,4\n",
+            "inputs-old/stale.csv": b"not this", "inputs": b"nor this"}
     with s3_server({"data-bucket": data, "results-bucket": {}}) as server:
         yield server
 
@@ -132,6 +140,7 @@ def test_s3_round_trip(s3, tmp_path):
     store = S3Store("data-bucket", endpoint=endpoint, access_key=key, secret_key=secret, name="lake")
     assert datastores.fetch(Location(store, "inputs", "lake"), tmp_path / "data") == (2, 16)
     assert (tmp_path / "data" / "nested" / "more.csv").read_bytes() == b"x,y\n3,4\n"
+    assert sorted(p.name for p in (tmp_path / "data").rglob("*")) == ["more.csv", "nested", "train.csv"]  # the folder only
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "model.bin").write_bytes(b"weights")
     out = S3Store("results-bucket", endpoint=endpoint, access_key=key, secret_key=secret, name="lake")
@@ -195,7 +204,7 @@ def test_submission_stores_no_credential_and_the_api_shows_none(settings):
     job = Job.objects.get(pk=response.json()["id"])
     assert SECRET not in job.manifest_yaml and SECRET not in json.dumps(job.manifest)
     folder = storage.job_dir(job.tenant.slug, job.id)
-    assert datastores.unseal_credentials(folder, secret_key=settings.SECRET_KEY) == {
+    assert datastores.unseal_credentials(folder, keys=settings.SECRET_KEY) == {
         "lake": {"user_name": "AKIDEXAMPLE", "password": SECRET}}
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(alice)}")
@@ -254,6 +263,71 @@ def test_a_local_store_is_downloaded_with_progress_in_the_log_and_results_are_st
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_tenants_second_download_waits_its_turn_without_holding_a_worker(settings):
+    from jobs import outbox
+    from jobs.models import Status
+    from jobs.states import transition
+    from tenants import throttling
+    alice = member()
+    shelf = datastores.local_root(settings.DATA_DIR, alice.tenant.slug) / "digits"
+    shelf.mkdir(parents=True)
+    (shelf / "train.csv").write_text("1,2\n")
+    job = Job.objects.get(pk=submit(alice, LOCAL_JOB).json()["id"])
+    transition(job.id, Status.PENDING, actor="test")
+    job.refresh_from_db()
+    with throttling.slot(transfers._downloading(), alice.tenant_id) as held:  # another job's download
+        assert held
+        with pytest.raises(outbox.NotYet, match="waits its turn"):
+            transfers.fetch_training_data(job)
+        job.refresh_from_db()
+        assert job.status == Status.PENDING
+        other = member("team-b", "bob")
+        (datastores.local_root(settings.DATA_DIR, "team-b") / "digits").mkdir(parents=True)
+        theirs = Job.objects.get(pk=submit(other, LOCAL_JOB).json()["id"])
+        transition(theirs.id, Status.PENDING, actor="test")
+        assert transfers.fetch_training_data(Job.objects.get(pk=theirs.pk)) is True  # another tenant goes on
+    assert transfers.fetch_training_data(job) is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_download_past_the_jobs_data_cap_fails_it_and_leaves_no_partial_file(settings):
+    from jobs.models import Status
+    from jobs.states import transition
+    alice = member()
+    shelf = datastores.local_root(settings.DATA_DIR, alice.tenant.slug) / "digits"
+    shelf.mkdir(parents=True)
+    (shelf / "a.bin").write_bytes(b"x" * (3 * 2**20))
+    manifest = LOCAL_JOB.replace("framework:", "disk: {data: 1MiB}\nframework:")
+    job = Job.objects.get(pk=submit(alice, manifest).json()["id"])
+    transition(job.id, Status.PENDING, actor="test")
+    job.refresh_from_db()
+    assert transfers.fetch_training_data(job) is False
+    job.refresh_from_db()
+    assert job.status == Status.FAILED
+    assert "holds 3.0 MiB, more than the job's data cap (disk.data) of 1.0 MiB" in job.status_reason
+    assert not list((storage.job_dir(job.tenant.slug, job.id) / "data").glob("*"))
+
+
+def test_an_allowance_counts_what_is_written_and_the_time_it_takes(tmp_path):
+    allowance = datastores.Allowance(10, 3600, cap="data cap")
+    allowance.listed(10, "lake")  # what a listing says is only a first check
+    with pytest.raises(DataStoreError, match="went past the job's data cap"):
+        datastores._write([b"12345", b"678901"], tmp_path / "f", allowance, label="lake")
+    assert not list(tmp_path.iterdir())  # neither the file nor its temporary one
+    late = datastores.Allowance(10, 0, cap="data cap")
+    with pytest.raises(DataStoreError, match="took longer than 0s"):
+        late.take(1, "lake")
+
+
+def test_an_object_named_as_the_platforms_mark_of_a_complete_download_is_refused(tmp_path):
+    (tmp_path / "store" / "digits").mkdir(parents=True)
+    (tmp_path / "store" / "digits" / datastores.FETCHED_MARK).write_text("")
+    source = datastores.Location(datastores.LocalStore(tmp_path / "store"), "digits", "data store 'shelf'")
+    with pytest.raises(DataStoreError, match="a name the platform keeps for itself"):
+        datastores.fetch(source, tmp_path / "data")
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_failed_download_fails_the_job_with_the_reason():
     from jobs.models import Status
     from jobs.states import transition
@@ -265,6 +339,39 @@ def test_a_failed_download_fails_the_job_with_the_reason():
     job.refresh_from_db()
     assert job.status == Status.FAILED
     assert job.status_reason.startswith("downloading training data failed: data store 'shelf': folder ")
+
+
+BAD_ENDPOINT_JOB = """
+name: bad-endpoint
+framework: {name: custom, command: sh run.sh}
+data_stores:
+  - id: lake
+    type: s3_datastore
+    training_data: {container: data-bucket/inputs}
+    connection: {auth_url: 'http://bad_host.example.com'}
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_download_failing_on_what_boto_refuses_fails_the_job_instead_of_retrying_for_ever():
+    from jobs.models import Status
+    from jobs.states import transition
+    alice = member()
+    job = Job.objects.get(pk=submit(alice, BAD_ENDPOINT_JOB).json()["id"])
+    transition(job.id, Status.PENDING, actor="test")
+    job.refresh_from_db()
+    assert transfers.fetch_training_data(job) is False
+    job.refresh_from_db()
+    assert job.status == Status.FAILED
+    assert job.status_reason.startswith("downloading training data failed: ValueError: Invalid endpoint")
+
+
+def test_a_data_stores_error_text_is_cut_short():
+    from botocore.exceptions import ClientError
+    error = ClientError({"Error": {"Code": "SlowDown" * 100, "Message": "x" * 5_000_000}}, "GetObject")
+    explained = datastores._explain_client_error(error)
+    assert len(explained) <= 60 + 2 + datastores.MAX_SERVER_TEXT
+    assert len(datastores.failure_text(DataStoreError("y" * 5_000_000))) == datastores.MAX_REASON
 
 
 @pytest.mark.django_db(transaction=True)

@@ -69,6 +69,9 @@ def test_backlog_counts_the_messages_waiting_in_the_workers_queue(tmp_path, monk
             for _ in range(3):
                 queue.put({"task": "nothing"})
         assert dispatch.backlog() == 3
+        with Connection(server.url) as connection, connection.SimpleQueue("webhooks") as queue:
+            queue.put({"task": "nothing"})
+        assert (dispatch.backlog("webhooks"), dispatch.backlog()) == (1, 3)  # each queue its own
     finally:
         server.stop()
 

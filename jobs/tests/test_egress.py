@@ -2,6 +2,7 @@
 network, and every way of not reaching an endpoint reads the same (no port scanner)."""
 import ipaddress
 import socket
+import time
 
 import pytest
 
@@ -44,6 +45,7 @@ def no_private_connects(monkeypatch):
     ("240.0.0.1", False), ("255.255.255.255", False), ("::1", False), ("::", False), ("fe80::1", False),
     ("fc00::1", False), ("ff02::1", False), ("::ffff:127.0.0.1", False), ("::ffff:10.0.0.1", False),
     ("2002:7f00:1::", False), ("64:ff9b::a00:1", False), ("fe80::1%eth0", False),
+    ("fec0::1", False), ("3fff::1", False),  # site-local, documentation: is_global says public on 3.11
 ])
 def test_it_allows_only_public_addresses_by_default(address, public):
     assert STRICT.address_allowed(address) is public
@@ -143,3 +145,52 @@ def test_location_holds_s3_stores_to_the_policy():
             "connection": {"auth_url": "http://169.254.169.254"}}
     found = datastores.location(spec, "training_data", {}, data_root="/nonexistent", tenant="t", egress=STRICT)
     assert found.store.egress is STRICT
+
+
+# --- one deadline for connecting ---------------------------------------------------------------------
+@pytest.fixture
+def dropping_port():
+    """A port on 127.0.0.1 whose listener's accept queue is full: the kernel drops new connections,
+    as a filtered address on the internet does."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    time.sleep(0.2)
+    yield port
+    for filler in fillers:
+        filler.close()
+    server.close()
+
+
+def resolving(monkeypatch, name, answer):
+    """getaddrinfo() answers `answer()` for `name` (a name served by whoever wrote the endpoint)."""
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo",
+                        lambda host, port, *a, **k: answer(port) if host == name else real(host, port, *a, **k))
+
+
+def test_a_name_with_many_addresses_that_drop_connections_takes_one_timeout_in_all(monkeypatch, dropping_port):
+    resolving(monkeypatch, "many.example", lambda port: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))] * 30)
+    began = time.monotonic()
+    with pytest.raises(egress.EndpointRefused):
+        egress.connect("many.example", dropping_port, EgressPolicy(allow_private=True), timeout=1.0)
+    assert time.monotonic() - began < 1.8
+
+
+def test_a_slow_lookup_counts_against_the_timeout(monkeypatch):
+    def slow(port):
+        time.sleep(3)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+    resolving(monkeypatch, "slow.example", slow)
+    began = time.monotonic()
+    with pytest.raises(egress.EndpointRefused):
+        egress.connect("slow.example", 9, EgressPolicy(allow_private=True), timeout=0.5)
+    assert time.monotonic() - began < 1.5

@@ -131,11 +131,27 @@ def test_done_work_is_marked_done_and_a_failure_stays_on_the_row(sent):
     assert sent == [("follow_up", (failing.pk,))]  # tried again after the backoff
 
 
+def test_work_that_must_wait_its_turn_is_sent_again_later_and_counts_no_failed_try(sent):
+    row = outbox.add(job(member()).id, 1, Kind.DEPLOY)
+
+    def waits(job_id, attempt):
+        raise outbox.NotYet("the tenant's other download is under way", after_s=30)
+
+    sent.clear()
+    assert outbox.run(row.pk, {Kind.DEPLOY: waits}) is None
+    row.refresh_from_db()
+    assert (row.done_at, row.claimed_at, row.tries, row.last_error) == (None, None, 0, "")
+    assert row.due_at > timezone.now() + timedelta(seconds=25)
+    assert sent == [("follow_up", (row.pk,))]
+
+
 @pytest.fixture
 def backlog(monkeypatch):
-    """The number of messages the sweep finds waiting in the workers' queue (0 unless a test sets it)."""
+    """The number of messages the sweep finds waiting in the workers' queue (0 unless a test sets it;
+    another queue's under its name)."""
     waiting = {"messages": 0}
-    monkeypatch.setattr("jobs.dispatch.backlog", lambda: waiting["messages"])
+    monkeypatch.setattr("jobs.dispatch.backlog",
+                        lambda queue=None: waiting["messages"] if queue is None else waiting.get(queue, 0))
     return waiting
 
 

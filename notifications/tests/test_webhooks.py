@@ -262,3 +262,164 @@ def test_a_slack_hook_gets_the_jobs_name_and_reason_escaped_and_a_json_hook_gets
     assert "<" not in text and ">" not in text
     data = Delivery.objects.get(webhook=plain).payload
     assert "text" not in data and data["job"]["name"] == "<!channel> <http://evil.example|click>"
+
+
+# --- a tenant's hooks cost it, not the others -----------------------------------------------------
+def test_a_status_change_costs_the_same_queries_however_many_hooks_hear_of_it(sent, private_allowed):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    owner = member(username="owner")
+
+    def queries_of_one_change():
+        with CaptureQueriesContext(connection) as queries:
+            transition(job(owner).id, Status.PENDING, actor="t")
+        return len(queries)
+
+    hook(owner, "http://127.0.0.1:9/one")
+    one = queries_of_one_change()
+    for index in range(12):
+        hook(member(username=f"viewer{index}", role="viewer"), "http://127.0.0.1:9/v")
+    assert queries_of_one_change() == one
+    assert Delivery.objects.filter(job__status=Status.PENDING).count() == 1 + 13
+
+
+def test_a_private_jobs_change_reaches_only_the_hooks_of_those_who_see_it(sent, private_allowed):
+    from guardian.shortcuts import assign_perm
+    owner, admin = member(username="owner"), member(username="root", role="admin")
+    friend, stranger = member(username="friend"), member(username="stranger")
+    hooks = {name: hook(m, f"http://127.0.0.1:9/{name}")[0]
+             for name, m in [("owner", owner), ("admin", admin), ("friend", friend), ("stranger", stranger)]}
+    tenants_hook, _ = hook(admin, "http://127.0.0.1:9/tenant", scope="tenant")
+    secret_job = job(owner, private=True)
+    assign_perm("jobs.view_job", friend.user, secret_job)
+    friend_left = member(username="gone")
+    gone_hook, _ = hook(friend_left, "http://127.0.0.1:9/gone")
+    assign_perm("jobs.view_job", friend_left.user, secret_job)
+    friend_left.delete()  # shared with them, but no longer a member
+    transition(secret_job.id, Status.PENDING, actor="t")
+    heard = set(Delivery.objects.values_list("webhook_id", flat=True))
+    assert heard == {hooks["owner"].pk, hooks["admin"].pk, hooks["friend"].pk}
+    assert not heard & {hooks["stranger"].pk, tenants_hook.pk, gone_hook.pk}
+
+
+def test_a_tenant_has_a_limited_number_of_hooks(private_allowed, monkeypatch):
+    monkeypatch.setattr(services, "MAX_HOOKS_PER_TENANT", 3)
+    for name in ("a", "b", "c"):
+        hook(member(username=name), "http://127.0.0.1:9/x")
+    with pytest.raises(services.HookError, match="the most it may have"):
+        hook(member(username="d"), "http://127.0.0.1:9/x")
+    hook(member("team-b", "e"), "http://127.0.0.1:9/x")  # another tenant's room is its own
+
+
+def test_a_delivery_waits_while_its_tenant_delivers_another_and_others_go_on(sent, private_allowed, receiver):
+    from tenants import throttling
+    alice, eve = member(username="alice"), member("team-b", "eve")
+    hook(alice, receiver.url)
+    hook(eve, receiver.url)
+    transition(job(alice).id, Status.PENDING, actor="t")
+    transition(job(eve).id, Status.PENDING, actor="t")
+    alices, eves = Delivery.objects.get(job__tenant=alice.tenant), Delivery.objects.get(job__tenant=eve.tenant)
+    sent.clear()
+    with throttling.slot(services._delivering(), alice.tenant_id) as held:  # alice's tenant is delivering
+        assert held
+        services.deliver(alices.pk)
+        services.deliver(eves.pk)
+    alices.refresh_from_db()
+    eves.refresh_from_db()
+    assert (alices.tries, alices.done_at) == (0, None)  # not tried: sent again for later
+    assert sent == [(services.TASK, (alices.pk,))]
+    assert eves.done_at is not None and len(receiver.received) == 1
+    services.deliver(alices.pk)  # the slot is free again
+    alices.refresh_from_db()
+    assert alices.done_at is not None and len(receiver.received) == 2
+
+
+def test_a_hooks_deliveries_go_out_one_at_a_time_in_order(sent, private_allowed, receiver):
+    alice = member()
+    _, secret = hook(alice, receiver.url)
+    target = job(alice)
+    transition(target.id, Status.PENDING, actor="t")
+    transition(target.id, Status.FAILED, actor="t")
+    first, second = Delivery.objects.order_by("pk")
+    sent.clear()
+    assert services.deliver(second.pk) is None  # the earlier one goes first
+    assert (Delivery.objects.get(pk=second.pk).tries, sent, receiver.received) == (0, [], [])
+    services.deliver(first.pk)
+    assert sent == [(services.TASK, (second.pk,))]  # the next one, once this one is done
+    services.deliver(second.pk)
+    assert [payload["job"]["status"] for payload, _ in receiver.events(secret)] == ["PENDING", "FAILED"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hooks_added_at_the_same_time_stay_within_the_limit(private_allowed):
+    from django.db import connection
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite runs one writer at a time: no two requests count at once")
+    alice = member()
+    for _ in range(services.MAX_HOOKS_PER_OWNER - 1):
+        hook(alice, "http://127.0.0.1:9/h")
+    gate = threading.Barrier(6)
+
+    def add():
+        try:
+            gate.wait()
+            hook(alice, "http://127.0.0.1:9/h")
+        except services.HookError:
+            pass
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=add) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert Webhook.objects.filter(user=alice.user).count() == services.MAX_HOOKS_PER_OWNER
+
+
+# --- what a request may hold ----------------------------------------------------------------------
+def test_a_url_with_a_control_character_is_refused_by_name_on_the_api_and_the_page(settings):
+    settings.WEBHOOK_ALLOW_PRIVATE = False
+    alice = member()
+    api = client_for(alice)
+    for body in ({"url": "http://93.184.216.34/a\x00b"}, {"url": "http://93.184.216.34/a\nb"}):
+        answer = api.post("/api/v1/webhooks/", body, format="multipart")
+        assert answer.status_code == 400 and answer.json()["field"] == "url", answer.content
+    answer = api.post("/api/v1/webhooks/", "url=http%3A%2F%2F93.184.216.34%2Fa%00b",
+                      content_type="application/x-www-form-urlencoded")
+    assert answer.status_code == 400 and answer.json()["field"] == "url"
+    page = logged_in(alice)
+    answer = page.post("/account/webhooks/", {"action": "create", "url": "http://93.184.216.34/a\x00b"}, follow=True)
+    assert "url: the URL holds a control character" in answer.content.decode()  # a multipart form
+    answer = page.post("/account/webhooks/", "action=create&url=http%3A%2F%2F93.184.216.34%2Fa%00b",
+                       content_type="application/x-www-form-urlencoded")
+    assert answer.status_code == 400 and answer.content == b"url: holds a NUL character"  # a url-encoded one
+    assert not Webhook.objects.exists()
+
+
+def test_the_page_takes_only_plain_digits_for_a_hook_to_remove(private_allowed):
+    alice = member()
+    hook(alice, "http://127.0.0.1:9/x")
+    assert logged_in(alice).post("/account/webhooks/", {"action": "delete", "hook": "\u00b2"}).status_code == 302
+    assert Webhook.objects.count() == 1
+
+
+# --- the key they are sealed with ------------------------------------------------------------------
+def test_hooks_keep_working_when_the_secret_key_is_rotated_with_the_old_one_kept_as_a_fallback(
+        sent, private_allowed, receiver, settings):
+    from cryptography.fernet import InvalidToken
+    alice = member()
+    added, secret = hook(alice, receiver.url)
+    old = settings.SECRET_KEY
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "rotated-" + "k" * 50, [old]
+    transition(job(alice).id, Status.PENDING, actor="t")
+    services.deliver(Delivery.objects.get().pk)
+    assert Delivery.objects.get().done_at is not None
+    [(payload, _)] = receiver.events(secret)  # signed with the hook's secret, as before
+    assert payload["event"] == "PENDING"
+    settings.SECRET_KEY_FALLBACKS = []  # sealed again under the new key when it was used
+    assert services.secret_of(Webhook.objects.get(pk=added.pk)) == secret
+    settings.SECRET_KEY = "another-" + "k" * 50
+    with pytest.raises(InvalidToken):
+        services.secret_of(Webhook.objects.get(pk=added.pk))

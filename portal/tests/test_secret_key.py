@@ -89,5 +89,5 @@ def test_requiring_a_key_refuses_to_generate_one(tmp_path):
 def test_credentials_sealed_before_a_restart_unseal_after_it(tmp_path):
     from jobs import datastores
     before, after = settings_key(tmp_path), settings_key(tmp_path)  # two starts on one data directory
-    datastores.seal_credentials(tmp_path, {"lake": {"password": "s3cret"}}, secret_key=before)
-    assert datastores.unseal_credentials(tmp_path, secret_key=after) == {"lake": {"password": "s3cret"}}
+    datastores.seal_credentials(tmp_path, {"lake": {"password": "s3cret"}}, keys=before)
+    assert datastores.unseal_credentials(tmp_path, keys=after) == {"lake": {"password": "s3cret"}}

@@ -60,6 +60,12 @@ HOSTILE_MANIFESTS = {
     "disk-lines-1e400": (BASE + "disk: {log_lines: 1e400}\n", "disk.log_lines"),
     "disk-unknown-key": (BASE + "disk: {resultz: 1GiB}\n", "disk.resultz"),
     "disk-not-a-mapping": (BASE + "disk: [1, 2]\n", "disk"),
+    # A repeated key: YAML keeps the last, the credentials' redaction of the text read the first.
+    "repeated-key": (BASE + "data_stores:\n- id: lake\n  type: s3\n  connection: {auth_url: 'https://s3.example.com'}\n"
+                            "  connection: {auth_url: 'https://s3.example.com', user_name: a, password: s3cret}\n",
+                     "manifest"),
+    "nul-in-a-text": (BASE + 'description: "a\\0b"\n', "description"),
+    "nul-in-a-key": (BASE.replace("sh run.sh}", 'sh run.sh, image_location: {"a\\0": 1}}'), "framework.image_location"),
 }
 
 
@@ -72,7 +78,8 @@ def test_it_refuses_hostile_manifests_with_400_naming_the_field(alice, name):
     assert not Job.objects.exists()
 
 
-@pytest.mark.parametrize("name", ["memory-400-digits", "cpus-nan", "flow-20000-deep", "alias-bomb"])
+@pytest.mark.parametrize("name", ["memory-400-digits", "cpus-nan", "flow-20000-deep", "alias-bomb", "repeated-key",
+                                  "nul-in-a-text"])
 def test_it_validates_hostile_manifests_without_crashing(alice, name):
     manifest, field = HOSTILE_MANIFESTS[name]
     response = client_for(alice).post("/api/v1/manifests/validate/", {"manifest": manifest}, format="json")
@@ -258,3 +265,24 @@ def test_a_nul_in_a_json_body_is_a_400_naming_where(alice, body, where):
     assert response.status_code == 400
     assert response.json() == {"detail": f"{where}: holds a NUL character", "field": where}
 
+
+
+@pytest.mark.parametrize("content_type", ["multipart", "urlencoded"])
+def test_a_nul_in_a_form_field_is_a_400_naming_it(alice, content_type):
+    target = job(alice)
+    client = client_for(alice)
+    path = f"/api/v1/jobs/{target.id}/share/"
+    if content_type == "multipart":
+        response = client.post(path, {"username": "bob\x00", "access": "view"}, format="multipart")
+    else:
+        response = client.post(path, "username=bob%00&access=view", content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 400
+    assert response.json() == {"detail": "username: holds a NUL character", "field": "username"}
+
+
+def test_only_one_data_store_takes_a_jobs_results(alice):
+    stores = "".join(f"- {{id: shelf{i}, type: local, training_results: {{container: out}}}}\n" for i in range(3))
+    response = submit(client_for(alice), BASE + "data_stores:\n" + stores)
+    assert response.status_code == 400
+    assert response.json()["field"] == "data_stores[1].training_results"
+    assert "'shelf0' already takes the results" in response.json()["detail"]
