@@ -1,5 +1,4 @@
 """REST endpoints for jobs (SPEC §4). Views parse input, resolve the tenant, and call one action."""
-import mimetypes
 from pathlib import PurePosixPath
 from urllib.parse import urlencode
 
@@ -244,7 +243,7 @@ class JobAllocations(TenantScoped, APIView):
 
 
 class JobArtifactDownload(TenantScoped, APIView):
-    """One recorded file, as an attachment; its content type is guessed from its name."""
+    """One recorded file, as an attachment of bytes (application/octet-stream, whatever its name)."""
 
     @extend_schema(operation_id="v1_jobs_artifact_download", responses={
         (200, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, description="the file"),
@@ -256,9 +255,10 @@ class JobArtifactDownload(TenantScoped, APIView):
         stored = storage.open_artifact(job.tenant.slug, job.id, name)
         if stored is None:
             raise Http404(f"Artifact {name!r} is no longer stored.")
-        filename = PurePosixPath(name).name
-        content_type = mimetypes.guess_type(filename)[0] or "application/octet-stream"
-        return FileResponse(stored, as_attachment=True, filename=filename, content_type=content_type)
+        # Bytes a learner wrote, never a type the browser acts on: served as a script (`model.js` as
+        # text/javascript) from the platform's own origin, the pages' script-src 'self' would allow it.
+        return FileResponse(stored, as_attachment=True, filename=PurePosixPath(name).name,
+                            content_type="application/octet-stream")
 
 
 class Cluster(APIView):

@@ -176,6 +176,16 @@ def test_a_learner_swapping_a_link_in_for_its_result_never_gets_another_file_dow
     assert (200, b"mine") in answers
 
 
+def test_an_artifact_is_served_as_bytes_whatever_its_name(db):
+    from tests.support.builders import client_for
+    alice = member()
+    target, _ = recorded(alice, "results/model.js", "alert(1)")
+    answer = client_for(alice).get(f"/api/v1/jobs/{target.id}/artifacts/results/model.js")
+    assert answer["Content-Type"] == "application/octet-stream"
+    assert answer["Content-Disposition"] == 'attachment; filename="model.js"'
+    assert answer["X-Content-Type-Options"] == "nosniff"
+
+
 def test_a_linked_folder_a_fifo_or_a_dot_dot_is_no_artifact(db):
     import os
 
