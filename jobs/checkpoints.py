@@ -18,6 +18,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from jobs.datastores import regular_files
+
 TEMPORARY_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".incomplete", ".lock")
 ZIP_FORMATS = (".pt", ".pth", ".npz", ".zip", ".keras", ".ckpt")
 MAX_FILES = 100_000  # entries of one attempt's folder listed; a folder holding more is seen in part
@@ -46,9 +48,9 @@ def is_complete(path):
 
 
 def newest_first(folder):
-    """The files in `folder` (at most MAX_FILES of its entries, folders among them), newest first."""
+    """The files in `folder` (at most MAX_FILES of them, found as jobs.datastores.regular_files walks), newest first."""
     files = []
-    for path in itertools.islice(Path(folder).rglob("*"), MAX_FILES):
+    for path in itertools.islice(regular_files(folder), MAX_FILES):
         try:
             if path.is_file():
                 files.append((path.stat().st_mtime, path))

@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 import yaml
 
 from jobs import egress
+from learner_agent import diskwatch
 from trainyard.units import format_bytes
 
 # A connection's fields that are addresses, not secrets; every other field is redacted.
@@ -399,13 +400,29 @@ def push(folders, target, *, report=lambda line: None):
 
 
 def regular_files(top):
-    """Every regular file under `top` (symlinks left out, so nothing outside is read), in a stable order."""
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames.sort()
-        for filename in sorted(filenames):
-            path = Path(dirpath) / filename
-            if path.is_file() and not path.is_symlink():
-                yield path
+    """Every regular file under `top` (symlinks left out, so nothing outside is read), in a stable
+    order, folder by folder as os.walk goes. A learner can nest its folders thousands deep: those
+    past diskwatch.MAX_DEPTH (whose learner that cap already failed) and unreadable ones are passed
+    over, and the walk keeps a stack of its own (os.walk recursed once per level)."""
+    stack = [(Path(top), 0)]
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError:
+            continue
+        folders = []
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    yield Path(entry.path)
+            except OSError:  # gone meanwhile
+                continue
+        if depth < diskwatch.MAX_DEPTH:
+            stack.extend((inner, depth + 1) for inner in reversed(folders))
 
 
 def _relative_key(key, prefix):

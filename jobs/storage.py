@@ -11,7 +11,6 @@ same Store interface as the manifests' data stores, jobs.datastores).
 """
 import hashlib
 import os
-import shutil
 import stat
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
@@ -19,6 +18,7 @@ from urllib.parse import urlparse
 from django.conf import settings
 
 from jobs.datastores import regular_files
+from learner_agent import trees
 
 JOB_SUBDIRS = ("data", "results", "checkpoints")
 ARTIFACT_DIRS = {"results": "result", "checkpoints": "checkpoint", "logs": "log"}
@@ -60,7 +60,7 @@ def create_job_dir(tenant_slug, job_id):
 
 
 def remove_job_dir(tenant_slug, job_id):
-    shutil.rmtree(job_dir(tenant_slug, job_id), ignore_errors=True)
+    trees.remove(job_dir(tenant_slug, job_id))  # its learners' folders may nest past what rmtree can
 
 
 def learner_dir(tenant_slug, job_id, attempt, index):

@@ -21,14 +21,14 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
 import time
 from queue import SimpleQueue
 
-from learner_agent import address, archive, batch_changes, cgroups, diskwatch, procfs, sandbox, telemetry, tfevents
+from learner_agent import (address, archive, batch_changes, cgroups, diskwatch, procfs, sandbox, telemetry, tfevents,
+                           trees)
 from learner_agent.config import HALT_MARK, ConfigError, load_config
 from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
@@ -84,6 +84,7 @@ class Agent:
                          if config.platform_file else None))
         self._started_at = time.time()
         self._extractor = MetricExtractor(config.metric_regexes)
+        self._metric_failures_logged = set()  # the streams whose failed metric extraction was logged
         self._pace = (Pace(config.log_bytes_per_second, config.log_burst_bytes)
                       if config.log_bytes_per_second else None)
         self._paced = False  # the learner has been told once that its output is slowed
@@ -311,7 +312,8 @@ class Agent:
         if os.path.isdir(work_dir) and os.listdir(work_dir):
             # A restarted agent starts again from a clean copy of the code.
             log.info("removing the previous contents of %s", work_dir)
-            shutil.rmtree(work_dir)
+            if not trees.remove(work_dir):
+                raise PrepareError(f"the previous contents of {work_dir} could not be removed")
         work_cap = next((cap for cap in self.config.disk_caps if cap.name == "work"), None)
         limit = self.config.max_unpacked_bytes
         if work_cap is not None and work_cap.limit < limit:
@@ -388,7 +390,11 @@ class Agent:
                     records += [{"kind": "metric", **point, "time": now}
                                 for point in self._extractor.extract(line)]
                 except Exception:  # a metric bug must never cost a log line
-                    log.exception("metric extraction failed on a %s line", stream)
+                    # Once per stream: a learner repeating the line that fails would fill agent.log,
+                    # which no cap of the job's counts, with a traceback per line.
+                    if stream not in self._metric_failures_logged:
+                        self._metric_failures_logged.add(stream)
+                        log.exception("metric extraction failed on a %s line (further failures not logged)", stream)
                 # Outside the lock: a full spool or the pace holds this pipe (and so the learner)
                 # back, never the agent's stop handling.
                 self._keep_pace(len(line))
@@ -482,7 +488,7 @@ class Agent:
         for folder in (self.config.work_dir, self.config.env.get("JOB_STATE_DIR", "")):
             # Only folders of this learner's own (beside agent.json): never a path the env could aim elsewhere.
             if folder and os.path.dirname(os.path.abspath(folder)) == os.path.abspath(self.config.agent_dir):
-                shutil.rmtree(folder, ignore_errors=True)
+                trees.remove(folder)
 
     def _deliver(self):
         """Deliver everything spooled (patiently), then return 0; the spool goes once it is all

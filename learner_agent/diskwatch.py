@@ -22,6 +22,9 @@ FAST_INTERVAL_S = 0.1
 # Files and folders one measurement walks at most: more in one capped folder is itself over the cap
 # (a million files is beyond any results or checkpoint folder, and takes the walk seconds).
 MAX_ENTRIES = 1_000_000
+# Folders nested deeper than this are over the cap: past PATH_MAX (a few dozen levels of long names) a
+# path no longer reaches what lies below it, which a walk by path would count as nothing.
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,12 @@ class Breach:
     cap: Cap
     used: int  # bytes measured (or the entries counted when too_many)
     too_many: bool = False
+    unmeasurable: str = ""  # why the folder could not be measured whole: itself over the cap
 
     @property
     def reason(self):
+        if self.unmeasurable:
+            return f"disk cap: the {self.cap.name} folder cannot be measured: {self.unmeasurable}; killed"
         if self.too_many:
             return (f"disk cap: the {self.cap.name} folder holds more than {MAX_ENTRIES} files and folders; "
                     f"killed")
@@ -50,34 +56,45 @@ class TooManyEntries(Exception):
     pass
 
 
+class Unmeasurable(Exception):
+    """A folder under a capped one cannot be walked (nested past MAX_DEPTH, unreadable): what lies
+    below it would count as nothing, so the folder is over its cap."""
+
+
 def usage(paths, *, max_entries=MAX_ENTRIES):
     """Bytes the files and folders under `paths` take on disk (allocated blocks, each inode once,
-    symlinks not followed); TooManyEntries past `max_entries`. A folder that is missing counts 0,
-    and one that vanishes while being walked counts what was seen of it."""
+    symlinks not followed); TooManyEntries past `max_entries`, Unmeasurable for a folder nested past
+    MAX_DEPTH or one that cannot be read. A folder that is missing counts 0, and one that vanishes
+    while being walked counts what was seen of it."""
     total = entries = 0
     seen_links = set()  # (device, inode) of files with more than one name: counted once
-    stack = [p for p in paths if os.path.isdir(p) and not os.path.islink(p)]
+    stack = [(p, 0) for p in paths if os.path.isdir(p) and not os.path.islink(p)]
     while stack:
+        folder, depth = stack.pop()
         try:
-            with os.scandir(stack.pop()) as listing:
+            with os.scandir(folder) as listing:
                 for entry in listing:
                     entries += 1
                     if entries > max_entries:
                         raise TooManyEntries(entries)
                     try:
                         info = entry.stat(follow_symlinks=False)
-                    except OSError:
+                    except FileNotFoundError:
                         continue
                     if stat.S_ISDIR(info.st_mode):
-                        stack.append(entry.path)
+                        if depth >= MAX_DEPTH:
+                            raise Unmeasurable(f"its folders nest deeper than {MAX_DEPTH} levels")
+                        stack.append((entry.path, depth + 1))
                     elif info.st_nlink > 1:
                         key = (info.st_dev, info.st_ino)
                         if key in seen_links:
                             continue
                         seen_links.add(key)
                     total += info.st_blocks * 512
-        except OSError:
-            continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # gone (or replaced by a file) while being walked
+        except OSError as exc:  # unreadable (a mode-000 folder of a learner not run as root), too long a path
+            raise Unmeasurable(f"a folder in it cannot be read ({exc.strerror or exc})") from None
     return total
 
 
@@ -89,6 +106,8 @@ def check(caps, *, max_entries=MAX_ENTRIES):
             used = usage(cap.paths, max_entries=max_entries)
         except TooManyEntries as e:
             return Breach(cap, e.args[0], too_many=True), 1.0
+        except Unmeasurable as e:
+            return Breach(cap, 0, unmeasurable=str(e)), 1.0
         if used > cap.limit:
             return Breach(cap, used), used / cap.limit
         share = max(share, used / cap.limit)

@@ -46,7 +46,7 @@ def _parse_reported(payload):
     """The point in a TRAINYARD_METRIC line, or None when it is malformed (then it is just a log line)."""
     try:
         data = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: `[[[[…` a thousand deep
         return None
     if not isinstance(data, dict):
         return None

@@ -24,7 +24,7 @@ from django.conf import settings
 
 from jobs import dispatch, storage
 from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
-from learner_agent import address, netns, procfs, sandbox, spare, spool
+from learner_agent import address, netns, procfs, sandbox, spare, spool, trees
 from learner_agent.agent import agent_argv, clean_environment
 from learner_agent.config import HALT_MARK, ConfigError, parse_config
 from trainyard import frameworks
@@ -300,7 +300,7 @@ def _remove_scratch(folder):
         return
     # ".work.*.unpacking": what an agent killed while unpacking the code left (learner_agent.archive).
     for path in [folder / "work", folder / "state", *folder.glob(".work.*.unpacking")]:
-        shutil.rmtree(path, ignore_errors=True)
+        trees.remove(path)
 
 
 def _check_framework(name, version):

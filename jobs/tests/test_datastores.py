@@ -431,3 +431,20 @@ def test_a_symlink_out_of_the_tenants_folder_is_refused_for_reading_and_writing(
     with pytest.raises(DataStoreError, match="leads outside"):
         datastores.push({"results": tmp_path / "results"}, Location(store.store, "trained/job-1", store.label))
     assert not (theirs / "results").exists()
+
+
+def test_files_nested_past_the_depth_a_learner_may_use_are_passed_over_without_recursing(tmp_path):
+    import os
+    from pathlib import Path
+
+    from learner_agent import diskwatch
+    (tmp_path / "top.txt").write_text("t")
+    deep = str(tmp_path)
+    for _ in range(1500):  # os.walk recursed once per level: a RecursionError past about a thousand
+        deep = os.path.join(deep, "d")
+        os.mkdir(deep)
+    kept = Path(tmp_path, *["d"] * diskwatch.MAX_DEPTH, "kept.txt")
+    kept.write_text("k")
+    Path(tmp_path, *["d"] * (diskwatch.MAX_DEPTH + 1), "past.txt").write_text("p")
+    found = [path.relative_to(tmp_path) for path in datastores.regular_files(tmp_path)]
+    assert found == [Path("top.txt"), kept.relative_to(tmp_path)]

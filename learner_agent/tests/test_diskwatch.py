@@ -124,3 +124,31 @@ def test_the_work_and_state_folders_go_when_the_learner_ends(outside_tmp, ingest
     assert read_exit(config)["exit_code"] == 0
     assert not os.path.exists(os.path.join(learner_dir, "work")) and not os.path.exists(state)
     assert os.path.exists(os.path.join(learner_dir, "exit.json"))
+
+
+DEEP_CHAIN = ("python3 -c \"import os\nfor _ in range(1500): os.mkdir('d'); os.chdir('d')\n"
+              "open('data', 'wb').write(b'x' * {size})\"")
+
+
+def test_folders_nested_past_the_depth_a_walk_can_follow_are_a_breach(tmp_path):
+    deep = tmp_path
+    for _ in range(diskwatch.MAX_DEPTH + 1):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    cap = diskwatch.Cap("results", 10 * MiB, (str(tmp_path),))
+    breach, _ = diskwatch.check([cap])
+    assert breach.reason == f"disk cap: the results folder cannot be measured: its folders nest deeper than " \
+                            f"{diskwatch.MAX_DEPTH} levels; killed"
+
+
+def test_a_learner_nesting_its_work_folder_thousands_deep_fails_and_the_folder_still_goes(outside_tmp, ingest):
+    """Past PATH_MAX a walk by path counted nothing below; past a thousand levels rmtree raised."""
+    learner_dir = os.path.join(outside_tmp, "job", "attempt-1", "learner-0")
+    work = os.path.join(learner_dir, "work")
+    config = write_agent_config(outside_tmp, ingest, command=DEEP_CHAIN.format(size=4 * MiB), sandbox="none",
+                                disk_caps=[{"name": "work", "bytes": 2 * MiB, "paths": [work]}])
+    assert run_agent(config).returncode == 0
+    exit_info = read_exit(config)
+    assert exit_info["exit_code"] in (1, 137), exit_info
+    assert exit_info["reason"].startswith("disk cap: the work folder"), exit_info
+    assert not os.path.exists(work)

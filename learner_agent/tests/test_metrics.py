@@ -59,3 +59,8 @@ def test_it_matches_several_groups_on_one_line():
 
 def test_it_works_without_regexes():
     assert MetricExtractor().extract("epoch 1 loss 0.3") == []
+
+
+def test_a_reported_metric_nested_past_the_decoders_depth_is_just_a_log_line():
+    from learner_agent.metrics import MetricExtractor
+    assert MetricExtractor([]).extract("TRAINYARD_METRIC " + "[" * 5000 + "]" * 5000) == []
