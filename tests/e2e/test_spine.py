@@ -135,7 +135,9 @@ def test_a_learner_that_ignores_halt_is_killed_after_the_grace_period(live_platf
 
 def test_bad_manifest_is_refused_and_nothing_is_stored(live_platform):
     before = live_platform.api("GET", "/api/v1/jobs/").json()["count"]
-    broken = (EXAMPLES / "custom-shell" / "manifest.yml").read_text() + "\nmemory: 12 bananas\n"
+    manifest = (EXAMPLES / "custom-shell" / "manifest.yml").read_text()
+    assert "memory: 256MiB" in manifest
+    broken = manifest.replace("memory: 256MiB", "memory: 12 bananas")
     response = live_platform.api("POST", "/api/v1/jobs/", files={"manifest": ("m.yml", broken),
                                                                  "code": ("c.tar.gz", b"")})
     assert response.status_code == 400 and response.json()["field"] == "memory"
