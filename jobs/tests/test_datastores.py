@@ -438,13 +438,17 @@ def test_files_nested_past_the_depth_a_learner_may_use_are_passed_over_without_r
     from pathlib import Path
 
     from learner_agent import diskwatch
+    from learner_agent import trees
     (tmp_path / "top.txt").write_text("t")
     deep = str(tmp_path)
-    for _ in range(1500):  # os.walk recursed once per level: a RecursionError past about a thousand
-        deep = os.path.join(deep, "d")
-        os.mkdir(deep)
-    kept = Path(tmp_path, *["d"] * diskwatch.MAX_DEPTH, "kept.txt")
-    kept.write_text("k")
-    Path(tmp_path, *["d"] * (diskwatch.MAX_DEPTH + 1), "past.txt").write_text("p")
-    found = [path.relative_to(tmp_path) for path in datastores.regular_files(tmp_path)]
-    assert found == [Path("top.txt"), kept.relative_to(tmp_path)]
+    try:
+        for _ in range(1500):  # os.walk recursed once per level: a RecursionError past about a thousand
+            deep = os.path.join(deep, "d")
+            os.mkdir(deep)
+        kept = Path(tmp_path, *["d"] * diskwatch.MAX_DEPTH, "kept.txt")
+        kept.write_text("k")
+        Path(tmp_path, *["d"] * (diskwatch.MAX_DEPTH + 1), "past.txt").write_text("p")
+        found = [path.relative_to(tmp_path) for path in datastores.regular_files(tmp_path)]
+        assert found == [Path("top.txt"), kept.relative_to(tmp_path)]
+    finally:
+        trees.remove(tmp_path / "d")  # pytest's own clean-up of old temporary folders uses rmtree

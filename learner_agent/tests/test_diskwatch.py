@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from learner_agent import diskwatch
+from learner_agent import diskwatch, trees
 from tests.support.agent_runs import read_exit, run_agent, write_agent_config
 
 MiB = 2**20
@@ -147,8 +147,11 @@ def test_a_learner_nesting_its_work_folder_thousands_deep_fails_and_the_folder_s
     work = os.path.join(learner_dir, "work")
     config = write_agent_config(outside_tmp, ingest, command=DEEP_CHAIN.format(size=4 * MiB), sandbox="none",
                                 disk_caps=[{"name": "work", "bytes": 2 * MiB, "paths": [work]}])
-    assert run_agent(config).returncode == 0
-    exit_info = read_exit(config)
-    assert exit_info["exit_code"] in (1, 137), exit_info
-    assert exit_info["reason"].startswith("disk cap: the work folder"), exit_info
-    assert not os.path.exists(work)
+    try:
+        assert run_agent(config).returncode == 0
+        exit_info = read_exit(config)
+        assert exit_info["exit_code"] in (1, 137), exit_info
+        assert exit_info["reason"].startswith("disk cap: the work folder"), exit_info
+        assert not os.path.exists(work)
+    finally:
+        trees.remove(work)  # were it left, pytest's own clean-up of old temporary folders would raise
