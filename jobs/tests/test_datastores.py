@@ -233,17 +233,25 @@ data_stores:
 """
 
 
+def pending_local_job(membership, data_root, files, manifest=LOCAL_JOB):
+    """(a job of `manifest` admitted to PENDING, its tenant's `digits` shelf holding {name: bytes})."""
+    from jobs.models import Status
+    from jobs.states import transition
+    shelf = datastores.local_root(data_root, membership.tenant.slug) / "digits"
+    shelf.mkdir(parents=True)
+    for name, content in files.items():
+        (shelf / name).write_bytes(content)
+    job = Job.objects.get(pk=submit(membership, manifest).json()["id"])
+    transition(job.id, Status.PENDING, actor="test")
+    job.refresh_from_db()
+    return job, shelf
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_local_store_is_downloaded_with_progress_in_the_log_and_results_are_stored(settings):
     from jobs.models import Status
-    from jobs.states import transition
     alice = member()
-    shelf = datastores.local_root(settings.DATA_DIR, alice.tenant.slug) / "digits"
-    shelf.mkdir(parents=True)
-    (shelf / "train.csv").write_text("1,2\n")
-    job = Job.objects.get(pk=submit(alice, LOCAL_JOB).json()["id"])
-    transition(job.id, Status.PENDING, actor="test")
-    job.refresh_from_db()
+    job, shelf = pending_local_job(alice, settings.DATA_DIR, {"train.csv": b"1,2\n"})
     assert transfers.fetch_training_data(job) is True
     folder = storage.job_dir(job.tenant.slug, job.id)
     assert (folder / "data" / "train.csv").read_text() == "1,2\n"
@@ -266,41 +274,25 @@ def test_a_local_store_is_downloaded_with_progress_in_the_log_and_results_are_st
 def test_a_tenants_second_download_waits_its_turn_without_holding_a_worker(settings):
     from jobs import outbox
     from jobs.models import Status
-    from jobs.states import transition
     from tenants import throttling
     alice = member()
-    shelf = datastores.local_root(settings.DATA_DIR, alice.tenant.slug) / "digits"
-    shelf.mkdir(parents=True)
-    (shelf / "train.csv").write_text("1,2\n")
-    job = Job.objects.get(pk=submit(alice, LOCAL_JOB).json()["id"])
-    transition(job.id, Status.PENDING, actor="test")
-    job.refresh_from_db()
+    job, _ = pending_local_job(alice, settings.DATA_DIR, {"train.csv": b"1,2\n"})
     with throttling.slot(transfers._downloading(), alice.tenant_id) as held:  # another job's download
         assert held
         with pytest.raises(outbox.NotYet, match="waits its turn"):
             transfers.fetch_training_data(job)
         job.refresh_from_db()
         assert job.status == Status.PENDING
-        other = member("team-b", "bob")
-        (datastores.local_root(settings.DATA_DIR, "team-b") / "digits").mkdir(parents=True)
-        theirs = Job.objects.get(pk=submit(other, LOCAL_JOB).json()["id"])
-        transition(theirs.id, Status.PENDING, actor="test")
-        assert transfers.fetch_training_data(Job.objects.get(pk=theirs.pk)) is True  # another tenant goes on
+        theirs, _ = pending_local_job(member("team-b", "bob"), settings.DATA_DIR, {})
+        assert transfers.fetch_training_data(theirs) is True  # another tenant goes on
     assert transfers.fetch_training_data(job) is True
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_download_past_the_jobs_data_cap_fails_it_and_leaves_no_partial_file(settings):
     from jobs.models import Status
-    from jobs.states import transition
-    alice = member()
-    shelf = datastores.local_root(settings.DATA_DIR, alice.tenant.slug) / "digits"
-    shelf.mkdir(parents=True)
-    (shelf / "a.bin").write_bytes(b"x" * (3 * 2**20))
-    manifest = LOCAL_JOB.replace("framework:", "disk: {data: 1MiB}\nframework:")
-    job = Job.objects.get(pk=submit(alice, manifest).json()["id"])
-    transition(job.id, Status.PENDING, actor="test")
-    job.refresh_from_db()
+    job, _ = pending_local_job(member(), settings.DATA_DIR, {"a.bin": b"x" * (3 * 2**20)},
+                               LOCAL_JOB.replace("framework:", "disk: {data: 1MiB}\nframework:"))
     assert transfers.fetch_training_data(job) is False
     job.refresh_from_db()
     assert job.status == Status.FAILED
