@@ -5,9 +5,9 @@ API's `Authorization: Token` header) and scoped to a tenant
 exactly like the REST API; another tenant's job id is refused without a word about it.
 
 Access is checked again whenever something that grants it changes (jobs.live sends the user's
-group an `access.recheck`): a socket whose credential, membership or job access has gone closes
-with the code an outsider gets at connect (4401 or 4404), and the list socket stops forwarding
-private jobs its user may no longer see.
+group an `access.recheck`), and every ACCESS_RECHECK_S besides: a socket whose credential, membership
+or job access has gone closes with the code an outsider gets at connect (4401 or 4404), and the list
+socket stops forwarding private jobs its user may no longer see.
 """
 import asyncio
 import logging
@@ -37,6 +37,9 @@ BACKLOG_POINTS_PER_LINE = 2000  # of each line of a chart (metric, learner, atte
 # buffer; a send to it would then wait for ever, and with it whatever sends to the next socket (a
 # tenant's list hub) while its messages queue without bound.
 SEND_TIMEOUT_S = 5.0
+# Nothing announces a token's or a session's expiry, and an announced change may be lost on its way
+# (the channel layer delivers at most once): each socket checks its access this often as well.
+ACCESS_RECHECK_S = 60.0
 CLOSE_NOT_FOUND = 4404
 CLOSE_UNAUTHORIZED = 4401
 
@@ -60,12 +63,24 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
     tenant_slug = None  # the tenant the socket was opened in: every later check is about that one
     stream = ""  # its name on /metrics (trainyard_websocket_connections)
     counted = False
+    rechecks = None  # the task that asks this socket to check its access now and then
 
     async def accept(self, subprotocol=None, headers=None):
         await super().accept(subprotocol, headers)
         if not self.counted:
             self.counted = True
             prometheus_series.SOCKETS.opened(self.stream)
+        if self.rechecks is None:
+            self.rechecks = asyncio.create_task(self._recheck_now_and_then())
+
+    async def _recheck_now_and_then(self):
+        # Through the socket's own channel, so the check runs between its other messages, never beside one.
+        while True:
+            await asyncio.sleep(ACCESS_RECHECK_S)
+            try:
+                await self.channel_layer.send(self.channel_name, {"type": "access.recheck"})
+            except Exception:  # the layer is down: the socket hears nothing else either; try again later
+                log.warning("a %s socket's access recheck could not be sent", self.stream, exc_info=True)
 
     async def send(self, text_data=None, bytes_data=None, close=False):
         """Channels' send, within SEND_TIMEOUT_S: a socket that takes nothing that long is let go. The
@@ -122,6 +137,8 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
 
     async def disconnect(self, code):
+        if self.rechecks is not None:
+            self.rechecks.cancel()
         if self.counted:
             self.counted = False
             prometheus_series.SOCKETS.closed(self.stream)

@@ -4,12 +4,16 @@ code an outsider gets at connect (4401/4404), or, on the list stream, stops priv
 
 Each change is made the way the platform makes it (model saves, guardian, the logout view), in a
 thread like any request, while the socket is open (channels' communicator, in-memory layer)."""
+import asyncio
+from datetime import timedelta
+
 import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
+from django.contrib.sessions.models import Session
 from django.utils import timezone
 
-from jobs import sharing
+from jobs import consumers, sharing
 from tenants import sso
 from tenants.models import ApiToken, Membership
 from tests.support.builders import job, logged_in, member, token_for
@@ -198,3 +202,34 @@ def test_a_socket_stays_with_the_tenant_it_was_opened_in():
         in_b.save()
     assert session(path, then=change(join_a_then_change_role_in_b))[0] is None
     assert session(path, then=change(lambda: Membership.objects.get(pk=in_b.pk).delete()))[0] == 4401
+
+
+def then_wait(seconds, first=None):
+    """`first` (a socket's `then`), then `seconds` of waiting, as the socket's `then`."""
+    async def then():
+        if first is not None:
+            await first()
+        await asyncio.sleep(seconds)
+    return then
+
+
+@JOB_SOCKET_MODES
+def test_a_job_socket_closes_when_its_token_expires(mode, monkeypatch):
+    # Nothing announces an expiry: the socket's own periodic check finds it.
+    monkeypatch.setattr(consumers, "ACCESS_RECHECK_S", 0.3)
+    alice = member()
+    target = job(alice)
+    key = ApiToken.issue(alice.user, "short", expires_at=timezone.now() + timedelta(seconds=1))[1]
+    code, messages = session(f"/ws/jobs/{target.id}/?{mode}token={key}", then=then_wait(1.5))
+    assert code == 4401 and messages[0]["type"] == "job"
+
+
+def test_the_list_socket_closes_when_its_session_expires(monkeypatch, settings):
+    monkeypatch.setattr(consumers, "ACCESS_RECHECK_S", 0.3)
+    alice = member()
+    client, headers = browser_cookie(alice)
+    # The session's row ends as an expired one would, with nothing sent anywhere (a queryset update).
+    expire = change(lambda: Session.objects.filter(session_key=client.cookies["sessionid"].value)
+                    .update(expire_date=timezone.now() - timedelta(seconds=1)))
+    code, _ = session("/ws/jobs/", headers=headers, then=then_wait(0.8, expire))
+    assert code == 4401
