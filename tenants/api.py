@@ -240,7 +240,8 @@ def _refused(exc):
 
 
 class Tokens(APIView):
-    """GET the caller's API tokens; POST creates one and returns its key, shown this once."""
+    """GET the caller's API tokens; POST creates one and returns its key, shown this once. A token made
+    with a token expires when that one does: an expiring token cannot make itself a lasting one."""
 
     @extend_schema(responses={200: TokenListSerializer})
     def get(self, request):
@@ -250,7 +251,8 @@ class Tokens(APIView):
     @extend_schema(request=TokenRequestSerializer, responses={201: NewTokenSerializer})
     def post(self, request):
         try:
-            token, key = people.create_token(request.user, str(_fields(request).get("name") or ""))
+            token, key = people.create_token(request.user, str(_fields(request).get("name") or ""),
+                                             expires_at=getattr(request.auth, "expires_at", None))
         except people.PeopleError as exc:
             return _refused(exc)
         token.key = key  # the one answer that carries it

@@ -148,13 +148,14 @@ def _keep_an_admin(leaving):
                           "make someone else admin first")
 
 
-def create_token(user, name):
-    """(token, key); the key is shown once and cannot be recovered."""
+def create_token(user, name, *, expires_at=None):
+    """(token, key); the key is shown once and cannot be recovered. `expires_at`: when it stops working
+    (None: when it is revoked)."""
     name = (name or "").strip()
     if not name or len(name) > TOKEN_NAME_MAX:
         raise PeopleError(f"give the token a name (1-{TOKEN_NAME_MAX} characters)", field="name")
     _refuse_control_characters(name, "name", "the token's name")
-    return ApiToken.issue(user, name)
+    return ApiToken.issue(user, name, expires_at=expires_at)
 
 
 def revoke_token(token):

@@ -1,7 +1,10 @@
 """Tenancy over REST: the current tenant's quota and usage, members, quotas, tokens — who may do
 what, what outsiders get (404 and no data), and the audit log of every change."""
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from tenants import quotas
@@ -111,6 +114,18 @@ def test_users_create_list_and_revoke_their_tokens():
     revoked.credentials(HTTP_AUTHORIZATION=f"Token {created['key']}")
     assert revoked.get("/api/v1/jobs/").status_code == 401
     assert AuditEntry.objects.filter(target_type="token", action="changed", actor="alice").exists()
+
+
+def test_a_token_made_with_an_expiring_token_expires_with_it():
+    alice = member("team-a", "alice")
+    expiry = timezone.now() + timedelta(hours=1)
+    _, key = ApiToken.issue(alice.user, "short", expires_at=expiry)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    created = client.post("/api/v1/tokens/", {"name": "lasting?"}, format="json").json()
+    assert ApiToken.objects.get(pk=created["id"]).expires_at == expiry
+    # Made in a session (the Account page) or with a lasting token, it lasts until revoked.
+    assert client_for(alice).post("/api/v1/tokens/", {"name": "laptop"}, format="json").json()["expires_at"] is None
 
 
 def test_a_token_needs_a_name():
