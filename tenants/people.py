@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from tenants.models import ApiToken, Invitation, Membership
+from tenants.models import ApiToken, Invitation, Membership, Tenant
 
 TOKEN_NAME_MAX = 100
 USERNAME_MAX = 150
@@ -138,11 +138,13 @@ def _check_role(role):
 
 
 def _keep_an_admin(leaving):
-    """Refuse to take away the tenant's last admin (locking the admins, so two such changes racing
-    cannot both pass)."""
+    """Refuse to take away the tenant's last admin. Such changes of one tenant take its row's lock
+    first, one after the other: two admins demoting each other at once each locked the other's row,
+    then waited for their own (a deadlock), or could both have passed."""
     if leaving.role != Membership.Role.ADMIN:
         return
-    admins = Membership.objects.select_for_update().filter(tenant=leaving.tenant_id, role=Membership.Role.ADMIN)
+    Tenant.objects.select_for_update(no_key=True).filter(pk=leaving.tenant_id).first()
+    admins = Membership.objects.filter(tenant=leaving.tenant_id, role=Membership.Role.ADMIN)
     if not admins.exclude(pk=leaving.pk).exists():
         raise PeopleError(f"{leaving.user.username} is the last admin of {leaving.tenant.slug}; "
                           "make someone else admin first")

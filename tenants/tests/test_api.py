@@ -1,5 +1,6 @@
 """Tenancy over REST: the current tenant's quota and usage, members, quotas, tokens — who may do
 what, what outsiders get (404 and no data), and the audit log of every change."""
+import threading
 from datetime import timedelta
 
 import pytest
@@ -10,6 +11,7 @@ from rest_framework.test import APIClient
 from tenants import quotas
 from tenants.models import ApiToken, AuditEntry, Membership
 from tests.support.builders import client_for, member
+from tests.support.optional import skip_or_fail
 
 pytestmark = pytest.mark.django_db
 
@@ -186,3 +188,41 @@ def test_the_audit_log_names_the_command_that_changed_a_quota():
     call_command("tenant", "create", "team-a", "--gpus", "2")
     entry = AuditEntry.objects.get(target_type="quota")
     assert entry.actor.startswith("command:tenant create") and entry.after["gpus"] == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_admins_demoting_each_other_at_once_leave_one_admin_and_no_error(monkeypatch):
+    from django.db import connection
+
+    from tenants import people
+    if connection.vendor != "postgresql":
+        skip_or_fail("row locks need PostgreSQL (set DATABASE_URL)")
+    alice, bob = member("team-a", "alice", "admin"), member("team-a", "bob", "admin")
+    both_checked = threading.Barrier(2, timeout=2)
+    checked = people._keep_an_admin
+
+    def check_then_wait_for_the_other(leaving):
+        checked(leaving)
+        try:
+            both_checked.wait()  # each then writes what the other's check read
+        except threading.BrokenBarrierError:
+            pass  # the other waits for this change to end
+    monkeypatch.setattr(people, "_keep_an_admin", check_then_wait_for_the_other)
+    outcomes = []
+
+    def demote(target):
+        try:
+            people.change_role(Membership.objects.select_related("tenant", "user").get(pk=target.pk), "researcher")
+            outcomes.append("demoted")
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+        finally:
+            connection.close()
+    threads = [threading.Thread(target=demote, args=(target,)) for target in (alice, bob)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes) == ["PeopleError", "demoted"]
+    assert Membership.objects.filter(tenant=alice.tenant, role="admin").count() == 1
