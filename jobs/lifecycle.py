@@ -32,30 +32,44 @@ class TeardownIncomplete(BackendError):
 
 
 # --- deploy --------------------------------------------------------------------------------------
+DEPLOYING = (Status.PENDING, Status.DOWNLOADING, Status.PROCESSING)
+
+
 def deploy(job_id, attempt):
     """Start the learners of an admitted attempt. Repeating it is harmless (deterministic names)."""
     job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
-    if job is None or job.status not in (Status.PENDING, Status.DOWNLOADING, Status.PROCESSING):
+    if job is None or job.status not in DEPLOYING:
         return
     try:
         spec = deploy_spec(job)
     except runtime.RuntimeUnavailable as exc:
         transition(job.id, Status.FAILED, actor=SYSTEM, reason=f"cannot deploy: {exc}", attempt=attempt)
         return
-    if not transfers.fetch_training_data(job):
+    if not transfers.fetch_training_data(job) or not _still_deploying(job_id, attempt):
         return
+    backend = get_backend()
     try:
-        get_backend().deploy(spec)
+        backend.deploy(spec)
     except BackendError as exc:
         if exc.permanent:
             transition(job.id, Status.FAILED, actor=SYSTEM, reason=f"deploy failed: {exc}", attempt=attempt)
             return
         raise
+    if not _still_deploying(job_id, attempt):
+        # Halted or ended while its learners were being made: that change's teardown may have run
+        # before they existed, and nothing else would delete them.
+        backend.delete(tenant=job.tenant.slug, job_id=job_id, attempt=attempt, learners=job.learners)
+        return
     # The rows only once the backend has the learners: reconcile judges every learner that has a
     # row by what the backend reports, and one whose agent is not started yet would look vanished
     # (lost). Until then reconcile sees no rows and re-drives this deploy, which is harmless.
     for index in range(job.learners):
         Learner.objects.get_or_create(job=job, attempt=attempt, index=index)
+
+
+def _still_deploying(job_id, attempt):
+    """Whether the attempt may still get its learners (a data download may have taken an hour)."""
+    return Job.objects.filter(pk=job_id, attempt=attempt, status__in=DEPLOYING).exists()
 
 
 def deploy_spec(job):

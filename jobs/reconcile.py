@@ -7,6 +7,7 @@ A pass reads what it judges in a fixed number of queries, whatever the number of
 jobs, their current attempts' learners, the open outbox rows); only what it changes costs queries
 per job: a query or two per job made a pass over a large cluster take seconds.
 """
+import logging
 from collections import defaultdict
 
 from django.db import transaction
@@ -17,6 +18,7 @@ from jobs.backends import get_backend
 from jobs.backends.base import LearnerState
 from jobs.models import ACTIVE, FollowUp, Job, Learner, Status
 
+log = logging.getLogger(__name__)
 Kind = FollowUp.Kind
 ENDED = (Learner.State.EXITED, Learner.State.LOST)
 
@@ -25,7 +27,7 @@ def reconcile():
     backend = get_backend()
     jobs = list(Job.objects.select_related("tenant").filter(status__in=ACTIVE))
     learners = _current_learners(jobs)
-    due = [step for job in jobs if (step := _reconcile_job(job, learners[job.id], backend))]
+    due = [step for job in jobs if (step := _reconcile_one(job, learners[job.id], backend))]
     outbox.ensure(due)
     outbox.sweep()
     dispatch.wake_scheduler()
@@ -41,6 +43,16 @@ def _current_learners(jobs):
         if learner.attempt == attempts[learner.job_id]:
             found[learner.job_id][learner.index] = learner
     return found
+
+
+def _reconcile_one(job, learners, backend):
+    """_reconcile_job, with what fails for one job (a backend's answer about it, a record its learner
+    left) logged and left to the next pass: it must not stop the pass for every other job."""
+    try:
+        return _reconcile_job(job, learners, backend)
+    except Exception:
+        log.exception("%s: reconciling it failed; the next pass tries again", job.id)
+        return None
 
 
 def _reconcile_job(job, learners, backend):

@@ -4,6 +4,9 @@ The lifecycle manager speaks only this interface. Names are deterministic (job i
 learner index), so repeating a call after a crash is harmless: deploy skips what already runs,
 delete ignores what is already gone.
 """
+import json
+import os
+import stat
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -11,6 +14,7 @@ from typing import Protocol
 # Capacity is reported in the scheduler's own terms (allocatable totals per node), so the snapshot
 # takes it as it is. gpu_scheduler is pure Python and imports nothing of the project.
 from gpu_scheduler import Node  # noqa: F401 - part of this interface
+from jobs.ingest_records import INT32, MAX_REASON
 
 
 class BackendError(Exception):
@@ -69,6 +73,42 @@ class LearnerStatus:
     state: LearnerState
     exit_code: int | None = None
     reason: str = ""
+
+
+EXIT_RECORD = "exit.json"  # what the agent writes in its learner's folder when the command has ended
+EXIT_RECORD_MAX_BYTES = 64 * 1024
+
+
+def read_exit_record(folder):
+    """The exit record in a learner's folder as {"exit_code": int or None, "reason": str}, or None when
+    there is none or it is not one. The learner may write in that folder (on Kubernetes the agent
+    runs as its user), so what lies there is anyone's: a named pipe (whose read never ends), a link
+    to /dev/zero (endless), an exit code past the column's int32, a NUL or megabytes in the reason.
+    It is opened without following a link or waiting for a writer, read only as a small regular
+    file, and its fields kept only within what ingest takes of the same record."""
+    try:
+        fd = os.open(os.path.join(folder, EXIT_RECORD), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, EXIT_RECORD_MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        record = json.loads(data) if len(data) <= EXIT_RECORD_MAX_BYTES else None
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    code, reason = record.get("exit_code"), record.get("reason")
+    if code is not None and (type(code) is not int or not INT32[0] <= code <= INT32[1]):
+        return None
+    reason = reason.replace("\0", "")[:MAX_REASON] if isinstance(reason, str) else ""
+    return {"exit_code": code, "reason": reason}
 
 
 @dataclass(frozen=True)

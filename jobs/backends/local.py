@@ -23,7 +23,8 @@ from pathlib import Path
 from django.conf import settings
 
 from jobs import dispatch, storage
-from jobs.backends.base import BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node
+from jobs.backends.base import (BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node,
+                                read_exit_record)
 from learner_agent import address, netns, procfs, sandbox, spare, spool, trees
 from learner_agent.agent import agent_argv, clean_environment
 from learner_agent.config import HALT_MARK, ConfigError, parse_config
@@ -202,13 +203,9 @@ class LocalBackend:
     def _learner_status(self, folder, index):
         if _agent_alive(folder) or self._restart_dead_agent(folder):
             return LearnerStatus(index, LearnerState.RUNNING)
-        exit_file = folder / "exit.json"
-        if exit_file.exists():
-            try:
-                outcome = json.loads(exit_file.read_text())
-                return LearnerStatus(index, LearnerState.EXITED, outcome.get("exit_code"), outcome.get("reason", ""))
-            except (OSError, ValueError):
-                pass
+        outcome = read_exit_record(folder)
+        if outcome is not None:
+            return LearnerStatus(index, LearnerState.EXITED, outcome["exit_code"], outcome["reason"])
         config = folder / "agent.json"
         never_started = not (folder / "agent.pid").exists()
         if never_started and config.exists() and time.time() - config.stat().st_mtime < DEPLOY_GRACE_S:

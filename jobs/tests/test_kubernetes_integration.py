@@ -8,6 +8,7 @@ tests/support/k8s_lifecycle.py. What only a real cluster shows (scheduling, the 
 NetworkPolicy enforcement, the agent in a real pod) is listed in docs/kubernetes.md.
 """
 import json
+import os
 import time
 
 import pytest
@@ -209,6 +210,115 @@ def test_terminate_removes_everything_the_attempt_created(cluster, backend, work
     for plural in ("pods", "services", "secrets", "configmaps"):
         assert cluster.names(plural, NS) == [], plural
     assert cluster.names("networkpolicies", NS, group="apis/networking.k8s.io/v1") == ["learners-default-deny"]
+
+
+def two_jobs_running(cluster, worker):
+    """Two tenants' one-learner jobs, deployed and running; [(job, kubelet, agent, namespace, pod)]."""
+    jobs = []
+    for tenant in ("team-a", "team-b"):
+        target = make_job(member(tenant, f"user-{tenant}"), learners=1, gpus=1, cpus=2.0, framework="pytorch",
+                          manifest_yaml=MANIFEST.format(learners=1))
+        folder = storage.create_job_dir(target.tenant.slug, target.id)
+        (folder / "code.tar.gz").write_bytes(tar_gz({"train.py": b"print('hi')\n"}))
+        jobs.append(target)
+    admission.run_cycle()
+    worker.run()
+    running = []
+    for target in jobs:
+        namespace = objects.namespace_name(CONFIG.namespace_prefix, target.tenant.slug)
+        kubelet, pod = Kubelet(cluster), objects.pod_name(target.id, 1, 0)
+        kubelet.schedule(namespace, pod)
+        kubelet.run(namespace, pod)
+        agent = Agent(cluster, target, 0)
+        agent.send(kind="status", state="running")
+        running.append((target, kubelet, agent, namespace, pod))
+    return running
+
+
+def plant_exit_record(target, plant):
+    """What the learner leaves as exit.json in its own folder (writable in its pod)."""
+    plant(storage.learner_dir(target.tenant.slug, target.id, 1, 0) / "exit.json")
+
+
+@pytest.mark.parametrize("plant", [
+    lambda path: os.mkfifo(path),  # a read waits for a writer for ever
+    lambda path: os.symlink("/dev/zero", path),  # a read never ends
+    lambda path: path.write_text(json.dumps({"exit_code": 0, "reason": "x" * 100_000})),  # past 64 KiB
+], ids=["named-pipe", "link-to-dev-zero", "oversized"])
+def test_an_exit_record_that_is_no_small_file_is_passed_over(cluster, backend, worker, plant):
+    [(target, kubelet, _, namespace, pod), _] = two_jobs_running(cluster, worker)
+    plant_exit_record(target, plant)
+    started = time.monotonic()
+    assert backend.status(tenant=target.tenant.slug, job_id=target.id, attempt=1, learners=1)[0].state == "running"
+    kubelet.terminate(namespace, pod, exit_code=3)
+    [ended] = backend.status(tenant=target.tenant.slug, job_id=target.id, attempt=1, learners=1)
+    assert time.monotonic() - started < 5
+    assert (ended.exit_code, ended.reason) == (3, "learner agent ended without an exit record (Completed)")
+
+
+@pytest.mark.parametrize("record", [{"exit_code": 2**31}, {"exit_code": "0; drop"}, {"exit_code": [1]},
+                                    {"exit_code": True}, [1]])
+def test_a_hostile_exit_record_costs_its_own_job_only(cluster, backend, worker, record):
+    (hostile, kubelet_h, _, namespace_h, pod_h), (other, kubelet_o, agent_o, namespace_o, pod_o) = \
+        two_jobs_running(cluster, worker)
+    plant_exit_record(hostile, lambda path: path.write_text(json.dumps(record)))
+    kubelet_h.terminate(namespace_h, pod_h, exit_code=0)
+    agent_o.write_exit_record(0)  # the other learner ended too; its report was lost
+    kubelet_o.terminate(namespace_o, pod_o, exit_code=0)
+    reconcile.reconcile()
+    worker.run()
+    assert status_of(other) == Status.COMPLETED
+    assert Learner.objects.get(job=hostile).exit_code == 0  # the pod's own exit code, not the record's
+
+
+def test_an_exit_reason_is_kept_within_what_ingest_takes(cluster, backend, worker):
+    [(target, kubelet, _, namespace, pod), _] = two_jobs_running(cluster, worker)
+    plant_exit_record(target, lambda path: path.write_text(json.dumps({"exit_code": 3, "reason": "a\u0000" + "R" * 9000})))
+    kubelet.terminate(namespace, pod, exit_code=0)
+    reconcile.reconcile()
+    worker.run()
+    learner = Learner.objects.get(job=target)
+    assert learner.exit_code == 3 and learner.reason == "a" + "R" * 1999
+
+
+def test_a_failing_job_does_not_stop_the_reconcile_pass_for_the_others(cluster, backend, worker, monkeypatch):
+    (broken, *_), (other, kubelet, agent, namespace, pod) = two_jobs_running(cluster, worker)
+    agent.write_exit_record(0)
+    kubelet.terminate(namespace, pod, exit_code=0)
+    status = backend.status
+
+    def failing_for_one(*, job_id, **where):
+        if job_id == broken.id:
+            raise RuntimeError("an answer about this job that nothing expected")
+        return status(job_id=job_id, **where)
+    monkeypatch.setattr(backend, "status", failing_for_one)
+    reconcile.reconcile()
+    worker.run()
+    assert status_of(other) == Status.COMPLETED and status_of(broken) == Status.PROCESSING
+
+
+@pytest.mark.parametrize("when", ["during-the-download", "while-the-pods-are-made"])
+def test_a_job_terminated_while_it_deploys_leaves_nothing_behind(cluster, backend, worker, monkeypatch, when):
+    target = submitted(learners=2)
+    admission.run_cycle()
+
+    def terminate_now():
+        lifecycle.terminate(Job.objects.get(pk=target.id), actor="alice")
+        worker.run()  # another worker runs the teardown meanwhile: nothing of the attempt exists yet
+    if when == "during-the-download":
+        monkeypatch.setattr(lifecycle.transfers, "fetch_training_data", lambda job: terminate_now() or True)
+    else:
+        create = backend._create_or_skip
+
+        def terminated_before_the_first_pod(obj):
+            if obj["kind"] == "Pod" and status_of(target) != Status.TERMINATED:
+                terminate_now()
+            return create(obj)
+        monkeypatch.setattr(backend, "_create_or_skip", terminated_before_the_first_pod)
+    worker.run()  # the deploy
+    assert status_of(target) == Status.TERMINATED
+    for plural in ("pods", "services", "secrets", "configmaps"):
+        assert cluster.names(plural, NS) == [], plural
 
 
 # --- the backend on its own ----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from urllib.parse import urlparse, urlunparse
 
 from gpu_scheduler import SchedulingInputError
 from jobs import storage
-from jobs.backends.base import BackendError, Capacity, DeploySpec, Node
+from jobs.backends.base import BackendError, Capacity, DeploySpec, Node, read_exit_record
 from jobs.backends.k8s import objects
 from jobs.backends.k8s.api import AlreadyExists, KubeApi, KubeError, NotFound, parse_quantity
 from jobs.backends.k8s.objects import ObjectError
@@ -303,12 +303,7 @@ class KubernetesBackend:
                 if (pod.get("metadata") or {}).get("namespace", namespace) == namespace}
 
     def _exit_record(self, tenant, job_id, attempt, index):
-        path = storage.learner_dir(tenant, job_id, attempt, index) / "exit.json"
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        return record if isinstance(record, dict) else None
+        return read_exit_record(storage.learner_dir(tenant, job_id, attempt, index))
 
     def logs(self, *, tenant, job_id, attempt, index):
         """The agent's own log: what it did, not the learner's output (that arrives through ingest)."""
