@@ -181,20 +181,30 @@ def _policies(tenant_ids):
     for tenant in Tenant.objects.filter(pk__in=tenant_ids):
         gpu_s, cpu_s = recent.get(tenant.pk, (0.0, 0.0))
         service = {"recent_gpu_s": gpu_s, "recent_cpu_s": cpu_s}
-        quota = quotas.quota_of(tenant)
-        if quota is None:
-            policies[tenant.pk] = scheduler.TenantPolicy(tenant.slug, **service)
-            continue
-        budget, reason = quotas.budget_state(quota, quotas.usage_of(tenant, now, quota))
-        limited = any(v is not None for v in (quota.gpus, quota.cpus, quota.memory_bytes))
-        nominal = scheduler.Resources(
-            gpus=NO_LIMIT_GPUS if quota.gpus is None else quota.gpus,
-            cpus=float("inf") if quota.cpus is None else quota.cpus,
-            memory_bytes=NO_LIMIT_BYTES if quota.memory_bytes is None else quota.memory_bytes) if limited else None
-        policies[tenant.pk] = scheduler.TenantPolicy(
-            tenant.slug, quota=nominal, max_jobs=quota.jobs, max_gpus_per_user=quota.gpus_per_user,
-            can_borrow=quota.can_borrow, budget=budget, budget_reason=reason, **service)
+        try:
+            policies[tenant.pk] = _tenant_policy(tenant, quotas.quota_of(tenant), now, service)
+        except scheduler.SchedulingInputError as exc:
+            # A quota the scheduler cannot take (written past the model's checks) holds back its
+            # own tenant's jobs, with the reason, never the cycle that admits every tenant's.
+            log.error("tenant %s: its quota cannot be used: %s", tenant.slug, exc)
+            policies[tenant.pk] = scheduler.TenantPolicy(
+                tenant.slug, budget="hard_exceeded",
+                budget_reason=f"the tenant's quota cannot be used ({exc}); a platform admin must correct it", **service)
     return policies
+
+
+def _tenant_policy(tenant, quota, now, service):
+    if quota is None:
+        return scheduler.TenantPolicy(tenant.slug, **service)
+    budget, reason = quotas.budget_state(quota, quotas.usage_of(tenant, now, quota))
+    limited = any(v is not None for v in (quota.gpus, quota.cpus, quota.memory_bytes))
+    nominal = scheduler.Resources(
+        gpus=NO_LIMIT_GPUS if quota.gpus is None else quota.gpus,
+        cpus=float("inf") if quota.cpus is None else quota.cpus,
+        memory_bytes=NO_LIMIT_BYTES if quota.memory_bytes is None else quota.memory_bytes) if limited else None
+    return scheduler.TenantPolicy(
+        tenant.slug, quota=nominal, max_jobs=quota.jobs, max_gpus_per_user=quota.gpus_per_user,
+        can_borrow=quota.can_borrow, budget=budget, budget_reason=reason, **service)
 
 
 def _workload(job, tenants, attained):

@@ -3,6 +3,7 @@ import hashlib
 import secrets
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -134,6 +135,10 @@ class SsoIdentity(models.Model):
         return f"{self.user} ({self.subject} at {self.issuer})"
 
 
+# A limit below zero means nothing a limit could; the scheduler refuses one (gpu_scheduler.model).
+NOT_NEGATIVE = [MinValueValidator(0)]
+
+
 class Quota(models.Model):
     """What a tenant may hold at once and consume per period. An empty field means no limit.
 
@@ -162,17 +167,17 @@ class Quota(models.Model):
 
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
     gpus = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs in use at once")
-    cpus = models.FloatField(null=True, blank=True, help_text="CPUs in use at once")
-    memory_bytes = models.BigIntegerField(null=True, blank=True, help_text="memory in use at once (bytes)")
+    cpus = models.FloatField(null=True, blank=True, validators=NOT_NEGATIVE, help_text="CPUs in use at once")
+    memory_bytes = models.BigIntegerField(null=True, blank=True, validators=NOT_NEGATIVE, help_text="memory in use at once (bytes)")
     jobs = models.PositiveIntegerField(null=True, blank=True, help_text="jobs running at once")
     gpus_per_user = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs one member may hold at once")
-    gpu_hours = models.FloatField(null=True, blank=True, help_text="GPU-hours per period")
-    cpu_hours = models.FloatField(null=True, blank=True, help_text="CPU-hours per period")
+    gpu_hours = models.FloatField(null=True, blank=True, validators=NOT_NEGATIVE, help_text="GPU-hours per period")
+    cpu_hours = models.FloatField(null=True, blank=True, validators=NOT_NEGATIVE, help_text="CPU-hours per period")
     # Disk (jobs.disk): what the tenant's jobs keep stored (results, checkpoints, logs) and the
     # largest cap one job may have on any of its folders or its log.
-    storage_bytes = models.BigIntegerField(null=True, blank=True,
+    storage_bytes = models.BigIntegerField(null=True, blank=True, validators=NOT_NEGATIVE,
                                            help_text="stored results, checkpoints and logs of all its jobs (bytes)")
-    disk_per_job_bytes = models.BigIntegerField(null=True, blank=True,
+    disk_per_job_bytes = models.BigIntegerField(null=True, blank=True, validators=NOT_NEGATIVE,
                                                 help_text="largest disk cap a job may have per folder or log (bytes)")
     period = models.CharField(max_length=10, choices=Period.choices, default=Period.MONTH)
     budget_mode = models.CharField(max_length=10, choices=BudgetMode.choices, default=BudgetMode.HARD)

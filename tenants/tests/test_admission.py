@@ -5,6 +5,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -13,7 +14,7 @@ from gpu_scheduler.reasons import position_prefix, split_position
 from jobs import admission, submission
 from jobs.models import Job, Status
 from tenants import quotas
-from tenants.models import UsageRecord
+from tenants.models import Quota, UsageRecord
 from tests.support.builders import WAKE_SCHEDULER, client_for, job, member, open_follow_ups, tar_gz, upload
 from tests.support.optional import skip_or_fail
 
@@ -39,6 +40,27 @@ def test_a_job_over_the_tenant_gpu_quota_waits_with_the_reason(cluster, sent):
     assert statuses(first, second) == [Status.PENDING, Status.QUEUED]
     assert "tenant GPU quota 2/2 in use" in reason(second)
     assert ("deploy", 1) in open_follow_ups(first)  # the outbox row, written with the admission
+
+
+def test_a_quota_the_scheduler_cannot_take_holds_back_its_own_tenant_only(cluster, sent):
+    # Written past the model's checks (the database directly): a negative limit.
+    cluster(gpus=8)
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    quotas.set_quota(alice.tenant, cpus=4)
+    Quota.objects.filter(tenant=alice.tenant).update(cpus=-1)
+    theirs, ours = job(alice, gpus=1), job(bob, gpus=1)
+    admission.run_cycle()
+    assert statuses(theirs, ours) == [Status.QUEUED, Status.PENDING]
+    assert "the tenant's quota cannot be used" in reason(theirs)
+
+
+@pytest.mark.parametrize("field", ["cpus", "memory_bytes", "gpu_hours", "cpu_hours", "storage_bytes",
+                                   "disk_per_job_bytes"])
+def test_a_negative_limit_is_refused_where_a_quota_is_set(field):
+    alice = member()
+    with pytest.raises(ValidationError) as refused:
+        quotas.set_quota(alice.tenant, **{field: -1})
+    assert field in refused.value.message_dict
 
 
 def test_concurrent_jobs_and_per_user_caps(cluster, sent):

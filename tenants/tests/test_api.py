@@ -48,8 +48,9 @@ def test_only_platform_admins_change_quotas(platform_admin, django_capture_on_co
 
 def test_a_quota_must_be_sane(platform_admin):
     member("team-a", "alice")
-    response = client_for(platform_admin).patch("/api/v1/tenants/team-a/quota/", {"gpus": -1}, format="json")
-    assert response.status_code == 400 and "gpus" in response.json()
+    for field in ("gpus", "cpus", "memory_bytes", "gpu_hours", "storage_bytes"):
+        response = client_for(platform_admin).patch("/api/v1/tenants/team-a/quota/", {field: -1}, format="json")
+        assert response.status_code == 400 and field in response.json(), field
 
 
 def test_another_tenants_quota_is_not_found():
