@@ -34,6 +34,7 @@ METRIC_EXTRACTORS = ("regex_extractor", "tensorboard")
 MAX_LEARNERS = 64
 MAX_GPUS = 64  # per learner
 MAX_CPUS = 1024  # per learner
+MIN_CPUS = 0.001  # a millicore, the least a Kubernetes CPU request or limit can say (less reads as none)
 MIN_MEMORY_BYTES = 10**6  # 1MB
 MAX_MEMORY_BYTES = 16 * 2**40  # 16384GiB per learner: more than any node has
 MAX_MANIFEST_BYTES = 64 * 1024
@@ -335,7 +336,7 @@ def _cpus(value, handler):
     try:
         return handler(value)
     except ValidationError:
-        raise Broken(f"{shown(value)} is not a number of CPUs above 0 and at most {MAX_CPUS} "
+        raise Broken(f"{shown(value)} is not a number of CPUs from {MIN_CPUS:g} to {MAX_CPUS} "
                       "(e.g. 2 or 0.5)") from None
 
 
@@ -367,7 +368,7 @@ def Size(low, high, what="size"):  # noqa: N802
 _SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*(" + "|".join(units.MEMORY_UNITS) + r")\s*$"
 Text = Annotated[str, PlainValidator(_text), WithJsonSchema({"type": ["string", "number", "null"]})]
 RequiredText = Annotated[str, PlainValidator(_required_text), WithJsonSchema({"type": ["string", "number"]})]
-CPUs = Annotated[float, Field(gt=0, le=MAX_CPUS, strict=True, allow_inf_nan=False), WrapValidator(_cpus)]
+CPUs = Annotated[float, Field(ge=MIN_CPUS, le=MAX_CPUS, strict=True, allow_inf_nan=False), WrapValidator(_cpus)]
 # A key FfDL defined that Trainyard accepts and ignores; `trainyard validate` notes each one given.
 Ignored = Annotated[Any, Field(default=None, description="FfDL's; accepted and ignored")]
 
