@@ -9,17 +9,21 @@ per job: a query or two per job made a pass over a large cluster take seconds.
 """
 import logging
 from collections import defaultdict
+from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import dispatch, lifecycle, outbox
+from jobs import dispatch, lifecycle, outbox, runtime
 from jobs.backends import get_backend
 from jobs.backends.base import LearnerState
 from jobs.models import ACTIVE, FollowUp, Job, Learner, Status
 
 log = logging.getLogger(__name__)
 Kind = FollowUp.Kind
+# Past a halt's grace (the learner's checkpoint) and the agent's own shutdown, how long before what
+# still runs is deleted.
+HALT_SLACK_S = 120
 ENDED = (Learner.State.EXITED, Learner.State.LOST)
 
 
@@ -59,7 +63,9 @@ def _reconcile_job(job, learners, backend):
     """The follow-up (job id, attempt, kind) this job waits for, if any; settles its learners."""
     if job.status == Status.STORING:
         return job.id, job.attempt, Kind.FINISH
-    if learners:
+    if job.status == Status.HALTING and learners and _halt_overdue(job):
+        _end_overdue_halt(job, learners, backend)
+    elif learners:
         _settle_learners(job, learners, backend.status(tenant=job.tenant.slug, job_id=job.id,
                                                        attempt=job.attempt, learners=job.learners))
     # What this pass read or settled; a learner's own report ending it meanwhile adds the finish itself.
@@ -71,6 +77,29 @@ def _reconcile_job(job, learners, backend):
         # Repeated while learners run: it reaches an agent that started after the first halt.
         return job.id, job.attempt, Kind.HALT if learners else Kind.FINISH
     return None
+
+
+def _halt_overdue(job):
+    """Whether the job's learners have had their halt grace, and the agent its own shutdown, since
+    the halt began, with HALT_SLACK_S besides."""
+    began = (job.events.filter(to_status=Status.HALTING, attempt=job.attempt)
+             .order_by("-time").values_list("time", flat=True).first())
+    allowed = timedelta(seconds=runtime.of(job).grace_seconds + HALT_SLACK_S)
+    return began is not None and timezone.now() - began > allowed
+
+
+def _end_overdue_halt(job, learners, backend):
+    """Delete what still runs of a halt that did not end by itself, and count those learners lost:
+    the agent in a pod runs on the job's own image and may ignore the halt, and the job's GPUs
+    would then be held for ever (a preemption never done). The last checkpoint is what resumes."""
+    backend.delete(tenant=job.tenant.slug, job_id=job.id, attempt=job.attempt, learners=job.learners)
+    for learner in learners.values():
+        if learner.state in ENDED:
+            continue
+        with transaction.atomic():
+            lifecycle.learner_exited(job, learner, exit_code=None, state=Learner.State.LOST, when=timezone.now(),
+                                     reason="did not stop within its halt grace; it was deleted")
+        learner.state = Learner.State.LOST
 
 
 def _settle_learners(job, learners, statuses):

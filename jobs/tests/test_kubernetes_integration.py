@@ -10,9 +10,11 @@ NetworkPolicy enforcement, the agent in a real pod) is listed in docs/kubernetes
 import json
 import os
 import time
+from datetime import timedelta
 
 import pytest
 import yaml
+from django.utils import timezone
 
 from jobs import admission, lifecycle, reconcile, storage
 from jobs.backends.base import BackendError
@@ -149,6 +151,26 @@ def test_halt_checkpoints_then_the_pods_are_deleted(cluster, backend, worker):
     assert cluster.names("pods", NS) == []
     assert cluster.names("configmaps", NS) == [] and cluster.names("secrets", NS) == []
     assert cluster.names("services", NS) == []
+
+
+def test_a_halt_the_learners_ignore_is_ended_by_deleting_them_once_its_grace_is_over(cluster, backend, worker):
+    # The agent runs on the job's own image, which may do nothing when asked to halt.
+    target = submitted(learners=2)
+    deployed(cluster, target, worker, learners=2)
+    lifecycle.halt(Job.objects.get(pk=target.id), actor="alice")
+    worker.run()  # halt_learners: the annotation, which nothing reads
+    reconcile.reconcile()
+    worker.run()
+    assert status_of(target) == Status.HALTING and len(cluster.names("pods", NS)) == 2  # within its grace
+    grace = 30 + reconcile.HALT_SLACK_S  # the manifest's grace_seconds, and the slack
+    Job.objects.get(pk=target.id).events.filter(to_status=Status.HALTING).update(
+        time=timezone.now() - timedelta(seconds=grace + 1))
+    reconcile.reconcile()
+    worker.run()
+    assert cluster.names("pods", NS) == []
+    assert status_of(target) == Status.HALTED
+    assert set(Learner.objects.filter(job=target).values_list("state", "reason")) == {
+        ("lost", "did not stop within its halt grace; it was deleted")}
 
 
 def test_a_restarted_worker_reconciles_from_a_fresh_list(cluster, backend, worker, monkeypatch):
