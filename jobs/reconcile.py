@@ -21,7 +21,7 @@ from jobs.models import ACTIVE, FollowUp, Job, Learner, Status
 
 log = logging.getLogger(__name__)
 Kind = FollowUp.Kind
-# Past a halt's grace (the learner's checkpoint) and the agent's own shutdown, how long before what
+# Past a halt's grace (the learner's checkpoint), how long (the agent's own shutdown included) before what
 # still runs is deleted.
 HALT_SLACK_S = 120
 ENDED = (Learner.State.EXITED, Learner.State.LOST)
@@ -80,8 +80,7 @@ def _reconcile_job(job, learners, backend):
 
 
 def _halt_overdue(job):
-    """Whether the job's learners have had their halt grace, and the agent its own shutdown, since
-    the halt began, with HALT_SLACK_S besides."""
+    """Whether the halt began more than the learners' grace and HALT_SLACK_S ago."""
     began = (job.events.filter(to_status=Status.HALTING, attempt=job.attempt)
              .order_by("-time").values_list("time", flat=True).first())
     allowed = timedelta(seconds=runtime.of(job).grace_seconds + HALT_SLACK_S)
