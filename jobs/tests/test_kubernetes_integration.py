@@ -295,7 +295,8 @@ def test_a_hostile_exit_record_costs_its_own_job_only(cluster, backend, worker, 
 
 def test_an_exit_reason_is_kept_within_what_ingest_takes(cluster, backend, worker):
     [(target, kubelet, _, namespace, pod), _] = two_jobs_running(cluster, worker)
-    plant_exit_record(target, lambda path: path.write_text(json.dumps({"exit_code": 3, "reason": "a\u0000" + "R" * 9000})))
+    record = {"exit_code": 3, "reason": "a\u0000" + "R" * 9000}
+    plant_exit_record(target, lambda path: path.write_text(json.dumps(record)))
     kubelet.terminate(namespace, pod, exit_code=0)
     reconcile.reconcile()
     worker.run()

@@ -114,6 +114,20 @@ def test_the_scheduling_loop_runs_a_leader_and_a_standby(overlay):
         assert "scheduler" in allowed["podSelector"]["matchExpressions"][0]["values"]  # it reaches PostgreSQL and Redis
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_web_server_may_only_read_nodes(overlay):
+    """The process that faces the users carries no account that could make or delete pods anywhere."""
+    objects = render(overlay)
+    pod = by_kind(objects, "Deployment")["trainyard-web"]["spec"]["template"]["spec"]
+    account = pod["serviceAccountName"]
+    bindings = [b for b in [*by_kind(objects, "ClusterRoleBinding").values(), *by_kind(objects, "RoleBinding").values()]
+                if any(s["kind"] == "ServiceAccount" and s["name"] == account for s in b["subjects"])]
+    roles = by_kind(objects, "ClusterRole")
+    rules = [rule for binding in bindings for rule in roles[binding["roleRef"]["name"]]["rules"]]
+    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    assert env_of(pod["containers"][0])["TRAINYARD_K8S_WATCH"]["value"] == "false"  # no pod cache to feed
+
+
 def test_the_web_reads_the_metrics_token_from_the_secret():
     for overlay in OVERLAYS:
         token = env_of(containers(render(overlay))["trainyard-web"])["TRAINYARD_METRICS_TOKEN"]
