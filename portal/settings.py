@@ -304,6 +304,7 @@ OIDC_USE_NONCE = True
 OIDC_AUTHENTICATION_CALLBACK_URL = "sso-callback"
 
 AUTHENTICATION_BACKENDS = [
+INVITATION_DAYS = env.number("TRAINYARD_INVITATION_DAYS", 14.0, minimum=1.0)  # how long one waits to be accepted
     # django-axes's lockout first: a locked username+address is refused before its password is checked.
     *(["tenants.throttling.LoginLockout", "tenants.throttling.LocalPasswordBackend"] if LOCAL_LOGIN else []),
     "tenants.sso.SsoBackend",  # does nothing unless single sign-on is configured

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class TenantsConfig(AppConfig):
@@ -11,3 +12,4 @@ class TenantsConfig(AppConfig):
         from tenants.models import Membership
         # Leaving a tenant (however it happens) takes back its shared jobs and pending invitations.
         post_delete.connect(people.on_membership_deleted, sender=Membership, dispatch_uid="tenants.left")
+        post_delete.connect(people.on_user_deleted, sender=settings.AUTH_USER_MODEL, dispatch_uid="tenants.user-gone")

@@ -12,6 +12,9 @@ from django.db.models.signals import post_delete, post_save, pre_save
 from tenants.models import ApiToken, AuditEntry, GroupMapping, Invitation, Membership, Quota
 
 _actor = contextvars.ContextVar("trainyard_audit_actor", default="system")
+# The names the platform itself acts under, in the audit log and in jobs' events (jobs.admission,
+# jobs.lifecycle, jobs.autoscaler, jobs.idle): no account made on a first sign-in takes one of them.
+PLATFORM_ACTORS = frozenset({"system", "anonymous", "scheduler", "lifecycle-manager", "autoscaler", "idle-gpu-policy"})
 _reason = contextvars.ContextVar("trainyard_audit_reason", default=None)
 
 

@@ -5,7 +5,9 @@ whether a username exists; roles are the three of Membership; a tenant always ke
 leaving a tenant takes away what was shared in it; a token has a name. Every change here is
 audited (tenants.audit) by the models' signals."""
 import unicodedata
+from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -35,7 +37,8 @@ def invite(tenant, username, role=Membership.Role.RESEARCHER, *, invited_by):
         # Already visible in the tenant's member list, so saying so reveals nothing new.
         raise PeopleError(f"{username} is already a member of {tenant.slug}", field="username", status=409)
     invitation, _ = Invitation.objects.update_or_create(
-        tenant=tenant, username=username, defaults={"role": role, "invited_by": str(invited_by)})
+        tenant=tenant, username=username,
+        defaults={"role": role, "invited_by": str(invited_by), "created_at": timezone.now()})
     return invitation
 
 
@@ -46,14 +49,21 @@ def invited_answer(invitation):
 
 
 def invitations_for(user):
-    """The invitations waiting for `user`, oldest first."""
-    return Invitation.objects.filter(username=user.get_username()).select_related("tenant").order_by("created_at", "pk")
+    """The invitations waiting for `user`, oldest first (those not expired)."""
+    return (Invitation.objects.filter(username=user.get_username(), created_at__gt=_oldest_valid())
+            .select_related("tenant").order_by("created_at", "pk"))
+
+
+def _oldest_valid():
+    # An invitation names a username only: one left waiting could be taken by whoever holds that
+    # name later (an account made again, a first sign-in through the provider).
+    return timezone.now() - timedelta(days=settings.INVITATION_DAYS)
 
 
 def accept(invitation, user):
     """`user` accepts an invitation addressed to them: they join with its role."""
-    if invitation.username != user.get_username() or not user.is_active:
-        raise PeopleError("this invitation is not yours", status=404)
+    if invitation.username != user.get_username() or not user.is_active or invitation.created_at <= _oldest_valid():
+        raise PeopleError("this invitation is not yours, or it has expired", status=404)
     with transaction.atomic():
         member, _ = Membership.objects.get_or_create(tenant=invitation.tenant, user=user,
                                                      defaults={"role": invitation.role})
@@ -99,6 +109,7 @@ def change_role(member, role):
     with transaction.atomic():
         if role != Membership.Role.ADMIN:
             _keep_an_admin(member)
+            _withdraw_invitations_by(member)
         member.role = role
         member.save()
     return member
@@ -108,7 +119,21 @@ def remove_member(member):
     """Take a member out of the tenant; what they were given in it goes too (on_membership_deleted)."""
     with transaction.atomic():
         _keep_an_admin(member)
+        _withdraw_invitations_by(member)
         member.delete()
+
+
+def _withdraw_invitations_by(member):
+    """An admin who leaves the tenant or the role takes back the invitations they sent that wait:
+    one to an account of their own would otherwise bring them back in."""
+    if member.role == Membership.Role.ADMIN:
+        Invitation.objects.filter(tenant_id=member.tenant_id, invited_by=member.user.get_username()).delete()
+
+
+def on_user_deleted(sender, instance, **kwargs):
+    """post_delete of a user: the invitations addressed to their username go (a later account of that
+    name is someone else)."""
+    Invitation.objects.filter(username=instance.get_username()).delete()
 
 
 def on_membership_deleted(sender, instance, **kwargs):

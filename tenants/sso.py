@@ -158,7 +158,7 @@ def _free_username(claims):
             or claims["sub"])[:140]
     base = slugify(base) or "user"
     name, n = base, 1
-    while User.objects.filter(username=name).exists():
+    while name in audit.PLATFORM_ACTORS or User.objects.filter(username=name).exists():
         n += 1
         name = f"{base}-{n}"
     return name

@@ -1,10 +1,12 @@
 """Nobody joins a tenant without consent: tenant admins invite, the invited user accepts; inviting
 never tells whether a username exists; a user's requests without a tenant header act in the tenant
 they chose or joined first; leaving a tenant takes back what was shared in it."""
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from jobs import sharing
 from tenants import people
@@ -157,3 +159,40 @@ def test_an_invitation_needs_a_username_and_a_role():
     assert invite(admin, " ").json()["field"] == "username"
     assert invite(admin, "bob", role="owner").json()["field"] == "role"
     assert invite(admin, "ada").status_code == 409  # already a member: visible in the member list anyway
+
+
+def test_an_invitation_expires_and_inviting_again_renews_it(settings):
+    admin = member("team-a", "ada", role="admin")
+    bob = get_user_model().objects.create_user("bob")
+    invite(admin, "bob")
+    [waiting] = client_for(bob).get("/api/v1/invitations/").json()["results"]
+    Invitation.objects.update(created_at=timezone.now() - timedelta(days=settings.INVITATION_DAYS, seconds=1))
+    assert client_for(bob).get("/api/v1/invitations/").json()["results"] == []
+    assert client_for(bob).post(f"/api/v1/invitations/{waiting['id']}/accept/").status_code == 404
+    assert not Membership.objects.filter(user=bob).exists()
+    invite(admin, "bob")
+    assert client_for(bob).post(f"/api/v1/invitations/{waiting['id']}/accept/").status_code == 200
+
+
+@pytest.mark.parametrize("how", ["removed", "demoted"])
+def test_an_admin_who_leaves_takes_back_the_invitations_they_sent(how):
+    # Mallory invites an account of her own as admin, then is taken out: it must not bring her back.
+    member("team-a", "ada", role="admin")
+    mallory = member("team-a", "mallory", role="admin")
+    get_user_model().objects.create_user("mallory2")
+    invite(mallory, "mallory2", role="admin")
+    invite(mallory, "carol")
+    if how == "removed":
+        people.remove_member(mallory)
+    else:
+        people.change_role(mallory, "researcher")
+    assert not Invitation.objects.filter(tenant=mallory.tenant).exists()
+
+
+def test_deleting_an_account_withdraws_the_invitations_to_its_name():
+    admin = member("team-a", "ada", role="admin")
+    get_user_model().objects.create_user("bob")
+    invite(admin, "bob", role="admin")
+    get_user_model().objects.get(username="bob").delete()
+    newcomer = get_user_model().objects.create_user("bob")  # someone else, later
+    assert client_for(newcomer).get("/api/v1/invitations/").json()["results"] == []

@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from tenants import sso
+from tenants import audit, sso
 from tenants.models import ApiToken, AuditEntry, GroupMapping, Invitation, Membership, SsoIdentity, Tenant
 from tests.support import oidc
 from tests.support.builders import job, member
@@ -488,3 +488,14 @@ def test_websockets_follow_the_provider_like_the_pages(idp, client, settings):
     assert client.get("/api/v1/tenants/current/").status_code == 401  # the session ended for the pages too
     assert socket_session(f"/ws/jobs/{target.id}/?token={key}")[0] == 4401
     assert not Membership.objects.filter(tenant__slug="vision", user__username__in=["carol", "dave"]).exists()
+
+
+@pytest.mark.parametrize("name", ["system", "anonymous", "Scheduler", "lifecycle-manager"])
+def test_a_first_sign_in_never_takes_a_name_the_platform_acts_under(name):
+    # The audit log and jobs' events name who acted: an account called "system" would pass for the platform.
+    assert sso._free_username({"preferred_username": name, "sub": "x"}) == f"{name.lower()}-2"
+
+
+def test_every_name_the_platform_acts_under_is_kept_from_first_sign_ins():
+    from jobs import admission, autoscaler, idle, lifecycle
+    assert {admission.ACTOR, autoscaler.ACTOR, idle.ACTOR, lifecycle.SYSTEM, lifecycle.PREEMPTOR} <= audit.PLATFORM_ACTORS
