@@ -157,6 +157,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
     exclude = ["key_hash"]
     readonly_fields = ["prefix", "created_at", "last_used_at"]
 
+    def has_add_permission(self, request):
+        # A key is shown once, to the person it is made for (their Account page, the API); one made
+        # here would have no key anyone saw, and no hash to match.
+        return False
+
 
 @admin.register(Invitation)
 class InvitationAdmin(admin.ModelAdmin):

@@ -64,3 +64,9 @@ def test_the_admin_console_never_shows_a_persons_refresh_token(admin_client):
                                           subject="carol", refresh_token="rt-secret-0123456789")
     page = admin_client.get(f"/admin/tenants/ssoidentity/{identity.pk}/change/")
     assert page.status_code == 200 and "rt-secret-0123456789" not in page.content.decode()
+
+
+def test_tokens_are_not_made_in_the_admin_console(admin_client):
+    # One made there had an empty key hash: no key anyone saw, and a 500 at the second.
+    assert admin_client.get("/admin/tenants/apitoken/add/").status_code == 403
+    assert admin_client.post("/admin/tenants/apitoken/add/", {"name": "x"}).status_code == 403
