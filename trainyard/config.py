@@ -37,17 +37,31 @@ def read_saved_config(path):
 
 def load_config(environ=None, *, url=None, token=None, tenant=None):
     """Explicit arguments win, then environment variables, then what `trainyard login` saved, one
-    setting at a time."""
+    setting at a time; but the saved token goes only to the platform it was saved for: with another
+    URL (a TRAINYARD_URL set for a project, say) the token must be given as well."""
     environ = os.environ if environ is None else environ
     saved = read_saved_config(config_path(environ))
     url = url or environ.get("TRAINYARD_URL") or saved.get("url") or ""
-    token = token or environ.get("TRAINYARD_TOKEN") or saved.get("token") or ""
-    tenant = tenant or environ.get("TRAINYARD_TENANT") or saved.get("tenant") or ""
     if not url:
         raise ConfigError(f"no Trainyard URL configured: {CONFIGURE_HINT}")
+    url = normalize_url(url)
+    token = token or environ.get("TRAINYARD_TOKEN") or ""
+    if not token and saved.get("token"):
+        if _saved_url(saved) != url:
+            raise ConfigError(f"the token `trainyard login` saved is for {saved.get('url')}, not {url}: set "
+                              "TRAINYARD_TOKEN for this one, or run `trainyard login` for it")
+        token = saved["token"]
+    tenant = tenant or environ.get("TRAINYARD_TENANT") or saved.get("tenant") or ""
     if not token:
         raise ConfigError(f"no API token configured: {CONFIGURE_HINT}")
-    return Config(url=normalize_url(url), token=token, tenant=tenant)
+    return Config(url=url, token=token, tenant=tenant)
+
+
+def _saved_url(saved):
+    try:
+        return normalize_url(str(saved.get("url") or ""))
+    except ConfigError:
+        return None
 
 
 def normalize_url(url):

@@ -206,11 +206,21 @@ def test_login_saves_a_private_config_that_later_commands_use(tmp_path, capsys):
 
 def test_environment_variables_win_over_the_saved_config_one_by_one(monkeypatch):
     assert run("login", "--url", "http://saved.test", "--token", "saved-token", "--no-verify") == 0
-    monkeypatch.setenv("TRAINYARD_URL", "http://env.test")
+    monkeypatch.setenv("TRAINYARD_URL", "http://saved.test/api/v1/")  # the same platform, written otherwise
     monkeypatch.setenv("TRAINYARD_TENANT", "team-b")
-    assert config.load_config() == config.Config("http://env.test", "saved-token", "team-b")
+    assert config.load_config() == config.Config("http://saved.test", "saved-token", "team-b")
+    monkeypatch.setenv("TRAINYARD_URL", "http://env.test")
     monkeypatch.setenv("TRAINYARD_TOKEN", "env-token")
-    assert config.load_config().token == "env-token"
+    assert config.load_config() == config.Config("http://env.test", "env-token", "team-b")
+
+
+def test_the_saved_token_goes_only_to_the_platform_it_was_saved_for(monkeypatch, capsys):
+    # A TRAINYARD_URL set for another platform (a project's, a staging one) must not receive it.
+    assert run("login", "--url", "http://prod.test", "--token", "prod-token", "--no-verify") == 0
+    monkeypatch.setenv("TRAINYARD_URL", "http://elsewhere.test")
+    with pytest.raises(TrainyardError, match="saved is for http://prod.test, not http://elsewhere.test"):
+        config.load_config()
+    assert run("list") == 2 and "set TRAINYARD_TOKEN" in capsys.readouterr().err
 
 
 def test_xdg_config_home_moves_the_config(tmp_path, monkeypatch):
