@@ -206,8 +206,15 @@ class Client:
                 time.sleep(POLL_SECONDS)
 
     def metrics(self, job_id, *, name=None):
-        """The job's metric points ({name, step, value, time, learner}), optionally of one metric."""
-        return self.get(_job_path(job_id) + "metrics/", name=name).get("results") or []
+        """The job's metric points ({name, step, value, time, learner}), optionally of one metric: every
+        page of them (the platform answers a page at a time)."""
+        points, after = [], 0
+        while True:
+            page = self.get(_job_path(job_id) + "metrics/", name=name, after=after or None)
+            points += page.get("results") or []
+            if not page.get("more") or page.get("next_after", after) == after:
+                return points
+            after = page["next_after"]
 
     def compare(self, job_ids):
         """Several jobs side by side (2 to 8 ids): {jobs, rows (what differs: {key, label, values}), same,
@@ -317,7 +324,7 @@ class Client:
         url = artifact.get("url") or f"{_job_path(job_id)}artifacts/{quote(artifact['name'])}"
         os.makedirs(os.path.dirname(target), exist_ok=True)
         digest, written = hashlib.sha256(), 0
-        expected = artifact.get("size") or 0
+        expected = artifact.get("size") if type(artifact.get("size")) is int else 0
         fd, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".download-")
         try:
             with os.fdopen(fd, "wb") as out, self.request("GET", url, stream=True) as response:
@@ -325,6 +332,9 @@ class Client:
                     out.write(chunk)
                     digest.update(chunk)
                     written += len(chunk)
+                    if expected and written > expected:  # what was listed is all that is taken
+                        raise TrainyardError(f"{artifact['name']}: the server sends more than the "
+                                             f"{expected} bytes it listed; not kept")
                     if on_progress:
                         on_progress(written, max(expected, written))
             if artifact.get("sha256") and digest.hexdigest() != artifact["sha256"]:
@@ -366,9 +376,10 @@ class Client:
         return result
 
     def request_json(self, method, path, **kwargs):
-        response = self.request(method, path, **kwargs)
+        with self.request(method, path, stream=True, **kwargs) as response:
+            body = _bounded_body(response)
         try:
-            return response.json()
+            return json.loads(body)
         except ValueError:
             raise ApiError(f"unexpected answer from {response.url}: HTTP {response.status_code}, not JSON",
                            status=response.status_code) from None
@@ -404,6 +415,23 @@ class Client:
 JOB_ID_PREFIX = "training-"
 WHOLE_JOB_ID = re.compile(r"training-[a-z0-9]{10}")  # jobs.models.new_job_id's form
 MAX_PAGE = 200  # the most the jobs list answers at once
+# The most of one JSON answer read: far past any the platform gives (a page of 200 jobs), short of
+# what an endless one would make of this process's memory.
+MAX_ANSWER_BYTES = 64 * 2**20
+
+
+MAX_ERROR_BYTES = 2**20  # of an error answer: its detail is a line or two
+
+
+def _bounded_body(response, limit=None):
+    limit = MAX_ANSWER_BYTES if limit is None else limit
+    body = bytearray()
+    for chunk in response.iter_content(chunk_size=1 << 16):
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(f"the answer from {response.url} is larger than {limit // 2**20} MiB; not read",
+                           status=response.status_code)
+    return bytes(body)
 
 
 def _experiment_path(experiment_id):
@@ -478,8 +506,8 @@ def _network_reason(exc):
 def api_error(response):
     """The exception for an error response, its message carrying the server's detail and field."""
     try:
-        body = response.json()
-    except ValueError:
+        body = json.loads(_bounded_body(response, MAX_ERROR_BYTES))
+    except (ValueError, ApiError):
         body = None
     detail = field = None
     if isinstance(body, dict):
@@ -577,9 +605,13 @@ class StatusWatch:
 
 
 def _status_in(message):
-    """The status a job stream message carries: the job's own first, then each change's."""
+    """The status a job stream message carries: the job's own first, then each change's (None for
+    anything else a server may send)."""
+    if not isinstance(message, dict):
+        return None
     if message.get("type") == "job":
-        return (message.get("job") or {}).get("status")
+        job = message.get("job")
+        return job.get("status") if isinstance(job, dict) else None
     return message.get("status") if message.get("type") == "status" else None
 
 

@@ -34,12 +34,15 @@ def device_login(url, *, notify, session=None, sleep=time.sleep, clock=time.mono
         raise ApiError(f"single sign-on: {start.get('detail') or f'the server answered {status}'}", status=status,
                        detail=start.get("detail", ""))
     where = start.get("verification_uri_complete") or start.get("verification_uri")
+    device_code = start.get("device_code")
+    if not isinstance(device_code, str) or not device_code:
+        raise ApiError("single sign-on: the server's answer holds no device code", status=status)
     notify(f"to sign in, open {where} and confirm the code {start.get('user_code')}")
-    interval = int(start.get("interval") or DEFAULT_INTERVAL_S)
-    deadline = clock() + int(start.get("expires_in") or 600)
+    interval = _seconds(start.get("interval"), DEFAULT_INTERVAL_S, low=1, high=60)
+    deadline = clock() + _seconds(start.get("expires_in"), 600, low=1, high=3600)
     while clock() < deadline:
         sleep(interval)
-        status, answer = _post(session, f"{url}/api/v1/sso/device/token/", json={"device_code": start["device_code"]})
+        status, answer = _post(session, f"{url}/api/v1/sso/device/token/", json={"device_code": device_code})
         if status == 200:
             return answer
         error = answer.get("error")
@@ -51,3 +54,11 @@ def device_login(url, *, notify, session=None, sleep=time.sleep, clock=time.mono
         raise ApiError(f"single sign-on refused: {answer.get('detail') or error or status}", status=status,
                        detail=answer.get("detail", ""))
     raise ApiError("single sign-on: the code expired before the sign-in was confirmed", status=400)
+
+
+def _seconds(value, default, *, low, high):
+    """A wait the server names, as whole seconds within [low, high]; `default` when it names none
+    that is a number (a negative interval would poll without pause, a huge one for ever)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return default
+    return int(min(max(value, low), high))

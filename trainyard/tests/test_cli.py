@@ -611,6 +611,30 @@ def test_download_refuses_a_file_that_does_not_match_its_checksum(api, tmp_path,
     assert not [p for p in (tmp_path / "out").rglob(".download-*")]
 
 
+def test_download_takes_no_more_than_the_size_listed(api, tmp_path, monkeypatch, capsys):
+    # A hostile server lists 10 bytes without a sha256, then sends without end.
+    api.add_job("training-done0001")
+    listed = api.artifact_list
+    monkeypatch.setattr(api, "artifact_list", lambda **kw: (200, {**listed(**kw)[1], "results": [
+        {"name": "results/model.pt", "kind": "result", "size": 10, "sha256": "", "attempt": 1}]}))
+    assert run("download", "training-done0001", "-o", tmp_path / "out") == 1
+    assert "sends more than the 10 bytes it listed" in capsys.readouterr().err
+    assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []
+
+
+def test_an_answer_is_read_only_up_to_its_bound(api, monkeypatch):
+    monkeypatch.setattr(client, "MAX_ANSWER_BYTES", 400)  # an endless answer, as far as the client can tell
+    for n in range(10):
+        api.add_job(f"training-many{n:06d}")
+    with pytest.raises(TrainyardError, match="larger than"):
+        client.Client(api.url, TOKEN).jobs()
+
+
+@pytest.mark.parametrize("message", [[1], "text", {"type": "job", "job": [1]}, {"type": "status", "status": {}}])
+def test_a_job_stream_message_of_no_known_shape_carries_no_status(message):
+    assert client._status_in(message) in (None, {})
+
+
 def test_the_sdk_follows_the_artifact_pages_to_the_last(api):
     api.add_job("training-done0001")
     sdk = client.Client(api.url, TOKEN)

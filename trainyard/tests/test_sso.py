@@ -64,6 +64,18 @@ def test_it_gives_up_when_the_code_expires():
         run(server)
 
 
+@pytest.mark.parametrize("interval, waited", [(-5, 1), ("soon", sso.DEFAULT_INTERVAL_S), (1e9, 60), (True, 5)])
+def test_a_wait_the_server_names_is_kept_within_bounds(interval, waited):
+    server = Server((200, {**STARTED[1], "interval": interval}), (200, {"token": "ty_x"}))
+    assert run(server)[2] == [waited]
+
+
+def test_a_start_without_a_device_code_is_said_in_one_line():
+    server = Server((200, {key: value for key, value in STARTED[1].items() if key != "device_code"}))
+    with pytest.raises(ApiError, match="holds no device code"):
+        run(server)
+
+
 def test_it_says_when_the_server_has_no_single_sign_on():
     server = Server((404, {"detail": "Single sign-on is not configured on this Trainyard."}))
     with pytest.raises(ApiError, match="single sign-on: Single sign-on is not configured"):
