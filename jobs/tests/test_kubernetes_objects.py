@@ -1,6 +1,7 @@
 """The Kubernetes backend's pure parts: every object it builds validates against the Kubernetes
 OpenAPI schemas (kubernetes-validate, strict), pod statuses map to learner states with clear reasons,
 node inventory, API error classification, settings checks, and the deploy/ manifests."""
+import dataclasses
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -102,6 +103,19 @@ def test_it_locks_down_learner_pods():
     assert pod["spec"]["initContainers"][0]["securityContext"] == container["securityContext"]
     assert pod["spec"]["enableServiceLinks"] is False
 
+
+
+def test_a_learners_image_is_pulled_each_time_and_its_tmp_is_its_jobs_cap():
+    # A researcher's image named again by another tenant must not run from what the node kept of it.
+    owners = objects.owner_references(ROOT_OBJECT)
+    pod = objects.learner_pod(spec(), spec().learners[0], "ns", owners, PODS)["spec"]
+    assert pod["containers"][0]["imagePullPolicy"] == "Always"
+    tmp = {v["name"]: v for v in pod["volumes"]}["tmp"]["emptyDir"]
+    assert tmp["sizeLimit"] == objects.TMP_SIZE  # no cap asked
+    capped = dataclasses.replace(spec(), disk={"tmp": 2**30})
+    pod = objects.learner_pod(capped, capped.learners[0], "ns", owners, PODS)["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["tmp"]["emptyDir"]["sizeLimit"] == str(2**30)
+    assert_valid(objects.learner_pod(capped, capped.learners[0], "ns", owners, PODS))
 
 
 def test_a_learner_pod_mounts_nothing_of_its_node():

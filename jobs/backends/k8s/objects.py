@@ -35,10 +35,15 @@ TOKEN_KEY = "token"
 CREDENTIAL_SECRET_DIR = "/var/run/trainyard/ingest-secret"
 PODINFO_DIR = "/etc/trainyard/podinfo"
 MASTER_PORT = 29500
-TMP_SIZE = "8Gi"
+TMP_SIZE = "8Gi"  # a learner's /tmp when its job has no disk cap for it
 # The agent needs this long after a delete to stop its learner and deliver its last records.
 AGENT_SHUTDOWN_S = 30
 
+
+
+def _tmp_size(spec):
+    """A learner's /tmp: the job's `tmp` disk cap (jobs.disk), which the kubelet enforces by eviction."""
+    return str(spec.disk["tmp"]) if spec.disk.get("tmp") else TMP_SIZE
 
 
 def locked_down():
@@ -280,7 +285,9 @@ def learner_pod(spec, learner, namespace_, owners, pods):
     container = {
         "name": "learner",
         "image": pods.image,
-        "imagePullPolicy": "IfNotPresent",
+        # The image may be any the researcher names: IfNotPresent would run one another tenant's job
+        # left on the node without the registry asking whether this one may have it.
+        "imagePullPolicy": "Always",
         "command": ["python", "-m", "learner_agent", "run", "--config", f"{AGENT_CONFIG_DIR}/agent.json"],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "TMPDIR", "value": "/tmp"},
@@ -348,7 +355,7 @@ def learner_pod(spec, learner, namespace_, owners, pods):
                     {"name": "ingest-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
                     {"name": "podinfo", "downwardAPI": {"items": [
                         {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": _tmp_size(spec)}},
                     {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.memory_bytes // 2)}},
                 ]}}
 
