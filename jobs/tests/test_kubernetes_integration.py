@@ -320,6 +320,21 @@ def test_a_failing_job_does_not_stop_the_reconcile_pass_for_the_others(cluster, 
     assert status_of(other) == Status.COMPLETED and status_of(broken) == Status.PROCESSING
 
 
+def test_a_namespace_of_the_tenants_name_the_platform_did_not_make_is_not_taken_over(cluster, backend, worker):
+    # The prefix and a tenant's slug spell a namespace someone else runs workloads in.
+    cluster.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                   "metadata": {"name": NS, "labels": {"team": "payments"}}})
+    target = submitted(learners=1)
+    admission.run_cycle()
+    worker.run()  # the deploy: refused for good
+    failed = Job.objects.get(pk=target.id)
+    assert failed.status == Status.FAILED and f"namespace {NS} exists but was not made by Trainyard" in \
+        failed.status_reason
+    assert cluster.names("limitranges", NS) == [] and cluster.names("pods", NS) == []
+    assert backend.ensure_namespace("team-b") == "trainyard-team-b"  # one it made is made sure of as before
+    assert backend.ensure_namespace("team-b") == "trainyard-team-b"
+
+
 @pytest.mark.parametrize("when", ["during-the-download", "while-the-pods-are-made"])
 def test_a_job_terminated_while_it_deploys_leaves_nothing_behind(cluster, backend, worker, monkeypatch, when):
     target = submitted(learners=2)

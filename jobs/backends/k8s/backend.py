@@ -130,7 +130,10 @@ class KubernetesBackend:
         """The tenant's namespace with its LimitRange, learner NetworkPolicy and, if it has a quota,
         a ResourceQuota mirroring it (updated when the quota changed). Returns the namespace name."""
         name = self.namespace_for(tenant)
-        self._create_or_skip(objects.namespace(name, tenant, self.config.platform))
+        try:
+            self.api.create(objects.namespace(name, tenant, self.config.platform))
+        except AlreadyExists:
+            self._refuse_a_namespace_not_made_for(tenant, name)
         self._create_or_skip(objects.limit_range(name))
         self._create_or_skip(objects.learners_default_policy(name, self.config.platform))
         wanted = objects.resource_quota(name, quota or {})
@@ -146,6 +149,15 @@ class KubernetesBackend:
             else:
                 self.api.delete("ResourceQuota", name, "tenant-quota")
         return name
+
+    def _refuse_a_namespace_not_made_for(self, tenant, name):
+        """A namespace of the tenant's name that the platform did not make for it (the prefix and a
+        slug that spell an existing one) is not taken over: its workloads are none of the tenant's."""
+        labels = ((self.api.read("Namespace", None, name) or {}).get("metadata") or {}).get("labels") or {}
+        if labels.get(objects.LABEL_TENANT) != tenant or any(labels.get(k) != v for k, v in objects.MANAGED_BY.items()):
+            raise BackendError(f"namespace {name} exists but was not made by Trainyard for tenant {tenant} "
+                               "(its labels say otherwise); choose another TRAINYARD_K8S_NAMESPACE_PREFIX or "
+                               "rename the tenant", permanent=True)
 
     def namespace_ready(self, tenant):
         """The tenant's namespace, made sure of (ensure_namespace) unless this process did so with the
