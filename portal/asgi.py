@@ -12,6 +12,7 @@ from channels.sessions import SessionMiddlewareStack  # noqa: E402
 
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 from jobs.serving import ServingLoop  # noqa: E402
+from portal.bodylimit import BodyLimit  # noqa: E402
 from portal.hosts import WebsocketOriginValidator  # noqa: E402
 from portal.overrides.ingest import IngestRoute  # noqa: E402
 
@@ -20,8 +21,9 @@ from portal.overrides.ingest import IngestRoute  # noqa: E402
 # socket opening, in the one thread channels gives synchronous code by default.
 # ServingLoop: a request's live updates are handed to the server's event loop (jobs.live).
 # Agents' posts go straight to their view, past the middleware a browser's request needs.
+# BodyLimit: no request's body is read past its route's bound, or for longer than REQUEST_READ_S.
 ingest_route = IngestRoute(django_asgi_app)
 application = ServingLoop(ProtocolTypeRouter({
-    "http": ingest_route,
+    "http": BodyLimit(ingest_route),
     "websocket": WebsocketOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
 }))

@@ -254,6 +254,8 @@ CHECKPOINTS_KEPT_PER_ATTEMPT = env.integer("TRAINYARD_CHECKPOINTS_KEPT", 5, mini
 SANDBOX = env.choice("TRAINYARD_SANDBOX", "auto", ("auto", "bwrap", "none"))
 # Learner agents the local backend keeps started ahead of deploys (learner_agent.spare); 0: none.
 SPARE_AGENTS = env.integer("TRAINYARD_SPARE_AGENTS", 1, minimum=0)
+# How long a request's body may take to arrive (portal.bodylimit): a 408 then, and the connection closed.
+REQUEST_READ_S = env.number("TRAINYARD_REQUEST_READ_S", 300.0, minimum=1.0)
 
 # The `kubernetes` backend (docs/kubernetes.md, "Run on Kubernetes"); read only when TRAINYARD_BACKEND=kubernetes, where
 # jobs.backends.k8s checks the values that need more than a type (the volume JSON, the URL).
