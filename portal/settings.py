@@ -242,6 +242,8 @@ INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)
 # How long an ingest thread keeps its database connection between posts (portal.overrides.ingest).
 INGEST_KEEP_CONNECTION_S = env.integer("TRAINYARD_INGEST_KEEP_CONNECTION_S", 300, minimum=0)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+# How long a request's body may take to arrive (portal.bodylimit): a 408 then, and the connection closed.
+REQUEST_READ_S = env.number("TRAINYARD_REQUEST_READ_S", 300.0, minimum=1.0)
 
 LOCAL_GPUS = env.integer("TRAINYARD_LOCAL_GPUS", -1)  # -1: the GPUs nvidia-smi reports
 # A pynvml-compatible file (an absolute path) the local backend's agents load instead of NVML, for
@@ -254,8 +256,6 @@ CHECKPOINTS_KEPT_PER_ATTEMPT = env.integer("TRAINYARD_CHECKPOINTS_KEPT", 5, mini
 SANDBOX = env.choice("TRAINYARD_SANDBOX", "auto", ("auto", "bwrap", "none"))
 # Learner agents the local backend keeps started ahead of deploys (learner_agent.spare); 0: none.
 SPARE_AGENTS = env.integer("TRAINYARD_SPARE_AGENTS", 1, minimum=0)
-# How long a request's body may take to arrive (portal.bodylimit): a 408 then, and the connection closed.
-REQUEST_READ_S = env.number("TRAINYARD_REQUEST_READ_S", 300.0, minimum=1.0)
 
 # The `kubernetes` backend (docs/kubernetes.md, "Run on Kubernetes"); read only when TRAINYARD_BACKEND=kubernetes, where
 # jobs.backends.k8s checks the values that need more than a type (the volume JSON, the URL).
@@ -299,6 +299,7 @@ OIDC_GROUP_MAP = env.text("TRAINYARD_OIDC_GROUP_MAP", "")  # group=tenant[:role]
 OIDC_RECHECK_S = env.number("TRAINYARD_OIDC_RECHECK_INTERVAL", 300.0, minimum=1.0)
 OIDC_TOKEN_LIFETIME_S = env.number("TRAINYARD_OIDC_TOKEN_LIFETIME", 12 * 3600.0, minimum=60.0)
 LOCAL_LOGIN = env.boolean("TRAINYARD_LOCAL_LOGIN", True)
+INVITATION_DAYS = env.number("TRAINYARD_INVITATION_DAYS", 14.0, minimum=1.0)  # how long one waits to be accepted
 # What mozilla-django-oidc itself reads (its views and backend; tenants.sso supplies the endpoints).
 OIDC_RP_SCOPES = OIDC_SCOPES
 OIDC_USE_PKCE = True
@@ -306,7 +307,6 @@ OIDC_USE_NONCE = True
 OIDC_AUTHENTICATION_CALLBACK_URL = "sso-callback"
 
 AUTHENTICATION_BACKENDS = [
-INVITATION_DAYS = env.number("TRAINYARD_INVITATION_DAYS", 14.0, minimum=1.0)  # how long one waits to be accepted
     # django-axes's lockout first: a locked username+address is refused before its password is checked.
     *(["tenants.throttling.LoginLockout", "tenants.throttling.LocalPasswordBackend"] if LOCAL_LOGIN else []),
     "tenants.sso.SsoBackend",  # does nothing unless single sign-on is configured
