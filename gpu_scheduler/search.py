@@ -38,8 +38,11 @@ log = logging.getLogger(__name__)
 
 RUNNING, PAUSED, COMPLETED, STOPPED, FAILED = "running", "paused", "completed", "stopped", "failed"
 MAX_ENUMERATED = 100_000  # a finite space up to this many points is sampled without replacement
-# The trials TPE learns from, the latest: each proposal rebuilds its study from them, in the scheduling loop.
-TPE_HISTORY = 1000
+# The trials TPE learns from, the latest of those that ended: each proposal rebuilds its study from
+# them, in the scheduling loop every tenant waits on. TPE's model is of the better and the worse part of
+# the history, so the latest few hundred keep it to where the search has got to.
+TPE_HISTORY = 200
+TPE_LEARNS_FROM = (COMPLETED, STOPPED)  # Optuna's COMPLETE and PRUNED: it leaves running and failed trials out
 OPTUNA_STATE = {RUNNING: TrialState.RUNNING, PAUSED: TrialState.RUNNING, COMPLETED: TrialState.COMPLETE,
                 STOPPED: TrialState.PRUNED, FAILED: TrialState.FAIL}
 
@@ -91,7 +94,7 @@ class Search:
         seed = (self.searcher.seed * 1_000_003 + number) % 2**32
         if self.searcher.name == "tpe":
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, self.searcher.max_trials // 4)))
-            history = [self._frozen(trial) for trial in trials[-TPE_HISTORY:]]
+            history = [self._frozen(trial) for trial in _latest(trials, TPE_LEARNS_FROM, TPE_HISTORY)]
         else:  # random, and asha's new configurations: a draw of its own seed, whatever came before
             sampler, history = optuna.samplers.RandomSampler(seed=seed), []
         study = optuna.create_study(direction=self.searcher.direction, sampler=sampler)
@@ -180,6 +183,17 @@ class Search:
             return None
         sign = 1 if self.searcher.smaller_is_better else -1
         return min(pool, key=lambda t: (sign * t.value, t.number))
+
+
+def _latest(trials, states, count):
+    """The last `count` trials in one of `states`, oldest first."""
+    found = []
+    for trial in reversed(trials):
+        if len(found) == count:
+            break
+        if trial.state in states:
+            found.append(trial)
+    return found[::-1]
 
 
 def _distribution(hp):

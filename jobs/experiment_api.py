@@ -123,7 +123,8 @@ class ExperimentList(Scoped, APIView):
         400: OpenApiResponse(ErrorSerializer, description="the manifest or code archive broke a rule; `field` names it"),
         403: OpenApiResponse(ErrorSerializer, description="a viewer, or `priority: high` not allowed here"),
         413: OpenApiResponse(ErrorSerializer, description="the code archive is larger than the platform takes"),
-        429: OpenApiResponse(ErrorSerializer, description="past the tenant's submissions per minute")})
+        429: OpenApiResponse(ErrorSerializer, description="past the tenant's submissions per minute, or as many "
+                                                           "experiments not finished as it may have")})
     def post(self, request):
         membership = self.membership()
         admitted = experiments.submission.admit(membership)  # before the upload is parsed

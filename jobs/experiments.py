@@ -22,16 +22,25 @@ no trial is started twice or lost.
 
 Trials are jobs like any other: they queue against the tenant's quota and fair share, at the manifest's
 priority, may borrow and be preempted, and can be halted, resumed and terminated one by one.
+
+The passes run in the loop that admits every tenant's jobs, so each is bounded: a few new trials, a few
+decisions (DECISIONS_PER_PASS), the searcher's view of the trials built once; what is left waits in the
+rows for the next pass, which the loop is woken for. `advance_all` gives all the passes of one cycle a
+time budget and lets the experiments it did not reach go first in the next cycle.
 """
+import itertools
 import json
 import logging
 import math
+import os
 import shutil
+import time
 from pathlib import Path
 
 import yaml
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.http import Http404
 from django.utils import timezone
 
@@ -39,8 +48,8 @@ from gpu_scheduler import search as searching
 from jobs import datastores, dispatch, lifecycle, storage, submission, transfers
 from jobs.models import ACTIVE, FINAL, Experiment, MetricPoint, Status, Trial
 from jobs.states import InvalidTransition
-from tenants import access, quotas
-from tenants.models import Membership
+from tenants import access, priority, quotas
+from tenants.models import Membership, Tenant
 from trainyard import experiment as experiments
 from trainyard.manifest import ManifestError, parse_fields
 
@@ -49,6 +58,12 @@ HPARAMS_FILE = "hparams.json"  # in each trial's results: the hyperparameters it
 # New trials one pass may start: an experiment reaches its max_concurrent_trials over a few cycles, and
 # no tenant's search holds the scheduling loop, which admits every tenant's jobs, for long.
 NEW_TRIALS_PER_PASS = 4
+# TPE fits its model to the trials so far for every proposal: one a pass.
+TPE_NEW_TRIALS_PER_PASS = 1
+# What else one pass may do to its trials: judge one at a rung (a ranking of that rung's trials, and a
+# halt when it pauses), promote, halt or resume one, or stop one of a killed experiment (a job's
+# transition each). The rest is left in the rows for the next passes.
+DECISIONS_PER_PASS = 32
 
 
 class ExperimentError(submission.SubmitError):
@@ -66,9 +81,9 @@ def create(membership, *, manifest_bytes, code_file, private=False, admitted=Non
         raise ExperimentError(str(exc), field=exc.field) from None
     submission.disk_caps_for(membership.tenant, spec.manifest, admitted.quota)
     submission.check_priority(membership, spec.manifest)
+    stored = _storable(spec)
+    _check_unfinished(membership.tenant)
     upload, info = submission.checked_code(code_file)
-    stored = spec.to_json()
-    stored["fields"] = datastores.redact(stored["fields"])
     experiment = Experiment(
         tenant=membership.tenant, owner=membership.user, name=spec.name, description=spec.manifest.description,
         spec=stored, manifest_yaml=datastores.redact_yaml(manifest_bytes.decode("utf-8")),
@@ -77,9 +92,10 @@ def create(membership, *, manifest_bytes, code_file, private=False, admitted=Non
     folder = storage.job_dir(membership.tenant.slug, experiment.id)
     try:
         folder.mkdir(parents=True)
-        shutil.copyfile(upload, folder / f"code.{info.kind}")
+        _store_shared_code(upload, folder / f"code.{info.kind}")
         transfers.seal_submitted_credentials(folder, spec.manifest)
         with transaction.atomic():
+            _check_unfinished(membership.tenant, lock=True)
             experiment.save(force_insert=True)
             dispatch.wake_scheduler_on_commit()
     except Exception:
@@ -88,6 +104,39 @@ def create(membership, *, manifest_bytes, code_file, private=False, admitted=Non
     finally:
         upload.unlink(missing_ok=True)
     return experiment
+
+
+def _storable(spec):
+    """What the experiment's row keeps (credentials redacted), refused unless its passes can read it
+    back: a manifest the redaction makes break a rule would otherwise be an experiment no pass can run."""
+    stored = spec.to_json()
+    stored["fields"] = datastores.redact(stored["fields"])
+    try:
+        experiments.from_json(stored)
+    except ManifestError as exc:
+        raise ExperimentError(f"{exc} (as stored, with its data-store credentials redacted: leave out credential "
+                              "fields that are blank)", field=exc.field) from None
+    return stored
+
+
+def _check_unfinished(tenant, *, lock=False):
+    """429 while the tenant has as many experiments not finished as it may: each costs the scheduling
+    loop a pass every cycle. `lock`: counted under the tenant's row lock, so creations racing each
+    other cannot pass the limit together (checked once before too, so a refused one costs no archive check)."""
+    if lock:
+        Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).first()
+    unfinished = Experiment.objects.filter(tenant=tenant, finished_at=None).count()
+    if unfinished >= settings.MAX_EXPERIMENTS:
+        raise ExperimentError(f"too many experiments: tenant {tenant.slug!r} has {unfinished} not finished, the most "
+                              f"it may have (TRAINYARD_MAX_EXPERIMENTS={settings.MAX_EXPERIMENTS}); kill one or wait "
+                              "for one to end", status=429)
+
+
+def _store_shared_code(upload, target):
+    """The experiment's code archive, which every trial's job links to: read-only, so no job can change
+    what the others run."""
+    shutil.copyfile(upload, target)
+    os.chmod(target, target.stat().st_mode & ~0o222)
 
 
 # --- user actions -------------------------------------------------------------------------------
@@ -102,9 +151,16 @@ def resume(experiment, *, actor):
 
 
 def kill(experiment, *, actor):
-    """Stop for good: every trial's job is terminated by the next pass."""
-    return _set_state(experiment, Experiment.State.TERMINATED, {Experiment.State.ACTIVE, Experiment.State.PAUSED},
-                      f"killed by {actor}")
+    """Stop for good: the trials' jobs are terminated by the passes, a bounded number each, the first
+    of them here (a small experiment ends at once; a large one holds no request)."""
+    row = _set_state(experiment, Experiment.State.TERMINATED, {Experiment.State.ACTIVE, Experiment.State.PAUSED},
+                     f"killed by {actor}")
+    try:
+        advance(row.pk, wait=False)
+    except Exception:  # noqa: BLE001 - the kill is committed: the loop's passes stop the trials
+        log.exception("experiment %s: the pass after its kill failed; the scheduling loop's passes go on", row.pk)
+    row.refresh_from_db()
+    return row
 
 
 def _set_state(experiment, target, sources, reason):
@@ -116,28 +172,63 @@ def _set_state(experiment, target, sources, reason):
         row.state, row.state_reason, row.updated_at = target, reason, timezone.now()
         row.save(update_fields=["state", "state_reason", "updated_at"])
         dispatch.wake_scheduler_on_commit()
-    if target == Experiment.State.TERMINATED:
-        advance(row.pk)  # its trials stop now, not at the loop's next pass
-        row.refresh_from_db()
     return row
 
 
 # --- the loop's pass ----------------------------------------------------------------------------
-def advance_all():
-    """One pass over every experiment not yet ended (the scheduling loop calls this each cycle). A killed
-    one counts until its pass has stopped its trials: the kill commits first, and a web process that
-    dies before its own pass leaves that pass to this loop."""
-    for experiment_id in Experiment.objects.filter(finished_at=None).values_list("id", flat=True):
+_not_reached = []  # the experiments the last advance_all() ran out of time for: first in line next time
+
+
+def advance_all(*, budget_s=None):
+    """One pass over each experiment that needs one (the scheduling loop calls this each cycle), within
+    `budget_s` seconds (TRAINYARD_EXPERIMENTS_PASS_SECONDS) for all of them: past it, the ones not
+    reached go first next cycle, which is woken for them. A killed experiment counts until its passes
+    have stopped its trials."""
+    budget_s = settings.EXPERIMENTS_PASS_SECONDS if budget_s is None else budget_s
+    deadline = time.monotonic() + budget_s
+    order = _in_turn(_needing_a_pass(), _not_reached)
+    for index, experiment_id in enumerate(order):
+        if index and time.monotonic() >= deadline:
+            _not_reached[:] = order[index:]
+            dispatch.wake_scheduler()
+            return
         try:
             advance(experiment_id)
         except Exception:
             log.exception("experiment %s: its pass failed; the next one tries again", experiment_id)
+    _not_reached.clear()
 
 
-def advance(experiment_id):
+def _needing_a_pass():
+    """(id, tenant id) of the experiments not ended, oldest first, less the paused ones with nothing
+    to observe (every open trial's job halted: nothing of theirs changes until a resume)."""
+    stirring = (Trial.objects.filter(experiment=OuterRef("pk"), state__in=(Trial.State.RUNNING, Trial.State.PAUSED))
+                .exclude(job__status=Status.HALTED))
+    return list(Experiment.objects.filter(finished_at=None)
+                .filter(~Q(state=Experiment.State.PAUSED) | Exists(stirring))
+                .order_by("created_at", "id").values_list("id", "tenant_id"))
+
+
+def _in_turn(rows, first):
+    """The order of this cycle's passes: the experiments in `first` (not reached last time) keep their
+    place at the head; the others alternate between tenants, so a tenant's many experiments do not all
+    go before another tenant's one."""
+    known = {experiment_id for experiment_id, _ in rows}
+    head = [experiment_id for experiment_id in first if experiment_id in known]
+    placed, per_tenant = set(head), {}
+    for experiment_id, tenant_id in rows:
+        if experiment_id not in placed:
+            per_tenant.setdefault(tenant_id, []).append(experiment_id)
+    alternating = itertools.zip_longest(*per_tenant.values())
+    return head + [experiment_id for turn in alternating for experiment_id in turn if experiment_id is not None]
+
+
+def advance(experiment_id, *, wait=True):
+    """One pass over the experiment, under its row lock; `wait=False`: none when another holds it (the
+    loop's own pass is under way)."""
     with transaction.atomic():
-        experiment = (Experiment.objects.select_for_update().select_related("tenant", "owner")
-                      .filter(pk=experiment_id).first())
+        experiment = (Experiment.objects.select_for_update(skip_locked=not wait, of=("self",))
+                      .select_related("tenant", "owner").filter(pk=experiment_id).first())
         if experiment is None or experiment.finished_at is not None:
             return
         Pass(experiment).run()
@@ -148,14 +239,37 @@ class Pass:
 
     def __init__(self, experiment):
         self.experiment = experiment
-        self.spec = experiments.from_json(experiment.spec)
-        self.search = searching.Search(self.spec)
         self.trials = list(experiment.trials.select_related("job").order_by("number"))
         self.actor = f"experiment {experiment.id}"
-        self.asha = self.spec.searcher.name == "asha"
+        self.asha = experiment.searcher == "asha"
+        self.allowance = DECISIONS_PER_PASS
+        self.more = False  # work left for the next pass: the loop is woken for it
+        self._views, self._places = None, {}
+        try:
+            self.spec = experiments.from_json(experiment.spec)
+            self.search = searching.Search(self.spec)
+        except (ManifestError, ValueError, TypeError, KeyError) as exc:
+            self.spec = self.search = None  # the pass only settles it (set_aside)
+            self.unreadable = str(exc)
 
     def run(self):
-        state, before = self.experiment.state, self.recorded()
+        before = self.recorded()
+        if self.spec is None:
+            self.set_aside()
+        else:
+            self.decide()
+        for trial in self.trials:
+            if trial.tracker.changed:
+                trial.updated_at = timezone.now()
+                trial.save()
+        if self.recorded() != before:  # most passes over a running experiment change nothing
+            self.experiment.updated_at = timezone.now()
+            self.experiment.save()
+        if self.more:
+            dispatch.wake_scheduler_on_commit()
+
+    def decide(self):
+        state = self.experiment.state
         self.observe()
         if state == Experiment.State.ACTIVE and (why := self.owner_may_not_submit()):
             state = self.experiment.state = Experiment.State.PAUSED  # its running trials halt below
@@ -169,24 +283,47 @@ class Pass:
             self.fill()
             self.end_if_done()
         self.record_best()
+
+    def set_aside(self):
+        """An experiment whose stored manifest no longer reads (a rule changed since it was created): it
+        starts nothing, and is paused with the reason until it is killed, which still stops its trials."""
         for trial in self.trials:
-            if trial.tracker.changed:
-                trial.updated_at = timezone.now()
-                trial.save()
-        if self.recorded() != before:  # most passes over a running experiment change nothing
-            self.experiment.updated_at = timezone.now()
-            self.experiment.save()
+            trial.tracker = _Tracker()
+            if trial.state in (Trial.State.RUNNING, Trial.State.PAUSED):
+                self.see_job(trial)
+        if self.experiment.state == Experiment.State.TERMINATED:
+            self.stop_all()
+            return
+        self.experiment.state = Experiment.State.PAUSED
+        self.experiment.state_reason = (f"paused: its stored manifest no longer passes the platform's rules "
+                                        f"({self.unreadable}); kill it and create it again")
+        self.hold_running()
+
+    def spend(self):
+        """Whether the pass may take one more decision (DECISIONS_PER_PASS); when not, the next pass will."""
+        if self.allowance <= 0:
+            self.more = True
+            return False
+        self.allowance -= 1
+        return True
 
     def owner_may_not_submit(self):
         """Why the experiment's owner may not start its trials now ("" when they may): trials are jobs
-        they submit, so an owner who left the tenant, or is a viewer now, starts none."""
-        experiment = self.experiment
+        they submit, so an owner whose account is disabled, who left the tenant, is a viewer now, or may
+        no longer ask for the trials' priority, starts none."""
+        experiment, owner = self.experiment, self.experiment.owner
+        if not owner.is_active:
+            return f"paused: its owner {owner.username}'s account is disabled"
         try:  # as a request of theirs would act in the tenant (a platform admin: as its admin)
-            membership = access.membership_for(experiment.owner, experiment.tenant.slug)
+            membership = access.membership_for(owner, experiment.tenant.slug)
         except access.NoTenant:
-            return f"paused: its owner {experiment.owner.username} is no longer a member of {experiment.tenant.slug}"
+            return f"paused: its owner {owner.username} is no longer a member of {experiment.tenant.slug}"
         if not membership.can_submit:
-            return f"paused: its owner {experiment.owner.username} is a {membership.role} and may not submit jobs"
+            return f"paused: its owner {owner.username} is a {membership.role} and may not submit jobs"
+        try:
+            priority.may_ask(membership, self.spec.manifest.priority)
+        except priority.PriorityRefused as exc:
+            return f"paused: its owner {owner.username} may no longer start its trials ({exc})"
         return ""
 
     def recorded(self):
@@ -201,7 +338,7 @@ class Pass:
             trial.tracker = _Tracker()
         open_trials = {t.job_id: t for t in self.trials if t.state in (Trial.State.RUNNING, Trial.State.PAUSED)}
         if open_trials:
-            points = (MetricPoint.objects.filter(job_id__in=list(open_trials), name=self.spec.searcher.metric,
+            points = (MetricPoint.objects.filter(job_id__in=list(open_trials), name=self.experiment.metric,
                                                  id__gt=self.experiment.points_seen)
                       .order_by("id").values_list("id", "job_id", "step", "value"))
             for point_id, job_id, step, value in points:
@@ -209,7 +346,7 @@ class Pass:
                 if value is not None and math.isfinite(value):
                     trial = open_trials[job_id]
                     trial.value, trial.step = value, step
-                    trial.tracker.changed = True
+                    self.changed(trial)
                     trial.tracker.points.append((step, value))
         if self.asha:
             self.rungs_reached()
@@ -218,25 +355,43 @@ class Pass:
 
     def rungs_reached(self):
         """Record the rung each running trial reached with this pass's points, all first, then decide for
-        each (so trials that got there together compete together); one let go on may have reached the
-        next rung already."""
-        waiting = [t for t in self.trials if t.state == Trial.State.RUNNING and self.record_next_rung(t)]
-        for trial in waiting:
-            while True:
-                rung = trial.promoted + 1
-                if self.search.goes_on(self.views(), trial.number, rung):
-                    trial.promoted = rung
-                    if self.record_next_rung(trial):
-                        continue
-                    break
-                trial.state = Trial.State.PAUSED
-                if self.would_promote_last(trial):
-                    trial.state, trial.promoted = Trial.State.RUNNING, rung
-                    break
-                self.halt(trial, f"paused at rung {rung + 1} ({self.spec.searcher.metric} "
-                                 f"{trial.rungs[str(rung)]:.4g} at step {self.spec.searcher.rungs()[rung]}): not "
-                                 f"among the best 1/{self.spec.searcher.divisor} there")
-                break
+        each (so trials that got there together compete together), as many as the pass may: a trial
+        whose rung is recorded and not yet decided waits for the next pass, running on meanwhile. One
+        let go on may have reached the next rung already."""
+        for trial in self.trials:
+            if trial.state == Trial.State.RUNNING and self.record_next_rung(trial):
+                self.changed(trial)
+        if self.experiment.state == Experiment.State.TERMINATED:
+            return  # its trials are stopped, not judged
+        for trial in [t for t in self.trials if t.state == Trial.State.RUNNING and self.at_a_rung(t)]:
+            if not self.spend():
+                return
+            self.decide_at_rung(trial)
+
+    def at_a_rung(self, trial):
+        """Whether the trial has reached the rung after the last it was let go on from: it awaits a decision."""
+        rung = trial.promoted + 1
+        return rung < len(self.spec.searcher.rungs()) - 1 and str(rung) in trial.rungs
+
+    def decide_at_rung(self, trial):
+        while True:
+            rung = trial.promoted + 1
+            if self.search.goes_on(self.views(), trial.number, rung):
+                trial.promoted = rung
+                self.changed(trial)
+                if self.record_next_rung(trial):
+                    continue
+                return
+            trial.state = Trial.State.PAUSED
+            self.changed(trial)
+            if self.would_promote_last(trial):
+                trial.state, trial.promoted = Trial.State.RUNNING, rung
+                self.changed(trial)
+                return
+            self.halt(trial, f"paused at rung {rung + 1} ({self.spec.searcher.metric} "
+                             f"{trial.rungs[str(rung)]:.4g} at step {self.spec.searcher.rungs()[rung]}): not "
+                             f"among the best 1/{self.spec.searcher.divisor} there")
+            return
 
     def would_promote_last(self, trial):
         """Whether the trial, paused, would be promoted at once as the experiment's last (end_if_done):
@@ -262,7 +417,7 @@ class Pass:
         if status == Status.COMPLETED and trial.state != Trial.State.COMPLETED:
             self.settle_value(trial)
             trial.state = Trial.State.COMPLETED
-            if self.asha and trial.value is not None:
+            if self.asha and self.spec is not None and trial.value is not None:
                 trial.rungs[str(len(self.spec.searcher.rungs()) - 1)] = trial.value
         elif status == Status.FAILED:
             trial.state = Trial.State.FAILED
@@ -270,28 +425,47 @@ class Pass:
             trial.state = Trial.State.STOPPED
         else:
             return
-        trial.tracker.changed = True
+        self.changed(trial)
 
     def settle_value(self, trial):
         """The metric's last value, read again at the end (a point may have committed after a later one's id)."""
-        last = (MetricPoint.objects.filter(job_id=trial.job_id, name=self.spec.searcher.metric)
+        last = (MetricPoint.objects.filter(job_id=trial.job_id, name=self.experiment.metric)
                 .order_by("-id").values_list("step", "value").first())
         if last is not None and last[1] is not None and math.isfinite(last[1]):
             trial.step, trial.value = last
 
     # --- 2/3. fill ----------------------------------------------------------------------------------
     def fill(self):
-        searcher = self.spec.searcher
-        room = searcher.max_concurrent_trials - sum(t.state == Trial.State.RUNNING for t in self.trials)
-        queue_room, new_trials = None, 0
-        while room > 0 and new_trials < NEW_TRIALS_PER_PASS:
-            promotion = self.search.promotions(self.views()) if self.asha else []
-            if promotion:
-                self.promote(*promotion[0])
-                room -= 1
+        """Paused trials now good enough first (ASHA), then new configurations, while trial slots are free."""
+        room = self.spec.searcher.max_concurrent_trials - sum(t.state == Trial.State.RUNNING for t in self.trials)
+        if self.asha:
+            room = self.promote_paused(room)
+        if room > 0 and not self.more:  # promotions left for the next pass go before new configurations
+            self.start_new(min(room, TPE_NEW_TRIALS_PER_PASS if self.spec.searcher.name == "tpe"
+                               else NEW_TRIALS_PER_PASS))
+
+    def promote_paused(self, room):
+        """Promote paused trials into free slots, as many as the pass may; the slots left. The ranking is
+        read once: promoting one changes no other's place."""
+        for number, rung in self.search.promotions(self.views()) if room > 0 else []:
+            trial = self.trial_numbered(number)
+            if trial.state != Trial.State.PAUSED:  # promotable from two rungs: promoted from the higher
                 continue
-            if queue_room is None:
-                queue_room = submission.queue_room(self.experiment.tenant)
+            if room <= 0 or not self.spend():
+                break
+            self.promote(trial, rung)
+            room -= 1
+        return room
+
+    def start_new(self, count):
+        """Up to `count` new configurations, each as a trial; why no more may start, on the experiment."""
+        if self.out_of_trials():
+            return
+        if why := self.storage_full():
+            self.experiment.state_reason = f"waiting: {why}"
+            return
+        queue_room = submission.queue_room(self.experiment.tenant)
+        for _ in range(count):
             if queue_room <= 0:
                 self.experiment.state_reason = "waiting: the tenant has as many jobs queued as it may"
                 return
@@ -302,10 +476,17 @@ class Pass:
                 self.experiment.state_reason = "the search space is exhausted"
                 self.experiment.spec = {**self.experiment.spec, "exhausted": True}
                 return
-            self.start_trial(proposal)
-            room -= 1
+            if not self.start_trial(proposal):
+                return
             queue_room -= 1
-            new_trials += 1
+
+    def storage_full(self):
+        """Why no trial may start while the tenant's stored output fills its storage quota ("" when it may):
+        a trial's results could only be stored past it."""
+        quota = quotas.quota_of(self.experiment.tenant)
+        if quota is None or quota.storage_bytes is None:
+            return ""
+        return quotas.storage_state(quota, quotas.stored_bytes(self.experiment.tenant))[1]
 
     def out_of_trials(self):
         searcher = self.spec.searcher
@@ -321,74 +502,104 @@ class Pass:
         return usage["gpu_hours"]
 
     def start_trial(self, proposal):
+        """Store the proposal's trial as a job of the owner; False, with the reason on the experiment, when
+        the tenant's limits refuse it now (the pass's observations and decisions commit all the same)."""
         number = self.experiment.trials_started
         values = {**self.spec.constants(), **proposal.params}
         fields = experiments.trial_fields(self.spec, proposal.params, number)
-        manifest = parse_fields(json.loads(json.dumps(fields)))
         tenant, folder = self.experiment.tenant, storage.job_dir(self.experiment.tenant.slug, self.experiment.id)
+        try:
+            manifest = parse_fields(json.loads(json.dumps(fields)))
+        except ManifestError as exc:  # a rule changed since the experiment was created: no trial can start
+            self.experiment.state = Experiment.State.PAUSED
+            self.experiment.state_reason = f"paused: trial {number}'s manifest breaks a rule now ({exc})"
+            return False
         code = next(iter(sorted(folder.glob("code.*"))))
-        job = submission.store_job(
-            tenant, self.experiment.owner, manifest, yaml.safe_dump(fields, sort_keys=False), code,
-            code.name.removeprefix("code."), private=self.experiment.private,
-            disk_caps=submission.disk_caps_for(tenant, manifest, quotas.quota_of(tenant)),
-            credentials=transfers.sealed_credentials(folder),
-            runtime_extra={"hyperparameters": values, "experiment": {"id": self.experiment.id, "trial": number}})
+        try:
+            job = submission.store_job(
+                tenant, self.experiment.owner, manifest, yaml.safe_dump(fields, sort_keys=False), code,
+                code.name.removeprefix("code."), private=self.experiment.private,
+                disk_caps=submission.disk_caps_for(tenant, manifest, quotas.quota_of(tenant)),
+                credentials=transfers.sealed_credentials(folder), code_sha256=self.experiment.code_sha256,
+                link_code=True,
+                runtime_extra={"hyperparameters": values, "experiment": {"id": self.experiment.id, "trial": number}})
+        except submission.SubmitError as exc:
+            self.experiment.state_reason = f"waiting: {exc.detail}"
+            return False
         _write_hparams(job, values)
         trial = Trial.objects.create(experiment=self.experiment, number=number, job=job, params=values,
                                      system_attrs=proposal.system_attrs)
         trial.tracker = _Tracker()
         self.trials.append(trial)
+        if self._views is not None:
+            self._views.append(_view(trial))
+            self._places[trial.number] = len(self._views) - 1
         self.experiment.trials_started = number + 1
         self.experiment.state_reason = ""
+        return True
 
-    def promote(self, number, rung):
-        trial = next(t for t in self.trials if t.number == number)
+    def promote(self, trial, rung):
         trial.state, trial.promoted = Trial.State.RUNNING, rung
-        trial.tracker.changed = True
+        self.changed(trial)
         if trial.job.status == Status.HALTED:
             trial.job = lifecycle.resume(trial.job, actor=self.actor)
+
+    def trial_numbered(self, number):
+        self.views()  # builds the index of places
+        return self.trials[self._places[number]]
 
     def end_if_done(self):
         if any(t.state == Trial.State.RUNNING for t in self.trials) or not self.out_of_trials():
             return
         last = self.search.promotions(self.views(), finishing=True) if self.asha else []
         if last:
-            self.promote(*last[0])
+            number, rung = last[0]
+            self.promote(self.trial_numbered(number), rung)
             return
-        for trial in self.trials:
-            if trial.state == Trial.State.PAUSED:
-                self.stop(trial)
-        self.finish(Experiment.State.COMPLETED, self.experiment.state_reason or "every trial has run")
+        paused = [t for t in self.trials if t.state == Trial.State.PAUSED]
+        if self.stop_some(paused):
+            self.finish(Experiment.State.COMPLETED, self.experiment.state_reason or "every trial has run")
 
     # --- pause, resume, kill ------------------------------------------------------------------------
     def hold_running(self):
         for trial in self.trials:
             if trial.state == Trial.State.RUNNING and trial.job.status in ACTIVE - {Status.HALTING}:
+                if not self.spend():
+                    return
                 self.halt(trial, "the experiment is paused")
 
     def resume_held(self):
         for trial in self.trials:
             if trial.state == Trial.State.RUNNING and trial.job.status == Status.HALTED:
+                if not self.spend():
+                    return
                 trial.job = lifecycle.resume(trial.job, actor=self.actor)
 
     def stop_all(self):
-        for trial in self.trials:
-            if trial.state in (Trial.State.RUNNING, Trial.State.PAUSED):
-                self.stop(trial)
-        self.finish(Experiment.State.TERMINATED, self.experiment.state_reason)
+        open_trials = [t for t in self.trials if t.state in (Trial.State.RUNNING, Trial.State.PAUSED)]
+        if self.stop_some(open_trials):
+            self.finish(Experiment.State.TERMINATED, self.experiment.state_reason)
+
+    def stop_some(self, trials):
+        """Stop the trials, as many as the pass may; whether every one is stopped."""
+        for trial in trials:
+            if not self.spend():
+                return False
+            self.stop(trial)
+        return True
 
     def stop(self, trial):
         if trial.job.status not in FINAL:
             lifecycle.terminate(trial.job, actor=self.actor)
         trial.state = Trial.State.STOPPED
-        trial.tracker.changed = True
+        self.changed(trial)
 
     def halt(self, trial, reason):
         try:
             trial.job = lifecycle.halt(trial.job, actor=self.actor, reason=reason)
         except InvalidTransition:
             return  # not running now (queued, storing, or already halting): a later pass tries again
-        trial.tracker.changed = True
+        self.changed(trial)
 
     def finish(self, state, reason):
         self.experiment.state, self.experiment.state_reason = state, reason
@@ -398,14 +609,29 @@ class Pass:
 
     # --- what the searcher sees, and the best ----------------------------------------------------------
     def views(self):
-        return [searching.TrialView(number=t.number, params=t.params, state=str(t.state), system_attrs=t.system_attrs,
-                                    rungs={int(k): v for k, v in t.rungs.items()}, promoted=t.promoted, value=t.value)
-                for t in self.trials]
+        """Every trial as the searcher sees it, built once a pass; changed() renews a trial's view as the
+        pass changes the trial, so each decision reads them without building them all again."""
+        if self._views is None:
+            self._views = [_view(t) for t in self.trials]
+            self._places = {t.number: place for place, t in enumerate(self.trials)}
+        return self._views
+
+    def changed(self, trial):
+        """The trial's row is to be saved, and the searcher sees it as it is now."""
+        trial.tracker.changed = True
+        if self._views is not None:
+            self._views[self._places[trial.number]] = _view(trial)
 
     def record_best(self):
         best = self.search.best(self.views())
         self.experiment.best_trial = best.number if best else None
         self.experiment.best_value = best.value if best else None
+
+
+def _view(trial):
+    return searching.TrialView(number=trial.number, params=trial.params, state=str(trial.state),
+                               system_attrs=trial.system_attrs, rungs={int(k): v for k, v in trial.rungs.items()},
+                               promoted=trial.promoted, value=trial.value)
 
 
 class _Tracker:

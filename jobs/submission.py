@@ -163,11 +163,13 @@ def _save_upload(code_file):
 
 
 def store_job(tenant, owner, manifest, manifest_text, code, kind, *, private=False, disk_caps=None,
-              runtime_extra=None, credentials=None, queue_limit=None):
+              runtime_extra=None, credentials=None, queue_limit=None, code_sha256=None, link_code=False):
     """Store a validated job with its code (a copy of the archive `code`, of `kind` zip or tar.gz) and
     queue it. `credentials`: the data stores' secrets when they are not the manifest's own (an
     experiment's trial: they were sealed beside the experiment). `queue_limit`: the tenant's intake,
-    whose queued_jobs is checked under its row lock (None: the caller keeps within it itself)."""
+    whose queued_jobs is checked under its row lock (None: the caller keeps within it itself).
+    `code_sha256`: the archive's digest when the caller knows it; `link_code`: the archive is a
+    read-only one many jobs share (an experiment's), linked into the job's folder rather than copied."""
     # Data-store credentials never reach the database: stored redacted, sealed beside the job instead.
     job = Job(tenant=tenant, owner=owner, name=manifest.name,
               description=manifest.description, framework=manifest.framework,
@@ -175,12 +177,12 @@ def store_job(tenant, owner, manifest, manifest_text, code, kind, *, private=Fal
               manifest_yaml=datastores.redact_yaml(manifest_text), learners=manifest.learners,
               gpus=manifest.gpus,
               cpus=manifest.cpus, memory_bytes=manifest.memory_bytes, priority=manifest.priority,
-              code_sha256=storage.sha256_of(code), code_bytes=Path(code).stat().st_size,
+              code_sha256=code_sha256 or storage.sha256_of(code), code_bytes=Path(code).stat().st_size,
               runtime={**runtime.from_manifest(manifest, disk_caps=disk_caps), **(runtime_extra or {})})
     job.private = private
     folder = storage.create_job_dir(tenant.slug, job.id)
     try:
-        shutil.copyfile(code, folder / f"code.{kind}")
+        _place_code(code, folder / f"code.{kind}", link=link_code)
         if credentials is None:
             transfers.seal_submitted_credentials(folder, manifest)
         else:
@@ -196,6 +198,16 @@ def store_job(tenant, owner, manifest, manifest_text, code, kind, *, private=Fal
         storage.remove_job_dir(tenant.slug, job.id)
         raise
     return job
+
+
+def _place_code(code, target, *, link):
+    if link:
+        try:
+            os.link(code, target)
+            return
+        except OSError:  # another file system, or the archive at its file system's most links
+            pass
+    shutil.copyfile(code, target)
 
 
 def code_archive(job):

@@ -137,6 +137,11 @@ RECONCILE_INTERVAL_S = env.number("TRAINYARD_RECONCILE_INTERVAL", 10.0, minimum=
 # one took), and runs one at least every MAX_INTERVAL without a wake, so a lost wake stalls nothing.
 SCHEDULER_MIN_INTERVAL_S = env.number("TRAINYARD_SCHEDULER_MIN_INTERVAL", 0.05, minimum=0.0)
 SCHEDULER_MAX_INTERVAL_S = env.number("TRAINYARD_SCHEDULER_MAX_INTERVAL", 5.0, minimum=0.5)
+# Experiments (jobs.experiments): the seconds each scheduling cycle gives the passes over them all (past
+# it, the ones not reached go first next cycle), and the experiments not finished one tenant may have
+# (each costs every cycle a pass).
+EXPERIMENTS_PASS_SECONDS = env.number("TRAINYARD_EXPERIMENTS_PASS_SECONDS", 1.0, minimum=0.0)
+MAX_EXPERIMENTS = env.integer("TRAINYARD_MAX_EXPERIMENTS", 20, minimum=1)
 # GPU-hours of service after which a job yields to fresh jobs of its priority (gpu_scheduler: service
 # levels); 0 turns service levels off.
 SERVICE_LEVEL_GPU_HOURS = env.number("TRAINYARD_SERVICE_LEVEL_GPU_HOURS", 4.0, minimum=0.0)

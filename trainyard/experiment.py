@@ -51,6 +51,9 @@ MAX_GRID_POINTS = 100_000  # the points of a grid search: every one is a configu
 MAX_FLOAT_TEXT = 24  # the longest repr() of a float ("-1.2345678901234567e-308")
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 PLACEHOLDER = re.compile(r"\{\{\s*hparams\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+# A value goes into commands, environments and database rows: no NUL (no text column stores it) and no
+# other control character but tab and line breaks.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 RANGE_FIELDS = {"const": ("type", "val"), "int": ("type", "minval", "maxval", "count"),
                 "double": ("type", "minval", "maxval", "count"), "log": ("type", "minval", "maxval", "count"),
                 "categorical": ("type", "vals")}
@@ -247,6 +250,9 @@ def _scalar(value):
         raise Broken(f"{value!r} is not a finite number")
     if not isinstance(value, (bool, int, float)) and (not isinstance(value, str) or len(value) > 200):
         raise Broken("must be text of at most 200 characters, a number or true/false")
+    if isinstance(value, str) and (control := CONTROL_CHARACTER.search(value)):
+        raise Broken(f"holds the control character {control.group()!r}: a value is printable text (tabs and "
+                     "line breaks allowed)")
     return value
 
 

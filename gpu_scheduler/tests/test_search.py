@@ -86,3 +86,21 @@ def test_asha_promotes_the_best_third_of_a_rung_and_finishes_with_the_best_pause
     finished = done + [TrialView(9, {}, COMPLETED, rungs={0: 0.3, 1: 0.5, 2: 0.6}, value=0.6)]
     assert found.promotions(finished, finishing=True) == []
     assert found.best(finished).number == 9
+
+
+def test_tpe_learns_from_the_latest_trials_that_ended(monkeypatch):
+    """Each proposal rebuilds TPE's study in the scheduling loop: from a bounded history, of the trials
+    TPE's model can use (running and failed ones it leaves out)."""
+    import optuna
+
+    from gpu_scheduler import search as searching
+    found = search("{name: tpe, metric: acc, max_trials: 5000}", "{lr: {type: log, minval: 0.001, maxval: 1}}")
+    states = [COMPLETED, RUNNING, "stopped", "failed"]
+    trials = [TrialView(n, {"lr": 0.001 + n / 10000}, states[n % 4], value=n / 1000) for n in range(1000)]
+    added = []
+    monkeypatch.setattr(optuna.study.Study, "add_trials", lambda study, history: added.extend(history))
+    proposal = found.propose(trials, 1000)
+    assert 0.001 <= proposal.params["lr"] <= 1
+    assert len(added) == searching.TPE_HISTORY < 1000
+    assert {t.state for t in added} == {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}
+    assert [t.params["lr"] for t in added][-1] == trials[-2].params["lr"]  # the latest that ended

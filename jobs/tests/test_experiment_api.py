@@ -62,6 +62,21 @@ def test_a_bad_manifest_is_a_400_naming_the_field(alice):
     assert not Experiment.objects.exists()
 
 
+def test_a_nul_in_a_hyperparameter_value_is_a_400_naming_the_field(alice):
+    refused = post(client_for(alice), MANIFEST.replace(b"lr: {type: log, minval: 0.001, maxval: 0.1, count: 3}",
+                                                       b'lr: {type: categorical, vals: ["a\\0b", 1]}'))
+    assert refused.status_code == 400 and refused.json()["field"] == "hyperparameters.lr.vals[0]"
+    assert not Experiment.objects.exists()
+
+
+def test_past_the_tenants_experiments_not_finished_a_create_is_a_429(alice, settings):
+    settings.MAX_EXPERIMENTS = 1
+    client = client_for(alice)
+    assert post(client).status_code == 201
+    refused = post(client)
+    assert refused.status_code == 429 and "TRAINYARD_MAX_EXPERIMENTS=1" in refused.json()["detail"]
+
+
 def test_actions_answer_202_or_409_and_a_viewer_is_refused(alice):
     client = client_for(alice)
     experiment_id = post(client).json()["id"]

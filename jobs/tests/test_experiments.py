@@ -199,7 +199,7 @@ def test_a_kill_whose_own_pass_never_ran_is_finished_by_the_loop(alice, monkeypa
     experiments.advance(experiment.id)
     run_to(trials_of(experiment)[0].job, Status.PROCESSING)
     with monkeypatch.context() as patched:
-        patched.setattr(experiments, "advance", lambda experiment_id: None)  # the request's own pass: never ran
+        patched.setattr(experiments, "advance", lambda experiment_id, **kw: None)  # the request's own pass: never ran
         experiments.kill(experiment, actor="alice")
     experiment.refresh_from_db()
     assert experiment.state == Experiment.State.TERMINATED and experiment.finished_at is None
@@ -216,7 +216,7 @@ def test_tpe_and_random_propose_within_the_ranges(alice):
                                     "max_concurrent_trials": 3},
                             hyperparameters={"lr": {"type": "log", "minval": 0.001, "maxval": 0.1},
                                              "width": {"type": "int", "minval": 8, "maxval": 64}})
-        for _ in range(6):
+        for _ in range(14):  # TPE proposes one trial a pass
             experiments.advance(experiment.id)
             for trial in trials_of(experiment):
                 if trial.job.status == Status.QUEUED:

@@ -77,3 +77,19 @@ def test_any_hyperparameters_and_searcher_give_an_experiment_or_errors_naming_wh
         experiment(json.dumps(hyperparameters), json.dumps(searcher))
     except ManifestError as error:
         assert all(problem.field and problem.rule for problem in error.problems), error.problems
+
+
+@pytest.mark.parametrize("hyperparameters, field", [
+    ('{opt: {type: categorical, vals: ["a\\0b", "c"]}}', "hyperparameters.opt.vals[0]"),
+    ('{opt: {type: categorical, vals: [1, 2]}, c: "x\\0"}', "hyperparameters.c.val"),
+    ('{opt: {type: categorical, vals: ["\\e[31mred", "c"]}}', "hyperparameters.opt.vals[0]"),
+])
+def test_a_value_with_a_nul_or_another_control_character_is_refused_naming_the_field(hyperparameters, field):
+    with pytest.raises(ManifestError) as refused:
+        experiment(hyperparameters)
+    assert refused.value.field == field and "control character" in str(refused.value)
+
+
+def test_tabs_and_line_breaks_in_a_value_are_text():
+    spec = experiment('{opt: {type: categorical, vals: ["a\\tb", "x\\ny"]}}')
+    assert spec.hyperparameters[0].vals == ("a\tb", "x\ny")
