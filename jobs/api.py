@@ -33,6 +33,7 @@ MAX_LOG_LIMIT = 10000
 ARTIFACT_PAGE = 200  # files per page of a job's artifacts by default, and at most
 MAX_ARTIFACT_PAGE = 1000
 MAX_RESOURCE_LIMIT = 10000  # resource samples in one page
+MAX_METRIC_LIMIT = 10000  # metric points in one page, and by default
 MAX_SEQ = 2**53  # log sequence numbers: far beyond any log, within what every JSON client reads exactly
 
 
@@ -157,15 +158,28 @@ class JobLogs(TenantScoped, APIView):
 
 
 class JobMetrics(TenantScoped, APIView):
-    """Every metric point of the job in the order they arrived, or of one metric (?name=)."""
+    """The job's metric points in the order they arrived, or one metric's (?name=): up to `limit` points
+    after the one `after` names (keyset: each page is one range of an index). A job holds up to its
+    learners' metric caps of them (jobs.logcap.MetricMeter), far more than one answer should."""
 
-    @extend_schema(parameters=[OpenApiParameter("name", str, description="only this metric's points")],
-                   responses={200: MetricListSerializer})
+    @extend_schema(parameters=[
+        OpenApiParameter("name", str, description="only this metric's points"),
+        OpenApiParameter("after", int, description="points after this one (as `next_after` gives it; 0 by default)"),
+        OpenApiParameter("limit", int, description=f"points at most, 1..{MAX_METRIC_LIMIT} "
+                                                   f"({MAX_METRIC_LIMIT} by default)")],
+        responses={200: MetricListSerializer})
     def get(self, request, job_id):
-        points = self.job().metric_points.order_by("id")
+        after = whole_number(request.query_params, "after", default=0, minimum=0, maximum=MAX_SEQ)
+        limit = whole_number(request.query_params, "limit", default=MAX_METRIC_LIMIT, minimum=1,
+                             maximum=MAX_METRIC_LIMIT)
+        points = self.job().metric_points.filter(id__gt=after).order_by("id")
         if name := request.query_params.get("name"):
             points = points.filter(name=name)
-        return Response({"results": [metric_json(p) for p in points]})
+        rows = list(points[:limit + 1])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Response({"results": [metric_json(p) for p in rows], "next_after": rows[-1].id if rows else after,
+                         "more": more})
 
 
 class JobResources(TenantScoped, APIView):

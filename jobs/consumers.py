@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 BACKLOG_LINES = 5000
 BACKLOG_LOG_BYTES = 4 * 2**20  # of the newest BACKLOG_LINES, as many as fit
 BACKLOG_POINTS_PER_LINE = 2000  # of each line of a chart (metric, learner, attempt): spread over all of it
+# In all, over every line: a job with many lines gets fewer points of each (at least two: its ends),
+# and its lines past BACKLOG_CHART_LINES (in name order) none, so one socket's backlog stays one
+# message a browser can take.
+BACKLOG_POINTS = 200_000
+BACKLOG_CHART_LINES = 1000
 # The longest a send waits for the client to take it. One that reads nothing fills its connection's
 # buffer; a send to it would then wait for ever, and with it whatever sends to the next socket (a
 # tenant's list hub) while its messages queue without bound.
@@ -340,15 +345,17 @@ def _int(value, default):
 
 
 # Each chart line's points numbered in arrival order; a line longer than the share keeps the
-# positions where position * (share - 1) wraps past its last, which include its first and last.
+# positions where position * (share - 1) wraps past its last, which include its first and last. Lines
+# are numbered in name order, and those past the first few are left out.
 SPREAD_SQL = """
 SELECT * FROM {table} WHERE id IN (
     SELECT id FROM (
         SELECT id, ROW_NUMBER() OVER (PARTITION BY name, learner, attempt ORDER BY id) - 1 AS position,
-               COUNT(*) OVER (PARTITION BY name, learner, attempt) - 1 AS last
+               COUNT(*) OVER (PARTITION BY name, learner, attempt) - 1 AS last,
+               DENSE_RANK() OVER (ORDER BY name, learner, attempt) AS line
         FROM {table} WHERE job_id = %s
     ) numbered
-    WHERE last < %s OR (position * %s) %% NULLIF(last, 0) < %s
+    WHERE line <= %s AND (last < %s OR (position * %s) %% NULLIF(last, 0) < %s)
 )
 ORDER BY id
 """
@@ -356,8 +363,16 @@ ORDER BY id
 
 def _spread_points(job):
     """The job's metric points for a socket's backlog: each line's whole length, at most
-    BACKLOG_POINTS_PER_LINE of its points (a job may hold millions, which a page draws no better)."""
+    BACKLOG_POINTS_PER_LINE of its points and BACKLOG_POINTS in all (a job may hold millions, which a
+    page draws no better), of its first BACKLOG_CHART_LINES lines."""
     from jobs.models import MetricPoint
-    share = BACKLOG_POINTS_PER_LINE
+    lines = min(_chart_lines(job), BACKLOG_CHART_LINES)
+    share = max(2, min(BACKLOG_POINTS_PER_LINE, BACKLOG_POINTS // max(lines, 1)))
     return MetricPoint.objects.raw(SPREAD_SQL.format(table=MetricPoint._meta.db_table),
-                                   [job.id, share, share - 1, share - 1])
+                                   [job.id, BACKLOG_CHART_LINES, share, share - 1, share - 1])
+
+
+def _chart_lines(job):
+    """How many lines (metric, learner, attempt) the job's charts have."""
+    from jobs.models import MetricPoint
+    return MetricPoint.objects.filter(job=job).values("name", "learner", "attempt").distinct().count()

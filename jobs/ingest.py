@@ -10,6 +10,14 @@ agent never resends it and nothing after it waits on it.
 
 Who may post is settled first (`authenticate`, one indexed query on the learner's credential), before
 the body is read or parsed: a caller without a valid credential costs the platform no JSON decoding.
+
+One credential must not hold up the others. A status record costs queries only when it moves its
+learner forward (preparing, running, exited: each at most once, in that order); a repeat or a step
+back is acked and costs nothing. The job's lock is waited for at most LOCK_WAIT_S: a post that
+cannot have it by then is answered 503 (the agent retries), rather than holding one of the web
+process's few ingest threads behind another post of the same job. What a learner stores past its log
+and metric caps is counted, not stored (jobs.logcap), and the records it has refused are noted in the
+job's log at most MAX_REFUSED_NOTES times.
 """
 import json
 from dataclasses import dataclass, field
@@ -17,12 +25,12 @@ from datetime import datetime, timedelta, timezone as dt_timezone
 
 import orjson
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from jobs import (bulk, credentials, elastic_timeline, ingest_records, lifecycle, live, logcap, prometheus_series,
                   tensorboard)
 from jobs.ingest_records import AGENT_STREAMS, MAX_REASON
-from jobs.models import Job, Learner, MetricPoint, ResourceSample
+from jobs.models import Job, Learner, MetricPoint, ResourceSample, Status
 from jobs.serializers import metric_json
 from learner_agent import batch_changes
 
@@ -32,6 +40,13 @@ MAX_REJECTED_LISTED = 100  # refused records named in one answer; the rest are c
 # How far a resource sample's time may be from its arrival: behind, a spool sent after an outage;
 # ahead, an agent's clock running fast.
 SAMPLE_BACKLOG_S, SAMPLE_AHEAD_S = 3600.0, 300.0
+# A post waits this long for its job's lock (another post of the job, a worker's change), then is
+# answered 503 with Retry-After RETRY_AFTER_S; PostgreSQL only (SQLite posts take turns in one thread).
+LOCK_WAIT_S, RETRY_AFTER_S = 2.0, 1
+MAX_REFUSED_NOTES = 20  # per learner: a `system` line for each post with refused records, up to this
+# How far each status moves a learner; one that would not move it further is acked and not applied.
+_STATUS_STEP = {"preparing": 1, "running": 2, "exited": 3}
+_STATE_STEP = {Learner.State.DEPLOYING: 0, Learner.State.RUNNING: 2, Learner.State.EXITED: 3, Learner.State.LOST: 3}
 
 
 class IngestError(Exception):
@@ -117,6 +132,20 @@ def ingest(grant, payload, *, text_checked=True):
     """Apply one batch posted with `grant` (from authenticate); returns what it Stored.
     `text_checked`: from decode()."""
     batch = parse_batch(payload)
+    try:
+        slot, learner, lines, points, good, rejected = _apply(grant, batch, text_checked)
+    except OperationalError as exc:
+        if not _lock_not_available(exc):
+            raise
+        raise IngestError(503, f"the job is busy; retry in {RETRY_AFTER_S}s") from None
+    live.publish_records_on_commit(slot.job.id, lines, points)
+    prometheus_series.ingested(slot.tenant_slug, lines=len(lines), oldest_time=_oldest_time(good))
+    return Stored(learner.acked_seq, rejected, slot.job.batch_request)
+
+
+def _apply(grant, batch, text_checked):
+    """The batch applied in one transaction under the job's lock: (slot, learner, stored lines,
+    stored points, the records stored, those refused)."""
     with transaction.atomic():
         slot = _lock(grant.job_id, grant.attempt, grant.learner)
         if slot is None:
@@ -138,9 +167,12 @@ def ingest(grant, payload, *, text_checked=True):
         fresh = _fresh_records(batch.records, learner.acked_seq)
         good, rejected = _checked(fresh, text_checked, _SampleGate(job, learner))
         lines, points = _store(job, learner, good, through=fresh[-1]["seq"] if fresh else None, rejected=rejected)
-    live.publish_records_on_commit(job.id, lines, points)
-    prometheus_series.ingested(slot.tenant_slug, lines=len(lines), oldest_time=_oldest_time(good))
-    return Stored(learner.acked_seq, rejected, job.batch_request)
+    return slot, learner, lines, points, good, rejected
+
+
+def _lock_not_available(exc):
+    """Whether `exc` is PostgreSQL's answer to a lock not had within lock_timeout (SQLSTATE 55P03)."""
+    return getattr(exc.__cause__, "pgcode", None) == "55P03"  # psycopg2's LockNotAvailable
 
 
 def _checked(records, text_checked, samples):
@@ -218,7 +250,8 @@ def _columns(model, names):
 _LOG_COUNTS = {"log_bytes", "log_dropped_lines", "log_dropped_bytes"}  # jobs.logcap's, on both rows
 _JOB_COLUMNS = _columns(Job, {"id", "status", "attempt", "learners", "gpus", "log_seq", "tenant_id", "batch_request",
                               *_LOG_COUNTS})
-_LEARNER_COLUMNS = _columns(Learner, {"id", "job_id", "attempt", "index", "acked_seq", "log_lines", *_LOG_COUNTS})
+_LEARNER_COLUMNS = _columns(Learner, {"id", "job_id", "attempt", "index", "state", "acked_seq", "log_lines",
+                                      "ingest_state", *_LOG_COUNTS})
 
 
 def _lock_statements():
@@ -244,6 +277,7 @@ def _lock_statements():
 
 _LOCK_STATEMENTS = _lock_statements()
 _BATCH_REQUEST = Job._meta.get_field("batch_request")
+_LEARNER_MEMO = Learner._meta.get_field("ingest_state")
 
 
 def _lock(job_id, attempt, index):
@@ -255,8 +289,11 @@ def _lock(job_id, attempt, index):
     waited, with its submissions and admissions, for each other's transactions.
     NO KEY: rows that only refer to the job (events, outbox rows) need not wait. The job is locked
     before the learner (the CTE is read first), in the order workers lock them. The learner's row is
-    locked as read: what the batch writes to it must not undo a worker's change."""
+    locked as read: what the batch writes to it must not undo a worker's change.
+    On PostgreSQL the locks of the whole transaction are waited for at most LOCK_WAIT_S."""
     with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(LOCK_WAIT_S * 1000)}ms"])
         cursor.execute(_LOCK_STATEMENTS[connection.vendor], [job_id, attempt, index])
         row = cursor.fetchone()
     if row is None:
@@ -266,6 +303,8 @@ def _lock(job_id, attempt, index):
     job.batch_request = _BATCH_REQUEST.from_db_value(job.batch_request, None, connection)  # JSON as text here
     learner_row = row[split + 1:]
     learner = Learner.from_db(connection.alias, _LEARNER_COLUMNS, learner_row) if learner_row[0] is not None else None
+    if learner is not None:
+        learner.ingest_state = _LEARNER_MEMO.from_db_value(learner.ingest_state, None, connection) or {}
     return _Slot(job, learner, row[split])
 
 
@@ -310,8 +349,11 @@ def _store(job, learner, records, *, through=None, rejected=()):
         batch_applied.clear()
 
     job_pk, attempt, index = job.pk, learner.attempt, learner.index
+    memo = learner.ingest_state  # the learner's TensorBoard files, metric counts and refused notes
     events = None  # the learner's TensorBoard files, read at its first tfevent record
     meter = logcap.Meter(job, learner, logcap.caps_of(job_pk))
+    metrics = logcap.MetricMeter(job_pk, memo.setdefault("metrics", logcap.empty_metric_counts()))
+    reached = _STATE_STEP.get(learner.state, 0)
 
     def system_line(text):
         meter.stored(len(text.encode("utf-8")), platform=True)
@@ -320,11 +362,18 @@ def _store(job, learner, records, *, through=None, rejected=()):
         rows.append((job_pk, job.log_seq, attempt, index, "system", iso, text))
         stored_lines.append({"seq": job.log_seq, "learner": index, "stream": "system", "time": iso, "line": text})
 
+    def point(metric):
+        if metrics.admit(metric.name):
+            points.append(metric)
+        elif (notice := metrics.reached_notice(index)) is not None:
+            system_line(notice)
+
     for record in records:
         if record["kind"] == "tfevent":
-            events = events or tensorboard.LearnerEvents(learner.tensorboard)
+            events = events or tensorboard.LearnerEvents(memo)
             try:
-                points.extend(_event_points(job, events, record, learner))
+                for metric in _event_points(job, events, record, learner):
+                    point(metric)
             except tensorboard.MalformedEvent as e:
                 if (note := events.note(str(e))) is not None:
                     system_line(note)
@@ -345,38 +394,58 @@ def _store(job, learner, records, *, through=None, rejected=()):
             rows.append((job_pk, job.log_seq, attempt, index, stream, iso, line))
             stored_lines.append({"seq": job.log_seq, "learner": index, "stream": stream, "time": iso, "line": line})
             continue
+        if record["kind"] == "status" and not _moves_forward(record, reached, job):
+            continue  # a repeat or a step back: acked, and costs nothing
         when = _time(record.get("time"))
         if record["kind"] == "resource":
             samples.append(_resource_sample(record, job, learner, when))
             continue
         if record["kind"] == "metric":
-            point = _metric(record, learner, when)
-            point.job = job
-            points.append(point)
-            if point.name == batch_changes.APPLIED_METRIC and index == 0 and 0 < point.value < 2**63:
-                batch_applied.append((int(point.value), when))
+            metric = _metric(record, learner, when)
+            metric.job = job
+            point(metric)
+            # Heard whether or not the point is stored: it acknowledges the platform's batch change.
+            if metric.name == batch_changes.APPLIED_METRIC and index == 0 and 0 < metric.value < 2**63:
+                batch_applied.append((int(metric.value), when))
         else:
-            if record.get("state") == "exited" and (notice := meter.summary_notice()) is not None:
+            reached = _STATUS_STEP[record["state"]]
+            if record["state"] == "exited" and (notice := meter.summary_notice()) is not None:
                 system_line(notice)
             flush(along=[_job_progress(job)])
             _apply_status(job, learner, record, when)
-    if rejected:
-        system_line(_rejected_note(index, rejected))
+    if rejected and (note := _rejected_note(memo, index, rejected)) is not None:
+        system_line(note)
     through = through if through is not None else (records[-1]["seq"] if records else None)
     if through is not None:
         learner.acked_seq = through
-        if events is not None and events.changed:
-            learner.tensorboard = events.state
-            Learner.objects.filter(pk=learner.pk).update(tensorboard=learner.tensorboard)
-        flush(along=[_job_progress(job), _learner_progress(learner)])
+        memo_changed = metrics.changed or (events is not None and events.changed) or bool(rejected)
+        flush(along=[_job_progress(job), _learner_progress(learner, memo_changed=memo_changed)])
+        metrics.remember_on_commit()
     return stored_lines, stored_points
 
 
-def _rejected_note(index, rejected, shown=3):
-    """The `system` line that tells the job's readers which records of a post were refused."""
+def _moves_forward(record, reached, job):
+    """Whether a status record takes its learner further than `reached` (_STATUS_STEP). `preparing`
+    moves a job that is still PENDING only: the learner's row does not record it."""
+    step = _STATUS_STEP[record["state"]]
+    if step <= reached:
+        return False
+    return record["state"] != "preparing" or job.status == Status.PENDING
+
+
+def _rejected_note(memo, index, rejected, shown=3):
+    """The `system` line that tells the job's readers which records of a post were refused; None past
+    MAX_REFUSED_NOTES of them for the learner, whose refused records are then only counted."""
+    refused = memo.setdefault("refused", {"notes": 0, "unnoted": 0})
+    if refused["notes"] >= MAX_REFUSED_NOTES:
+        refused["unnoted"] += len(rejected)
+        return None
+    refused["notes"] += 1
     named = "; ".join(f"seq {r['seq']}: {r['error']}" for r in rejected[:shown])
     more = f"; and {len(rejected) - shown} more" if len(rejected) > shown else ""
-    return f"ingest: {len(rejected)} record(s) of learner {index} refused and not stored ({named}{more})"
+    last = (f" (the last such note of the {MAX_REFUSED_NOTES} shown for this learner)"
+            if refused["notes"] == MAX_REFUSED_NOTES else "")
+    return f"ingest: {len(rejected)} record(s) of learner {index} refused and not stored ({named}{more}){last}"
 
 
 def _job_progress(job):
@@ -387,12 +456,15 @@ def _job_progress(job):
             [job.log_seq, job.log_bytes, job.log_dropped_lines, job.log_dropped_bytes, job.pk])
 
 
-def _learner_progress(learner):
-    """The statement that records what of the learner's records and log the platform has."""
+def _learner_progress(learner, *, memo_changed=False):
+    """The statement that records what of the learner's records and log the platform has, and its
+    TensorBoard files, metric counts and refused notes (Learner.ingest_state) when they changed."""
+    memo = ", ingest_state = %s" if memo_changed else ""
+    params = [learner.acked_seq, learner.log_lines, learner.log_bytes, learner.log_dropped_lines,
+              learner.log_dropped_bytes, *([_LEARNER_MEMO.get_db_prep_save(learner.ingest_state, connection)]
+                                           if memo_changed else []), learner.pk]
     return (f'UPDATE "{Learner._meta.db_table}" SET acked_seq = %s, log_lines = %s, log_bytes = %s, '
-            'log_dropped_lines = %s, log_dropped_bytes = %s WHERE id = %s',
-            [learner.acked_seq, learner.log_lines, learner.log_bytes, learner.log_dropped_lines,
-             learner.log_dropped_bytes, learner.pk])
+            f'log_dropped_lines = %s, log_dropped_bytes = %s{memo} WHERE id = %s', params)
 
 
 def _metric(record, learner, when):

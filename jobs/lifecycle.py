@@ -148,7 +148,12 @@ def learner_preparing(job):
 
 
 def learner_running(job, learner, when):
-    Learner.objects.filter(pk=learner.pk).update(state=Learner.State.RUNNING, started_at=when)
+    # A learner's end, once recorded, is final: a late (or forged) `running` must not reopen it, nor
+    # let a second `exited` rewrite the exit code the attempt is judged by.
+    updated = (Learner.objects.filter(pk=learner.pk).exclude(state__in=[Learner.State.EXITED, Learner.State.LOST])
+               .update(state=Learner.State.RUNNING, started_at=when))
+    if not updated:
+        return
     running = Learner.objects.filter(job=job, attempt=job.attempt, state=Learner.State.RUNNING).count()
     if running == job.learners:
         transition(job.id, Status.PROCESSING, actor=SYSTEM, reason="training", attempt=job.attempt)

@@ -11,13 +11,19 @@ The job's caps are its `logs` and `log_lines` disk caps (jobs.disk, decided at s
 learner's are the platform's settings (LOG_MAX_*_PER_LEARNER), within the job's. A line longer than
 LOG_MAX_LINE_BYTES is cut there and marked. The platform's own lines (these notices, data-store
 progress) count too, but are never refused: there are a few per learner.
+
+Metric points are capped the same way (MetricMeter): a learner of an attempt stores at most
+METRIC_POINTS_PER_LEARNER of them and a job at most METRIC_NAMES_PER_JOB metric names; past them a
+point is counted, not stored, and the job's log gets one `system` line when a learner first meets a cap.
 """
+import threading
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import connection, transaction
 
 from jobs import disk
-from jobs.models import Job
+from jobs.models import Job, MetricPoint
 from trainyard.units import format_bytes
 
 TRUNCATED = " …[line cut: {} bytes, over the platform's {}-byte limit]"
@@ -106,3 +112,89 @@ class Meter:
             return None
         return (f"… {learner.log_dropped_lines} lines / {format_bytes(learner.log_dropped_bytes)} of learner "
                 f"{learner.index} not stored: log cap reached ({self.caps.describe()})")
+
+
+# --- metric points -------------------------------------------------------------------------------
+# The metric names of each job this process has seen stored: always a subset of the job's names, so a
+# process that knows the cap's worth knows them all (nothing stores a name past the cap).
+_job_names = {}
+_job_names_lock = threading.Lock()
+# The job's names in index order, one probe of the (job, name, id) index each, where DISTINCT would
+# read every point of the job.
+_NAMES_SQL = """
+WITH RECURSIVE names(name) AS (
+    SELECT MIN(name) FROM {table} WHERE job_id = %s
+    UNION ALL
+    SELECT (SELECT MIN(name) FROM {table} WHERE job_id = %s AND name > names.name) FROM names
+    WHERE names.name IS NOT NULL
+)
+SELECT name FROM names WHERE name IS NOT NULL LIMIT %s
+"""
+
+
+def empty_metric_counts():
+    """What a learner's metric counts start as: points stored and points counted past a cap."""
+    return {"points": 0, "dropped": 0}
+
+
+class MetricMeter:
+    """One post's metric points for one learner of an attempt: `admit` each by its name. `counts`
+    (empty_metric_counts) is kept on the learner's row, locked by the caller, and updated in place.
+
+    Every post of a job is applied under the job's row lock, so the names read from its points here
+    are exact: they are read once per post, and only when it brings a name this process has not seen
+    while the job is below its cap."""
+
+    def __init__(self, job_id, counts):
+        self.job_id, self.counts = job_id, counts
+        self.points_cap, self.names_cap = settings.METRIC_POINTS_PER_LEARNER, settings.METRIC_NAMES_PER_JOB
+        self.names = set(_job_names.get(job_id, ()))
+        self.read, self.added, self.changed = False, set(), False
+
+    def admit(self, name):
+        """True when a point named `name` is stored; False when it is counted as dropped."""
+        fits = self.counts["points"] < self.points_cap and self._name_fits(name)
+        self.counts["points" if fits else "dropped"] += 1
+        self.changed = True
+        return fits
+
+    def _name_fits(self, name):
+        if name in self.names:
+            return True
+        if len(self.names) < self.names_cap and not self.read:
+            self.names |= _stored_names(self.job_id, self.names_cap)
+            self.read = True
+            _remember_names(self.job_id, frozenset(self.names))
+            if name in self.names:
+                return True
+        if len(self.names) >= self.names_cap:
+            return False
+        self.names.add(name)
+        self.added.add(name)
+        return True
+
+    def remember_on_commit(self):
+        """This post's new names join what the process knows once they are stored."""
+        if self.added:
+            added = frozenset(self.added)
+            transaction.on_commit(lambda: _remember_names(self.job_id, added))
+
+    def reached_notice(self, index):
+        """The system line for the first point learner `index` could not store, or None after the first."""
+        if self.counts["dropped"] != 1:
+            return None
+        return (f"metric cap reached for learner {index} ({self.points_cap} points per learner, "
+                f"{self.names_cap} metric names per job): its points past a cap are counted, not stored")
+
+
+def _stored_names(job_id, limit):
+    with connection.cursor() as cursor:
+        cursor.execute(_NAMES_SQL.format(table=MetricPoint._meta.db_table), [job_id, job_id, limit])
+        return {name for (name,) in cursor.fetchall()}
+
+
+def _remember_names(job_id, names):
+    with _job_names_lock:
+        if job_id not in _job_names and len(_job_names) >= _CACHE_SIZE:
+            _job_names.clear()
+        _job_names[job_id] = frozenset(_job_names.get(job_id, ())) | names

@@ -145,9 +145,11 @@ class Learner(models.Model):
     reason = models.TextField(blank=True)
     # Highest agent sequence number stored: records at or below it are resends and are dropped.
     acked_seq = models.BigIntegerField(default=0)
-    # TensorBoard event files read so far (jobs.tensorboard): each file's last stored record offset
-    # (resends at or below it are dropped) and which of each run's tags are scalars.
-    tensorboard = models.JSONField(default=dict, blank=True)
+    # What ingest keeps of this learner between posts (jobs.ingest): its TensorBoard event files read so
+    # far (jobs.tensorboard: each file's last stored record offset, which of each run's tags are
+    # scalars), its metric points stored and counted past a cap (jobs.logcap.MetricMeter), and its
+    # refused-record notes (jobs.ingest).
+    ingest_state = models.JSONField(default=dict, blank=True)
     # This learner's log lines and bytes stored, and those counted but not stored past a log cap (jobs.logcap).
     log_lines = models.BigIntegerField(default=0)
     log_bytes = models.BigIntegerField(default=0)

@@ -239,6 +239,8 @@ class MetricPointSerializer(serializers.Serializer):
 
 class MetricListSerializer(serializers.Serializer):
     results = MetricPointSerializer(many=True)
+    next_after = serializers.IntegerField(help_text="pass as ?after= to read on")
+    more = serializers.BooleanField(help_text="more points follow this page now")
 
 
 class JobEventListSerializer(serializers.Serializer):

@@ -5,15 +5,18 @@ there); what a record means is read here, by the `tensorboard` package itself: i
 `data_compat` (old `simple_value` summaries become tensors with the scalars plugin's metadata) and its
 `tensor_util`. A time series is a scalar when the first value of its tag says so (plugin `scalars` or
 `DATA_CLASS_SCALAR`): TF2 writers put the metadata on a tag's first value only, so what each run's tags
-are is kept per learner (`Learner.tensorboard`), as TensorBoard keeps it per run.
+are is kept per learner (`Learner.ingest_state`), as TensorBoard keeps it per run.
 
 Exactly once: a record's offset in its file is stored per file; one at or below it is a resend (an
 agent restarted between spooling records and noting how far it had read) and is dropped.
 
 Hostile records cost little and break nothing: each is at most MAX_RECORD_BYTES, a record that is not
 an Event is dropped with a note in the job's log (at most MAX_NOTES per learner), a tensor is decoded
-only when its shape holds one element, and the files and tags (and their length) remembered per
-learner are bounded.
+only when its shape holds one element, an event gives at most one value per tag (a writer repeating
+a tag thousands of times in one event made a point of each), a tag or run whose name is not
+printable is passed over as a metric record's name is refused (jobs.ingest_records), and the files
+and tags (and their length) remembered per learner are bounded. The points themselves are capped
+with the learner's other metric points (jobs.logcap.MetricMeter).
 """
 import base64
 import binascii
@@ -43,16 +46,19 @@ class Scalar:
 
 
 def empty_state():
-    """What `Learner.tensorboard` starts as."""
+    """What `Learner.ingest_state` starts as."""
     return {"offsets": {}, "tags": {}, "notes": 0}
 
 
 class LearnerEvents:
     """One learner's event records, applied in seq order under its row lock; `state` is the
-    JSON kept in Learner.tensorboard and is updated in place."""
+    JSON kept in Learner.ingest_state (which holds the learner's other ingest counts beside it) and is
+    updated in place."""
 
     def __init__(self, state):
-        self.state = {**empty_state(), **(state or {})}
+        for key, value in empty_state().items():
+            state.setdefault(key, value)
+        self.state = state
         self.changed = False
 
     def scalars(self, record):
@@ -67,6 +73,8 @@ class LearnerEvents:
         offsets[path] = offset
         self.changed = True
         run = path.rpartition("/")[0]
+        if not run.isprintable():
+            return []
         try:
             decoded = decode(data, self._run_tags(run), room=self._room())
         except MalformedEvent as e:
@@ -106,10 +114,12 @@ def decode(data, tags, *, room=MAX_TAGS):
     if event.WhichOneof("what") != "summary":
         return []
     event = data_compat.migrate_event(event)
-    found = []
+    found, seen = [], set()
     for value in event.summary.value:
-        if len(value.tag) > MAX_TAG or "\x00" in value.tag:  # PostgreSQL stores no NUL in a name or a JSON key
+        # isprintable: as a metric record's name (no NUL either, which PostgreSQL stores in no name or JSON key).
+        if len(value.tag) > MAX_TAG or not value.tag.isprintable() or value.tag in seen:
             continue
+        seen.add(value.tag)
         scalar = tags.get(value.tag)
         if scalar is None:
             if room <= 0:

@@ -235,6 +235,10 @@ DATA_DOWNLOAD_SECONDS = env.integer("TRAINYARD_DATA_DOWNLOAD_SECONDS", 3600, min
 LOG_MAX_BYTES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_MB_PER_LEARNER", 256, minimum=1) * 2**20
 LOG_MAX_LINES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_LINES_PER_LEARNER", 1_000_000, minimum=1)
 LOG_MAX_LINE_BYTES = env.integer("TRAINYARD_LOG_MAX_LINE_BYTES", 16384, minimum=256)
+# What one learner of an attempt may store of metric points, and one job of distinct metric names
+# (jobs.logcap.MetricMeter): past them points are counted, not stored.
+METRIC_POINTS_PER_LEARNER = env.integer("TRAINYARD_METRIC_POINTS_PER_LEARNER", 1_000_000, minimum=1)
+METRIC_NAMES_PER_JOB = env.integer("TRAINYARD_METRIC_NAMES_PER_JOB", 1000, minimum=1)
 # How fast one learner's output is shipped (learner_agent.pace): after a burst, at most this many
 # bytes a second; a learner printing faster is slowed (its writes wait), its lines are not dropped.
 LOG_PACE_BYTES_PER_SECOND = env.integer("TRAINYARD_LOG_PACE_KB", 512, minimum=0) * 2**10
@@ -246,6 +250,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB 
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)
 # How long an ingest thread keeps its database connection between posts (portal.overrides.ingest).
 INGEST_KEEP_CONNECTION_S = env.integer("TRAINYARD_INGEST_KEEP_CONNECTION_S", 300, minimum=0)
+# How long an ingest post's body may take to arrive in all (portal.overrides.ingest): a stalled
+# upload is refused then, and its connection closed.
+INGEST_READ_S = env.number("TRAINYARD_INGEST_READ_S", 60.0, minimum=1.0)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 # How long a request's body may take to arrive (portal.bodylimit): a 408 then, and the connection closed.
 REQUEST_READ_S = env.number("TRAINYARD_REQUEST_READ_S", 300.0, minimum=1.0)

@@ -210,3 +210,23 @@ def test_a_jobs_artifacts_of_some_kinds_come_in_pages_of_their_own(alice):
 def test_artifact_pages_refuse_parameters_they_cannot_read(alice, query, field):
     response = client_for(alice).get(f"/api/v1/jobs/{job(alice).id}/artifacts/?{query}")
     assert response.status_code == 400 and response.json()["field"] == field
+
+
+def test_a_jobs_metrics_come_a_page_at_a_time(alice):
+    from django.utils import timezone
+
+    from jobs.api import MAX_METRIC_LIMIT
+    from jobs.models import MetricPoint
+    target = job(alice)
+    now = timezone.now()
+    MetricPoint.objects.bulk_create([MetricPoint(job=target, name="loss" if i % 2 else "acc", value=i, step=i,
+                                                 time=now) for i in range(MAX_METRIC_LIMIT + 5)])
+    client, path = client_for(alice), f"/api/v1/jobs/{target.id}/metrics/"
+    first = client.get(path).json()
+    assert len(first["results"]) == MAX_METRIC_LIMIT and first["more"] is True
+    rest = client.get(path, {"after": first["next_after"]}).json()
+    assert [p["step"] for p in rest["results"]] == list(range(MAX_METRIC_LIMIT, MAX_METRIC_LIMIT + 5))
+    assert rest["more"] is False and rest["next_after"] > first["next_after"]
+    loss = client.get(path, {"name": "loss", "limit": 3}).json()
+    assert [p["step"] for p in loss["results"]] == [1, 3, 5] and loss["more"] is True
+    assert client.get(path, {"limit": MAX_METRIC_LIMIT + 1}).status_code == 400

@@ -107,7 +107,7 @@ def test_a_record_sent_again_by_a_restarted_agent_is_stored_once(running_job, tm
     assert len(again) == len(batch) + 2  # everything again, plus the new file's two records
     assert post(running_job, again).json() == {"acked": first.seq + len(again)}
     assert points() == [("loss", s, s) for s in range(5)] + [("later/loss", 9, 9)]
-    stored = Learner.objects.get(job=running_job).tensorboard
+    stored = Learner.objects.get(job=running_job).ingest_state
     assert set(stored["offsets"]) == {r["file"] for r in again} and stored["tags"][""] == {"loss": True}
 
 
@@ -130,7 +130,7 @@ def test_hostile_records_are_noted_and_break_nothing(running_job):
                record(7, simple("ok", 1.5, 7).SerializeToString()), record(8, nan)]
     assert post(running_job, records).json() == {"acked": 8}
     assert points() == [("ok", 7, 1.5)]
-    assert Learner.objects.get(job=running_job).tensorboard["tags"] == {"": {"bomb": True, "ok": True, "nan": True}}
+    assert Learner.objects.get(job=running_job).ingest_state["tags"] == {"": {"bomb": True, "ok": True, "nan": True}}
     notes = list(LogLine.objects.filter(stream="system").values_list("line", flat=True))
     assert len(notes) == 4 and all(n.startswith("TensorBoard: ") for n in notes)
     assert "f byte 100: not an Event protobuf" in notes[0]
@@ -148,7 +148,7 @@ def test_a_nul_in_a_tag_or_a_file_name_is_passed_over_and_the_batch_stored(runni
                record(3, "f", simple("loss", 3.0, 3)), {"seq": 4, "kind": "log", "stream": "stdout", "line": "after"}]
     assert post(running_job, records).json() == {"acked": 4}
     assert points() == [("loss", 3, 3.0)]
-    assert Learner.objects.get(job=running_job).tensorboard["tags"] == {"": {"loss": True}}
+    assert Learner.objects.get(job=running_job).ingest_state["tags"] == {"": {"loss": True}}
     assert "its file's path: at most" in LogLine.objects.get(stream="system").line
     assert LogLine.objects.filter(stream="stdout", line="after").exists()
 
@@ -159,3 +159,33 @@ def test_notes_stop_at_the_limit(running_job):
     post(running_job, records)
     notes = list(LogLine.objects.filter(stream="system").values_list("line", flat=True))
     assert len(notes) == tensorboard.MAX_NOTES and "the last such note" in notes[-1]
+
+
+def test_an_event_gives_one_value_per_tag(running_job, settings):
+    repeated = event_pb2.Event(wall_time=1_700_000_000.0, step=1, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag="loss", simple_value=float(i)) for i in range(5000)]))
+    records = [{"seq": s, "kind": "tfevent", "file": "f", "offset": s * 100_000, "time": 1.0,
+                "data": base64.b64encode(repeated.SerializeToString()).decode()} for s in (1, 2)]
+    assert post(running_job, records).json() == {"acked": 2}
+    assert points() == [("loss", 1, 0.0), ("loss", 1, 0.0)]
+
+
+def test_tags_and_runs_that_are_not_printable_are_passed_over(running_job):
+    def record(seq, file, tag):
+        return {"seq": seq, "kind": "tfevent", "file": file, "offset": seq, "time": 1.0,
+                "data": base64.b64encode(simple(tag, 1.0, seq).SerializeToString()).decode()}
+
+    records = [record(1, "f", "\x1b[2J\x1b[31mloss\r\nfake line"), record(2, "f", "lo\u202ess"),
+               record(3, "r\x07un\n/f", "loss"), record(4, "f", "loss")]
+    assert post(running_job, records).json() == {"acked": 4}
+    assert points() == [("loss", 4, 1.0)]
+
+
+def test_event_points_count_against_the_learners_metric_cap(running_job, settings):
+    settings.METRIC_POINTS_PER_LEARNER = 3
+    records = [{"seq": s, "kind": "tfevent", "file": "f", "offset": s, "time": 1.0,
+                "data": base64.b64encode(simple("loss", float(s), s).SerializeToString()).decode()}
+               for s in range(1, 11)]
+    assert post(running_job, records).json() == {"acked": 10}
+    assert [step for _, step, _ in points()] == [1, 2, 3]
+    assert LogLine.objects.get(stream="system").line.startswith("metric cap reached for learner 0")

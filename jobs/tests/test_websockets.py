@@ -520,3 +520,22 @@ def test_the_backlog_spreads_each_lines_points_over_its_length_and_keeps_the_new
     loss = [p["step"] for p in metrics["points"] if p["name"] == "loss"]
     assert 40 <= len(loss) <= 50 and loss[0] == 0 and loss[-1] == 999 and loss == sorted(loss)
     assert [p["step"] for p in metrics["points"] if p["name"] == "acc"] == [1]
+
+
+def test_the_backlog_is_bounded_over_all_lines_of_the_charts(monkeypatch):
+    from jobs import consumers
+    monkeypatch.setattr(consumers, "BACKLOG_POINTS", 100)
+    monkeypatch.setattr(consumers, "BACKLOG_CHART_LINES", 5)
+    alice = member()
+    target = job(alice)
+    now = timezone.now()
+    MetricPoint.objects.bulk_create([MetricPoint(job=target, name=f"m{n}", value=i, step=i, time=now)
+                                     for n in range(10) for i in range(100)])
+    code, messages = session(f"/ws/jobs/{target.id}/?token={token_for(alice)}")
+    [metrics] = [m for m in messages if m["type"] == "metrics"]
+    names = sorted({p["name"] for p in metrics["points"]})
+    assert names == ["m0", "m1", "m2", "m3", "m4"]  # the first lines by name
+    assert len(metrics["points"]) <= 100
+    for name in names:  # each line still drawn over its whole length
+        steps = [p["step"] for p in metrics["points"] if p["name"] == name]
+        assert steps[0] == 0 and steps[-1] == 99

@@ -3,7 +3,7 @@
 Why kept: every agent posts here about once a second, so ingest is most of what a web process
 does; through Django's ASGI handler each post runs the whole middleware stack and hops between the
 event loop and a thread several times. Here a post goes straight to its view in a pool of threads.
-It relies on ASGIHandler's read_body, create_request and send_response and on
+It relies on ASGIHandler's create_request and send_response and on
 django.core.handlers.exception.response_for_exception (undocumented; tests/test_canary.py), and on a
 connection reading CONN_MAX_AGE and CONN_HEALTH_CHECKS from its own settings_dict when it connects
 (tests/test_ingest.py fails where it stops).
@@ -16,15 +16,27 @@ Host is validated (a name the platform does not answer as gets a 400), the reque
 answered as Django answers it.
 The route in portal/urls.py stays, for the test client and `reverse`; both reach the one view.
 
+The body is read here, so here it is bounded: a Content-Length over DATA_UPLOAD_MAX_MEMORY_SIZE is
+refused (413) before a byte is read, a body that grows past it (chunked) is refused as it does, and
+one that has not all arrived within INGEST_READ_S is refused (408), so a stalled upload holds neither
+memory nor a connection for long. Before any of it is read, the credential is checked on a pool
+thread (`admit`): a caller without one is answered as the view answers it (401, 410, a throttled
+429) and costs the platform no reading at all. A post answered before its body was read to the end
+closes its connection: the rest of the body would otherwise be read, only to be discarded.
+
 The pool's threads live as long as the process, so each keeps its database connection from one post
 to the next (INGEST_KEEP_CONNECTION_S, checked before each post as CONN_HEALTH_CHECKS checks it),
 where a request in Django's stack runs in a thread of its own and opens one per request. A post then
 costs no login to PgBouncer, whose SCRAM exchange is a key derivation on both ends, and no session
 reset.
 """
+import asyncio
 import gc
+import io
 import re
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -32,6 +44,7 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.exception import response_for_exception
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.http import JsonResponse
 
 PATH = re.compile(r"/api/v1/ingest/(?P<job_id>[^/\x00]+)/")  # a NUL goes through Django: a 400 naming it
 
@@ -59,7 +72,7 @@ def keep_connection():
 
 class IngestRoute:
     """ASGI: ingest posts on the pool's threads, everything else to `django` (its ASGIHandler, whose
-    body reading, request building and response sending serve the posts too)."""
+    request building and response sending serve the posts too; their bodies are read here, bounded)."""
 
     def __init__(self, django):
         self.django = django
@@ -69,15 +82,35 @@ class IngestRoute:
         match = PATH.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
         if match is None:
             return await self.django(scope, receive, send)
+        job_id = match["job_id"]
+        answer = declared_too_big(scope)
+        if answer is None:
+            answer = await self._in_pool(self._admit, scope, job_id)
+        if answer is not None:  # the body is left unread
+            answer["Connection"] = "close"
+            return await self.django.send_response(answer, send)
         try:
-            body = await self.django.read_body(receive)
+            body = await read_within(receive, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+                                     seconds=settings.INGEST_READ_S)
         except RequestAborted:  # the agent went away; it posts the batch again
             return
+        except BodyRefused as refused:
+            return await self.django.send_response(refused.answer(), send)
         request, error = self.django.create_request(scope, body)
-        response = error or await sync_to_async(respond, thread_sensitive=False, executor=self.executor)(
-            request, match["job_id"])
+        response = error or await self._in_pool(respond, request, job_id)
         body.close()
+        if response.status_code == 503:
+            response.setdefault("Retry-After", retry_after())
         await self.django.send_response(response, send)
+
+    def _admit(self, scope, job_id):
+        """None when the post's credential may post to the job; else the view's answer to the post
+        without its body (the credential is the view's first concern: the body is never read)."""
+        request, error = self.django.create_request(scope, io.BytesIO())
+        return error or admit(request, job_id)
+
+    async def _in_pool(self, function, *args):
+        return await sync_to_async(function, thread_sensitive=False, executor=self.executor)(*args)
 
     def close(self):
         """Stop the pool's threads and close the connections they kept (a test suite does this before
@@ -92,11 +125,103 @@ def respond(request, job_id):
     database connection past its age or after an error), the Host checked as CommonMiddleware checks
     it, and an exception answered by Django's own handling."""
     from jobs.api import ingest_view
+    with as_a_request():
+        try:
+            request.get_host()  # DisallowedHost: a 400, as for every other request to a name not ours
+            return ingest_view(request, job_id)
+        except Exception as exc:  # noqa: BLE001 - Django turns it into the response it would send
+            return response_for_exception(request, exc)
+
+
+def retry_after():
+    """When to post again after a 503: the job was busy (jobs.ingest.LOCK_WAIT_S); the view's answer
+    carries no header, so the route adds it."""
+    from jobs.ingest import RETRY_AFTER_S
+    return str(RETRY_AFTER_S)
+
+
+def admit(request, job_id):
+    """None when the credential of `request` is good for a live attempt of `job_id`, so its body is
+    worth reading; else what the view answers the post without its body. An agent's credential is
+    remembered by the process (jobs.credentials), so for it this costs no query."""
+    from jobs import credentials
+    header = request.headers.get("Authorization", "")
+    token = header[len("Ingest "):] if header.startswith("Ingest ") else None
+    with as_a_request():
+        grant = credentials.check(token, job_id)
+    if grant is not None and not grant.ended:
+        return None
+    return respond(request, job_id)
+
+
+@contextmanager
+def as_a_request():
+    """Django's request signals around database work on a pool thread, as around a request."""
     signals.request_started.send(sender=IngestRoute)
     try:
-        request.get_host()  # DisallowedHost: a 400, as for every other request to a name not ours
-        return ingest_view(request, job_id)
-    except Exception as exc:  # noqa: BLE001 - Django turns it into the response it would send
-        return response_for_exception(request, exc)
+        yield
     finally:
         signals.request_finished.send(sender=IngestRoute)
+
+
+class BodyRefused(Exception):
+    """A body the route does not read to its end: too big (413) or too slow (408)."""
+
+    def __init__(self, status, detail):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+    def answer(self):
+        response = JsonResponse({"detail": self.detail}, status=self.status)
+        response["Connection"] = "close"  # what is left of the body is not read
+        return response
+
+
+def declared_too_big(scope):
+    """The 413 for a post whose Content-Length is over DATA_UPLOAD_MAX_MEMORY_SIZE, or None."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                return None  # the server refuses a malformed length before the application sees it
+            return BodyRefused(413, _too_big(limit)).answer() if declared > limit else None
+    return None
+
+
+async def read_within(receive, *, limit, seconds):
+    """The post's body as a file, at most `limit` bytes and all of it within `seconds`; BodyRefused
+    past either, RequestAborted when the client goes away. As ASGIHandler.read_body otherwise: a big
+    body is spooled to a file rather than held in memory."""
+    body = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")
+    try:
+        async with asyncio.timeout(seconds):
+            await _read_into(body, receive, limit)
+    except TimeoutError:
+        body.close()
+        raise BodyRefused(408, f"the body did not arrive within {seconds:g} s") from None
+    except BaseException:
+        body.close()
+        raise
+    body.seek(0)
+    return body
+
+
+async def _read_into(body, receive, limit):
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestAborted()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyRefused(413, _too_big(limit))
+        body.write(chunk)
+        if not message.get("more_body", False):
+            return
+
+
+def _too_big(limit):
+    return f"an ingest post is at most {limit} bytes"

@@ -158,3 +158,133 @@ def test_closing_the_route_closes_the_connections_its_threads_kept(one_thread_ro
     while kept in server_processes():
         assert time.monotonic() < deadline, "the kept connection outlived its route"
         time.sleep(0.05)
+
+
+# --- the body is bounded: size, time, and no credential no reading -------------------------------
+async def open_post(target, *, token, length=None):
+    """A post whose body is sent by the test, message by message: (communicator, path)."""
+    from channels.testing import ApplicationCommunicator
+
+    headers = [(b"host", b"testserver"), (b"content-type", b"application/json")]
+    if token is not None:
+        headers.append((b"authorization", f"Ingest {token}".encode()))
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": f"/api/v1/ingest/{target.id}/",
+             "raw_path": f"/api/v1/ingest/{target.id}/".encode(), "query_string": b"", "headers": headers,
+             "client": ("127.0.0.1", 40000), "server": ("testserver", 80)}
+    return ApplicationCommunicator(application, scope)
+
+
+async def answer_of(communicator):
+    """(status, headers as a dict by lower-case name, body) of the answer, without sending more of the body."""
+    start = await communicator.receive_output(timeout=10)
+    body = await communicator.receive_output(timeout=10)
+    return start["status"], {name.lower(): value for name, value in start["headers"]}, body["body"]
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_a_byte_is_read(running_job, settings):
+    async def scenario():
+        communicator = await open_post(running_job, token=running_job.tokens[0],
+                                       length=settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+        return await answer_of(communicator)  # no body message is ever sent
+
+    status, headers, _ = async_to_sync(scenario)()
+    assert status == 413
+    assert headers[b"connection"] == b"close"
+
+
+def test_a_post_without_a_credential_is_answered_with_its_body_unread(running_job):
+    async def scenario():
+        communicator = await open_post(running_job, token="forged", length=8 * 2**20)
+        return await answer_of(communicator)  # the 8 MiB announced are never sent
+
+    status, headers, body = async_to_sync(scenario)()
+    assert status == 401 and "not valid" in json.loads(body)["detail"]
+    assert headers[b"connection"] == b"close"
+
+
+def test_a_body_that_grows_past_the_limit_is_refused_as_it_does(running_job, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 4096
+
+    async def scenario():
+        communicator = await open_post(running_job, token=running_job.tokens[0])  # chunked: no length
+        for _ in range(3):
+            await communicator.send_input({"type": "http.request", "body": b" " * 2048, "more_body": True})
+        return await answer_of(communicator)  # the body never ends
+
+    status, headers, _ = async_to_sync(scenario)()
+    assert status == 413
+    assert headers[b"connection"] == b"close"
+    assert not LogLine.objects.exists()
+
+
+def test_a_body_that_stalls_is_refused_at_the_deadline(running_job, settings):
+    settings.INGEST_READ_S = 1.0
+
+    async def scenario():
+        communicator = await open_post(running_job, token=running_job.tokens[0], length=1000)
+        await communicator.send_input({"type": "http.request", "body": b"{", "more_body": True})
+        started = time.monotonic()
+        return *(await answer_of(communicator)), time.monotonic() - started
+
+    status, headers, _, waited = async_to_sync(scenario)()
+    assert status == 408 and waited < 8
+    assert headers[b"connection"] == b"close"
+
+
+def test_a_body_sent_in_parts_within_the_limits_is_stored(running_job):
+    body = json.dumps({"attempt": 1, "learner": 0, "records": logs(1, 2)}).encode()
+
+    async def scenario():
+        communicator = await open_post(running_job, token=running_job.tokens[0], length=len(body))
+        middle = len(body) // 2
+        await communicator.send_input({"type": "http.request", "body": body[:middle], "more_body": True})
+        await communicator.send_input({"type": "http.request", "body": body[middle:], "more_body": False})
+        return await answer_of(communicator)
+
+    status, headers, answer = async_to_sync(scenario)()
+    assert (status, json.loads(answer)) == (200, {"acked": 2})
+    assert b"connection" not in headers  # the connection stays for the agent's next post
+
+
+def test_a_post_that_cannot_have_its_jobs_lock_soon_is_told_to_retry(running_job, monkeypatch):
+    """Another post of the job (or a worker) holding its lock must not hold this post's thread too."""
+    import threading
+
+    from django.db import transaction
+
+    from jobs import ingest
+    from jobs.models import Job
+    if connection.vendor != "postgresql":
+        skip_or_fail("lock waits are PostgreSQL's (set DATABASE_URL; SQLite posts take turns in one thread)")
+    monkeypatch.setattr(ingest, "LOCK_WAIT_S", 0.2)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_jobs_lock():
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=running_job.pk)
+                held.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_jobs_lock)
+    holder.start()
+    try:
+        assert held.wait(10)
+        body = json.dumps({"attempt": 1, "learner": 0, "records": logs(1, 1)}).encode()
+        headers = [(b"host", b"testserver"), (b"content-type", b"application/json"),
+                   (b"authorization", f"Ingest {running_job.tokens[0]}".encode())]
+        started = time.monotonic()
+        response = async_to_sync(HttpCommunicator(application, "POST", f"/api/v1/ingest/{running_job.id}/",
+                                                  body=body, headers=headers).get_response)(timeout=15)
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join()
+    assert response["status"] == 503 and waited < 10
+    assert {name.lower(): value for name, value in response["headers"]}[b"retry-after"] == b"1"
+    assert not LogLine.objects.exists()
+    assert async_to_sync(batch)(running_job, logs(1, 1))[0] == 200  # the agent's retry, once the lock is free
