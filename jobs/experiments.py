@@ -521,7 +521,7 @@ class Pass:
                 code.name.removeprefix("code."), private=self.experiment.private,
                 disk_caps=submission.disk_caps_for(tenant, manifest, quotas.quota_of(tenant)),
                 credentials=transfers.sealed_credentials(folder), code_sha256=self.experiment.code_sha256,
-                link_code=True,
+                link_code=True, queue_limit=quotas.intake_of(quotas.quota_of(tenant)),
                 runtime_extra={"hyperparameters": values, "experiment": {"id": self.experiment.id, "trial": number}})
         except submission.SubmitError as exc:
             self.experiment.state_reason = f"waiting: {exc.detail}"

@@ -250,6 +250,18 @@ def test_a_trial_the_tenants_limits_refuse_leaves_the_reason_not_a_failed_pass(a
     assert trials_of(experiment) == [] and experiment.trials_started == 0
 
 
+def test_a_trial_is_queued_within_the_tenants_queue_limit_counted_under_its_lock(alice, monkeypatch):
+    # The pass's own count of the queue's room was read earlier, without the lock: submissions may
+    # have filled the queue since.
+    Quota.objects.update_or_create(tenant=alice.tenant, defaults={"queued_jobs": 1})
+    builders.job(alice)  # the one queued job the tenant may have
+    monkeypatch.setattr(submission, "queue_room", lambda tenant: 4)
+    experiment = create(alice)
+    experiments.advance(experiment.id)
+    experiment.refresh_from_db()
+    assert trials_of(experiment) == [] and experiment.state_reason.startswith("waiting: too many queued jobs")
+
+
 def test_an_owner_disabled_or_refused_the_trials_priority_pauses_the_experiment(sent):
     boss = member("team-a", "boss", role="admin")
     urgent, plain = create(boss, priority="high"), create(boss)
