@@ -4,10 +4,11 @@ Django's ASGI handler reads a request's whole body (past FILE_UPLOAD_MAX_MEMORY_
 file) before any middleware or view sees the request. Without a bound here anyone, signed in or not,
 could make the web process keep gigabytes on its disk, or hold a connection by sending a byte a
 minute. So a Content-Length over the route's bound is refused (413) before a byte is read, a body
-that grows past it (chunked) is cut off with a 413, and one that has not all arrived within
-REQUEST_READ_S is answered 408. The bound is the code archive's (MAX_CODE_BYTES and room for the
+that grows past it (chunked) is cut off with a 413, and one that has not all arrived within the
+route's time is answered 408. The bound is the code archive's (MAX_CODE_BYTES and room for the
 manifest and the form around it) on the routes that take one, DATA_UPLOAD_MAX_MEMORY_SIZE (what
-Django takes of a body that is no file) elsewhere.
+Django takes of a body that is no file) elsewhere; the time is INGEST_READ_S for agents' posts (a
+batch is small and sent whole), REQUEST_READ_S for the rest.
 """
 import asyncio
 import json
@@ -17,6 +18,7 @@ from django.conf import settings
 
 # The routes a code archive is posted to: the REST API's jobs and experiments, the pages' forms.
 UPLOAD_PATHS = re.compile(r"/(api/v1/jobs/|api/v1/experiments/|submit/|experiments/new/)")
+INGEST_PATH = re.compile(r"/api/v1/ingest/[^/]+/")  # agents' posts (portal.overrides.ingest)
 FORM_ROOM = 8 * 2**20  # the manifest and the multipart form around the archive
 
 
@@ -24,6 +26,10 @@ def limit_for(path):
     if UPLOAD_PATHS.fullmatch(path):
         return settings.MAX_CODE_BYTES + FORM_ROOM
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+
+
+def seconds_for(path):
+    return settings.INGEST_READ_S if INGEST_PATH.fullmatch(path) else settings.REQUEST_READ_S
 
 
 class BodyLimit:
@@ -40,7 +46,7 @@ class BodyLimit:
         length = _content_length(scope)
         if length is not None and length > limit:
             return await _refuse(send, 413, _too_large(limit))
-        reading = _Reading(receive, limit, asyncio.get_running_loop().time() + settings.REQUEST_READ_S)
+        reading = _Reading(receive, limit, seconds_for(scope["path"]))
 
         async def tracked_send(message):
             if message["type"] == "http.response.start":
@@ -57,8 +63,9 @@ class _Reading:
     what to answer instead. Once the body is in, receive passes through: Django keeps listening
     on it for a disconnect while the view runs."""
 
-    def __init__(self, receive, limit, deadline):
-        self._receive, self._limit, self._deadline = receive, limit, deadline
+    def __init__(self, receive, limit, seconds):
+        self._receive, self._limit, self._seconds = receive, limit, seconds
+        self._deadline = asyncio.get_running_loop().time() + seconds
         self.read, self.complete, self.refusal, self.answered = 0, False, None, False
 
     async def receive(self):
@@ -70,7 +77,7 @@ class _Reading:
         try:
             message = await asyncio.wait_for(self._receive(), max(left, 0))
         except asyncio.TimeoutError:
-            self.refusal = (408, f"the request's body did not arrive within {settings.REQUEST_READ_S:g} s")
+            self.refusal = (408, f"the request's body did not arrive within {self._seconds:g} s")
             return {"type": "http.disconnect"}
         if message["type"] == "http.request":
             self.read += len(message.get("body", b""))

@@ -16,13 +16,12 @@ Host is validated (a name the platform does not answer as gets a 400), the reque
 answered as Django answers it.
 The route in portal/urls.py stays, for the test client and `reverse`; both reach the one view.
 
-The body is read here, so here it is bounded: a Content-Length over DATA_UPLOAD_MAX_MEMORY_SIZE is
-refused (413) before a byte is read, a body that grows past it (chunked) is refused as it does, and
-one that has not all arrived within INGEST_READ_S is refused (408), so a stalled upload holds neither
-memory nor a connection for long. Before any of it is read, the credential is checked on a pool
-thread (`admit`): a caller without one is answered as the view answers it (401, 410, a throttled
-429) and costs the platform no reading at all. A post answered before its body was read to the end
-closes its connection: the rest of the body would otherwise be read, only to be discarded.
+The body is read here, within the bounds portal.bodylimit, in front of every HTTP route, holds it
+to (DATA_UPLOAD_MAX_MEMORY_SIZE, arriving within INGEST_READ_S: past either it tells this route the
+client left, and answers 413 or 408 itself). Before any of it is read, the credential is checked on a
+pool thread (`admit`): a caller without one is answered as the view answers it (401, 410, a
+throttled 429) and costs the platform no reading at all. A post answered before its body was read to
+the end closes its connection: the rest of the body would otherwise be read, only to be discarded.
 
 The pool's threads live as long as the process, so each keeps its database connection from one post
 to the next (INGEST_KEEP_CONNECTION_S, checked before each post as CONN_HEALTH_CHECKS checks it),
@@ -30,7 +29,6 @@ where a request in Django's stack runs in a thread of its own and opens one per 
 costs no login to PgBouncer, whose SCRAM exchange is a key derivation on both ends, and no session
 reset.
 """
-import asyncio
 import gc
 import io
 import re
@@ -44,7 +42,6 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.exception import response_for_exception
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.http import JsonResponse
 
 PATH = re.compile(r"/api/v1/ingest/(?P<job_id>[^/\x00]+)/")  # a NUL goes through Django: a 400 naming it
 
@@ -83,19 +80,14 @@ class IngestRoute:
         if match is None:
             return await self.django(scope, receive, send)
         job_id = match["job_id"]
-        answer = declared_too_big(scope)
-        if answer is None:
-            answer = await self._in_pool(self._admit, scope, job_id)
+        answer = await self._in_pool(self._admit, scope, job_id)
         if answer is not None:  # the body is left unread
             answer["Connection"] = "close"
             return await self.django.send_response(answer, send)
         try:
-            body = await read_within(receive, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
-                                     seconds=settings.INGEST_READ_S)
-        except RequestAborted:  # the agent went away; it posts the batch again
+            body = await read_body(receive)
+        except RequestAborted:  # the agent went away (it posts the batch again), or bodylimit refused it
             return
-        except BodyRefused as refused:
-            return await self.django.send_response(refused.answer(), send)
         request, error = self.django.create_request(scope, body)
         response = error or await self._in_pool(respond, request, job_id)
         body.close()
@@ -164,64 +156,20 @@ def as_a_request():
         signals.request_finished.send(sender=IngestRoute)
 
 
-class BodyRefused(Exception):
-    """A body the route does not read to its end: too big (413) or too slow (408)."""
-
-    def __init__(self, status, detail):
-        super().__init__(detail)
-        self.status, self.detail = status, detail
-
-    def answer(self):
-        response = JsonResponse({"detail": self.detail}, status=self.status)
-        response["Connection"] = "close"  # what is left of the body is not read
-        return response
-
-
-def declared_too_big(scope):
-    """The 413 for a post whose Content-Length is over DATA_UPLOAD_MAX_MEMORY_SIZE, or None."""
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    for name, value in scope.get("headers", []):
-        if name.lower() == b"content-length":
-            try:
-                declared = int(value)
-            except ValueError:
-                return None  # the server refuses a malformed length before the application sees it
-            return BodyRefused(413, _too_big(limit)).answer() if declared > limit else None
-    return None
-
-
-async def read_within(receive, *, limit, seconds):
-    """The post's body as a file, at most `limit` bytes and all of it within `seconds`; BodyRefused
-    past either, RequestAborted when the client goes away. As ASGIHandler.read_body otherwise: a big
-    body is spooled to a file rather than held in memory."""
+async def read_body(receive):
+    """The post's body as a file, as ASGIHandler.read_body reads it (a big one spooled to a file rather
+    than held in memory); RequestAborted when the client goes away."""
     body = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")
     try:
-        async with asyncio.timeout(seconds):
-            await _read_into(body, receive, limit)
-    except TimeoutError:
-        body.close()
-        raise BodyRefused(408, f"the body did not arrive within {seconds:g} s") from None
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestAborted()
+            body.write(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
     except BaseException:
         body.close()
         raise
     body.seek(0)
     return body
-
-
-async def _read_into(body, receive, limit):
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise RequestAborted()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyRefused(413, _too_big(limit))
-        body.write(chunk)
-        if not message.get("more_body", False):
-            return
-
-
-def _too_big(limit):
-    return f"an ingest post is at most {limit} bytes"

@@ -68,10 +68,9 @@ def test_once_the_body_is_in_the_deadline_no_longer_applies():
             await asyncio.sleep(0.2)
             return {"type": "http.disconnect"} if reading.complete else \
                 {"type": "http.request", "body": b"", "more_body": False}
-        now = asyncio.get_running_loop().time
-        reading = _Reading(receive, limit=10, deadline=now() + 0.1)
+        reading = _Reading(receive, limit=10, seconds=0.1)
         assert (await reading.receive())["type"] == "http.disconnect" and reading.refusal[0] == 408
-        reading = _Reading(receive, limit=10, deadline=now() + 0.3)
+        reading = _Reading(receive, limit=10, seconds=0.3)
         assert (await reading.receive())["type"] == "http.request" and reading.complete
         await asyncio.sleep(0.2)  # past the deadline
         assert (await reading.receive())["type"] == "http.disconnect" and reading.refusal is None
