@@ -637,14 +637,15 @@ def measure(logins):
 
 
 def ingest_url(session):
-    """Where the agents post: the platform's web server, or with INGEST_WEB a web process of its own
-    (a deployment points its agents there with TRAINYARD_K8S_INGEST_URL), so browsers and users
-    are served by a process that parses no log batches."""
+    """Where the agents post: the platform's web server, or with INGEST_WEB an ingest server of its own
+    (portal.asgi:ingest_application; a deployment points its agents there with TRAINYARD_K8S_INGEST_URL),
+    so browsers and users are served by a process that parses no log batches."""
     if not INGEST_WEB:
         return session.url
     from portal.runner import free_port, web_server_command
     port = free_port()
-    session.platform.spawn("ingest-web", web_server_command("--host", "127.0.0.1", "--port", str(port)))
+    session.platform.spawn("ingest-web", web_server_command("--host", "127.0.0.1", "--port", str(port),
+                                                                application="portal.asgi:ingest_application"))
     url = f"http://127.0.0.1:{port}"
     wait_until("the ingest web process", lambda: _answers(url), 60)
     return url
@@ -652,7 +653,7 @@ def ingest_url(session):
 
 def _answers(url):
     try:
-        return requests.get(f"{url}/login/", timeout=2).status_code < 500
+        return requests.get(f"{url}/login/", timeout=2).status_code == 404  # it serves ingest posts alone
     except requests.RequestException:
         return False
 

@@ -45,7 +45,7 @@ class BodyLimit:
         limit = limit_for(scope["path"])
         length = _content_length(scope)
         if length is not None and length > limit:
-            return await _refuse(send, 413, _too_large(limit))
+            return await refuse(send, 413, _too_large(limit))
         reading = _Reading(receive, limit, seconds_for(scope["path"]))
 
         async def tracked_send(message):
@@ -54,7 +54,7 @@ class BodyLimit:
             await send(message)
         await self.app(scope, reading.receive, tracked_send)
         if reading.refusal and not reading.answered:
-            await _refuse(send, *reading.refusal)
+            await refuse(send, *reading.refusal)
 
 
 class _Reading:
@@ -102,7 +102,8 @@ def _too_large(limit):
     return f"the request's body is larger than {limit // 2**20} MiB, the most this route takes"
 
 
-async def _refuse(send, status, detail):
+async def refuse(send, status, detail):
+    """Answer `status` with {"detail": detail}, without reading the request's body."""
     body = json.dumps({"detail": detail}).encode()
     # The rest of the body is not read: the connection closes after the answer.
     await send({"type": "http.response.start", "status": status,

@@ -40,9 +40,10 @@ WEB_SERVER_OPTIONS = ("--lifespan", "off", "--no-proxy-headers", "--no-server-he
                       "--ws", "websockets-sansio", "--ws-max-size", "4096", "--timeout-graceful-shutdown", "5")
 
 
-def web_server_command(*where):
-    """The web process's argv, `where` saying where it listens (--host/--port, or --fd)."""
-    return [sys.executable, "-m", "uvicorn", "portal.asgi:application", *where, *WEB_SERVER_OPTIONS]
+def web_server_command(*where, application="portal.asgi:application"):
+    """The web process's argv, `where` saying where it listens (--host/--port, or --fd); an ingest
+    server's runs portal.asgi:ingest_application."""
+    return [sys.executable, "-m", "uvicorn", application, *where, *WEB_SERVER_OPTIONS]
 
 
 def free_port():

@@ -147,9 +147,9 @@ def test_the_web_reads_single_sign_on_from_the_config_and_its_client_secret_from
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_agents_post_to_ingest_servers_their_network_policy_lets_them_reach(overlay):
-    """TRAINYARD_K8S_INGEST_URL names the ingest Service; its pods, and only platform pods, are what the
-    learners' default policy (jobs.backends.k8s.objects) opens egress to. The ingest servers do not
-    talk to the Kubernetes API."""
+    """TRAINYARD_K8S_INGEST_URL names the ingest Service; its pods, and no other platform pods, are what
+    the learners' default policy (jobs.backends.k8s.objects) opens egress to, and they serve only the
+    ingest endpoint. The ingest servers do not talk to the Kubernetes API."""
     from urllib.parse import urlsplit
 
     from jobs.backends.k8s import objects as k8s_objects
@@ -167,6 +167,9 @@ def test_agents_post_to_ingest_servers_their_network_policy_lets_them_reach(over
     selector = rule["to"][0]["podSelector"]
     labels = selected[0]["spec"]["template"]["metadata"]["labels"]
     assert selector["matchLabels"].items() <= labels.items()
-    assert all(labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"])
+    reachable = [d["metadata"]["name"] for d in by_kind(rendered, "Deployment").values()
+                 if selector["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    assert reachable == ["trainyard-ingest"]
+    assert "portal.asgi:ingest_application" in selected[0]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert rule["ports"] == [{"protocol": "TCP", "port": service["spec"]["ports"][0]["port"]}]
     assert selected[0]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False

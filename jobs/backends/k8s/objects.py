@@ -114,7 +114,7 @@ def cpu_quantity(cpus):
 @dataclass(frozen=True)
 class Platform:
     """Where the platform runs, as far as the learners' network policy needs to know."""
-    namespace: str  # the platform's own namespace (its web and ingest pods serve the ingest endpoint)
+    namespace: str  # the platform's own namespace (where its ingest servers run)
     ingest_port: int
     pod_security: str = "restricted"
 
@@ -158,8 +158,9 @@ def limit_range(namespace_):
                 "maxLimitRequestRatio": {"cpu": "1", "memory": "1"}}]}}
 
 
-# Platform pods that serve the ingest endpoint (deploy/kubernetes/base: 50-web.yaml, 53-ingest.yaml).
-INGEST_COMPONENTS = ("web", "ingest")
+# The platform pods learners may reach: the ingest servers (deploy/kubernetes/base/53-ingest.yaml),
+# whose application serves agents' posts alone. The web servers, which serve everything else, they may not.
+INGEST_SERVERS = {"app.kubernetes.io/name": "trainyard", "app.kubernetes.io/component": "ingest"}
 
 
 def learners_default_policy(namespace_, platform):
@@ -181,11 +182,7 @@ def learners_default_policy(namespace_, platform):
                      "ports": dns_ports},
                     {"to": [{"namespaceSelector": {"matchLabels": {
                                 "kubernetes.io/metadata.name": platform.namespace}},
-                             # The web servers, and the ingest servers the base deploys for agents apart.
-                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "trainyard"},
-                                             "matchExpressions": [{"key": "app.kubernetes.io/component",
-                                                                   "operator": "In",
-                                                                   "values": list(INGEST_COMPONENTS)}]}}],
+                             "podSelector": {"matchLabels": dict(INGEST_SERVERS)}}],
                      "ports": [{"protocol": "TCP", "port": platform.ingest_port}]},
                 ]}}
 
