@@ -16,7 +16,8 @@ import shlex
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Avg, BigIntegerField, Count, ExpressionWrapper, F, Max, Min
+from django.db.models import Avg, Count, F, FloatField, Max, Min
+from django.db.models.functions import Cast, Floor
 from django.http import Http404
 
 from jobs import tenancy
@@ -326,7 +327,8 @@ def _bucket_averages(points, low, high, buckets):
     if low is None:
         return []
     width = max(1, math.ceil((high - low + 1) / buckets))
-    bucket = ExpressionWrapper((F("step") - low) / width, output_field=BigIntegerField())
+    # In floating point: a learner's steps may span the whole bigint range, where step - low overflows.
+    bucket = Floor((Cast("step", FloatField()) - float(low)) / float(width))
     rows = (points.exclude(step=None).annotate(bucket=bucket).values("bucket").annotate(x=Max("step"), y=Avg("value"))
             .order_by("bucket").values_list("x", "y"))
     return [[x, _finite(y)] for x, y in rows]

@@ -123,6 +123,18 @@ def test_a_very_long_line_is_averaged_over_step_buckets_by_the_database(alice, m
     assert not metric["series"][1]["averaged"]
 
 
+def test_steps_across_the_whole_range_a_learner_may_send_are_averaged(alice, monkeypatch):
+    monkeypatch.setattr(compare, "AVERAGE_ABOVE", 3)
+    monkeypatch.setattr(compare, "MAX_POINTS", 2)
+    wide = sweep_job(alice, "wide", "python train.py", losses=[1.0, 2.0])  # steps 1 and 2
+    report(wide, "loss", [3.0], first_step=-10)
+    report(wide, "loss", [4.0], first_step=2**63 - 1)  # step - low overflows a bigint
+    other = sweep_job(alice, "other", "python train.py", losses=[1.0])
+    response = get(client_for(alice), [wide.id, other.id])
+    assert response.status_code == 200
+    assert response.json()["metrics"][0]["series"][0]["points"] == [[2, 2.0], [2**63 - 1, 4.0]]
+
+
 def test_points_without_a_step_line_up_in_the_order_they_arrived(alice):
     unstepped = job(alice, name="unstepped", manifest_yaml=manifest("python train.py"))
     now = timezone.now()
