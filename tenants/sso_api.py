@@ -11,7 +11,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from tenants import sso
+from tenants import sso, throttling
 
 
 def _unconfigured():
@@ -28,6 +28,8 @@ class DeviceAuthorization(APIView):
     def post(self, request):
         if not sso.configured():
             return _unconfigured()
+        if refused := throttling.device_flow_refusal(request, throttling.DEVICE_STARTS):
+            return refused
         try:
             return Response(sso.start_device_flow())
         except (sso.SsoError, requests.RequestException) as exc:
@@ -45,6 +47,8 @@ class DeviceToken(APIView):
     def post(self, request):
         if not sso.configured():
             return _unconfigured()
+        if refused := throttling.device_flow_refusal(request, throttling.DEVICE_POLLS):
+            return refused
         device_code = request.data.get("device_code") if isinstance(request.data, dict) else None
         if not device_code:
             return Response({"detail": "device_code: This field is required."}, status=400)

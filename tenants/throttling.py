@@ -13,6 +13,8 @@ proxy's address, so an operator who puts one in front should have it limit too.
 - Ingest: one learner credential may post 600 batches per 10 s (then waits out the 10 s) (agents keep one batch in flight,
   so only a runaway one comes near); 20 posts with a bad credential from one address in a minute
   refuse that address's posts for a minute.
+- Single sign-on's device flow (the CLI's `login --sso`): one address may start 10 sign-ins and poll
+  60 times a minute, each a call to the identity provider.
 - Submissions: a tenant may submit its intake's submissions per minute (tenants.quotas.intake_of;
   TRAINYARD_SUBMITS_PER_MINUTE by default), counted per tenant in fixed windows of the clock's
   minutes; past it, submits are refused until the next minute begins (jobs.submission).
@@ -300,6 +302,24 @@ def token_retry_after(request):
 
 def token_failed(request):
     record(TOKEN_FAILURES, client_address(request))
+
+
+# --- single sign-on's device flow ---------------------------------------------------------------------------
+# Anyone may start a CLI's sign-in or poll for its token, and each is a call to the identity provider
+# made in the request: an address may start DEVICE_STARTS.limit and poll DEVICE_POLLS.limit times a
+# minute (the CLI polls every 5 s), so nobody can hold the web process or spend the platform's
+# standing with the provider.
+DEVICE_STARTS = Rule("sso-device", limit=10, window_s=60, lockout_s=60)
+DEVICE_POLLS = Rule("sso-poll", limit=60, window_s=60, lockout_s=60)
+
+
+def device_flow_refusal(request, rule):
+    """A 429 when the request's address is over `rule` (this request counted), else None."""
+    address = client_address(request)
+    retry_s = retry_after(rule, address) or record(rule, address)
+    if not retry_s:
+        return None
+    return too_many(retry_s, f"Too many single sign-on requests from this address; try again in {retry_s} s.")
 
 
 # --- submissions ---------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def device_login(url, *, notify, session=None, sleep=time.sleep, clock=time.mono
         error = answer.get("error")
         if error == "authorization_pending":
             continue
-        if error == "slow_down":
+        if error == "slow_down" or status == 429:  # 429: the server's own limit on polls from one address
             interval += SLOW_DOWN_S
             continue
         raise ApiError(f"single sign-on refused: {answer.get('detail') or error or status}", status=status,

@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from tenants import audit, sso
+from tenants import audit, sso, throttling
 from tenants.models import ApiToken, AuditEntry, GroupMapping, Invitation, Membership, SsoIdentity, Tenant
 from tests.support import oidc
 from tests.support.builders import job, member
@@ -339,6 +339,25 @@ def test_without_single_sign_on_the_login_page_is_as_before(client, settings):
 
 
 # --- the device flow ------------------------------------------------------------------------------------------
+def test_an_address_may_start_and_poll_the_device_flow_only_so_often(client, settings, monkeypatch):
+    """Each start and poll is a call to the identity provider: past its rule an address is refused with
+    429 before any call is made (the provider itself is not needed to see it)."""
+    settings.OIDC_ISSUER, settings.OIDC_CLIENT_ID = "https://id.example", "trainyard"
+    calls = []
+    monkeypatch.setattr(sso, "start_device_flow", lambda: calls.append("start") or {"device_code": "dc"})
+    monkeypatch.setattr(sso, "finish_device_flow", lambda code: calls.append("poll") or (None, "authorization_pending"))
+    starts = [client.post("/api/v1/sso/device/").status_code for _ in range(throttling.DEVICE_STARTS.limit + 5)]
+    assert starts == [200] * (throttling.DEVICE_STARTS.limit - 1) + [429] * 6
+    polls = [client.post("/api/v1/sso/device/token/", {"device_code": "dc"}, content_type="application/json")
+             for _ in range(throttling.DEVICE_POLLS.limit + 2)]
+    assert [p.status_code for p in polls] == [400] * (throttling.DEVICE_POLLS.limit - 1) + [429] * 3
+    assert int(polls[-1]["Retry-After"]) > 0
+    assert calls.count("start") == throttling.DEVICE_STARTS.limit - 1
+    assert calls.count("poll") == throttling.DEVICE_POLLS.limit - 1
+    other = Client(REMOTE_ADDR="10.0.0.9")  # another address is not held back
+    assert other.post("/api/v1/sso/device/").status_code == 200
+
+
 def test_the_device_flow_gives_a_personal_token_that_expires(idp, client, settings):
     settings.OIDC_TOKEN_LIFETIME_S = 3600
     started = client.post("/api/v1/sso/device/").json()

@@ -52,6 +52,13 @@ def test_it_shows_the_code_and_polls_until_the_person_has_signed_in():
     assert server.posts[1:] == [("https://ty.example/api/v1/sso/device/token/", {"device_code": "dc-1"})] * 3
 
 
+def test_the_servers_own_limit_on_polls_slows_it_down_too():
+    server = Server(STARTED, (429, {"detail": "Too many single sign-on requests from this address"}),
+                    (200, {"token": "ty_x", "username": "carol", "expires_at": "2030-01-01T00:00:00Z"}))
+    result, _, sleeps = run(server)
+    assert result["token"] == "ty_x" and sleeps == [2, 7]
+
+
 def test_it_stops_with_the_reason_when_the_person_refuses():
     server = Server(STARTED, (400, {"error": "access_denied", "detail": "The identity provider says access_denied."}))
     with pytest.raises(ApiError, match="single sign-on refused: The identity provider says access_denied"):
