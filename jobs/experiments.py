@@ -18,7 +18,9 @@ experiment's row lock:
 The searcher's whole state is these rows: a process killed mid-pass rolls the pass back, and the next
 pass (of the standby taking over, or of the restarted loop) decides again from what was committed. A
 trial's number is the experiment's `trials_started`, bumped in the transaction that stores its job, so
-no trial is started twice or lost.
+no trial is started twice or lost. A trial's job folder is made before that commit: a pass that fails
+removes the folders of the trials it stored, and what a killed one left is removed by the storage
+sweep (jobs.reconcile.sweep_storage).
 
 Trials are jobs like any other: they queue against the tenant's quota and fair share, at the manifest's
 priority, may borrow and be preempted, and can be halted, resumed and terminated one by one.
@@ -91,12 +93,13 @@ def create(membership, *, manifest_bytes, code_file, private=False, admitted=Non
         private=private, code_sha256=storage.sha256_of(upload), code_bytes=upload.stat().st_size)
     folder = storage.job_dir(membership.tenant.slug, experiment.id)
     try:
-        folder.mkdir(parents=True)
+        storage.stage_dir(membership.tenant.slug, experiment.id)
         _store_shared_code(upload, folder / f"code.{info.kind}")
         transfers.seal_submitted_credentials(folder, spec.manifest)
         with transaction.atomic():
             _check_unfinished(membership.tenant, lock=True)
             experiment.save(force_insert=True)
+            storage.unstage_on_commit(membership.tenant.slug, experiment.id)
             dispatch.wake_scheduler_on_commit()
     except Exception:
         shutil.rmtree(folder, ignore_errors=True)
@@ -231,7 +234,12 @@ def advance(experiment_id, *, wait=True):
                       .select_related("tenant", "owner").filter(pk=experiment_id).first())
         if experiment is None or experiment.finished_at is not None:
             return
-        Pass(experiment).run()
+        this_pass = Pass(experiment)
+        try:
+            this_pass.run()
+        except BaseException:
+            this_pass.discard_stored()  # rolled back with the pass: no row would own their folders
+            raise
 
 
 class Pass:
@@ -244,6 +252,7 @@ class Pass:
         self.asha = experiment.searcher == "asha"
         self.allowance = DECISIONS_PER_PASS
         self.more = False  # work left for the next pass: the loop is woken for it
+        self.stored = []  # the new trials' jobs, whose folders are theirs only once the pass commits
         self._views, self._places = None, {}
         try:
             self.spec = experiments.from_json(experiment.spec)
@@ -526,6 +535,7 @@ class Pass:
         except submission.SubmitError as exc:
             self.experiment.state_reason = f"waiting: {exc.detail}"
             return False
+        self.stored.append(job)
         _write_hparams(job, values)
         trial = Trial.objects.create(experiment=self.experiment, number=number, job=job, params=values,
                                      system_attrs=proposal.system_attrs)
@@ -537,6 +547,13 @@ class Pass:
         self.experiment.trials_started = number + 1
         self.experiment.state_reason = ""
         return True
+
+    def discard_stored(self):
+        """Remove the folders of the trials' jobs this pass stored, when it fails before its commit. One
+        killed outright, or whose commit failed (its outcome unknown here), leaves them to the storage
+        sweep (jobs.reconcile.sweep_storage), which removes a folder once it is sure no row owns it."""
+        for job in self.stored:
+            storage.remove_job_dir(job.tenant.slug, job.id)
 
     def promote(self, trial, rung):
         trial.state, trial.promoted = Trial.State.RUNNING, rung

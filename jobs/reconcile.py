@@ -6,18 +6,23 @@ scheduling loop (jobs.scheduler_loop: what the pass settled may have freed resou
 A pass reads what it judges in a fixed number of queries, whatever the number of active jobs (the
 jobs, their current attempts' learners, the open outbox rows); only what it changes costs queries
 per job: a query or two per job made a pass over a large cluster take seconds.
+
+`sweep_storage` (celery beat, every 10 minutes) does the same for storage: what a process killed
+between staging a folder and committing its row left there, which no row owns, is removed.
 """
 import logging
+import time
 from collections import defaultdict
 from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import dispatch, lifecycle, outbox, runtime
+from jobs import datastores, dispatch, lifecycle, outbox, runtime, storage
 from jobs.backends import get_backend
 from jobs.backends.base import LearnerState
-from jobs.models import ACTIVE, FollowUp, Job, Learner, Status
+from jobs.models import ACTIVE, FINAL, Experiment, FollowUp, Job, Learner, Status
+from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
 Kind = FollowUp.Kind
@@ -116,3 +121,44 @@ def _settle_learners(job, learners, statuses):
         with transaction.atomic():
             lifecycle.learner_exited(job, learner, reason=status.reason, when=timezone.now(), **ended)
         learner.state = ended["state"]
+
+
+# --- storage no row refers to -------------------------------------------------------------------------
+# A staged folder (jobs.storage.stage_dir) is one whose row has not committed; a submission or a pass in
+# flight commits within seconds, so one staged this long ago with no row is a leftover.
+ORPHAN_GRACE_S = 3600
+SWEEP_CHUNK = 500  # folders looked up a query
+
+
+def sweep_storage():
+    """Remove the leftovers of processes killed mid-submission or mid-pass: uploads, and staged folders
+    that neither a job nor an experiment row owns. A job or experiment that has ended loses its sealed
+    data-store credentials, which its end deletes after its commit: a process killed in between kept them."""
+    cutoff = time.time() - ORPHAN_GRACE_S
+    for upload in storage.uploads_older_than(cutoff):
+        log.warning("storage: removing the upload %s, left by a submission killed before its job was stored", upload)
+        upload.unlink(missing_ok=True)
+    slugs = list(Tenant.objects.values_list("slug", flat=True))
+    for slug, name, ended in _owners(storage.folders_holding(storage.STAGED_MARK, slugs, before=cutoff)):
+        if ended is not None:  # its row committed; the process was killed before it unstaged the folder
+            storage.unstage(slug, name)
+            continue
+        log.warning("storage: removing %s/%s, left by a process killed before its row was stored", slug, name)
+        if not storage.remove_job_dir(slug, name):
+            log.error("storage: %s/%s could not all be removed; the next sweep tries again", slug, name)
+    for slug, name, ended in _owners(storage.folders_holding(datastores.SEALED_FILE, slugs)):
+        if ended:
+            datastores.delete_credentials(storage.job_dir(slug, name))
+
+
+def _owners(folders):
+    """(slug, name, whether its job or experiment has ended, or None when no row owns it) of `folders`."""
+    for start in range(0, len(folders), SWEEP_CHUNK):
+        chunk = folders[start:start + SWEEP_CHUNK]
+        names = [name for _, name in chunk]
+        ended = {job_id: status in FINAL for job_id, status in
+                 Job.objects.filter(id__in=names).values_list("id", "status")}
+        ended.update((experiment_id, finished_at is not None) for experiment_id, finished_at in
+                     Experiment.objects.filter(id__in=names).values_list("id", "finished_at"))
+        for slug, name in chunk:
+            yield slug, name, ended.get(name)

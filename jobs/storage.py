@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
 from django.conf import settings
+from django.db import transaction
 
 from jobs.datastores import regular_files
 from learner_agent import trees
@@ -46,21 +47,85 @@ def job_dir(tenant_slug, job_id):
     return root() / tenant_slug / job_id
 
 
+UPLOAD_PREFIX = ".tmp-upload-"  # an upload being checked, in uploads_dir(), until its job is stored
+
+
 def uploads_dir():
     path = root() / ".uploads"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
+def uploads_older_than(cutoff):
+    """The uploads saved before `cutoff` (a time.time()) that are still there."""
+    return [Path(entry.path) for entry in _entries(uploads_dir())
+            if entry.name.startswith(UPLOAD_PREFIX) and _changed_before(entry, cutoff)]
+
+
+def folders_holding(file_name, tenant_slugs, *, before=None):
+    """(tenant slug, folder name) of every folder in these tenants' storage (a job's or an experiment's,
+    named by its id) holding `file_name`, last changed before `before` (a time.time()) when given."""
+    found = []
+    for slug in sorted(tenant_slugs):
+        for entry in _entries(root() / slug):
+            try:
+                changed = os.stat(Path(entry.path, file_name), follow_symlinks=False).st_mtime
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if before is None or changed < before:
+                found.append((slug, entry.name))
+    return found
+
+
+def _entries(folder):
+    try:
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except FileNotFoundError:  # a tenant that never stored anything
+        return []
+
+
+def _changed_before(entry, cutoff):
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime < cutoff
+    except FileNotFoundError:  # removed meanwhile
+        return False
+
+
+# A job's or an experiment's folder is made before its row commits, so a process killed in between leaves
+# a folder no row owns. It is made staged, with this mark in it, and the row's commit removes the mark
+# (unstage_on_commit): only a staged folder can be such a leftover (jobs.reconcile.sweep_storage), and a
+# folder a committed row once owned is never taken for one, whatever the database says later.
+STAGED_MARK = ".staged"
+
+
+def stage_dir(tenant_slug, name):
+    """A new folder for the job or experiment `name`, staged until unstage_on_commit's commit."""
+    path = job_dir(tenant_slug, name)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / STAGED_MARK).touch()
+    return path
+
+
+def unstage_on_commit(tenant_slug, name):
+    """The folder is its row's once the transaction saving the row commits."""
+    transaction.on_commit(lambda: unstage(tenant_slug, name))
+
+
+def unstage(tenant_slug, name):
+    (job_dir(tenant_slug, name) / STAGED_MARK).unlink(missing_ok=True)
+
+
 def create_job_dir(tenant_slug, job_id):
-    path = job_dir(tenant_slug, job_id)
+    path = stage_dir(tenant_slug, job_id)
     for sub in JOB_SUBDIRS:
         (path / sub).mkdir(parents=True, exist_ok=True)
     return path
 
 
 def remove_job_dir(tenant_slug, job_id):
-    trees.remove(job_dir(tenant_slug, job_id))  # its learners' folders may nest past what rmtree can
+    """Whether it is gone. Its learners' folders may nest past what rmtree can remove."""
+    return trees.remove(job_dir(tenant_slug, job_id))
 
 
 def learner_dir(tenant_slug, job_id, attempt, index):

@@ -155,7 +155,7 @@ def queue_room(tenant):
 
 
 def _save_upload(code_file):
-    fd, name = tempfile.mkstemp(dir=storage.uploads_dir(), prefix=".tmp-upload-")
+    fd, name = tempfile.mkstemp(dir=storage.uploads_dir(), prefix=storage.UPLOAD_PREFIX)
     with os.fdopen(fd, "wb") as out:
         for chunk in code_file.chunks():
             out.write(chunk)
@@ -191,6 +191,7 @@ def store_job(tenant, owner, manifest, manifest_text, code, kind, *, private=Fal
             if queue_limit is not None:
                 _hold_queue_place(tenant, queue_limit)
             job.save(force_insert=True)
+            storage.unstage_on_commit(tenant.slug, job.id)
             job.events.create(to_status=Status.QUEUED, actor=owner.username, reason="submitted")
             dispatch.wake_scheduler_on_commit()  # first: its wake is what the job waits for
             live.publish_status_on_commit(job)  # the jobs list shows it at once

@@ -63,6 +63,12 @@ def reconcile():
     reconciling.reconcile()
 
 
+@shared_task(name="jobs.tasks.sweep_storage", ignore_result=True)
+def sweep_storage():
+    """Celery beat's pass over storage: what killed processes left there (jobs.reconcile.sweep_storage)."""
+    reconciling.sweep_storage()
+
+
 @shared_task(name="jobs.tasks.idle_gpus", ignore_result=True)
 def idle_gpus():
     """Celery beat's pass over the tenants' idle-GPU policies (jobs.idle)."""

@@ -28,8 +28,9 @@ def test_it_accepts_a_job_and_queues_it(alice, django_capture_on_commit_callback
     body = response.json()
     assert body["id"].startswith("training-") and body["status"] == "QUEUED"
     assert Job.objects.get(pk=body["id"]).events.get().to_status == "QUEUED"
-    # Only after commit: the scheduling task, and the new job published to the jobs list's sockets.
-    assert len(callbacks) == 2
+    # Only after commit: the job's folder is its own (no longer staged), the scheduling loop is woken,
+    # and the new job is published to the jobs list's sockets.
+    assert len(callbacks) == 3
 
 
 def test_the_answer_to_a_submission_is_the_job_as_read_back_without_asking_for_what_it_cannot_have_yet(

@@ -5,12 +5,13 @@ creation, one code archive shared by every trial, and a kill that leaves its sto
 jobs/tests/test_experiments.py has the searchers' behaviour itself."""
 import json
 import os
+import time
 
 import pytest
 from django.utils import timezone
 
-from jobs import experiments, lifecycle, storage, submission
-from jobs.models import Artifact, Experiment, MetricPoint, Status, Trial
+from jobs import experiments, lifecycle, reconcile, storage, submission
+from jobs.models import Artifact, Experiment, Job, MetricPoint, Status, Trial
 from jobs.states import transition
 from tenants.models import Membership, Quota
 from tests.support import builders
@@ -309,6 +310,61 @@ def test_an_archive_that_cannot_be_linked_is_copied(alice, monkeypatch):
     code = submission.code_archive(trials_of(experiment)[0].job)
     assert code.stat().st_ino != archive_of(experiment).stat().st_ino
     assert code.read_bytes() == archive_of(experiment).read_bytes()
+
+
+# --- a pass that fails or is killed after storing trials ---------------------------------------------------
+class Killed(BaseException):
+    """The process dies here: nothing after it runs, no cleanup of its own either."""
+
+
+def fail_on_second_trial(monkeypatch, error):
+    """The pass fails while storing its second trial: after its job's folder, before the commit."""
+    written, real = [], experiments._write_hparams
+
+    def write_hparams(job, values):
+        written.append(job.id)
+        if len(written) == 2:
+            raise error
+        real(job, values)
+    monkeypatch.setattr(experiments, "_write_hparams", write_hparams)
+    return written
+
+
+def folders_of(tenant_slug):
+    return {path.name for path in storage.root().joinpath(tenant_slug).iterdir()}
+
+
+def test_a_pass_that_fails_after_storing_trials_removes_their_folders(alice, monkeypatch):
+    experiment = create(alice)
+    with monkeypatch.context() as patched:
+        stored = fail_on_second_trial(patched, OSError(28, "No space left on device"))
+        experiments.advance_all(budget_s=60)  # logged; the next pass tries again
+    assert len(stored) == 2 and not Job.objects.exists() and not Trial.objects.exists()
+    assert folders_of("team-a") == {experiment.id}
+    experiments.advance(experiment.id)
+    assert folders_of("team-a") == {experiment.id} | {t.job_id for t in trials_of(experiment)}
+
+
+def test_a_pass_killed_after_storing_trials_leaves_folders_the_storage_sweep_removes(alice, monkeypatch):
+    experiment = create(alice)
+    with monkeypatch.context() as patched:
+        stored = fail_on_second_trial(patched, Killed())
+        patched.setattr(experiments.Pass, "discard_stored", lambda self: None, raising=False)  # nothing runs
+        with pytest.raises(Killed):
+            experiments.advance(experiment.id)
+    assert not Job.objects.exists() and folders_of("team-a") == {experiment.id, *stored}
+    experiments.advance(experiment.id)  # the restarted loop's pass stores its trials again
+    kept = {experiment.id} | {t.job_id for t in trials_of(experiment)}
+    reconcile.sweep_storage()
+    assert folders_of("team-a") == kept | set(stored)  # not before a submission in flight would have committed
+    long_ago = time.time() - reconcile.ORPHAN_GRACE_S - 60
+    for name in folders_of("team-a"):
+        staged = storage.job_dir("team-a", name) / storage.STAGED_MARK
+        if staged.exists():
+            os.utime(staged, (long_ago, long_ago))
+    reconcile.sweep_storage()
+    assert folders_of("team-a") == kept
+    assert all(submission.code_archive(t.job) for t in trials_of(experiment))
 
 
 # --- kill -----------------------------------------------------------------------------------------------

@@ -1,11 +1,17 @@
 """reconcile() against a backend double (the project's own interface): it settles learners the
-backend knows more about, and re-drives steps whose tasks were lost."""
-import pytest
+backend knows more about, and re-drives steps whose tasks were lost. sweep_storage() removes what
+processes killed mid-submission left in storage, and nothing a row owns or a submission in flight has."""
+import os
+import time
 
-from jobs import admission, lifecycle, reconcile
+import pytest
+from django.utils import timezone
+
+from jobs import admission, datastores, experiments, lifecycle, reconcile, storage, submission, transfers
 from jobs.backends.base import Capacity, LearnerState, LearnerStatus, Node
-from jobs.models import Learner
-from tests.support.builders import WAKE_SCHEDULER, job, member, open_follow_ups, record_sends
+from jobs.models import Experiment, Job, Learner
+from tests.support.builders import (MANIFEST, WAKE_SCHEDULER, job, member, open_follow_ups, record_sends, tar_gz,
+                                    upload)
 
 pytestmark = pytest.mark.django_db
 
@@ -144,3 +150,97 @@ def test_a_pass_wakes_the_scheduling_loop_and_admits_nothing_itself(monkeypatch,
     waiting.refresh_from_db()
     assert waiting.status == "QUEUED"  # the loop's cycle admits it (jobs.scheduler_loop)
     assert sent == [WAKE_SCHEDULER]
+
+
+# --- the storage sweep: what killed processes left --------------------------------------------------------
+EXPERIMENT = (b"name: sweep\ncpus: 1\nmemory: 1GiB\nframework: {name: custom, command: 'python t.py'}\n"
+              b"hyperparameters: {lr: {type: log, minval: 0.001, maxval: 0.1}}\n"
+              b"searcher: {name: random, metric: acc, max_trials: 2}\n")
+
+
+class Killed(BaseException):
+    """The process dies here: nothing after it runs, no cleanup of its own either."""
+
+
+def killed(*args, **kwargs):
+    raise Killed()
+
+
+def code():
+    return upload(tar_gz({"t.py": b"print(1)\n"}))
+
+
+def age(*paths):
+    """As a killed process left them, longer ago than the sweep waits for a submission in flight."""
+    then = time.time() - reconcile.ORPHAN_GRACE_S - 60
+    for path in paths:
+        for made in (path, path / storage.STAGED_MARK):
+            if made.exists():
+                os.utime(made, (then, then))
+
+
+def names_in(folder):
+    return {path.name for path in folder.iterdir()}
+
+
+def test_the_sweep_removes_what_a_killed_submission_or_creation_left_once_no_row_can_own_it(monkeypatch, sent):
+    alice = member()
+    submitted = submission.submit(alice, manifest_bytes=MANIFEST, code_file=code())
+    created = experiments.create(alice, manifest_bytes=EXPERIMENT, code_file=code())
+    with monkeypatch.context() as patched:  # killed between the folder and the row's commit
+        patched.setattr(submission, "_hold_queue_place", killed)
+        with pytest.raises(Killed):
+            submission.submit(alice, manifest_bytes=MANIFEST, code_file=code())
+    with monkeypatch.context() as patched:
+        patched.setattr(experiments, "_check_unfinished", lambda tenant, lock=False: lock and killed())
+        with pytest.raises(Killed):
+            experiments.create(alice, manifest_bytes=EXPERIMENT, code_file=code())
+    left_upload = submission._save_upload(code())  # killed while its archive was checked
+    tenant_folder = storage.root() / "team-a"
+    kept = {submitted.id, created.id}
+    left = names_in(tenant_folder) - kept
+    assert len(left) == 2 and not Job.objects.filter(id__in=left) and not Experiment.objects.filter(id__in=left)
+    stranger = storage.root() / "not-a-tenant" / "training-0000000000"  # no tenant of ours: not ours to judge
+    stranger.mkdir(parents=True)
+    in_flight = storage.create_job_dir("team-a", "training-inflight00")  # its row not committed yet
+    age(left_upload, stranger, *(tenant_folder / name for name in kept | left))
+    reconcile.sweep_storage()
+    assert names_in(tenant_folder) == kept | {in_flight.name}
+    assert not left_upload.exists() and stranger.exists()
+    assert submission.code_archive(submitted) and list(storage.job_dir("team-a", created.id).glob("code.*"))
+    # The tests' transaction never commits, as a process killed right after the commit never unstaged:
+    # the sweep finds their rows and unstages them.
+    assert not any((tenant_folder / name / storage.STAGED_MARK).exists() for name in kept)
+
+
+def test_the_sweep_never_removes_a_folder_whose_row_committed_whatever_the_database_says_now(sent):
+    """A database restored from before a job was stored knows no row of it: its folder is kept, since
+    only a folder staged and never committed can be a leftover."""
+    alice = member()
+    folder = storage.create_job_dir("team-a", "training-restored0")
+    storage.unstage("team-a", "training-restored0")  # as its commit did
+    (folder / "results" / "model.bin").write_bytes(b"weights")
+    age(folder)
+    reconcile.sweep_storage()
+    assert (folder / "results" / "model.bin").read_bytes() == b"weights"
+    assert alice.tenant.slug == "team-a"
+
+
+def test_the_sweep_deletes_the_credentials_of_what_ended_when_its_end_was_killed_after_its_commit(sent):
+    """An ending deletes the sealed credentials after its commit (jobs.transfers.forget_credentials,
+    jobs.experiments.Pass.finish); the tests' transaction never commits, as a process killed there never
+    ran them."""
+    alice = member()
+    ended_job, running = job(alice, status="COMPLETED"), job(alice, status="PROCESSING")
+    common = dict(tenant=alice.tenant, owner=alice.user, name="e", spec={}, manifest_yaml="", searcher="random",
+                  metric="acc", code_sha256="0" * 64)
+    ended_experiment = Experiment.objects.create(**common, finished_at=timezone.now())
+    searching = Experiment.objects.create(**common)
+    for row in (ended_job, running, ended_experiment, searching):
+        folder = storage.create_job_dir("team-a", row.id)
+        transfers.seal_credentials(folder, {"store": {"secret_access_key": "s3cr3t"}})
+        age(folder)
+    reconcile.sweep_storage()
+    sealed = {row.id for row in (ended_job, running, ended_experiment, searching)
+              if (storage.job_dir("team-a", row.id) / datastores.SEALED_FILE).exists()}
+    assert sealed == {running.id, searching.id}
