@@ -147,7 +147,7 @@ def run_row(row_id, work, *, model=FollowUp, task=TASK):
 
 def _failed(row, worker, exc, model=FollowUp, task=TASK):
     delay = min(RETRY_MAX_S, 2.0 ** row.tries)
-    error = f"{type(exc).__name__}: {exc}"
+    error = f"{type(exc).__name__}: {exc}".replace("\x00", "?")  # PostgreSQL stores no NUL in text
     log.warning("%s failed (try %d): %s; again in %.0fs", row, row.tries, error, delay, exc_info=True)
     model.objects.filter(pk=row.pk, claimed_by=worker).update(
         claimed_at=None, claimed_by="", last_error=error[:2000], due_at=timezone.now() + timedelta(seconds=delay))

@@ -133,6 +133,6 @@ def post(url, body, headers, *, secret, policy, timeout_s):
     finally:
         connection.close()
     if not 200 <= response.status < 300:
-        raise DeliveryFailed(f"the receiver answered HTTP {response.status}: "
-                             f"{answer.decode('utf-8', 'replace')[:200]}", status=response.status)
+        said = "".join(c if c.isprintable() else "?" for c in answer.decode("utf-8", "replace")[:200])
+        raise DeliveryFailed(f"the receiver answered HTTP {response.status}: {said}", status=response.status)
     return response.status

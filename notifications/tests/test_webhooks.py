@@ -112,6 +112,38 @@ def test_it_keeps_a_failure_on_the_row_and_delivers_once_the_receiver_is_back(se
         back.stop()
 
 
+def test_a_receivers_answer_is_kept_on_the_row_without_its_control_characters(sent, private_allowed):
+    """A NUL in the receiver's answer (PostgreSQL stores none in text) made recording the failure fail:
+    the row stayed claimed, with no error and no retry, until the claim's time ran out."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Hostile(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            answer = b"a\x00b\x1b[2Jcd"
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        alice = member()
+        hook(alice, f"http://127.0.0.1:{server.server_port}/hook")
+        transition(job(alice).id, Status.PENDING, actor="t")
+        row = Delivery.objects.get()
+        assert services.deliver(row.pk) is None
+        row.refresh_from_db()
+        assert row.last_error.endswith("the receiver answered HTTP 500: a?b?[2Jcd") and not row.claimed_by
+        assert row.tries == 1 and row.due_at > timezone.now() and (services.TASK, (row.pk,)) in sent
+    finally:
+        server.shutdown()
+
+
 def test_it_cuts_off_a_slow_receiver(sent, private_allowed, settings):
     settings.WEBHOOK_TIMEOUT_S = 0.5
     slow = Receiver(delay_s=5).start()
