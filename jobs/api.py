@@ -25,7 +25,7 @@ from jobs.serializers import (AllocationListSerializer, AllocationSerializer, Ar
 from jobs.serializers import ResourcePageSerializer, ResourceSampleSerializer
 from jobs.bounds import BadParameter, BoundedFormParser, BoundedJSONParser, BoundedMultiPartParser, whole_number
 from jobs.models import ACTIVE, FINAL, Artifact
-from tenants import access
+from tenants import access, throttling
 from tenants.throttling import throttle_ingest
 from trainyard.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
 
@@ -303,7 +303,16 @@ class ClusterUse(APIView):
         responses={200: ClusterUseSerializer})
     def get(self, request):
         minutes = whole_number(request.query_params, "minutes", default=60, minimum=1, maximum=node_use.MAX_MINUTES)
-        return Response(ClusterUseSerializer({"minutes": minutes, "nodes": node_use.history(minutes)}).data)
+        try:
+            caller = access.request_membership(request).tenant_id  # one computation at a time per tenant
+        except access.NoTenant:  # platform staff
+            caller = f"user {request.user.pk}"
+        with throttling.slot(throttling.CLUSTER_HISTORY, caller) as free:
+            if not free:
+                return Response({"detail": "this tenant's last request for the cluster's history is still being "
+                                 "answered; try again in a few seconds"}, status=429, headers={"Retry-After": "3"})
+            nodes = node_use.shared_history(minutes)
+        return Response(ClusterUseSerializer({"minutes": minutes, "nodes": nodes}).data)
 
 
 def _tenant_jobs_by_node(request):

@@ -239,7 +239,8 @@ class ResourceSample(models.Model):
     gpus_busy = models.FloatField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["job", "id"]), models.Index(fields=["job", "time"], name="sample_job_time")]
+        indexes = [models.Index(fields=["job", "id"]), models.Index(fields=["job", "time"], name="sample_job_time"),
+                   models.Index(fields=["time"], name="sample_time")]  # the cluster's history (jobs.node_use)
 
 
 class IdleGpuPolicy(models.Model):

@@ -11,11 +11,17 @@ sending more samples than its period allows (jobs.ingest refuses most) counts on
 node is where its attempt placed it (the attempt's Allocation row); a node's GPU figure is None where
 no sample of the minute read a GPU (no NVML there).
 
-One GROUP BY over the window's samples, per learner and minute, whatever their number.
+One GROUP BY over the window's samples, per learner and minute, whatever their number. Its cost grows
+with every tenant's learners, and anyone signed in may ask: an answer is shared by every caller for the
+minute it was made in (`shared_history`), and a tenant has one computed at a time
+(tenants.throttling.CLUSTER_HISTORY).
 """
+import logging
+import time
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Avg, Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
@@ -24,6 +30,25 @@ from jobs.models import Allocation, ResourceSample
 
 MINUTE_S = 60.0
 MAX_MINUTES = 24 * 60
+
+log = logging.getLogger(__name__)
+
+
+def shared_history(minutes):
+    """history(minutes), as computed at most a minute ago for any caller."""
+    key = f"node-use:{minutes}:{int(time.time() // MINUTE_S)}"
+    try:
+        found = cache.get(key)
+    except Exception as exc:  # noqa: BLE001 - the cache is an economy: without it, compute
+        log.warning("could not reach the cache for the cluster's history (%s)", exc)
+        return history(minutes)
+    if found is None:
+        found = history(minutes)
+        try:
+            cache.set(key, found, timeout=int(MINUTE_S))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not keep the cluster's history in the cache (%s)", exc)
+    return found
 
 
 def history(minutes, now=None):

@@ -19,7 +19,8 @@ proxy's address, so an operator who puts one in front should have it limit too.
   TRAINYARD_SUBMITS_PER_MINUTE by default), counted per tenant in fixed windows of the clock's
   minutes; past it, submits are refused until the next minute begins (jobs.submission).
 - Heavy work at once: a tenant may have 2 comparisons of jobs (jobs.compare, which reads every point
-  of the lines it draws) running at a time, a third is refused with 429 until one ends; one webhook
+  of the lines it draws) running at a time, a third is refused with 429 until one ends, and one
+  computation of the cluster's history of use (jobs.node_use, over every tenant's samples); one webhook
   delivery (notifications.services) and one download of training data (jobs.transfers) at a time, the
   rest waiting their turn.
 
@@ -71,6 +72,7 @@ class AtOnce:
     # soon a slot whose process died is free again
 
 COMPARISONS = AtOnce("compare", limit=2, hold_s=120)
+CLUSTER_HISTORY = AtOnce("cluster-use", limit=1, hold_s=120)  # jobs.node_use: every tenant's samples
 
 
 @contextlib.contextmanager

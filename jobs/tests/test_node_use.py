@@ -85,3 +85,30 @@ def test_the_api_answers_totals_and_checks_its_window():
     assert set(body["nodes"][0]["points"][0]) == {"time", "cpu_cores", "gpus_busy"}
     refused = client.get("/api/v1/cluster/use/?minutes=100000")
     assert refused.status_code == 400 and refused.json()["field"] == "minutes"
+
+
+def test_the_history_is_computed_once_a_minute_for_every_caller():
+    import time
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    if time.time() % 60 > 55:  # both requests in one minute
+        time.sleep(6)
+    row = job(member())
+    placed(row, 1, "local")
+    samples(row, 0, 3, cpu=1.0, start=timezone.now() - timedelta(minutes=1))
+    first = client_for(member("team-b", "bob")).get("/api/v1/cluster/use/").json()
+    with CaptureQueriesContext(connection) as queries:
+        assert client_for(member("team-c", "carol")).get("/api/v1/cluster/use/").json() == first
+    assert not [q for q in queries if ResourceSample._meta.db_table in q["sql"]]
+
+
+def test_a_tenant_has_one_history_computed_at_a_time():
+    from tenants import throttling
+    bob = member("team-b", "bob")
+    with throttling.slot(throttling.CLUSTER_HISTORY, bob.tenant_id) as held:  # one of team-b's, still running
+        assert held
+        refused = client_for(member("team-b", "dave")).get("/api/v1/cluster/use/")
+        assert refused.status_code == 429 and refused["Retry-After"]
+        assert client_for(member("team-c", "carol")).get("/api/v1/cluster/use/").status_code == 200
+    assert client_for(bob).get("/api/v1/cluster/use/").status_code == 200
