@@ -91,19 +91,17 @@ def create(membership, *, manifest_bytes, code_file, private=False, admitted=Non
         spec=stored, manifest_yaml=datastores.redact_yaml(manifest_bytes.decode("utf-8")),
         searcher=spec.searcher.name, metric=spec.searcher.metric, smaller_is_better=spec.searcher.smaller_is_better,
         private=private, code_sha256=storage.sha256_of(upload), code_bytes=upload.stat().st_size)
-    folder = storage.job_dir(membership.tenant.slug, experiment.id)
+    slug = membership.tenant.slug
     try:
-        storage.stage_dir(membership.tenant.slug, experiment.id)
-        _store_shared_code(upload, folder / f"code.{info.kind}")
-        transfers.seal_submitted_credentials(folder, spec.manifest)
-        with transaction.atomic():
+        folder = storage.stage_dir(slug, experiment.id)
+        with storage.removed_on_error(slug, experiment.id):
+            _store_shared_code(upload, folder / f"code.{info.kind}")
+            transfers.seal_submitted_credentials(folder, spec.manifest)
+        with transaction.atomic(), storage.removed_on_error(slug, experiment.id):
             _check_unfinished(membership.tenant, lock=True)
             experiment.save(force_insert=True)
-            storage.unstage_on_commit(membership.tenant.slug, experiment.id)
+            storage.unstage_on_commit(slug, experiment.id)
             dispatch.wake_scheduler_on_commit()
-    except Exception:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
     finally:
         upload.unlink(missing_ok=True)
     return experiment

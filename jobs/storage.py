@@ -9,6 +9,7 @@ file system; it lives in TRAINYARD_DATA_DIR/storage-s3) and mirrors every job's 
 checkpoints and log into the bucket when the job stores its results (jobs.transfers, through the
 same Store interface as the manifests' data stores, jobs.datastores).
 """
+import contextlib
 import hashlib
 import os
 import stat
@@ -114,6 +115,17 @@ def unstage_on_commit(tenant_slug, name):
 
 def unstage(tenant_slug, name):
     (job_dir(tenant_slug, name) / STAGED_MARK).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def removed_on_error(tenant_slug, name):
+    """The staged folder is removed if the block fails. Keep a commit out of the block: one that fails may
+    have happened after all, and its folder is then left to the sweep, which looks for the row."""
+    try:
+        yield
+    except Exception:
+        remove_job_dir(tenant_slug, name)
+        raise
 
 
 def create_job_dir(tenant_slug, job_id):

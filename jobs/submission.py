@@ -181,23 +181,20 @@ def store_job(tenant, owner, manifest, manifest_text, code, kind, *, private=Fal
               runtime={**runtime.from_manifest(manifest, disk_caps=disk_caps), **(runtime_extra or {})})
     job.private = private
     folder = storage.create_job_dir(tenant.slug, job.id)
-    try:
+    with storage.removed_on_error(tenant.slug, job.id):
         _place_code(code, folder / f"code.{kind}", link=link_code)
         if credentials is None:
             transfers.seal_submitted_credentials(folder, manifest)
         else:
             transfers.seal_credentials(folder, credentials)
-        with transaction.atomic():
-            if queue_limit is not None:
-                _hold_queue_place(tenant, queue_limit)
-            job.save(force_insert=True)
-            storage.unstage_on_commit(tenant.slug, job.id)
-            job.events.create(to_status=Status.QUEUED, actor=owner.username, reason="submitted")
-            dispatch.wake_scheduler_on_commit()  # first: its wake is what the job waits for
-            live.publish_status_on_commit(job)  # the jobs list shows it at once
-    except Exception:
-        storage.remove_job_dir(tenant.slug, job.id)
-        raise
+    with transaction.atomic(), storage.removed_on_error(tenant.slug, job.id):
+        if queue_limit is not None:
+            _hold_queue_place(tenant, queue_limit)
+        job.save(force_insert=True)
+        storage.unstage_on_commit(tenant.slug, job.id)
+        job.events.create(to_status=Status.QUEUED, actor=owner.username, reason="submitted")
+        dispatch.wake_scheduler_on_commit()  # first: its wake is what the job waits for
+        live.publish_status_on_commit(job)  # the jobs list shows it at once
     return job
 
 

@@ -244,3 +244,30 @@ def test_the_sweep_deletes_the_credentials_of_what_ended_when_its_end_was_killed
     sealed = {row.id for row in (ended_job, running, ended_experiment, searching)
               if (storage.job_dir("team-a", row.id) / datastores.SEALED_FILE).exists()}
     assert sealed == {running.id, searching.id}
+
+
+def test_a_submission_whose_commit_fails_leaves_its_folder_to_the_sweep_which_keeps_it_for_its_row(
+        monkeypatch, sent):
+    """A commit that raises may have happened after all (the connection dropped after COMMIT): the job's
+    folder is kept, staged, and the sweep finds the row and unstages it."""
+    import contextlib
+
+    from django.db import transaction
+    real_atomic = transaction.atomic
+
+    @contextlib.contextmanager
+    def commit_lost(*args, **kwargs):
+        with real_atomic(*args, **kwargs):
+            yield
+        raise ConnectionError("server closed the connection unexpectedly")
+    alice = member()
+    monkeypatch.setattr(submission.transaction, "atomic", commit_lost)
+    with pytest.raises(ConnectionError):
+        submission.submit(alice, manifest_bytes=MANIFEST, code_file=code())
+    monkeypatch.undo()
+    stored = Job.objects.get()  # it did commit
+    folder = storage.job_dir("team-a", stored.id)
+    assert submission.code_archive(stored) and (folder / storage.STAGED_MARK).exists()
+    age(folder)
+    reconcile.sweep_storage()
+    assert submission.code_archive(stored) and not (folder / storage.STAGED_MARK).exists()
