@@ -20,10 +20,11 @@ MAX_TOKEN_LENGTH = 256  # longer than any issued token: refused without hashing
 
 @dataclass(frozen=True)
 class Grant:
-    """What a valid credential allows: posting as `learner` of `attempt` of `job_id`."""
+    """What a valid credential allows: posting as `learner` of `attempt` of `job_id`, a job of `tenant_id`."""
     job_id: str
     attempt: int
     learner: int
+    tenant_id: int  # whose share of the ingest threads its posts take (portal.overrides.ingest)
     ended: bool  # the attempt is over: its agent must stop (410), nothing it sends is stored
 
 
@@ -48,7 +49,7 @@ def attempt_over(*, status, current_attempt, attempt):
     return attempt != current_attempt or status not in ACTIVE
 
 
-# digest -> (job id, attempt, learner) of credentials seen valid: what a credential grants never changes
+# digest -> (job id, attempt, learner, tenant id) of credentials seen valid: what a credential grants never changes
 # once issued, so a process asks the database once per learner, not at every post (a round trip of
 # its own to PostgreSQL, waiting for a turn on the busy cores under load). Whether its attempt
 # lives is not remembered: ingest reads that under the
@@ -70,14 +71,14 @@ def check(token, job_id):
     if known is not None:
         return Grant(*known, ended=False) if known[0] == job_id else None
     row = (LearnerCredential.objects.filter(digest=key)
-           .values_list("job_id", "attempt", "learner", "job__status", "job__attempt").first())
+           .values_list("job_id", "attempt", "learner", "job__tenant_id", "job__status", "job__attempt").first())
     if row is None or row[0] != job_id:
         return None
-    credential_job, attempt, learner, status, current_attempt = row
+    credential_job, attempt, learner, tenant_id, status, current_attempt = row
     ended = attempt_over(status=status, current_attempt=current_attempt, attempt=attempt)
     if not ended:
-        _remember(key, (credential_job, attempt, learner))
-    return Grant(credential_job, attempt, learner, ended=ended)
+        _remember(key, (credential_job, attempt, learner, tenant_id))
+    return Grant(credential_job, attempt, learner, tenant_id, ended=ended)
 
 
 def _remember(key, grant):

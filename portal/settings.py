@@ -251,6 +251,9 @@ RESOURCE_SAMPLE_S = env.number("TRAINYARD_RESOURCE_SAMPLE_S", 5.0, minimum=0.0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
 # Threads of each web process that serve agents' ingest posts (portal.overrides.ingest); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)
+# How many of those threads one tenant's posts may hold at once (portal.overrides.ingest); the rest
+# wait their turn. 0: half of them (at least one).
+INGEST_TENANT_THREADS = env.integer("TRAINYARD_INGEST_TENANT_THREADS", 0, minimum=0)
 # How long an ingest thread keeps its database connection between posts (portal.overrides.ingest).
 INGEST_KEEP_CONNECTION_S = env.integer("TRAINYARD_INGEST_KEEP_CONNECTION_S", 300, minimum=0)
 # How long an ingest post's body may take to arrive in all (portal.overrides.ingest): a stalled

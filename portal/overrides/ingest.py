@@ -23,12 +23,21 @@ pool thread (`admit`): a caller without one is answered as the view answers it (
 throttled 429) and costs the platform no reading at all. A post answered before its body was read to
 the end closes its connection: the rest of the body would otherwise be read, only to be discarded.
 
+Each tenant has a share of the pool (`Shares`): at most INGEST_TENANT_THREADS of its posts are read
+and served at once (half the pool by default), so another tenant's post always finds a thread free,
+however big and many one tenant's batches are. A post past its tenant's share waits its turn on the
+event loop, holding no thread and unread, in order of arrival; one that has not had it within
+TURN_WAIT_S (well within an agent's 30 s timeout) is answered 503 with Retry-After, which the agent
+retries like any 503, keeping its records.
+
 The pool's threads live as long as the process, so each keeps its database connection from one post
 to the next (INGEST_KEEP_CONNECTION_S, checked before each post as CONN_HEALTH_CHECKS checks it),
 where a request in Django's stack runs in a thread of its own and opens one per request. A post then
 costs no login to PgBouncer, whose SCRAM exchange is a key derivation on both ends, and no session
 reset.
 """
+import asyncio
+import collections
 import gc
 import io
 import re
@@ -42,8 +51,10 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.exception import response_for_exception
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.http import JsonResponse
 
 PATH = re.compile(r"/api/v1/ingest/(?P<job_id>[^/\x00]+)/")  # a NUL goes through Django: a 400 naming it
+TURN_WAIT_S = 10.0  # the longest a post waits for its tenant's turn in the pool before a 503
 
 
 def ingest_threads():
@@ -55,6 +66,12 @@ def ingest_threads():
 def pool():
     """The threads ingest posts run in."""
     return ThreadPoolExecutor(max_workers=ingest_threads(), thread_name_prefix="ingest", initializer=keep_connection)
+
+
+def tenant_threads():
+    """How many posts of one tenant the pool serves at once: INGEST_TENANT_THREADS, by default half the
+    pool (at least one)."""
+    return settings.INGEST_TENANT_THREADS or max(1, ingest_threads() // 2)
 
 
 def keep_connection():
@@ -74,32 +91,44 @@ class IngestRoute:
     def __init__(self, django):
         self.django = django
         self.executor = pool()
+        self.shares = Shares(tenant_threads())
 
     async def __call__(self, scope, receive, send):
         match = PATH.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
         if match is None:
             return await self.django(scope, receive, send)
         job_id = match["job_id"]
-        answer = await self._in_pool(self._admit, scope, job_id)
+        tenant, answer = await self._in_pool(self._admit, scope, job_id)
+        if answer is None and not await self.shares.take(tenant, TURN_WAIT_S):
+            answer = tenant_busy()
         if answer is not None:  # the body is left unread
             answer["Connection"] = "close"
             return await self.django.send_response(answer, send)
         try:
-            body = await read_body(receive)
+            response = await self._serve(scope, receive, job_id)
         except RequestAborted:  # the agent went away (it posts the batch again), or bodylimit refused it
             return
-        request, error = self.django.create_request(scope, body)
-        response = error or await self._in_pool(respond, request, job_id)
-        body.close()
+        finally:
+            self.shares.give_back(tenant)
         if response.status_code == 503:
             response.setdefault("Retry-After", retry_after())
         await self.django.send_response(response, send)
 
+    async def _serve(self, scope, receive, job_id):
+        """The view's answer to the post, its body read first."""
+        body = await read_body(receive)
+        try:
+            request, error = self.django.create_request(scope, body)
+            return error or await self._in_pool(respond, request, job_id)
+        finally:
+            body.close()
+
     def _admit(self, scope, job_id):
-        """None when the post's credential may post to the job; else the view's answer to the post
-        without its body (the credential is the view's first concern: the body is never read)."""
+        """(tenant, None) when the post's credential may post to the job, a job of `tenant`; else
+        (None, the view's answer to the post without its body): the credential is the view's first
+        concern, so the body is never read."""
         request, error = self.django.create_request(scope, io.BytesIO())
-        return error or admit(request, job_id)
+        return (None, error) if error else admit(request, job_id)
 
     async def _in_pool(self, function, *args):
         return await sync_to_async(function, thread_sensitive=False, executor=self.executor)(*args)
@@ -110,6 +139,60 @@ class IngestRoute:
         self.executor.shutdown(wait=True)
         gc.collect()
         self.executor = pool()
+        self.shares = Shares(tenant_threads())
+
+
+class Shares:
+    """Turns in the pool, `share` at a time per tenant: past them a post waits on the event loop (a
+    future, not a thread), its tenant's waiting posts served in order of arrival as turns come back."""
+
+    def __init__(self, share):
+        self.share = share
+        self.serving = collections.Counter()  # tenant -> posts holding a turn
+        self.waiting = collections.defaultdict(collections.deque)  # tenant -> futures of posts waiting
+
+    async def take(self, tenant, wait_s):
+        """True once the post has a turn (give it back with give_back); False if none came in wait_s."""
+        if self.serving[tenant] < self.share:
+            self.serving[tenant] += 1
+            return True
+        turn = asyncio.get_running_loop().create_future()
+        queue = self.waiting[tenant]
+        queue.append(turn)
+        try:
+            await asyncio.wait_for(turn, wait_s)  # give_back hands a turn over by setting the result
+        except asyncio.TimeoutError:
+            pass  # unless the turn came just as the time ran out
+        except BaseException:  # the post was cancelled: a turn handed to it goes on to the next one
+            if turn.done() and not turn.cancelled():
+                self.give_back(tenant)
+            raise
+        finally:
+            if turn in queue:
+                queue.remove(turn)
+            if not queue and self.waiting.get(tenant) is queue:
+                del self.waiting[tenant]
+        return turn.done() and not turn.cancelled()
+
+    def give_back(self, tenant):
+        """End a turn: the next post of the tenant still waiting has it, else the tenant has one less."""
+        queue = self.waiting.get(tenant, ())
+        while queue:
+            turn = queue.popleft()
+            if not turn.done():  # not timed out or cancelled meanwhile
+                turn.set_result(None)
+                return
+        if self.serving[tenant] > 1:
+            self.serving[tenant] -= 1
+        else:
+            self.serving.pop(tenant, None)
+
+
+def tenant_busy():
+    """The answer to a post that did not get its tenant's turn within TURN_WAIT_S."""
+    response = JsonResponse({"detail": "this tenant's posts fill its share of ingest; retry"}, status=503)
+    response["Retry-After"] = retry_after()
+    return response
 
 
 def respond(request, job_id):
@@ -133,17 +216,18 @@ def retry_after():
 
 
 def admit(request, job_id):
-    """None when the credential of `request` is good for a live attempt of `job_id`, so its body is
-    worth reading; else what the view answers the post without its body. An agent's credential is
-    remembered by the process (jobs.credentials), so for it this costs no query."""
+    """(the job's tenant, None) when the credential of `request` is good for a live attempt of
+    `job_id`, so its body is worth reading; else (None, what the view answers the post without its
+    body). An agent's credential is remembered by the process (jobs.credentials), so for it this costs
+    no query."""
     from jobs import credentials
     header = request.headers.get("Authorization", "")
     token = header[len("Ingest "):] if header.startswith("Ingest ") else None
     with as_a_request():
         grant = credentials.check(token, job_id)
     if grant is not None and not grant.ended:
-        return None
-    return respond(request, job_id)
+        return grant.tenant_id, None
+    return None, respond(request, job_id)
 
 
 @contextmanager

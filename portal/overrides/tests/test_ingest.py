@@ -1,6 +1,8 @@
 """Ingest posts through the ASGI application (portal.overrides.ingest): the same answers as through
-Django's stack, without it."""
+Django's stack, without it, and each tenant's posts within its share of the route's threads."""
+import asyncio
 import json
+import threading
 import time
 
 import pytest
@@ -288,3 +290,149 @@ def test_a_post_that_cannot_have_its_jobs_lock_soon_is_told_to_retry(running_job
     assert {name.lower(): value for name, value in response["headers"]}[b"retry-after"] == b"1"
     assert not LogLine.objects.exists()
     assert async_to_sync(batch)(running_job, logs(1, 1))[0] == 200  # the agent's retry, once the lock is free
+
+
+# --- each tenant has its share of the pool's threads ----------------------------------------------
+class HeldPosts:
+    """Posts that stop inside the view (jobs.ingest.ingest) until released; `inside`: how many are."""
+
+    def __init__(self):
+        self.lock, self.release, self.inside = threading.Lock(), threading.Event(), 0
+
+    def around(self, ingest):
+        def held(grant, payload, **kwargs):
+            with self.lock:
+                self.inside += 1
+            self.release.wait(20)
+            return ingest(grant, payload, **kwargs)
+        return held
+
+    async def until_inside(self, count):
+        deadline = time.monotonic() + 10
+        while self.inside < count:
+            assert time.monotonic() < deadline, f"{self.inside} posts reached the view, not {count}"
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def shared_route(settings, monkeypatch):
+    """(a route of 4 threads, HeldPosts): every post stops inside the view until released."""
+    from jobs import ingest
+    if connection.vendor != "postgresql":
+        skip_or_fail("the pool's shares are PostgreSQL's matter (set DATABASE_URL; SQLite's posts take turns)")
+    settings.INGEST_THREADS, settings.INGEST_TENANT_THREADS = 4, 0
+    held = HeldPosts()
+    monkeypatch.setattr(ingest, "ingest", held.around(ingest.ingest))
+    route = IngestRoute(ingest_route.django)
+    try:
+        yield route, held
+    finally:
+        held.release.set()
+        route.close()
+
+
+def learners_of(tenant_slug, username, count):
+    target = job(member(tenant_slug, username), status="PENDING", learners=count)
+    target.tokens = credentials.issue_for_attempt(target)
+    return target
+
+
+async def post_as(route, target, learner, records, *, timeout=10):
+    """(status, headers by lower-case name) of one learner's post through `route`."""
+    body = json.dumps({"attempt": 1, "learner": learner, "records": records}).encode()
+    headers = [(b"host", b"testserver"), (b"content-type", b"application/json"),
+               (b"authorization", f"Ingest {target.tokens[learner]}".encode())]
+    response = await HttpCommunicator(route, "POST", f"/api/v1/ingest/{target.id}/", body=body,
+                                      headers=headers).get_response(timeout=timeout)
+    return response["status"], {name.lower(): value for name, value in response["headers"]}
+
+
+def test_a_tenants_posts_past_its_share_wait_while_another_tenants_post_is_served_at_once(shared_route):
+    route, held = shared_route
+    noisy, quiet = learners_of("team-b", "mallory", 4), learners_of("team-a", "alice", 1)
+
+    async def scenario():
+        noisy_posts = [asyncio.ensure_future(post_as(route, noisy, i, logs(1, 1), timeout=30)) for i in range(4)]
+        await held.until_inside(2)
+        await asyncio.sleep(0.3)  # time enough for a third of them to reach the view, were it let through
+        inside_before = held.inside
+        try:
+            quiet_post = asyncio.ensure_future(post_as(route, quiet, 0, logs(1, 1)))
+            await held.until_inside(inside_before + 1)  # a thread was free for it: it is in the view
+        finally:
+            held.release.set()
+        return inside_before, await quiet_post, await asyncio.gather(*noisy_posts)
+
+    inside_before, (quiet_status, _), noisy_answers = async_to_sync(scenario)()
+    assert inside_before == 2  # half the pool: the other two posts waited their turn, unread
+    assert quiet_status == 200
+    assert [status for status, _ in noisy_answers] == [200] * 4  # each served in its turn
+    assert LogLine.objects.filter(job=noisy).count() == 4
+
+
+def test_a_post_that_does_not_get_its_turn_soon_is_told_to_retry_with_its_body_unread(shared_route, settings,
+                                                                                  monkeypatch):
+    from portal.overrides import ingest as route_module
+    route, held = shared_route
+    settings.INGEST_TENANT_THREADS = 1
+    route.close()  # its shares start afresh, under the setting
+    monkeypatch.setattr(route_module, "TURN_WAIT_S", 0.3, raising=False)  # a route without it fails on its answer
+    noisy = learners_of("team-b", "mallory", 2)
+
+    async def scenario():
+        first = asyncio.ensure_future(post_as(route, noisy, 0, logs(1, 1), timeout=30))
+        await held.until_inside(1)
+        try:
+            started = time.monotonic()
+            second = await post_as(route, noisy, 1, logs(1, 1))
+            waited = time.monotonic() - started
+        finally:
+            held.release.set()
+        return await first, second, waited, held.inside
+
+    (first_status, _), (second_status, headers), waited, inside = async_to_sync(scenario)()
+    assert (first_status, second_status) == (200, 503) and waited < 5
+    assert headers[b"retry-after"] == b"1" and headers[b"connection"] == b"close"
+    assert inside == 1  # the refused post never reached the view
+    assert async_to_sync(post_as)(route, noisy, 1, logs(1, 1))[0] == 200  # the agent's retry, its turn free
+
+
+def test_a_turn_given_back_goes_to_the_tenants_next_post_still_waiting():
+    from portal.overrides.ingest import Shares
+
+    async def scenario():
+        shares = Shares(1)
+        assert await shares.take("b", 1)
+        assert await shares.take("a", 1)  # another tenant's turn is its own
+        gave_up = await shares.take("b", 0.05)  # waits past its time: no turn, and none kept for it
+        waiting = asyncio.ensure_future(shares.take("b", 5))
+        await asyncio.sleep(0.05)
+        shares.give_back("b")  # handed to the post still waiting, not to the one that gave up
+        got = await waiting
+        shares.give_back("b")
+        shares.give_back("a")
+        return gave_up, got, dict(shares.serving), dict(shares.waiting)
+
+    assert async_to_sync(scenario)() == (False, True, {}, {})
+
+
+def test_a_turn_is_never_lost_to_a_post_cancelled_while_it_waits():
+    from portal.overrides.ingest import Shares
+
+    async def scenario():
+        shares = Shares(1)
+        assert await shares.take("b", 1)
+        cancelled = asyncio.ensure_future(shares.take("b", 5))
+        waiting = asyncio.ensure_future(shares.take("b", 5))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        shares.give_back("b")  # handed to the cancelled post before it runs again
+        # It either passes the turn on (CancelledError) or keeps it (asyncio.wait_for before Python 3.12
+        # returns what it was handed) and, as the route does, gives it back when done.
+        if await asyncio.gather(cancelled, return_exceptions=True) == [True]:
+            shares.give_back("b")
+        got = await asyncio.wait_for(waiting, 2)
+        shares.give_back("b")
+        return got, dict(shares.serving), dict(shares.waiting)
+
+    assert async_to_sync(scenario)() == (True, {}, {})
