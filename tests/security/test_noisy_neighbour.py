@@ -8,7 +8,7 @@ A's API p95 must stay within 2x of quiet, except for the KNOWN_GAPS below, held 
 
 The platform is this module's own (not the suite's shared one), so the quiet figures are taken on a
 platform nobody else's jobs are running on, right before each abuse. A's job time is the median of
-three runs and its p95 is over 200 reads, since one run on a loaded 2-core machine varies by more
+five runs and its p95 is over 200 reads, since one run on a loaded 2-core machine varies by more
 than the effect being looked for.
 """
 import contextlib
@@ -35,7 +35,7 @@ from tests.support.optional import skip_or_fail
 pytestmark = [pytest.mark.e2e, pytest.mark.noisy_neighbour]
 
 NEIGHBOUR = PROJECT_ROOT / "tests" / "security" / "jobs" / "neighbour"
-JOB_RUNS = 3  # A's two-line job, per phase
+JOB_RUNS = 5  # A's two-line job, per phase
 API_READS = 200  # A's API requests, per phase
 SLOWDOWN = 2.0
 # Where the 2x target is not met yet, the bound this test holds instead (a regression to minutes of
