@@ -254,7 +254,7 @@ def _finish_halt(job, learners):
     checkpoint = latest_checkpoint(job)
     halted_at = job.events.filter(to_status=Status.HALTING).last().time
     killed = [lr.index for lr in learners if "killed" in lr.reason]
-    if checkpoint is not None and checkpoint.stat().st_mtime >= halted_at.timestamp():
+    if checkpoint is not None and checkpoints.written_at(checkpoint) >= halted_at.timestamp():
         reason = f"halted; resume continues from checkpoint {checkpoint.name}"
     elif checkpoint is not None:
         reason = f"halted, but no new checkpoint was written; resume continues from {checkpoint.name}"
