@@ -434,7 +434,8 @@ class Agent:
 
     def _watch_disk(self, learner):
         """Kill the whole learner as soon as one of its capped folders is over (learner_agent.diskwatch)."""
-        breach = diskwatch.watch(self.config.disk_caps, self._learner_ended)
+        breach = diskwatch.watch(self.config.disk_caps, self._learner_ended,
+                                 pids=lambda: [learner.pid, *procfs.descendants(learner.pid)])
         if breach is not None:
             self._note_disk_breach(breach)
             learner.kill()

@@ -7,8 +7,12 @@ its files take, walked with os.scandir and bounded in entries) every INTERVAL_S,
 FAST_INTERVAL_S once it is past half its cap (a walk of a few files costs well under a millisecond), and the learner is killed as soon as one is over, its
 exit reason naming the folder and the cap. A writer gets past the cap by what it writes between two
 measurements (docs/submitting.md, "Disk caps", has the figure measured here); RLIMIT_FSIZE (set by
-learner_agent.launch at the largest cap) is the hard bound per file. /tmp and /dev/shm are not
-watched here: they are tmpfs mounts whose size is their cap, and the kernel refuses writes past it.
+learner_agent.launch at the largest cap) is the hard bound per file, and in the sandbox fallocate is
+refused (learner_agent.launch), so space is taken no faster than it is written. A file the learner
+deletes while keeping it open takes its blocks all the same, and no walk finds it: those on the
+capped folders' disks (`deleted_bytes`, read through /proc/<pid>/fd of the learner's processes)
+count against its work cap. /tmp and /dev/shm are not watched here: they are tmpfs mounts whose
+size is their cap, and the kernel refuses writes past it.
 
 Stdlib only: the agent imports this.
 """
@@ -25,6 +29,9 @@ MAX_ENTRIES = 1_000_000
 # Folders nested deeper than this are over the cap: past PATH_MAX (a few dozen levels of long names) a
 # path no longer reaches what lies below it, which a walk by path would count as nothing.
 MAX_DEPTH = 64
+# Open files of the learner's processes looked at in one measurement: holding more counts as over the
+# work cap, since what lies past them could be deleted files that would count as nothing.
+MAX_OPEN_FILES = 100_000
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,7 @@ class Breach:
     used: int  # bytes measured (or the entries counted when too_many)
     too_many: bool = False
     unmeasurable: str = ""  # why the folder could not be measured whole: itself over the cap
+    deleted: int = 0  # of `used`, bytes in files the learner deleted but keeps open
 
     @property
     def reason(self):
@@ -48,7 +56,8 @@ class Breach:
         if self.too_many:
             return (f"disk cap: the {self.cap.name} folder holds more than {MAX_ENTRIES} files and folders; "
                     f"killed")
-        return (f"disk cap: the {self.cap.name} folder used {format_size(self.used)}, over its cap of "
+        held = f" ({format_size(self.deleted)} in files it deleted but keeps open)" if self.deleted else ""
+        return (f"disk cap: the {self.cap.name} folder used {format_size(self.used)}{held}, over its cap of "
                 f"{format_size(self.cap.limit)}; killed")
 
 
@@ -98,27 +107,70 @@ def usage(paths, *, max_entries=MAX_ENTRIES):
     return total
 
 
-def check(caps, *, max_entries=MAX_ENTRIES):
-    """(the first Breach or None, the largest share of its cap any folder uses)."""
-    share = 0.0
-    for cap in caps:
+def deleted_bytes(pids, caps):
+    """Bytes the processes `pids` hold in regular files they deleted but keep open, on the disks of
+    `caps`' folders (not /tmp's tmpfs, nor memory files), each file once."""
+    disks = set()
+    for path in (path for cap in caps for path in cap.paths):
         try:
-            used = usage(cap.paths, max_entries=max_entries)
+            disks.add(os.stat(path).st_dev)
+        except OSError:
+            continue
+    total, seen, looked = 0, set(), 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or not ours to read
+            continue
+        looked += len(fds)
+        if looked > MAX_OPEN_FILES:
+            raise Unmeasurable(f"its processes hold more than {MAX_OPEN_FILES} open files")
+        for fd in fds:
+            try:
+                info = os.stat(f"/proc/{pid}/fd/{fd}")  # the open file itself, deleted or not
+            except OSError:
+                continue
+            key = (info.st_dev, info.st_ino)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and info.st_dev in disks and key not in seen:
+                seen.add(key)
+                total += info.st_blocks * 512
+    return total
+
+
+def charged_for_deleted(caps):
+    """The cap that files deleted but kept open count against: the work folder's, else the largest."""
+    return next((cap for cap in caps if cap.name == "work"), max(caps, key=lambda cap: cap.limit, default=None))
+
+
+def check(caps, *, max_entries=MAX_ENTRIES, pids=()):
+    """(the first Breach or None, the largest share of its cap any folder uses). `pids`: the learner's
+    processes, whose deleted but open files count too."""
+    share = 0.0
+    try:
+        deleted = deleted_bytes(pids, caps) if pids and caps else 0
+    except Unmeasurable as e:
+        return Breach(charged_for_deleted(caps), 0, unmeasurable=str(e)), 1.0
+    charged = charged_for_deleted(caps) if deleted else None
+    for cap in caps:
+        held = deleted if cap is charged else 0
+        try:
+            used = usage(cap.paths, max_entries=max_entries) + held
         except TooManyEntries as e:
             return Breach(cap, e.args[0], too_many=True), 1.0
         except Unmeasurable as e:
             return Breach(cap, 0, unmeasurable=str(e)), 1.0
         if used > cap.limit:
-            return Breach(cap, used), used / cap.limit
+            return Breach(cap, used, deleted=held), used / cap.limit
         share = max(share, used / cap.limit)
     return None, share
 
 
-def watch(caps, stopped, *, interval=INTERVAL_S, fast_interval=FAST_INTERVAL_S):
-    """Measure `caps` until one is over (returns its Breach) or the event `stopped` is set (None)."""
+def watch(caps, stopped, *, interval=INTERVAL_S, fast_interval=FAST_INTERVAL_S, pids=lambda: ()):
+    """Measure `caps` until one is over (returns its Breach) or the event `stopped` is set (None).
+    `pids()`: the learner's processes now."""
     while not stopped.is_set():
         started = time.monotonic()
-        breach, share = check(caps)
+        breach, share = check(caps, pids=pids())
         if breach is not None:
             return breach
         # A folder of many files is measured less often: the walks take at most a fifth of a core.

@@ -17,7 +17,11 @@ only when the plan asks for it:
 5. set no_new_privs and drop to the learner's uid and gid with no supplementary groups;
 6. limit the size of any one file the learner writes (RLIMIT_FSIZE, at the job's largest disk cap:
    learner_agent.diskwatch), last, once this process has written its own files;
-7. exec bubblewrap with its arguments in a memfd (`--args`), so the learner's environment never
+7. refuse fallocate (a seccomp filter, inherited by everything the learner starts): it takes a file's
+   blocks without writing them, gigabytes in a millisecond, far past a disk cap before the agent's
+   next measurement; refused (EOPNOTSUPP, as file systems without it answer), glibc's
+   posix_fallocate falls back to writing, and space goes no faster than writes do;
+8. exec bubblewrap with its arguments in a memfd (`--args`), so the learner's environment never
    appears on a command line other users of the machine can read.
 
 Until step 5 this process may be root, so nothing the job controls reaches it: `-I` ignores
@@ -77,8 +81,56 @@ def launch(plan):
     if plan.get("rlimit_fsize"):
         limit = int(plan["rlimit_fsize"])
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    _refuse_fallocate()
     bwrap = plan["bwrap"]
     os.execve(bwrap, [bwrap, "--args", str(args_fd), "--", *plan["command"]], {"PATH": os.defpath})
+
+
+# (native audit arch, its fallocate, compat arch, its fallocate) by machine: <linux/audit.h>, the
+# kernel's syscall tables. x86_64's x32 calls carry bit 30 in their number, masked off before comparing.
+FALLOCATE = {"x86_64": (0xC000003E, 285, 0x40000003, 324), "aarch64": (0xC00000B7, 47, 0x40000028, 352)}
+X32_BIT = 0x40000000
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+EOPNOTSUPP = 95
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_AND_K, BPF_RET_K = 0x20, 0x15, 0x54, 0x06
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def fallocate_filter(machine):
+    """The classic BPF program (sock_filter entries, packed) that answers fallocate with EOPNOTSUPP
+    and allows every other call; None on a machine not in FALLOCATE. seccomp_data: nr at 0, arch at 4."""
+    if machine not in FALLOCATE:
+        return None
+    native, native_nr, compat, compat_nr = FALLOCATE[machine]
+    program = [
+        (BPF_LD_W_ABS, 0, 0, 4),  # 0: arch
+        (BPF_JEQ_K, 0, 3, native),  # 1: native → 2, else → 5
+        (BPF_LD_W_ABS, 0, 0, 0),  # 2: nr
+        (BPF_AND_K, 0, 0, ~X32_BIT & 0xFFFFFFFF),  # 3
+        (BPF_JEQ_K, 4, 3, native_nr),  # 4: fallocate → 9, else → 8
+        (BPF_JEQ_K, 0, 2, compat),  # 5: compat → 6, else → 8
+        (BPF_LD_W_ABS, 0, 0, 0),  # 6: nr
+        (BPF_JEQ_K, 1, 0, compat_nr),  # 7: fallocate → 9, else → 8
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),  # 8
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EOPNOTSUPP),  # 9
+    ]
+    return b"".join(code.to_bytes(2, sys.byteorder) + bytes([jt, jf]) + k.to_bytes(4, sys.byteorder)
+                    for code, jt, jf, k in program)
+
+
+def _refuse_fallocate():
+    """Install fallocate_filter (no_new_privs is set already, so no privilege is needed)."""
+    program = fallocate_filter(os.uname().machine)
+    if program is None:
+        return
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    if _libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise LaunchError(f"prctl(PR_SET_SECCOMP): {os.strerror(ctypes.get_errno())}")
 
 
 def _read_plan(source):

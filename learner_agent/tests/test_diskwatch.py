@@ -155,3 +155,63 @@ def test_a_learner_nesting_its_work_folder_thousands_deep_fails_and_the_folder_s
         assert not os.path.exists(work)
     finally:
         trees.remove(work)  # were it left, pytest's own clean-up of old temporary folders would raise
+
+
+def test_a_file_deleted_but_kept_open_is_counted_against_the_work_cap(tmp_path):
+    caps = (diskwatch.Cap("results", 100 * MiB, (str(tmp_path / "results"),)),
+            diskwatch.Cap("work", 2 * MiB, (str(tmp_path / "work"),)))
+    for cap in caps:
+        os.makedirs(cap.paths[0])
+    with open(tmp_path / "work" / "held", "wb") as held:
+        os.unlink(tmp_path / "work" / "held")
+        held.write(b"\1" * 3 * MiB)
+        held.flush()
+        os.fsync(held.fileno())
+        assert diskwatch.check(caps)[0] is None  # no walk finds it
+        assert diskwatch.deleted_bytes([os.getpid()], caps) >= 3 * MiB
+        breach, _ = diskwatch.check(caps, pids=[os.getpid()])
+        assert breach.cap.name == "work" and breach.deleted >= 3 * MiB
+        assert "in files it deleted but keeps open" in breach.reason
+
+
+HOLDER = ("python3 -c \"import os, time\n"
+          "f = open('held', 'wb'); os.unlink('held')\n"
+          "for i in range(64):\n"
+          "    f.write(bytes(2**20)); f.flush(); os.fsync(f.fileno()); time.sleep(0.02)\n"
+          "time.sleep(2); print('held all', flush=True)\"")
+
+
+@pytest.mark.parametrize("mode", ["none", "auto"])
+def test_the_agent_kills_a_learner_holding_deleted_files_past_its_work_cap(outside_tmp, ingest, mode):
+    work = os.path.join(outside_tmp, "job", "attempt-1", "learner-0", "work")
+    config = write_agent_config(outside_tmp, ingest, command=HOLDER, sandbox=mode,
+                                disk_caps=[{"name": "work", "bytes": 8 * MiB, "paths": [work]}])
+    assert run_agent(config).returncode == 0
+    exit_info = read_exit(config)
+    assert exit_info["exit_code"] == 137, exit_info
+    assert exit_info["reason"].startswith("disk cap: the work folder used "), exit_info
+    assert "in files it deleted but keeps open" in exit_info["reason"], exit_info
+    assert not any(r.get("line") == "held all" for r in ingest.stored())
+
+
+FALLOCATOR = ("python3 -c \"import ctypes, os\n"
+              "libc = ctypes.CDLL(None, use_errno=True)\n"
+              "fd = os.open(os.environ['RESULT_DIR'] + '/big', os.O_WRONLY | os.O_CREAT)\n"
+              "got = libc.fallocate(fd, 0, ctypes.c_long(0), ctypes.c_long(2**30))\n"
+              "print('fallocate', got, ctypes.get_errno(), os.fstat(fd).st_blocks * 512, flush=True)\"")
+
+
+def test_fallocate_is_refused_in_the_sandbox(outside_tmp, ingest):
+    """fallocate takes a file's blocks without writing them: a gigabyte at once, far past a cap before
+    the next measurement. The sandbox answers it as a file system without it does."""
+    from learner_agent import sandbox
+    from tests.support.optional import skip_or_fail
+    if sandbox.bwrap_problem() is not None:
+        skip_or_fail(f"the sandbox's seccomp filter needs bubblewrap: {sandbox.bwrap_problem()}")
+    results = os.path.join(outside_tmp, "job", "results")
+    config = write_agent_config(outside_tmp, ingest, command=FALLOCATOR, sandbox="bwrap", env={"RESULT_DIR": results},
+                                disk_caps=[{"name": "results", "bytes": 20 * MiB, "paths": [results]}])
+    assert run_agent(config).returncode == 0
+    lines = [r["line"] for r in ingest.stored() if r.get("line", "").startswith("fallocate")]
+    assert lines == ["fallocate -1 95 0"], lines
+    assert read_exit(config)["exit_code"] == 0
