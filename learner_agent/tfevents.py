@@ -23,6 +23,7 @@ bad length checksum ends the file (nothing after it can be trusted) and a bad da
 record; each problem gets one `system` line in the job's log.
 """
 import base64
+import itertools
 import json
 import logging
 import os
@@ -40,6 +41,9 @@ ROOT_VARIABLES = ("JOB_STATE_DIR", "LOG_DIR")
 EVENT_FILE_MARK = ".tfevents"  # TensorBoard reads files whose name contains it; so do we
 MAX_FILES = 256
 MAX_DEPTH = 4  # tb/<run>/<sub-run>/...: keras writes train/ and validation/, FfDL's example tb/test
+# Names looked at per poll, in all the folders: the agent's own CPU is no learner's to spend, and a
+# learner can fill its folder with a million files (a real run has a handful of event files).
+MAX_ENTRIES = 10_000
 MAX_RECORD_BYTES = 64 * 1024
 # Bytes checksummed per pass. The CRC is pure Python and slow, so this bounds the CPU a pass takes
 # beside the learner; scalar records are small, so it is still many of them.
@@ -193,6 +197,7 @@ class EventFileTailer:
         self._offsets = state["offsets"]  # relative path -> the offset reading continues from
         self._ended = set(state["ended"])  # files not read further (corrupt, shrunk)
         self._too_many_noted = False
+        self._crowded_noted = False
         self.skipped = 0  # records stepped over or dropped (agent.log says which)
 
     @property
@@ -223,7 +228,7 @@ class EventFileTailer:
             if folder is None:
                 return False
             try:
-                files = self._event_files(folder)
+                files = self._event_files(folder, seen=[0])
             finally:
                 os.close(folder)
             budget, progressed = MAX_READ_PER_POLL, False
@@ -254,13 +259,24 @@ class EventFileTailer:
             fd = child
         return fd
 
-    def _event_files(self, folder, prefix="", depth=0):
-        """[(relative path, open descriptor)] of the regular event files below `folder`, sorted."""
-        found = []
+    def _event_files(self, folder, prefix="", depth=0, *, seen):
+        """[(relative path, open descriptor)] of the regular event files below `folder`, sorted, among
+        the first MAX_ENTRIES names of the poll (`seen`: [names looked at so far])."""
+        found, room = [], MAX_ENTRIES - seen[0]
+        if room <= 0:
+            return found
         try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            with os.scandir(folder) as listing:
+                entries = sorted(itertools.islice(listing, room + 1), key=lambda e: e.name)
         except OSError:
             return found
+        if len(entries) > room:
+            entries = entries[:room]
+            if not self._crowded_noted:
+                self._crowded_noted = True
+                self._notice(f"more than {MAX_ENTRIES} files and folders under {self.label}; only some are "
+                             "looked at for TensorBoard event files")
+        seen[0] += len(entries)
         for entry in entries:
             relative = f"{prefix}{entry.name}"
             try:
@@ -269,7 +285,7 @@ class EventFileTailer:
                         sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                       dir_fd=folder)
                         try:
-                            found += self._event_files(sub, f"{relative}/", depth + 1)
+                            found += self._event_files(sub, f"{relative}/", depth + 1, seen=seen)
                         finally:
                             os.close(sub)
                     continue

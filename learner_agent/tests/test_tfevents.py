@@ -193,6 +193,45 @@ def test_the_tailer_reads_at_most_max_files(tmp_path, monkeypatch):
     assert len(shipped.notices) == 1 and "more than 3 TensorBoard event files" in shipped.notices[0]
 
 
+def test_a_poll_looks_at_a_bounded_number_of_names_whatever_the_learner_leaves(tmp_path, monkeypatch):
+    """A learner filling its folder with files made the agent (outside the learner's CPU quota) list and
+    sort all of them every second."""
+    monkeypatch.setattr(tfevents, "MAX_ENTRIES", 50)
+    root, state = tmp_path / "state", tmp_path / "agent"
+    state.mkdir()
+    (root / "run").mkdir(parents=True)
+    for i in range(200):
+        (root / "run" / f"junk-{i:03d}").touch()
+    (root / "events.out.tfevents.1").write_bytes(tfevents.frame(b"kept"))
+    listed = []
+    real_scandir = os.scandir
+
+    def counting_scandir(folder):
+        listing = real_scandir(folder)
+
+        class Counted:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                listing.close()
+
+            def __iter__(self):
+                for entry in listing:
+                    listed.append(entry.name)
+                    yield entry
+        return Counted()
+    monkeypatch.setattr(tfevents.os, "scandir", counting_scandir)
+    shipped = Shipped()
+    tailer = shipped.tailer(root, [], state)
+    tailer.drain()
+    assert shipped.data() == [b"kept"]  # the event file beside the crowded folder is read
+    listed.clear()
+    tailer.poll()
+    assert len(listed) <= 50 + 2  # one name past the bound tells a folder holds more
+    assert len(shipped.notices) == 1 and "more than 50 files and folders" in shipped.notices[0]
+
+
 def test_the_final_read_stops_at_its_time_limit_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(tfevents, "MAX_READ_PER_POLL", 100)
     root, state = tmp_path / "state", tmp_path / "agent"
