@@ -98,11 +98,13 @@ def worker_name():
 
 
 def claim(row_id, worker, model=FollowUp):
-    """Take the row if it is open and nobody holds a live claim on it; None if someone else has it."""
+    """Take the row if it is open and nobody holds a live claim on it; None if someone else has it.
+    The row is due now: should its worker die, the sweep sends it again as soon as the claim is stale,
+    however far a resend had pushed its due time back."""
     now = timezone.now()
     free = Q(claimed_at=None) | Q(claimed_at__lt=now - timedelta(seconds=CLAIM_TTL_S))
     taken = (model.objects.filter(free, pk=row_id, done_at=None)
-             .update(claimed_at=now, claimed_by=worker, tries=F("tries") + 1))
+             .update(claimed_at=now, claimed_by=worker, tries=F("tries") + 1, due_at=now))
     # The row alone: its work reads what it needs (a join to the job decoded the whole job row, a
     # millisecond of each claim here, for nothing).
     return model.objects.filter(pk=row_id).first() if taken else None

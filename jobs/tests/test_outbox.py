@@ -169,6 +169,17 @@ def test_the_sweep_sends_again_what_nobody_works_on_final_jobs_included(sent, ba
 
 
 
+def test_a_row_whose_worker_died_is_sent_again_once_its_claim_is_stale_however_long_it_had_waited(sent, backlog):
+    """A row the sweep had sent again waits as long again as its age (a deploy downloading data for an
+    hour: an hour); the worker that claimed it then died, and the row waited that hour more."""
+    waited = outbox.add(job(member()).id, 1, Kind.DEPLOY)
+    FollowUp.objects.filter(pk=waited.pk).update(created=timezone.now() - timedelta(hours=1))
+    assert outbox.sweep() == [waited.pk]  # its message was lost: sent again, and due an hour on
+    assert outbox.claim(waited.pk, "a worker that is then killed") is not None
+    later = timezone.now() + timedelta(seconds=outbox.CLAIM_TTL_S + 5)
+    assert outbox.sweep(now=later) == [waited.pk]
+
+
 def aged(row, seconds):
     FollowUp.objects.filter(pk=row.pk).update(created=timezone.now() - timedelta(seconds=seconds))
     return row
