@@ -46,13 +46,16 @@ def namespace_path(pid):
 
 
 def holder_pid(attempt_dir):
-    """The pid of this attempt's live holder, or None."""
+    """The pid of this attempt's live holder, or None. A sandboxed learner can take any argv, so a
+    process under a reused pid must also run as the agents do (learners run as uids of their own)."""
     try:
         pid = int(open(os.path.join(attempt_dir, PID_FILE)).read().strip())
         cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        owner = os.stat(f"/proc/{pid}").st_uid
     except (OSError, ValueError):
         return None
-    return pid if os.path.abspath(attempt_dir).encode() in cmdline and b"learner_agent.netns" in cmdline else None
+    ours = owner == os.getuid() and b"learner_agent.netns" in cmdline
+    return pid if ours and os.path.abspath(attempt_dir).encode() in cmdline else None
 
 
 def create(attempt_dir, learners, *, python=sys.executable, timeout_s=10.0):

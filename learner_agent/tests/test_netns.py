@@ -98,3 +98,23 @@ def test_the_config_takes_an_absolute_namespace_path(tmp_path):
                         ).network_namespace == "/proc/1/ns/net"
     with pytest.raises(ConfigError, match="network_namespace"):
         parse_config(dict(base, network_namespace="proc/1"), path=str(tmp_path / "a.json"))
+
+
+def test_a_learners_process_under_a_reused_holder_pid_is_not_taken_for_the_holder(tmp_path):
+    """A sandboxed learner's processes show the host any argv they like; one that got the pid of a
+    holder that has exited must not become the namespace the next deploy's learners join."""
+    if os.getuid() != 0:
+        skip_or_fail("learners run as uids of their own only under a root agent")
+    argv = ["/bin/sh", "-c", "sleep 30; :", "learner_agent.netns", os.path.abspath(tmp_path)]
+    for uid, taken in ((65534, False), (os.getuid(), True)):
+        impostor = subprocess.Popen(argv, preexec_fn=lambda uid=uid: os.setuid(uid))
+        try:
+            (tmp_path / netns.PID_FILE).write_text(f"{impostor.pid}\n")
+            for _ in range(100):  # until the child has exec'd its argv
+                if b"learner_agent.netns" in open(f"/proc/{impostor.pid}/cmdline", "rb").read():
+                    break
+                time.sleep(0.01)
+            assert (netns.holder_pid(tmp_path) == impostor.pid) is taken
+        finally:
+            impostor.kill()
+            impostor.wait()
