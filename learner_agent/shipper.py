@@ -26,6 +26,11 @@ platform catches up. It could instead drop the oldest unsent lines, but they are
 paused learner loses nothing it cannot finish later while a dropped line is gone for good. Status
 records are never held back, and two `system` log lines say when the spool filled and when it was
 below half full again.
+
+A disk that refuses the spool's writes (full) is waited out the same way: the records stay in
+memory (a bounded amount: Spool.has_room), the flusher and the sender retry with backoff, what the
+file already holds is still sent, and two `system` lines say when writing failed and when it worked
+again. Nothing is dropped and no seq is skipped or reused.
 """
 import json
 import logging
@@ -33,6 +38,8 @@ import os
 import threading
 import time
 import urllib.parse
+
+from learner_agent.spool import MAX_UNWRITTEN_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +116,16 @@ class Shipper:
 
     def _append(self, encoded):
         """Number encoded records and spool them (the lock held); returns their seqs."""
-        numbered = []
+        numbered, seq = [], self._last_seq
         for body in encoded:
-            self._last_seq += 1
+            seq += 1
             # Splice the seq in as the first field: '{"kind":...}' → '{"seq":7,"kind":...}'.
             rest = b"}" if body == b"{}" else b"," + body[1:]
-            numbered.append((self._last_seq, b'{"seq":%d' % self._last_seq + rest))
+            numbered.append((seq, b'{"seq":%d' % seq + rest))
         if self._stopped is None:
-            self._spool.append(numbered)
+            self._spool.append(numbered)  # raises having taken none of them: their seqs stay free
             self._added.set()
+        self._last_seq = seq
         # else never deliverable (410, a refused credential): numbered for the caller, not kept,
         # or a learner that keeps printing would fill the disk for nothing.
         self._cond.notify_all()
@@ -128,7 +136,7 @@ class Shipper:
         when it has room, and also once shipping has stopped or the shipper closes."""
         with self._cond:
             while not self._spool.has_room(0) and self._stopped is None and not self._closing:
-                if self._full_since is None:
+                if self._full_since is None and self._spool.write_error is None:  # else the flusher says why
                     self._full_since = time.monotonic()
                     self._notice(f"the spool is full ({_mib(self._spool.max_bytes)} of records the "
                                  f"platform has not acknowledged, up to seq {self._last_seq}): the "
@@ -138,8 +146,11 @@ class Shipper:
     def _notice(self, text):
         """A `system` line in the job's log (and agent.log); goes in even when the spool is full."""
         log.warning("%s", text)
-        self._append([json.dumps({"kind": "log", "stream": "system", "time": time.time(),
-                                  "line": f"learner agent: {text}"}, separators=(",", ":")).encode()])
+        try:
+            self._append([json.dumps({"kind": "log", "stream": "system", "time": time.time(),
+                                      "line": f"learner agent: {text}"}, separators=(",", ":")).encode()])
+        except OSError:  # no segment the disk takes: agent.log has it, and the caller's thread lives on
+            pass
 
     def flush(self, timeout=None):
         """Wait until everything added so far is acked; False on timeout or when shipping stopped."""
@@ -221,11 +232,13 @@ class Shipper:
         failures = 0
         try:
             while True:
-                batch = self._next_batch()
-                if batch is None:
-                    return
                 try:
+                    batch = self._next_batch()
+                    if batch is None:
+                        return
                     outcome, detail = self._send(batch)
+                except OSError as e:  # the spool's disk (full, failing): retried like a failed post
+                    outcome, detail = "retry", f"spool: {type(e).__name__}: {e}"
                 except Exception as e:  # a bug here must not silently end delivery
                     log.exception("unexpected error while shipping")
                     self._drop_connection()
@@ -260,18 +273,35 @@ class Shipper:
         Asleep while nothing was added: a timer waking 20 times a second for a learner that prints
         a line a second (or none while it trains) was most of the agent's wake-ups during a job."""
         unsynced_since = None  # when records first reached the kernel that are not on the disk yet
+        failing_since, backoff = None, self._backoff_initial  # while the disk refuses the spool's writes
         while True:
             # Woken by an add, by close, or when records written earlier are due for their fsync.
             due = None if unsynced_since is None else unsynced_since + SYNC_INTERVAL_S - time.monotonic()
             self._added.wait(None if due is None else max(0.0, due))
             # After an add, wait out the interval so what follows it goes in the same write.
-            if self._closed.wait(FLUSH_INTERVAL_S if self._added.is_set() else 0):
+            pause = FLUSH_INTERVAL_S if failing_since is None else backoff
+            if self._closed.wait(pause if self._added.is_set() else 0):
                 return
             with self._cond:
                 if self._closing:
                     return
                 self._added.clear()
-                self._spool.flush()
+                try:
+                    self._spool.flush()
+                except OSError as e:  # kept in memory and retried; this thread must outlive a full disk
+                    self._added.set()
+                    if failing_since is not None:
+                        backoff = min(backoff * 2, self._backoff_max)
+                        continue
+                    failing_since = time.monotonic()
+                    self._notice(f"cannot write the spool ({type(e).__name__}: {e}): retrying; up to "
+                                 f"{_mib(MAX_UNWRITTEN_BYTES)} of records are kept in memory meanwhile, then "
+                                 "the learner's output is held back until the disk takes it; nothing is dropped")
+                    continue
+                if failing_since is not None:
+                    self._notice(f"the spool is written again after {time.monotonic() - failing_since:.1f}s")
+                    failing_since, backoff = None, self._backoff_initial
+                    self._cond.notify_all()  # output held back (wait_for_room) may go on
                 now, sync_fd = time.monotonic(), None
                 unsynced_since = unsynced_since or now
                 if now - unsynced_since >= SYNC_INTERVAL_S - FLUSH_INTERVAL_S:
@@ -279,6 +309,8 @@ class Shipper:
             if sync_fd is not None:
                 try:
                     os.fsync(sync_fd)
+                except OSError as e:  # the records are still in the file; only a machine crash could take them
+                    log.warning("spool: fsync failed: %s", e)
                 finally:
                     os.close(sync_fd)
 
@@ -290,8 +322,16 @@ class Shipper:
             if self._closing or self._stopped is not None:
                 return None
             # Read back from the file, so nothing goes out that a restarted agent would not find.
-            self._spool.flush()
-            return self._spool.read(self._acked, max_records=self._max_batch, max_bytes=self._max_batch_bytes)
+            # When the disk refuses the rest, what the file holds still goes: acks free the disk.
+            error = None
+            try:
+                self._spool.flush()
+            except OSError as e:
+                error = e
+            batch = self._spool.read(self._acked, max_records=self._max_batch, max_bytes=self._max_batch_bytes)
+            if not batch and error is not None:
+                raise error
+            return batch
 
     def _send(self, batch):
         """One request; returns ("progress" | "retry" | "stop", detail)."""

@@ -19,6 +19,11 @@ flusher within FLUSH_INTERVAL_S of any add (it sleeps while nothing is added). `
 guards against the machine itself going down; it runs at most once a second off the hot path,
 because an fsync per batch would cap ingest at the disk's flush rate while the learner dies with
 the machine anyway.
+
+A write the disk refuses (full) loses nothing and breaks nothing: the file keeps only the whole
+records that went, the rest stays buffered for the next flush (the shipper retries with backoff),
+and `write_error` says so; meanwhile `append` still takes records (into memory: `has_room` bounds
+that to MAX_UNWRITTEN_BYTES, so the learner is held back beyond it) and never starts a segment.
 """
 import bisect
 import json
@@ -33,6 +38,7 @@ DEFAULT_MAX_BYTES = 256 * 2**20
 SEGMENT_SUFFIX = ".seg"
 CURSOR = "acked"
 WRITE_BUFFER_BYTES = 256 * 1024  # flushed at once beyond this, whatever the timer says
+MAX_UNWRITTEN_BYTES = 16 * WRITE_BUFFER_BYTES  # held in memory while the disk refuses writes
 
 
 class SpoolError(RuntimeError):
@@ -57,6 +63,7 @@ class Spool:
         self._buffer = bytearray()
         self._fd = None  # the segment being written
         self._unsynced = False
+        self.write_error = None  # the OSError of the last flush while the disk refuses writes
         self._batch = None  # (segment, offset, first seq, line lengths) of the last read()
         self.torn_bytes = 0  # cut off the last segment when opened: a write a killed agent left half done
         self.acked = 0 if anonymous else _read_cursor(directory)
@@ -106,29 +113,41 @@ class Spool:
         for seq, body in records:
             if seq != self.last_seq + 1:
                 raise SpoolError(f"record {seq} does not continue the spool at {self.last_seq}")
-            if self._fd is None or self._current_size() >= self.segment_bytes:
-                self._start_segment(seq)
+            # While writes fail, no new segment: starting one needs the buffer written first.
+            if self._fd is None or (self._current_size() >= self.segment_bytes and self.write_error is None):
+                try:
+                    self._start_segment(seq)
+                except OSError as e:
+                    if self._fd is None:  # nowhere to put them; only ever the first record: none taken
+                        raise
+                    log.warning("spool: cannot start a new segment (%s); the current one grows on", e)
             self._buffer += body
             self._buffer += b"\n"
             self.last_seq = seq
-        if len(self._buffer) >= WRITE_BUFFER_BYTES:
-            self.flush()
+        if len(self._buffer) >= WRITE_BUFFER_BYTES and self.write_error is None:
+            try:
+                self.flush()
+            except OSError:  # taken all the same: buffered, and written by a later flush
+                pass
 
     def _current_size(self):
         return self._sizes[self._segments[-1]] + len(self._buffer)
 
     def _start_segment(self, first):
+        """Raises before changing anything but the flush, so a failure leaves the current one in use."""
         self.flush()
         if self._fd is not None and self._unsynced:
+            self._unsynced = False  # not retried: after a failed fsync the kernel has no error to report
             os.fsync(self._fd)  # once per segment; the timer only syncs the one being written
         if self._segments and self._segments[-1] == first:  # an empty one from before a restart
             self._fd = self._fds[first]
             return
+        fd = self._create(first)
         if self._segments and self._sizes[self._segments[-1]] == 0:
             self._drop_segment(self._segments.pop())  # an empty segment from before a restart
         self._segments.append(first)
         self._sizes[first] = 0
-        self._fds[first] = self._fd = self._create(first)
+        self._fds[first] = self._fd = fd
 
     def _create(self, first):
         if not self.anonymous:
@@ -150,14 +169,29 @@ class Spool:
         """Hand the buffered records to the kernel: from now on they outlive this process."""
         if not self._buffer:
             return
-        written = 0
-        view = memoryview(self._buffer)
-        while written < len(view):
-            written += os.write(self._fd, view[written:])
-        view.release()
-        self._sizes[self._segments[-1]] += written
-        self._buffer.clear()
-        self._unsynced = True
+        segment, written = self._segments[-1], 0
+        try:
+            # Views released even on an error (a traceback may keep the slice): while one exists
+            # the buffer cannot be resized, and every later append would fail.
+            with memoryview(self._buffer) as view:
+                while written < len(view):
+                    with view[written:] as rest:
+                        written += os.write(self._fd, rest)
+        except OSError as e:
+            # A short write and then an error (a full disk): cut the file back to the last whole
+            # record that went (truncating frees space, it takes none), so it only ever holds whole
+            # records; the rest stays buffered and the next flush writes on from there, none twice.
+            self.write_error = e
+            whole = self._buffer.rfind(b"\n", 0, written) + 1
+            if whole < written:
+                os.ftruncate(self._fd, self._sizes[segment] + whole)
+                written = whole
+            raise
+        finally:
+            self._sizes[segment] += written
+            del self._buffer[:written]
+            self._unsynced = self._unsynced or written > 0
+        self.write_error = None
 
     def dup_for_sync(self):
         """A descriptor of the segment being written to fsync without holding up writers, or None
@@ -174,6 +208,8 @@ class Spool:
         return sum(self._sizes.values()) + len(self._buffer)
 
     def has_room(self, nbytes):
+        if self.write_error is not None and len(self._buffer) + nbytes > MAX_UNWRITTEN_BYTES:
+            return False  # the disk refuses writes: hold output back rather than grow in memory
         return self.size_bytes + nbytes <= self.max_bytes
 
     # --- reading back and acking ---
@@ -221,17 +257,28 @@ class Spool:
         if seq <= self.acked:
             return
         self.acked = seq
-        if not self.anonymous:
-            _write_atomically(os.path.join(self.directory, CURSOR), f"{seq}\n")
         if seq > self.last_seq:  # the platform has seqs we lost: number on after them, in a new segment
-            self.flush()
+            try:
+                self.flush()
+            except OSError:  # the platform has these already; the file need not
+                self._buffer.clear()
             self.last_seq = seq
             self._fd = None  # the next record starts a segment of its own
+        if not self.anonymous:
+            try:
+                _write_atomically(os.path.join(self.directory, CURSOR), f"{seq}\n")
+            except OSError as e:  # a full disk: delete nothing until a later ack's cursor is written
+                log.warning("spool: cannot write the acked cursor (%s); acked segments kept for now", e)
+                return
         while len(self._segments) > 1 and self._segments[1] - 1 <= seq:
             self._drop_segment(self._segments.pop(0))
 
     def close(self):
-        self.flush()
+        try:
+            self.flush()
+        except OSError as e:  # never sent (only the file is read back), so a later agent reuses their seqs
+            log.error("spool: %d bytes of records the disk refused are lost (%s)", len(self._buffer), e)
+            self._buffer.clear()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
