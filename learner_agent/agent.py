@@ -53,6 +53,7 @@ SPOOL_DIR = "spool"
 # The folder the learner reads the platform's batch changes from (learner_agent.batch_changes), read-only to it.
 CONTROL_DIR = "control"
 BATCH_CONTROL_FILE = "batch.json"
+SPOOL_RETRY_S, MAX_SPOOL_RETRY_S = 0.1, 5.0  # the learner's output waits out a spool that refuses it
 LEARNER_PID_FILE = "learner.pid"  # {"pid", "start", "sandboxed"}: for an agent that has to end it after us
 
 
@@ -399,12 +400,28 @@ class Agent:
                 # back, never the agent's stop handling.
                 self._keep_pace(len(line))
                 self.shipper.wait_for_room()
-                with self._lock:
-                    if not self._streams_open:
-                        return
-                    self.shipper.add_many(records)
+                if not self._spool_lines(records):
+                    return
         except (OSError, ValueError):
             log.exception("reading the command's %s failed", stream)
+
+    def _spool_lines(self, records):
+        """Hand the records to the shipper; False once the streams are closed. While the spool cannot
+        take them (its disk refuses even a new segment: learner_agent.spool) this waits and tries again,
+        holding the learner's pipe back: a reader that gave up would leave the learner blocked on it."""
+        delay = SPOOL_RETRY_S
+        while True:
+            with self._lock:
+                if not self._streams_open:
+                    return False
+                try:
+                    self.shipper.add_many(records)
+                    return True
+                except OSError as e:
+                    problem = e
+            log.warning("the spool cannot take the learner's output (%s); trying again in %.1fs", problem, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_SPOOL_RETRY_S)
 
     def _keep_pace(self, nbytes):
         if self._pace is None or not self._pace.take(nbytes) or self._paced:

@@ -1,4 +1,5 @@
 """The agent as a real process against the fake ingest endpoint: a learner's whole life."""
+import io
 import json
 import os
 import signal
@@ -91,6 +92,33 @@ def test_a_slow_preparation_is_reported_while_it_lasts(outside_tmp, ingest):
     assert state == "preparing" and began <= when < began + 0.05
     agent._record_status("running")
     assert [[state for state, _ in batch] for batch in shipper.batches] == [["preparing"], ["running"]]
+
+
+class RefusingShipper:
+    """A spool whose disk refuses it twice, as learner_agent.spool raises when not even a segment can be made."""
+
+    def __init__(self):
+        self.refusals, self.lines = 2, []
+
+    def wait_for_room(self):
+        pass
+
+    def add_many(self, records):
+        if self.refusals:
+            self.refusals -= 1
+            raise OSError(28, "No space left on device")
+        self.lines += [r["line"] for r in records if r["kind"] == "log"]
+
+
+def test_the_learners_output_waits_out_a_spool_that_refuses_it(outside_tmp, ingest, monkeypatch):
+    """The reader ended at the first refusal, leaving the learner blocked on a pipe nobody read."""
+    from learner_agent import agent as agent_module
+    from learner_agent.config import load_config
+    monkeypatch.setattr(agent_module, "SPOOL_RETRY_S", 0.01)
+    shipper = RefusingShipper()
+    agent = agent_module.Agent(load_config(write_agent_config(outside_tmp, ingest, command="true")), shipper=shipper)
+    agent._ship_lines(io.BytesIO(b"one\ntwo\n"), "stdout")
+    assert shipper.lines == ["one", "two"] and shipper.refusals == 0
 
 
 def test_it_detaches_and_leaves_no_zombie(outside_tmp, ingest):
