@@ -7,14 +7,14 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.testing import HttpCommunicator
+from channels.testing import HttpCommunicator, WebsocketCommunicator
 from django.db import connection, connections
 
 from jobs import credentials
 from jobs.models import LogLine
-from portal.asgi import application, ingest_route
+from portal.asgi import application, ingest_application, ingest_route
 from portal.overrides.ingest import IngestRoute
-from tests.support.builders import job, member
+from tests.support.builders import job, member, token_for
 from tests.support.optional import skip_or_fail
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -436,3 +436,48 @@ def test_a_turn_is_never_lost_to_a_post_cancelled_while_it_waits():
         return got, dict(shares.serving), dict(shares.waiting)
 
     assert async_to_sync(scenario)() == (True, {}, {})
+
+
+# --- the ingest servers' application: agents' posts, and nothing else --------------------------------
+# portal.asgi.ingest_application runs on the only platform servers learner pods may reach.
+@async_to_sync
+async def request(method, path, body=b"", headers=()):
+    headers = [(b"host", b"testserver"), (b"content-type", b"application/json"), *headers]
+    communicator = HttpCommunicator(ingest_application, method, path, body=body, headers=headers)
+    response = await communicator.get_response(timeout=10)
+    return response["status"], json.loads(response["body"])
+
+
+def test_an_ingest_server_stores_and_acknowledges_an_agents_post(running_job):
+    target, token = running_job, running_job.tokens[0]
+    records = [{"seq": 1, "kind": "log", "stream": "stdout", "time": 1.0, "line": "hello"}]
+    status, body = request("POST", f"/api/v1/ingest/{target.id}/",
+                           json.dumps({"attempt": 1, "learner": 0, "records": records}).encode(),
+                           [(b"authorization", f"Ingest {token}".encode())])
+    assert (status, body) == (200, {"acked": 1})
+    assert list(LogLine.objects.values_list("line", flat=True)) == ["hello"]
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/api/v1/jobs/"),  # the API, even with a good token
+    ("POST", "/api/v1/jobs/"),
+    ("GET", "/admin/"),
+    ("GET", "/login/"),
+    ("GET", "/api/schema/"),
+    ("GET", "/metrics"),
+    ("GET", "/api/v1/ingest/"),  # no job id
+])
+def test_an_ingest_server_serves_nothing_else_of_the_platform(method, path):
+    token = token_for(member())
+    status, body = request(method, path, b"{}", [(b"authorization", f"Token {token}".encode())])
+    assert status == 404 and "ingest" in body["detail"]
+
+
+def test_an_ingest_server_refuses_websockets():
+    async def connect():
+        communicator = WebsocketCommunicator(ingest_application, "/ws/jobs/",
+                                             headers=[(b"host", b"testserver"), (b"origin", b"http://testserver")])
+        connected, _ = await communicator.connect(timeout=5)
+        await communicator.disconnect()
+        return connected
+    assert async_to_sync(connect)() is False
