@@ -294,7 +294,7 @@ def test_a_post_that_cannot_have_its_jobs_lock_soon_is_told_to_retry(running_job
 
 # --- each tenant has its share of the pool's threads ----------------------------------------------
 class HeldPosts:
-    """Posts that stop inside the view (jobs.ingest.ingest) until released; `inside`: how many are."""
+    """Posts held inside the view (jobs.ingest.ingest) until released; `inside`: how many are."""
 
     def __init__(self):
         self.lock, self.release, self.inside = threading.Lock(), threading.Event(), 0
