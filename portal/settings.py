@@ -356,7 +356,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["jobs.bounds.BoundedJSONParser", "jobs.bounds.BoundedFormParser",
                                "jobs.bounds.BoundedMultiPartParser"],
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "portal.schema.ApiSchema",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
@@ -366,6 +366,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "portal.schema.add_error_responses"],
 }
 
 LANGUAGE_CODE = "en-us"

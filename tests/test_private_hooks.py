@@ -1,5 +1,5 @@
 """No shipped module reaches into the private members of Django, Channels, channels_redis, asgiref,
-Celery or Django REST framework: an ordinary upgrade of one of them must not break the platform
+Celery, Django REST framework or drf-spectacular: an ordinary upgrade of one of them must not break the platform
 silently. The few overrides kept for a measured reason live in portal/overrides/, each with a canary
 test of what it relies on (portal/overrides/tests), and their library is pinned to a minor version.
 
@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.shipped import PACKAGES, ROOT
 
-LIBRARIES = ("django", "channels", "channels_redis", "asgiref", "celery", "rest_framework")
+LIBRARIES = ("django", "channels", "channels_redis", "asgiref", "celery", "rest_framework", "drf_spectacular")
 OVERRIDES = ROOT / "portal" / "overrides"
 
 
