@@ -19,6 +19,8 @@ import os
 import time
 import urllib.parse
 
+from learner_agent.files import read_json_object, write_atomically
+
 FILE_NAME = "platform.json"
 JOB_ID = "{job_id}"  # stands for the agent's job in `ingest_url`
 
@@ -41,12 +43,8 @@ def mark_stopped(path):
 
 def read(path):
     """The file's content (a dict with a usable `ingest_url`), or None when absent or unusable."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not _is_http_url(data.get("ingest_url")):
+    data = read_json_object(path)
+    if data is None or not _is_http_url(data.get("ingest_url")):
         return None
     return data
 
@@ -73,8 +71,4 @@ def _is_http_url(value):
 
 def _write(path, data):
     """Whole or not at all: agents read it at any moment."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(data), mode=0o644)

@@ -30,6 +30,7 @@ from queue import SimpleQueue
 from learner_agent import (address, archive, batch_changes, cgroups, diskwatch, procfs, sandbox, telemetry, tfevents,
                            trees)
 from learner_agent.config import HALT_MARK, ConfigError, load_config
+from learner_agent.files import read_json_object, write_atomically
 from learner_agent.learner import LearnerProcess, end_process, iter_lines
 from learner_agent.metrics import MetricExtractor
 from learner_agent.pace import Pace
@@ -147,8 +148,9 @@ class Agent:
             return self._finish(exit_code=None, reason=f"cannot start the command: {e}")
         log.info("started the command as pid %d (sandbox: %s)", self._learner.pid,
                  "bwrap" if sandboxed else "none")
-        _write_json_atomically(self.config.agent_file(LEARNER_PID_FILE), {
-            "pid": self._learner.pid, "start": procfs.start_time(self._learner.pid), "sandboxed": sandboxed})
+        write_atomically(self.config.agent_file(LEARNER_PID_FILE), json.dumps({
+            "pid": self._learner.pid, "start": procfs.start_time(self._learner.pid), "sandboxed": sandboxed}),
+            durable=True)
         self._record_status("running")
         tailer = self._event_file_tailer()
         if tailer is not None:
@@ -238,12 +240,8 @@ class Agent:
 
     def discard_launcher(self):
         """End a launcher started ahead that no learner took (no sandbox after all, a resumed learner)."""
-        launcher, self._launcher = self._launcher, None
-        if launcher is not None:
-            end_process(launcher)
-        standby, self._standby = self._standby, None
-        if standby is not None:
-            standby.remove()
+        _discard(self._launcher, self._standby)
+        self._launcher = self._standby = None
 
     def _adopt_standby(self):
         """The group the launcher started ahead waits in, made the learner's (cgroups.Cgroup.adopt);
@@ -326,7 +324,7 @@ class Agent:
             if limit == self.config.max_unpacked_bytes:
                 raise
             raise PrepareError(f"disk cap: the code archive unpacks to more than the work folder's cap of "
-                               f"{diskwatch.format_size(limit)} ({e}); nothing was run") from e
+                               f"{format_bytes(limit)} ({e}); nothing was run") from e
         log.info("unpacked %s: %d members, %d bytes", info.kind, info.members, info.unpacked_bytes)
 
     def _supervise(self, learner):
@@ -467,15 +465,13 @@ class Agent:
         """The learner's exit code, or 1 if it ended with a folder over its cap (the watchdog's kill may
         come as it exits 0 by itself, or it wrote fast and exited before a measurement): the attempt
         must not count as a success."""
-        if not self.config.disk_caps:
-            return exit_code
+        if self.config.disk_caps and self._disk_reason is None:
+            breach, _ = diskwatch.check(self.config.disk_caps)
+            if breach is not None:
+                self._note_disk_breach(breach)
         if self._disk_reason is not None:
             return exit_code or 1
-        breach, _ = diskwatch.check(self.config.disk_caps)
-        if breach is None:
-            return exit_code
-        self._note_disk_breach(breach)
-        return exit_code or 1
+        return exit_code
 
     def _note_kernel_oom_kill(self):
         """True (and the exit reason set) when the kernel killed a process for the memory limit."""
@@ -494,10 +490,14 @@ class Agent:
         """Write exit.json, record `exited`, deliver everything (patiently), then return 0."""
         self._release_cgroup()
         self._remove_scratch()
-        _write_json_atomically(self.config.agent_file("exit.json"),
-                               {"exit_code": exit_code, "reason": reason, "finished_at": time.time()})
+        self._write_exit(exit_code=exit_code, reason=reason)
         self._record_status("exited", exit_code=exit_code, reason=reason)
         return self._deliver()
+
+    def _write_exit(self, *, exit_code, reason):
+        """exit.json, on the disk itself: how the learner ended, for the backend even if the platform never hears."""
+        write_atomically(self.config.agent_file("exit.json"), json.dumps(
+            {"exit_code": exit_code, "reason": reason, "finished_at": time.time()}), durable=True)
 
     def _remove_scratch(self):
         """The learner's work folder (the unpacked code and whatever it wrote there) and its state
@@ -580,13 +580,13 @@ class Agent:
         retry, as a new attempt, like any other failed learner."""
         with self._lock:
             self._streams_open = False  # nothing of the old learner's output can still arrive
-        ended = _read_json(self.config.agent_file("exit.json"))
+        ended = read_json_object(self.config.agent_file("exit.json"))
         if ended is None:
             started = self._end_orphaned_learner()
             ended = {"exit_code": 137 if started else None,
                      "reason": ("killed: its learner agent died while it ran, and took it along" if started
                                 else "its learner agent died before the command started")}
-            _write_json_atomically(self.config.agent_file("exit.json"), dict(ended, finished_at=time.time()))
+            self._write_exit(**ended)
         log.warning("resuming after a dead agent: %d records spooled, %d acked; the learner ended: %s",
                     self.shipper.last_seq, self.shipper.acked, ended)
         last = self.shipper.last_record()
@@ -599,7 +599,7 @@ class Agent:
 
     def _end_orphaned_learner(self):
         """Kill what is left of the dead agent's learner; False when it never started the command."""
-        started = _read_json(self.config.agent_file(LEARNER_PID_FILE))
+        started = read_json_object(self.config.agent_file(LEARNER_PID_FILE))
         if started is None:
             return False
         pid = started.get("pid")
@@ -693,9 +693,7 @@ class Agent:
 
     def _record_status(self, state, **fields):
         """Record a status change, after any held back (_hold_status), in the same batch."""
-        with self._status_lock:
-            held, self._held_statuses = self._held_statuses, []
-            self.shipper.add_many([*held, {"kind": "status", "state": state, **fields}])
+        self._release_held_statuses({"kind": "status", "state": state, **fields})
 
     def _hold_status(self, state, seconds):
         """Record `state` (as of now) with the next status change, or on its own after `seconds`.
@@ -710,42 +708,11 @@ class Agent:
         timer.daemon = True
         timer.start()
 
-    def _release_held_statuses(self):
+    def _release_held_statuses(self, *then):
         with self._status_lock:
             held, self._held_statuses = self._held_statuses, []
-            if held:
-                self.shipper.add_many(held)
-
-
-def _write_json_atomically(path, data):
-    """Readers (the backend) see the old file or the whole new one, never half of it."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with _open_private(tmp) as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_text_atomically(path, text):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with _open_private(tmp) as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _open_private(path):
-    """The agent's files are the platform's business only (mode 0600), like agent.json."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8")
+            if held or then:
+                self.shipper.add_many([*held, *then])
 
 
 # --- process plumbing: the CLI entry point ---
@@ -778,17 +745,14 @@ def run_agent(config, *, launcher=None, standby=None):
     `launcher`: a sandbox launcher a spare agent started ahead (Agent._launch), waiting in the control
     group `standby` (cgroups.standby) if it has one; the agent ends or adopts both."""
     if not _claim_learner(config):
-        if launcher is not None:
-            end_process(launcher)
-        if standby is not None:
-            standby.remove()
+        _discard(launcher, standby)
         return 0
     _guard_credential(config)
     _log_to_file(config.agent_file("agent.log"))
     agent = Agent(config, launcher=launcher, standby=standby)
     # Handlers first: the pid file is what the backend signals by, and SIGUSR1 unhandled would kill us.
     agent.install_signal_handlers()
-    _write_text_atomically(config.agent_file("agent.pid"), f"{os.getpid()}\n")
+    write_atomically(config.agent_file("agent.pid"), f"{os.getpid()}\n")
     log.info("agent %d for %s attempt %d learner %d", os.getpid(), config.job_id, config.attempt,
              config.learner)
     try:
@@ -798,6 +762,14 @@ def run_agent(config, *, launcher=None, standby=None):
         return 1
     finally:
         agent.discard_launcher()
+
+
+def _discard(launcher, standby):
+    """End a launcher started ahead, and remove the standby group it waited in (either may be None)."""
+    if launcher is not None:
+        end_process(launcher)
+    if standby is not None:
+        standby.remove()
 
 
 def _claim_learner(config):

@@ -49,7 +49,7 @@ class Cgroup:
             return read_key(os.path.join(memory, "memory.events"), "oom_kill") or 0
         kills = read_key(os.path.join(memory, "memory.oom_control"), "oom_kill")
         if kills is None:  # kernels before 4.13 only count hitting the limit
-            return _read_number(os.path.join(memory, "memory.failcnt"))
+            return read_int(os.path.join(memory, "memory.failcnt")) or 0
         return kills
 
     @property
@@ -128,14 +128,14 @@ def create(name, *, memory_bytes, cpus, max_processes, mounts="/proc/self/mounts
     """A new group `name` with the limits written, or raise CgroupError saying why there is none."""
     name = _safe_name(name)
     v2_root, v1_roots = _hierarchies(mounts)
-    if v2_root and {"memory", "cpu", "pids"} <= _v2_controllers(v2_root):
+    if _v2_usable(v2_root):
         return _create_v2(v2_root, name, memory_bytes=memory_bytes, cpus=cpus, max_processes=max_processes)
     missing = [c for c in _V1_CONTROLLERS if c not in v1_roots]
     if missing:
         raise CgroupError(f"no cgroup v2 with memory, cpu and pids, and no cgroup v1 {', '.join(missing)} "
                           "hierarchy mounted")
-    return _create_v1(v1_roots, _own_paths(own), name, memory_bytes=memory_bytes, cpus=cpus,
-                      max_processes=max_processes)
+    return _create_v1(_v1_dirs(v1_roots, _own_paths(own), name),
+                      limits={"memory_bytes": memory_bytes, "cpus": cpus, "max_processes": max_processes})
 
 
 def standby(name, *, mounts="/proc/self/mounts", own="/proc/self/cgroup"):
@@ -143,25 +143,17 @@ def standby(name, *, mounts="/proc/self/mounts", own="/proc/self/cgroup"):
     be (a spare's launcher) to wait in, until an agent `adopt`s it. CgroupError where none can be
     adopted later: no v1 hierarchy of each controller (a v2 group cannot be renamed)."""
     v2_root, v1_roots = _hierarchies(mounts)
-    if v2_root and {"memory", "cpu", "pids"} <= _v2_controllers(v2_root):
+    if _v2_usable(v2_root):
         raise CgroupError("cgroup v2 is used here, and its groups cannot be renamed")
     if any(c not in v1_roots for c in _V1_CONTROLLERS):
         raise CgroupError("no cgroup v1 hierarchy of each of memory, cpu and pids")
-    dirs = _v1_dirs(v1_roots, _own_paths(own), STANDBY + _safe_name(name))
-    try:
-        for path in dirs.values():
-            os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        for path in dirs.values():
-            _remove_quietly(path)
-        raise CgroupError(f"cgroup v1: {e.strerror or e} ({e.filename})") from e
-    return Cgroup(1, dirs)
+    return _create_v1(_v1_dirs(v1_roots, _own_paths(own), STANDBY + _safe_name(name)))
 
 
-def remove_stale_standby(*, older_than_s=STANDBY_STALE_S, mounts="/proc/self/mounts", own="/proc/self/cgroup"):
+def remove_stale_standby(*, mounts="/proc/self/mounts", own="/proc/self/cgroup"):
     """Remove the standby groups that have been empty for a while: what spares that were killed (a
     platform's stop) left behind. One with a process in it stays (the kernel refuses), so a live
-    spare's never goes; a spare's made this moment is younger than `older_than_s`."""
+    spare's never goes; a spare's made this moment is younger than STANDBY_STALE_S."""
     _, v1_roots = _hierarchies(mounts)
     own_paths = _own_paths(own) if v1_roots else {}
     now = time.time()
@@ -174,7 +166,7 @@ def remove_stale_standby(*, older_than_s=STANDBY_STALE_S, mounts="/proc/self/mou
         for name in names:
             path = os.path.join(parent, name)
             try:
-                if now - os.stat(path).st_mtime > older_than_s:
+                if now - os.stat(path).st_mtime > STANDBY_STALE_S:
                     os.rmdir(path)
             except OSError:  # EBUSY: a spare's launcher waits in it; or gone meanwhile
                 pass
@@ -200,18 +192,18 @@ def _create_v2(root, name, *, memory_bytes, cpus, max_processes):
     return group
 
 
-def _create_v1(roots, own_paths, name, *, memory_bytes, cpus, max_processes):
-    dirs = _v1_dirs(roots, own_paths, name)
-    group = Cgroup(1, dirs)
+def _create_v1(dirs, *, limits=None):
+    """The group of `dirs`, with `limits` (_write_v1_limits) written, or none yet (a standby group)."""
     try:
         for path in dirs.values():
             os.makedirs(path, exist_ok=True)
-        _write_v1_limits(dirs, memory_bytes=memory_bytes, cpus=cpus, max_processes=max_processes)
+        if limits is not None:
+            _write_v1_limits(dirs, **limits)
     except OSError as e:
         for path in dirs.values():
             _remove_quietly(path)
         raise CgroupError(f"cgroup v1: {e.strerror or e} ({e.filename})") from e
-    return group
+    return Cgroup(1, dirs)
 
 
 def _v1_dirs(roots, own_paths, name):
@@ -255,12 +247,15 @@ def _hierarchies(mounts):
     return v2, v1
 
 
-def _v2_controllers(root):
+def _v2_usable(root):
+    """Whether the v2 hierarchy at `root` (None: none mounted) offers memory, cpu and pids."""
+    if root is None:
+        return False
     try:
         with open(os.path.join(root, "cgroup.controllers")) as f:
-            return set(f.read().split())
+            return {"memory", "cpu", "pids"} <= set(f.read().split())
     except OSError:
-        return set()
+        return False
 
 
 def own_v2(*, mounts="/proc/self/mounts", own="/proc/self/cgroup"):
@@ -303,12 +298,13 @@ def read_key(path, key):
     return None
 
 
-def _read_number(path):
+def read_int(path):
+    """The number a one-number file (memory.current, cpuacct.usage) holds, or None."""
     try:
         with open(path) as f:
-            return int(f.read().strip() or 0)
+            return int(f.read().strip())
     except (OSError, ValueError):
-        return 0
+        return None
 
 
 def _write(path, value):

@@ -141,31 +141,21 @@ def parse_config(data, *, path):
         raise ConfigError(f"sandbox: must be one of {', '.join(MODES)}")
     values["sandbox"] = sandbox
     values["cpus"] = _number(data, "cpus", 1.0, minimum_exclusive=0)
-    if data.get("memory_bytes") is not None:
-        values["memory_bytes"] = _integer(data, "memory_bytes", minimum=1)
     values["checkpoint_signal"] = _signal_name(data.get("checkpoint_signal", "SIGTERM"))
     values["grace_seconds"] = _number(data, "grace_seconds", 60.0, minimum=0)
     values["flush_timeout_s"] = _number(data, "flush_timeout_s", 86400.0, minimum=0)
     values["resource_sample_s"] = _number(data, "resource_sample_s", AgentConfig.resource_sample_s, minimum=0)
-    nvml_module = data.get("nvml_module") or ""
-    if not isinstance(nvml_module, str) or (nvml_module and not os.path.isabs(nvml_module)):
-        raise ConfigError("nvml_module: must be an absolute path to a Python file")
-    values["nvml_module"] = nvml_module
-    network_namespace = data.get("network_namespace") or ""
-    if not isinstance(network_namespace, str) or (network_namespace and not os.path.isabs(network_namespace)):
-        raise ConfigError("network_namespace: must be an absolute path such as /proc/<pid>/ns/net")
-    values["network_namespace"] = network_namespace
-    for key, default in (("max_unpacked_bytes", AgentConfig.max_unpacked_bytes),
-                         ("max_members", AgentConfig.max_members),
-                         ("max_processes", AgentConfig.max_processes),
-                         ("spool_max_bytes", AgentConfig.spool_max_bytes),
-                         ("log_burst_bytes", AgentConfig.log_burst_bytes)):
-        values[key] = _integer(data, key, minimum=1) if data.get(key) is not None else default
-    if data.get("log_bytes_per_second") is not None:
-        values["log_bytes_per_second"] = _integer(data, "log_bytes_per_second", minimum=0)
+    for key, what in (("nvml_module", "an absolute path to a Python file"),
+                      ("network_namespace", "an absolute path such as /proc/<pid>/ns/net")):
+        value = data.get(key) or ""
+        if not isinstance(value, str) or (value and not os.path.isabs(value)):
+            raise ConfigError(f"{key}: must be {what}")
+        values[key] = value
+    for key in ("memory_bytes", "tmp_bytes", "max_unpacked_bytes", "max_members", "max_processes",
+                "spool_max_bytes", "log_burst_bytes"):
+        values[key] = _integer(data, key, minimum=1, default=getattr(AgentConfig, key))
+    values["log_bytes_per_second"] = _integer(data, "log_bytes_per_second", minimum=0, default=0)
     values["disk_caps"] = _disk_caps(data.get("disk_caps") or [], base)
-    if data.get("tmp_bytes") is not None:
-        values["tmp_bytes"] = _integer(data, "tmp_bytes", minimum=1)
     if values["spool_max_bytes"] < MIN_SPOOL_BYTES:
         raise ConfigError(f"spool_max_bytes: must be an integer >= {MIN_SPOOL_BYTES} (1MiB)")
     return AgentConfig(**values)
@@ -207,10 +197,10 @@ def _ingest_token(data):
     return token
 
 
-def _integer(data, key, *, minimum, required=False):
+def _integer(data, key, *, minimum, required=False, default=None):
     value = data.get(key)
     if value is None and not required:
-        return None
+        return default
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigError(f"{key}: must be an integer >= {minimum}")
     return value

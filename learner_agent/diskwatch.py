@@ -21,6 +21,8 @@ import stat
 import time
 from dataclasses import dataclass
 
+from learner_agent.sizes import format_bytes
+
 INTERVAL_S = 0.25
 FAST_INTERVAL_S = 0.1
 # Files and folders one measurement walks at most: more in one capped folder is itself over the cap
@@ -56,9 +58,9 @@ class Breach:
         if self.too_many:
             return (f"disk cap: the {self.cap.name} folder holds more than {MAX_ENTRIES} files and folders; "
                     f"killed")
-        held = f" ({format_size(self.deleted)} in files it deleted but keeps open)" if self.deleted else ""
-        return (f"disk cap: the {self.cap.name} folder used {format_size(self.used)}{held}, over its cap of "
-                f"{format_size(self.cap.limit)}; killed")
+        held = f" ({format_bytes(self.deleted)} in files it deleted but keeps open)" if self.deleted else ""
+        return (f"disk cap: the {self.cap.name} folder used {format_bytes(self.used)}{held}, over its cap of "
+                f"{format_bytes(self.cap.limit)}; killed")
 
 
 class TooManyEntries(Exception):
@@ -184,10 +186,3 @@ def file_size_limit(caps, tmp_bytes=None):
     against (a file is in one folder, so one past the largest cap is past its own)."""
     limits = [cap.limit for cap in caps] + ([tmp_bytes] if tmp_bytes else [])
     return max(limits) if limits else None
-
-
-def format_size(n):
-    """20971520 → "20.0MiB"."""
-    if n >= 2**30:
-        return f"{n / 2**30:.1f}GiB"
-    return f"{n / 2**20:.1f}MiB"

@@ -103,10 +103,7 @@ class LearnerProcess:
         for group in groups:
             _killpg(group, signal.SIGKILL)
         for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            _kill(pid, signal.SIGKILL)
 
     def rss_bytes(self):
         return procfs.tree_rss_bytes(self.pid)

@@ -89,18 +89,11 @@ def _valid_name(name):
 def _finite_number(value):
     """A float, or None for anything else: booleans, text that isn't a number, NaN and infinities
     (which JSON cannot carry and a chart cannot draw)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:
         value = float(value)
-    except OverflowError:  # an int beyond any float: JSON integers have no limit
+    except (ValueError, OverflowError):  # OverflowError: an int beyond any float (JSON integers have no limit)
         return None
     return value if math.isfinite(value) else None
 

@@ -58,15 +58,15 @@ def holder_pid(attempt_dir):
     return pid if ours and os.path.abspath(attempt_dir).encode() in cmdline else None
 
 
-def create(attempt_dir, learners, *, python=sys.executable, timeout_s=10.0):
+def create(attempt_dir, learners):
     """Start the holder for one attempt (or find the running one); return the namespace's path."""
     pid = holder_pid(attempt_dir)
     if pid is None:
         if shutil.which("nsenter") is None:
             raise NetnsError("nsenter (util-linux) is not on PATH; learners could not join the namespace")
-        done = subprocess.run([python, "-m", "learner_agent.netns", "hold", "--dir", os.path.abspath(attempt_dir),
-                               "--learners", str(learners)],
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s,
+        done = subprocess.run([sys.executable, "-m", "learner_agent.netns", "hold",
+                               "--dir", os.path.abspath(attempt_dir), "--learners", str(learners)],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10,
                               env={"PATH": os.environ.get("PATH", os.defpath),
                                    "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
         if done.returncode != 0:

@@ -7,28 +7,33 @@ session, so signalling only the process we started would miss it). Linux only, l
 """
 import os
 
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def process_table():
     """{pid: (ppid, pgid, rss_bytes)} for every process we can read right now."""
     table = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        fields = stat_fields(entry) if entry.isdigit() else None
+        if fields is None:
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # exited meanwhile
-            continue
-        # The command name is in parentheses and may itself contain spaces or ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        try:
-            # fields[0] is the state (stat field 3), so stat field N is fields[N - 3].
-            table[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[21]) * _PAGE_BYTES)
+            table[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[21]) * PAGE_BYTES)
         except (IndexError, ValueError):
             continue
     return table
+
+
+def stat_fields(pid):
+    """/proc/<pid>/stat's fields after the command name, or None once the process is gone.
+    fields[0] is the state (stat field 3), so stat field N is fields[N - 3]."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # exited meanwhile
+        return None
+    # The command name is in parentheses and may itself contain spaces or ')'.
+    return stat[stat.rfind(b")") + 2:].split()
 
 
 def descendants(root, table=None):
@@ -83,10 +88,8 @@ def start_time(pid):
     """When the process started (clock ticks since boot), or None if it is gone: with its pid, an
     identity a recycled pid cannot fake."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rfind(b")") + 2:].split()[19])  # stat field 22
-    except (OSError, IndexError, ValueError):
+        return int(stat_fields(pid)[19])  # stat field 22
+    except (TypeError, IndexError, ValueError):  # TypeError: no fields, it is gone
         return None
 
 
@@ -100,12 +103,11 @@ def agent_running(folder):
     try:
         with open(pid_file) as f:
             pid = int(f.read().strip())
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
         written_at = os.stat(pid_file).st_mtime
     except (OSError, ValueError):
         return False
-    if stat[stat.rfind(b")") + 2:].split()[:1] == [b"Z"]:
+    fields = stat_fields(pid)
+    if fields is None or fields[:1] == [b"Z"]:
         return False
     command = argv(pid)
     if os.path.join(folder, "agent.json") in " ".join(command):

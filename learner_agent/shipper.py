@@ -39,6 +39,7 @@ import threading
 import time
 import urllib.parse
 
+from learner_agent.sizes import format_bytes
 from learner_agent.spool import MAX_UNWRITTEN_BYTES
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,14 @@ log = logging.getLogger(__name__)
 # Statuses that mean "this will never work": retrying would only hammer the platform.
 _PERMANENT_FAILURES = {400: "malformed body", 401: "token not valid", 403: "forbidden",
                        404: "token not valid for this job"}
+HTTP_TIMEOUT_S = 30
 FLUSH_INTERVAL_S = 0.05  # the longest an added record waits in memory before the kernel has it
 SYNC_INTERVAL_S = 1.0  # the longest it waits before it is on the disk itself
 
 
 class Shipper:
     def __init__(self, ingest_url, token, *, attempt, learner, spool, max_batch=20000,
-                 max_batch_bytes=8 * 1024 * 1024, http_timeout=30, on_gone=None,
+                 max_batch_bytes=8 * 1024 * 1024, on_gone=None,
                  backoff_initial=0.1, backoff_max=5.0, current_url=None, on_answer=None):
         self._url = None
         self._aim(ingest_url)
@@ -63,7 +65,6 @@ class Shipper:
                            + ', "records": [').encode()
         self._max_batch = max_batch
         self._max_batch_bytes = max_batch_bytes
-        self._http_timeout = http_timeout
         self._on_gone = on_gone
         self._on_answer = on_answer  # called with each 200 answer's JSON object (the agent's batch changes)
         self._backoff_initial = backoff_initial
@@ -138,7 +139,7 @@ class Shipper:
             while not self._spool.has_room(0) and self._stopped is None and not self._closing:
                 if self._full_since is None and self._spool.write_error is None:  # else the flusher says why
                     self._full_since = time.monotonic()
-                    self._notice(f"the spool is full ({_mib(self._spool.max_bytes)} of records the "
+                    self._notice(f"the spool is full ({format_bytes(self._spool.max_bytes)} of records the "
                                  f"platform has not acknowledged, up to seq {self._last_seq}): the "
                                  "learner's output is held back until the platform catches up")
                 self._cond.wait()
@@ -171,7 +172,7 @@ class Shipper:
             self._cond.notify_all()
         self._closed.set()
         self._added.set()
-        self._thread.join(timeout if timeout is not None else self._http_timeout + 1)
+        self._thread.join(timeout if timeout is not None else HTTP_TIMEOUT_S + 1)
         self._flusher.join(1.0)
         with self._cond:
             if discard_spool:
@@ -295,7 +296,7 @@ class Shipper:
                         continue
                     failing_since = time.monotonic()
                     self._notice(f"cannot write the spool ({type(e).__name__}: {e}): retrying; up to "
-                                 f"{_mib(MAX_UNWRITTEN_BYTES)} of records are kept in memory meanwhile, then "
+                                 f"{format_bytes(MAX_UNWRITTEN_BYTES)} of records are kept in memory meanwhile, then "
                                  "the learner's output is held back until the disk takes it; nothing is dropped")
                     continue
                 if failing_since is not None:
@@ -345,7 +346,7 @@ class Shipper:
         try:
             if self._conn is None:
                 connection_class = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-                self._conn = connection_class(self._host, self._port, timeout=self._http_timeout)
+                self._conn = connection_class(self._host, self._port, timeout=HTTP_TIMEOUT_S)
                 self._conn_requests = 0
             self._conn.request("POST", self._path, body=body, headers=self._headers)
             response = self._conn.getresponse()
@@ -422,10 +423,6 @@ class Shipper:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-
-def _mib(n):
-    return f"{n / 2**20:.1f}MiB"
 
 
 def _json_object(payload):

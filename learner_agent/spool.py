@@ -32,6 +32,8 @@ import os
 import shutil
 import tempfile
 
+from learner_agent.files import write_atomically
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 256 * 2**20
@@ -203,14 +205,10 @@ class Spool:
 
     # --- bound ---
 
-    @property
-    def size_bytes(self):
-        return sum(self._sizes.values()) + len(self._buffer)
-
     def has_room(self, nbytes):
         if self.write_error is not None and len(self._buffer) + nbytes > MAX_UNWRITTEN_BYTES:
             return False  # the disk refuses writes: hold output back rather than grow in memory
-        return self.size_bytes + nbytes <= self.max_bytes
+        return sum(self._sizes.values()) + len(self._buffer) + nbytes <= self.max_bytes
 
     # --- reading back and acking ---
 
@@ -266,7 +264,7 @@ class Spool:
             self._fd = None  # the next record starts a segment of its own
         if not self.anonymous:
             try:
-                _write_atomically(os.path.join(self.directory, CURSOR), f"{seq}\n")
+                write_atomically(os.path.join(self.directory, CURSOR), f"{seq}\n")
             except OSError as e:  # a full disk: delete nothing until a later ack's cursor is written
                 log.warning("spool: cannot write the acked cursor (%s); acked segments kept for now", e)
                 return
@@ -357,13 +355,3 @@ def _is_json(line):
         return True
     except ValueError:
         return False
-
-
-def _write_atomically(path, text):
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode("ascii"))
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)

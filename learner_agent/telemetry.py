@@ -15,6 +15,7 @@ when the agent restarts, and the platform stores each once). The sources, best f
   imported. No NVML (no module, no driver) is said once in agent.log, and CPU and memory are
   sampled all the same.
 """
+import collections
 import importlib
 import importlib.util
 import logging
@@ -28,16 +29,10 @@ from learner_agent import cgroups, procfs
 log = logging.getLogger(__name__)
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
-class Usage:
-    """One reading of the learner's CPU and memory counters: cumulative CPU seconds, bytes now, peak."""
-
-    __slots__ = ("cpu_seconds", "memory_bytes", "memory_peak_bytes")
-
-    def __init__(self, cpu_seconds, memory_bytes, memory_peak_bytes):
-        self.cpu_seconds, self.memory_bytes, self.memory_peak_bytes = cpu_seconds, memory_bytes, memory_peak_bytes
+# One reading of the learner's CPU and memory counters: cumulative CPU seconds, bytes now, peak.
+Usage = collections.namedtuple("Usage", ("cpu_seconds", "memory_bytes", "memory_peak_bytes"))
 
 
 def read_usage(*, cgroup, pid):
@@ -61,7 +56,7 @@ def _cgroup_cpu_seconds(cgroup):
     if cgroup.version == 2:
         usec = cgroups.read_key(os.path.join(directory, "cpu.stat"), "usage_usec")
         return None if usec is None else usec / 1e6
-    nsec = _read_int(os.path.join(directory, "cpuacct.usage"))  # only where cpuacct is mounted with cpu
+    nsec = cgroups.read_int(os.path.join(directory, "cpuacct.usage"))  # only where cpuacct is mounted with cpu
     return None if nsec is None else nsec / 1e9
 
 
@@ -69,16 +64,17 @@ def _cgroup_memory(cgroup):
     """(bytes now, peak bytes or None) of the group."""
     directory = cgroup.dirs["memory"]
     if cgroup.version == 2:
-        return _read_int(os.path.join(directory, "memory.current")), _read_int(os.path.join(directory, "memory.peak"))
-    return (_read_int(os.path.join(directory, "memory.usage_in_bytes")),
-            _read_int(os.path.join(directory, "memory.max_usage_in_bytes")))
+        now, peak = "memory.current", "memory.peak"
+    else:
+        now, peak = "memory.usage_in_bytes", "memory.max_usage_in_bytes"
+    return cgroups.read_int(os.path.join(directory, now)), cgroups.read_int(os.path.join(directory, peak))
 
 
 def _proc_cpu_seconds(pids):
     """User and system time of the processes, with what they collected from children they waited for."""
     ticks = 0
     for pid in pids:
-        fields = _stat_fields(pid)
+        fields = procfs.stat_fields(pid)
         if fields is not None:
             try:  # stat fields 14-17 (utime, stime, cutime, cstime); fields[0] is field 3
                 ticks += sum(int(x) for x in fields[11:15])
@@ -90,22 +86,13 @@ def _proc_cpu_seconds(pids):
 def _proc_rss(pids):
     total = 0
     for pid in pids:
-        fields = _stat_fields(pid)
+        fields = procfs.stat_fields(pid)
         if fields is not None:
             try:
-                total += int(fields[21]) * _PAGE_BYTES  # stat field 24
+                total += int(fields[21]) * procfs.PAGE_BYTES  # stat field 24
             except (IndexError, ValueError):
                 continue
     return total
-
-
-def _stat_fields(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:  # exited meanwhile
-        return None
-    return stat[stat.rfind(b")") + 2:].split()
 
 
 class Gpus:
@@ -323,11 +310,3 @@ class Sampler:
 
 def _describe(error):
     return f"{type(error).__name__}: {error}"
-
-
-def _read_int(path):
-    try:
-        with open(path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None

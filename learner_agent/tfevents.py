@@ -32,6 +32,8 @@ import struct
 import threading
 import time
 
+from learner_agent.files import read_json_object, write_atomically
+
 log = logging.getLogger(__name__)
 
 OFFSETS_FILE = "tfevents.offsets"
@@ -193,9 +195,8 @@ class EventFileTailer:
         self._offsets_path = os.path.join(state_dir, OFFSETS_FILE)
         self._ship, self._notice = ship, notice
         self._lock = threading.Lock()  # one pass at a time (the timer's thread and the final drain)
-        state = _read_state(self._offsets_path)
-        self._offsets = state["offsets"]  # relative path -> the offset reading continues from
-        self._ended = set(state["ended"])  # files not read further (corrupt, shrunk)
+        # relative path -> the offset reading continues from; the files not read further (corrupt, shrunk)
+        self._offsets, self._ended = _read_state(self._offsets_path)
         self._too_many_noted = False
         self._crowded_noted = False
         self.skipped = 0  # records stepped over or dropped (agent.log says which)
@@ -342,20 +343,11 @@ class EventFileTailer:
         self._notice(f"TensorBoard: {text}")
 
     def _save(self):
-        tmp = f"{self._offsets_path}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"offsets": self._offsets, "ended": sorted(self._ended)}, f)
-        os.replace(tmp, self._offsets_path)
+        write_atomically(self._offsets_path, json.dumps({"offsets": self._offsets, "ended": sorted(self._ended)}))
 
 
 def _read_state(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {"offsets": {}, "ended": []}
-    offsets = data.get("offsets") if isinstance(data, dict) else None
-    ended = data.get("ended") if isinstance(data, dict) else None
-    return {"offsets": {k: v for k, v in (offsets or {}).items() if isinstance(v, int) and v >= 0},
-            "ended": [e for e in (ended or []) if isinstance(e, str)]}
+    """(offsets, ended) as saved by _save; none of either from a missing or damaged file."""
+    data = read_json_object(path) or {}
+    return ({k: v for k, v in (data.get("offsets") or {}).items() if isinstance(v, int) and v >= 0},
+            {e for e in (data.get("ended") or []) if isinstance(e, str)})
