@@ -40,16 +40,12 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
-from gpu_scheduler.model import (CPU_EPSILON, PRIORITY_RANK, Decisions, Node, Placement, Resources,
-                                 SchedulingInputError, Snapshot, TenantPolicy, Workload)
+from gpu_scheduler.model import CPU_EPSILON, PRIORITY_RANK, Decisions, SchedulingInputError, Snapshot, Workload
 from gpu_scheduler.placement import FreeMap, Tally
 from gpu_scheduler.policy import Policy
-from gpu_scheduler.reasons import (exceeds_quota, gpus_text, job_seen_by, learners_of,
-                                   position_prefix, quota_in_use)
+from gpu_scheduler.reasons import exceeds_quota, gpus_text, job_seen_by, learners_of, position_prefix, quota_in_use
 
-
-__all__ = ["Decisions", "Node", "Placement", "Policy", "Resources", "SchedulingInputError",
-           "Snapshot", "TenantPolicy", "Workload", "schedule"]
+__all__ = ["schedule"]
 
 DIMENSIONS = ("gpus", "cpus", "memory_bytes")
 
@@ -100,11 +96,11 @@ class _TenantState:
                 and used[1] + per.cpus * learners <= nominal[1] + CPU_EPSILON
                 and used[2] + per.memory_bytes * learners <= nominal[2])
 
-    def borrowing_in(self, per):
-        """Uses more than its quota in a dimension this job needs (a no-quota tenant borrows all)."""
-        nominal = self.nominal or (0, 0.0, 0)
+    def borrowing_in(self, per, used=None):
+        """Uses (`used`, else its usage now) more than its quota in a dimension this job needs (no quota: all)."""
+        nominal, used = self.nominal or (0, 0.0, 0), self.used if used is None else used
         needs = (per.gpus, per.cpus, per.memory_bytes)
-        return any(need and used > quota + CPU_EPSILON for need, used, quota in zip(needs, self.used, nominal))
+        return any(need and u > quota + CPU_EPSILON for need, u, quota in zip(needs, used, nominal))
 
     def dominant_share(self, extra=(0, 0.0, 0)):
         """The largest fraction of any cluster resource the tenant holds (with `extra` added)."""
@@ -133,7 +129,7 @@ class _Cycle:
             capacity[2] += node.memory_bytes
         self.capacity = capacity
         self.tenants = {}
-        self.ranks = {}  # job_id -> (priority rank, service level), see _rank
+        self.ranks = {}  # job_id -> (priority rank, service level), see _rank_all
         self.stopping = []
         running_ids = set()
         for workload in snapshot.running:
@@ -186,12 +182,9 @@ class _Cycle:
         service = state.recent_service if fair else 0.0
         return (soft, not within, share, self.ranks[workload.job_id], service, workload.order, workload.job_id)
 
-    def _rank(self, workload):
-        """(priority rank, service level): smaller is served first and may halt larger. Fixed for
-        the cycle (one `now`): computed once per job by _rank_all."""
-        return self.ranks[workload.job_id]
-
     def _rank_all(self, workloads):
+        """Fill self.ranks: (priority rank, service level), smaller is served first and may halt
+        larger; fixed for the cycle (one `now`)."""
         # One tight loop over every job: in a cycle with 10,000 queued jobs, a method call per job
         # is a measurable share of the cycle. Most jobs have had no service: level 0.
         ranks, first = self.ranks, (self.policy.service_levels or (float("inf"),))[0]
@@ -317,9 +310,7 @@ class _Cycle:
             victims = self._pick_victims(workload, state, tally)
             if victims:
                 for victim, reason in victims:
-                    self.decisions.preempt[victim.job_id] = reason
-                    self.claimed.add(victim.job_id)
-                    self.stopping.append(victim)
+                    self._halt(victim, reason)
                 return self._wait_for_freed(workload, position, tally)
             if self.policy.consolidate and self._consolidate(workload, position):
                 return None
@@ -357,11 +348,8 @@ class _Cycle:
             self.free.unreserve(node)
             return False
         for victim in victims:
-            self.decisions.preempt[victim.job_id] = (
-                f"moved: halted through its checkpoint to make room for {job_seen_by(victim.tenant, workload)}; "
-                f"restarts at once on free GPUs elsewhere")
-            self.claimed.add(victim.job_id)
-            self.stopping.append(victim)
+            self._halt(victim, f"moved: halted through its checkpoint to make room for "
+                               f"{job_seen_by(victim.tenant, workload)}; restarts at once on free GPUs elsewhere")
         moved = sum(v.per_learner.gpus for v in victims)
         self._wait(workload, position, f"for {gpus_text(moved)} being freed by moving smaller jobs")
         return True
@@ -445,18 +433,21 @@ class _Cycle:
         chosen = []
         if not fits():
             own = self._victim_lists().get(workload.tenant, [])
-            scanned = itertools.islice(self._outranked(own, workload.tenant, self._rank(workload)),
+            scanned = itertools.islice(self._outranked(own, workload.tenant, self.ranks[workload.job_id]),
                                        self.policy.victim_scan)
             candidates = ((victim, kind) for _, victim, kind, _ in scanned if victim.job_id not in self.claimed)
             chosen = _fewest(candidates, lambda item: take(item[0]), lambda item: take(item[0], -1), fits)
             if not chosen:
                 return False
         for victim, kind in chosen:
-            self.decisions.preempt[victim.job_id] = self._preempt_reason(kind, workload, victim)
-            self.claimed.add(victim.job_id)
-            self.stopping.append(victim)
+            self._halt(victim, self._preempt_reason(kind, workload, victim))
         self._hold_for(tally)
         return True
+
+    def _halt(self, victim, reason):
+        self.decisions.preempt[victim.job_id] = reason
+        self.claimed.add(victim.job_id)
+        self.stopping.append(victim)
 
     def _hold_for(self, tally):
         """Hold the nodes a job will use once the resources it waits for are freed; returns those GPUs."""
@@ -514,7 +505,7 @@ class _Cycle:
         soft_job = state.policy.budget == "soft_exceeded"
         reclaiming = state.nominal is not None and state.within_quota(workload.per_learner, workload.learners)
         from_pool = state.nominal is None and self._within_fair_share(state, workload)
-        rank = self._rank(workload)
+        rank = self.ranks[workload.job_id]
         streams = []
         for name, by_preference in self._victim_lists().items():
             other = self.tenants[name]
@@ -535,7 +526,7 @@ class _Cycle:
             if victim.job_id in self.claimed or victim.job_id == workload.job_id or victim.job_id in seen:
                 continue
             seen.add(victim.job_id)
-            if kind == "reclaim" and not self._still_borrowing(name, usage, workload.per_learner):
+            if kind == "reclaim" and not self.tenants[name].borrowing_in(workload.per_learner, usage.get(name)):
                 continue
             yield victim, self._preempt_reason(kind, workload, victim)
 
@@ -557,13 +548,6 @@ class _Cycle:
         if self._weights is None:
             self._weights = sum(other.policy.weight for other in self.tenants.values())
         return state.policy.weight / self._weights
-
-    def _still_borrowing(self, tenant, usage, per):
-        state = self.tenants[tenant]
-        used = usage.get(tenant, state.used)
-        nominal = state.nominal or (0, 0.0, 0)
-        needs = (per.gpus, per.cpus, per.memory_bytes)
-        return any(need and u > q + CPU_EPSILON for need, u, q in zip(needs, used, nominal))
 
     def _preempt_reason(self, kind, workload, victim):
         """Shown to the victim's tenant: names the job that needs the room only if it is theirs too."""

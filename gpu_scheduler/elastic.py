@@ -110,11 +110,15 @@ def batch_choices(job, learners, policy):
 
 @functools.lru_cache(maxsize=100_000)
 def _batch_choices(policy_name, steps, base, low, high, gpus, max_local):
+    return tuple(sorted(b for b in _batch_candidates(policy_name, steps, base, low, high)
+                        if gpus <= b <= gpus * max_local))
+
+
+def _batch_candidates(policy_name, steps, base, low, high):
+    """The job's own batch, or for a policy that scales batches powers of two around it, clipped to its bounds."""
     if policy_name in ("fixed", "gpu_only"):
-        candidates = {base}
-    else:  # powers of two around the job's own batch, clipped to its bounds
-        candidates = {min(max(int(round(base * 2.0**k)), low), high) for k in range(-steps, steps + 1)}
-    return tuple(sorted(b for b in candidates if gpus <= b <= gpus * max_local))
+        return {base}
+    return {min(max(int(round(base * 2.0**k)), low), high) for k in range(-steps, steps + 1)}
 
 
 def rate(job, learners, batch, policy, gpus_per_node):
@@ -160,12 +164,6 @@ def restart_discount(job, policy, now):
     return horizon / (horizon + job.restart_s)
 
 
-def learner_range(job, policy):
-    if policy.name == "fixed":
-        return [job.learners] if job.running else [job.requested_learners]
-    return list(range(job.min_learners, job.max_learners + 1))
-
-
 def options(job, policy, gpus_per_node, now=0.0):
     """[(gpus, value, learners, batch)] for the DP; includes (0, ...) only for a job not running."""
     if job.running:
@@ -173,37 +171,22 @@ def options(job, policy, gpus_per_node, now=0.0):
     # A waiting job's options depend only on its shape, and many jobs share one (same model, bounds).
     return list(shape_options(policy, gpus_per_node, job.model, job.noise_scale, job.base_batch, job.batch_min,
                               batch_max(job, policy), job.max_local_batch, job.gpus_per_learner, job.min_learners,
-                              job.max_learners, job.requested_learners))
+                              job.max_learners))
 
 
 @functools.lru_cache(maxsize=10_000)
-def shape_options(policy, gpus_per_node, model, noise_scale, base, low, high, max_local, per, lo, hi, requested):
-    shape = ElasticJob("", "", lo, hi, per, base, low, high, requested_learners=requested, max_local_batch=max_local,
-                       model=model, noise_scale=noise_scale)
+def shape_options(policy, gpus_per_node, model, noise_scale, base, low, high, max_local, per, lo, hi):
+    shape = ElasticJob("", "", lo, hi, per, base, low, high, max_local_batch=max_local, model=model,
+                       noise_scale=noise_scale)
     return tuple(job_options(shape, policy, gpus_per_node))
 
 
 def job_options(job, policy, gpus_per_node, now=0.0):
-    base_rate, _ = best_batch_plain(job, policy, gpus_per_node)
-    if policy.name == "fixed":
-        result = [] if job.running else [(0, waiting_value(policy), 0, 0)]
-        for learners in learner_range(job, policy):
-            value, batch = best_batch(job, learners, policy, gpus_per_node, now)
-            if batch and base_rate > 0:
-                result.append((learners * job.gpus_per_learner, speedup_value(value / base_rate, policy), learners,
-                               batch))
-        result = undominated(result)
-    else:
-        result = scaled_options(job, policy, gpus_per_node, now, base_rate)
-    if job.running and len(result) == 0:  # nothing allowed: keep what it has
-        result.append((job.learners * job.gpus_per_learner, 0.0, job.learners, job.batch))
-    return result
-
-
-def scaled_options(job, policy, gpus_per_node, now, base_rate):
-    """`job_options` for the scaling policies, as arrays: every learner count's best rate (one cached
-    table per job state), a running job's restart discount and current shape, the policy's value of
-    the speedup, and `undominated` (sizes grow with the learner count, so a running maximum)."""
+    """`options` for a scaling policy (`fixed` needs none), as arrays: every learner count's best rate
+    (one cached table per job state), a running job's restart discount and current shape, the policy's
+    value of the speedup, and only options worth more than every smaller one (sizes grow with the
+    learner count, so a running maximum): the DP never needs the others."""
+    base_rate = reference_rate(job, gpus_per_node)
     noise = job.noise_scale if policy.name == "trainyard" else None
     counts, rates, batches = rate_table(policy.name, policy.batch_steps, job.model, noise, job.base_batch,
                                         job.batch_min, batch_max(job, policy), job.max_local_batch,
@@ -230,8 +213,11 @@ def scaled_options(job, policy, gpus_per_node, now, base_rate):
         counts, batches = np.concatenate(([0], counts)), np.concatenate(([0], batches))
     best_before = np.maximum.accumulate(np.concatenate(([NEG], values)))[:-1]
     kept = np.flatnonzero(values > best_before)
-    return list(zip(sizes[kept].tolist(), values[kept].astype(float).tolist(), counts[kept].tolist(),
-                    batches[kept].tolist()))
+    result = list(zip(sizes[kept].tolist(), values[kept].astype(float).tolist(), counts[kept].tolist(),
+                      batches[kept].tolist()))
+    if job.running and not result:  # nothing allowed: keep what it has
+        result.append((job.learners * job.gpus_per_learner, 0.0, job.learners, job.batch))
+    return result
 
 
 @functools.lru_cache(maxsize=20_000)
@@ -243,11 +229,7 @@ def rate_table(policy_name, steps, model, noise, base, low, high, max_local, per
     gpus = counts.astype(float)[:, None] * per
     gpn = max(gpus_per_node, per)
     nodes = np.maximum(1, np.ceil(gpus / gpn))
-    if policy_name in ("fixed", "gpu_only"):
-        candidates = {base}
-    else:
-        candidates = {min(max(int(round(base * 2.0**k)), low), high) for k in range(-steps, steps + 1)}
-    batch = np.array(sorted(candidates), dtype=float)[None, :]
+    batch = np.array(sorted(_batch_candidates(policy_name, steps, base, low, high)), dtype=float)[None, :]
     allowed = (gpus <= batch) & (batch <= gpus * max_local)
     extra = np.maximum(0.0, gpus - 2)
     comm = np.where(nodes > 1, model.e + model.f * extra, np.where(gpus > 1, model.c + model.d * extra, 0.0))
@@ -267,35 +249,13 @@ def rate_table(policy_name, steps, model, noise, base, low, high, max_local, per
     return counts, rates, batches
 
 
-def undominated(opts):
-    """Drop options worth no more than a smaller one: the DP never needs them (any plan using one is
-    matched by the smaller option with GPUs to spare), and a job whose scaling has flattened then
-    offers a handful of options instead of one per learner count (the cost of the DP is linear in them)."""
-    kept, best = [], NEG
-    for option in sorted(opts, key=lambda o: o[0]):
-        if option[1] > best:
-            kept.append(option)
-            best = option[1]
-    return kept
-
-
-def best_batch_plain(job, policy, gpus_per_node):
-    """The reference rate speedups are relative to: the job at its minimum learners with its own batch."""
-    learners = job.requested_learners if policy.name == "fixed" else job.min_learners
-    neutral = ElasticPolicy("gpu_only")
-    return rate(job, learners, job.base_batch, neutral, gpus_per_node), job.base_batch
+def reference_rate(job, gpus_per_node):
+    """The rate speedups are relative to: the job at its minimum learners with its own batch."""
+    return rate(job, job.min_learners, job.base_batch, ElasticPolicy("gpu_only"), gpus_per_node)
 
 
 def waiting_value(policy):
     return -1.0 / policy.waiting_speedup if policy.name == "trainyard" else 0.0
-
-
-def speedup_value(speedup, policy):
-    if policy.name == "trainyard":
-        return -1.0 / max(speedup, 1e-9)
-    if policy.name == "fixed":
-        return 1.0
-    return speedup
 
 
 # --- 2. allocation (the DP) ---------------------------------------------------------------------------

@@ -21,13 +21,8 @@ class Resources:
     def __add__(self, other):
         return Resources(self.gpus + other.gpus, self.cpus + other.cpus, self.memory_bytes + other.memory_bytes)
 
-    def __sub__(self, other):
-        return Resources(self.gpus - other.gpus, self.cpus - other.cpus, self.memory_bytes - other.memory_bytes)
-
     def __mul__(self, factor):
         return Resources(self.gpus * factor, self.cpus * factor, self.memory_bytes * factor)
-
-    __rmul__ = __mul__
 
     def fits_in(self, other):
         """Every dimension of self is at most the same dimension of other."""
@@ -58,11 +53,7 @@ class Node:
     def __post_init__(self):
         if not self.name:
             raise SchedulingInputError("node: name must not be empty")
-        self.capacity.check_non_negative(f"node {self.name}")
-
-    @property
-    def capacity(self):
-        return Resources(self.gpus, self.cpus, self.memory_bytes)
+        Resources(self.gpus, self.cpus, self.memory_bytes).check_non_negative(f"node {self.name}")
 
 
 @dataclass(frozen=True)
@@ -146,10 +137,6 @@ class Workload:
     @property
     def total(self):
         return self.per_learner * self.learners
-
-    @property
-    def rank(self):
-        return PRIORITY_RANK[self.priority]
 
     def service_gpu_s(self, now):
         """GPU-seconds of service so far: earlier attempts plus, while placed, the current run."""

@@ -49,16 +49,12 @@ class FreeMap:
         self._subtract_running(running)
         self.max_gpus = max((n.total_gpus for n in self.nodes.values()), default=0)
         self.buckets = [dict() for _ in range(self.max_gpus + 1)]  # free GPUs -> ordered set of nodes
-        for state in self.nodes.values():
-            if state.schedulable:
-                self.buckets[len(state.gpu_ids)][state] = None
         self.reserved_free_gpus = 0
         self.free_total = [0, 0.0, 0]  # over schedulable nodes, whatever their fragmentation
         for state in self.nodes.values():
             if state.schedulable:
-                self.free_total[0] += len(state.gpu_ids)
-                self.free_total[1] += state.cpus
-                self.free_total[2] += state.memory
+                self.buckets[len(state.gpu_ids)][state] = None
+                self._count_free(len(state.gpu_ids), state.cpus, state.memory)
         self._ever_hosts = {}
         # Most of a long queue does not fit once the cluster is full: remember, per job shape, the
         # version of the free map at which it did not fit (and why), until something changes.

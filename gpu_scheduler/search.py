@@ -186,14 +186,8 @@ class Search:
 
 
 def _latest(trials, states, count):
-    """The last `count` trials in one of `states`, oldest first."""
-    found = []
-    for trial in reversed(trials):
-        if len(found) == count:
-            break
-        if trial.state in states:
-            found.append(trial)
-    return found[::-1]
+    """The last `count` (> 0) trials in one of `states`, oldest first."""
+    return [trial for trial in trials if trial.state in states][-count:]
 
 
 def _distribution(hp):

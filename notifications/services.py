@@ -173,7 +173,7 @@ def _sealers():
 
 
 # --- the rows a status change writes -------------------------------------------------------------
-def event_of(job, before):
+def event_of(job):
     if job.status == Status.HALTING and (job.status_reason or "").startswith("preempted"):
         return PREEMPTED
     return Status(job.status).value
@@ -181,7 +181,7 @@ def event_of(job, before):
 
 def on_status_change(job, *, before, when):
     """jobs.states listener, inside the transaction of the change: one Delivery per hook that hears of it."""
-    _write_deliveries(job, event_of(job, before), before=before, when=when)
+    _write_deliveries(job, event_of(job), before=before, when=when)
 
 
 def on_gpus_idle(job, *, since, policy, when):

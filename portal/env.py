@@ -34,26 +34,21 @@ def boolean(name, default=False):
 
 
 def integer(name, default, *, minimum=None, environ=None):
+    return _parsed(name, default, int, "an integer", minimum, environ)
+
+
+def number(name, default, *, minimum=None):
+    return _parsed(name, default, float, "a number", minimum)
+
+
+def _parsed(name, default, parse, kind, minimum, environ=None):
     value = text(name, environ=environ)
     if value is None:
         return default
     try:
-        number = int(value)
+        parsed = parse(value)
     except ValueError:
-        raise ConfigError(f"{name}={value!r} is not an integer") from None
-    if minimum is not None and number < minimum:
-        raise ConfigError(f"{name}={value!r} must be at least {minimum}")
-    return number
-
-
-def number(name, default, *, minimum=None):
-    value = text(name)
-    if value is None:
-        return default
-    try:
-        parsed = float(value)
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a number") from None
+        raise ConfigError(f"{name}={value!r} is not {kind}") from None
     if minimum is not None and parsed < minimum:
         raise ConfigError(f"{name}={value!r} must be at least {minimum}")
     return parsed

@@ -218,13 +218,8 @@ class Platform:
                 process.wait()
 
     def kill(self, name):
-        """SIGKILL one part (chaos tests); `restart(name)` brings it back."""
+        """SIGKILL one part (chaos tests)."""
         self.stop_process(name, sig=signal.SIGKILL)
-
-    def restart(self, name):
-        with self._lock:
-            self.stop_process(name)
-            self._starter(name)()
 
     def _starter(self, name):
         if name.startswith("web") and name != "webhooks":

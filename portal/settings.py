@@ -66,7 +66,6 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "portal.urls"
 ASGI_APPLICATION = "portal.asgi.application"
-WSGI_APPLICATION = None
 
 TEMPLATES = [{
     "BACKEND": "django.template.backends.django.DjangoTemplates",
@@ -231,10 +230,10 @@ DISK_DEFAULTS = {
     "data": env.integer("TRAINYARD_DISK_DATA_MB", 10240, minimum=1) * 2**20,
     "log_lines": env.integer("TRAINYARD_LOG_MAX_LINES", 4_000_000, minimum=1),
 }
-# What one learner of a job may store of the log (within the job's caps), and one line's length.
 # How long downloading a job's training data may take in all (a data store answering slowly holds a
 # lifecycle worker meanwhile).
 DATA_DOWNLOAD_SECONDS = env.integer("TRAINYARD_DATA_DOWNLOAD_SECONDS", 3600, minimum=1)
+# What one learner of a job may store of the log (within the job's caps), and one line's length.
 LOG_MAX_BYTES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_MB_PER_LEARNER", 256, minimum=1) * 2**20
 LOG_MAX_LINES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_LINES_PER_LEARNER", 1_000_000, minimum=1)
 LOG_MAX_LINE_BYTES = env.integer("TRAINYARD_LOG_MAX_LINE_BYTES", 16384, minimum=256)

@@ -91,5 +91,3 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("metrics", prometheus.metrics_view, name="metrics"),  # Prometheus's default path; operators only
 ]
-
-# The admin console's sign-in is throttled like the portal's and says so when it refuses.

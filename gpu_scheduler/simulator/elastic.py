@@ -17,7 +17,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from gpu_scheduler.elastic import ElasticCluster, ElasticJob, ElasticPolicy, optimize
+from gpu_scheduler.elastic import ElasticCluster, ElasticJob, optimize
 from gpu_scheduler.throughput import GENERIC_PRIOR, FFDL_RESNET, calibrated, efficiency, fit
 
 
@@ -127,19 +127,18 @@ class ElasticResult:
 
 
 def run_elastic(trace, nodes, *, policy, restart_s=60.0, efficiency_model=True, admission_limit=64, quotas=None,
-                seed=0, gpus_per_node=None):
+                seed=0):
     """Replays `trace` on `nodes` ({name: GPUs}); returns an ElasticResult."""
     rng = random.Random(seed)
     cluster = ElasticCluster(dict(nodes), dict(quotas or {}))
-    per_node = gpus_per_node or max(nodes.values())
     pending = sorted(trace, key=lambda j: j.arrival_s)
     records, active = [], []
     now, next_arrival = 0.0, 0
     while next_arrival < len(pending) or active:
         arrival_at = pending[next_arrival].arrival_s if next_arrival < len(pending) else math.inf
-        finish_at, finishing = next_completion(active, now, efficiency_model, per_node)
+        finish_at, finishing = next_completion(active, now, efficiency_model)
         step_to = min(arrival_at, finish_at)
-        advance(active, now, step_to, efficiency_model, per_node)
+        advance(active, now, step_to, efficiency_model)
         now = step_to
         if finishing is not None and finish_at <= arrival_at:
             finishing.finished_s, finishing.remaining = now, 0.0
@@ -153,7 +152,7 @@ def run_elastic(trace, nodes, *, policy, restart_s=60.0, efficiency_model=True, 
                 record.dropped = True
                 continue
             active.append(record)
-        apply(optimize([r.job for r in active], cluster, policy, now=now), active, now, rng, per_node)
+        apply(optimize([r.job for r in active], cluster, policy, now=now), active, now, rng)
     horizon = pending[-1].arrival_s if pending else 0.0
     return ElasticResult(policy.name, records, horizon)
 
@@ -170,7 +169,7 @@ def new_record(spec, restart_s, policy, rng, efficiency_model):
     return ElasticRecord(spec, spec.work, job)
 
 
-def true_rate(record, efficiency_model, gpus_per_node):
+def true_rate(record, efficiency_model):
     """Progress per second (samples at the job's own batch) of the job's current shape, by the truth."""
     job = record.job
     if not job.running:
@@ -183,10 +182,10 @@ def true_rate(record, efficiency_model, gpus_per_node):
     return speed
 
 
-def next_completion(active, now, efficiency_model, gpus_per_node):
+def next_completion(active, now, efficiency_model):
     best, which = math.inf, None
     for record in active:
-        speed = true_rate(record, efficiency_model, gpus_per_node)
+        speed = true_rate(record, efficiency_model)
         if speed > 0:
             at = max(now, record.ready_at) + record.remaining / speed
             if at < best:
@@ -194,15 +193,14 @@ def next_completion(active, now, efficiency_model, gpus_per_node):
     return best, which
 
 
-def advance(active, start, end, efficiency_model, gpus_per_node):
+def advance(active, start, end, efficiency_model):
     for record in active:
         working = max(0.0, end - max(start, record.ready_at))
         if working > 0:
-            record.remaining = max(0.0, record.remaining - working * true_rate(record, efficiency_model,
-                                                                               gpus_per_node))
+            record.remaining = max(0.0, record.remaining - working * true_rate(record, efficiency_model))
 
 
-def apply(targets, active, now, rng, gpus_per_node):
+def apply(targets, active, now, rng):
     """Carry a plan out: a running job whose shape changes restarts; every new shape is observed."""
     for record in active:
         target, job = targets[record.job.job_id], record.job
