@@ -8,7 +8,7 @@ class TenantsConfig(AppConfig):
     def ready(self):
         from django.db.models.signals import post_delete
 
-        from tenants import audit, people, quotas  # noqa: F401 - connect the audit log and quota signals
+        from tenants import audit, people  # noqa: F401 - connect the audit log's signals
         from tenants.models import Membership
         # Leaving a tenant (however it happens) takes back its shared jobs and pending invitations.
         post_delete.connect(people.on_membership_deleted, sender=Membership, dispatch_uid="tenants.left")

@@ -194,15 +194,15 @@ class Quota(models.Model):
 
     LIMITS = ("gpus", "cpus", "memory_bytes", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours", "storage_bytes",
               "disk_per_job_bytes")
+    INTAKE = ("queued_jobs", "submissions_per_minute")  # empty: the platform's default (tenants.quotas.intake_of)
+    # What may be set (tenants.quotas.set_quota) and is shown (as_dict, the API's QuotaSerializer).
+    SETTINGS = (*LIMITS, "period", "budget_mode", "can_borrow", "high_priority", *INTAKE)
 
     def __str__(self):
         return f"quota of {self.tenant}"
 
-    INTAKE = ("queued_jobs", "submissions_per_minute")  # empty: the platform's default (tenants.quotas.intake_of)
-
     def as_dict(self):
-        return {name: getattr(self, name)
-                for name in (*self.LIMITS, "period", "budget_mode", "can_borrow", "high_priority", *self.INTAKE)}
+        return {name: getattr(self, name) for name in self.SETTINGS}
 
 
 class UsageRecord(models.Model):

@@ -231,9 +231,7 @@ def budget_state(quota, usage):
 # --- quota changes take effect at once (jobs.apps reschedules on every save of a Quota) ---------
 def set_quota(tenant, **limits):
     """Create or change a tenant's quota (fields as in Quota); unknown names are refused."""
-    unknown = (set(limits) - set(Quota.LIMITS) - set(Quota.INTAKE)
-               - {"period", "budget_mode", "can_borrow", "high_priority"})
-    if unknown:
+    if unknown := set(limits) - set(Quota.SETTINGS):
         raise ValueError(f"unknown quota field(s): {', '.join(sorted(unknown))}")
     with transaction.atomic():
         quota = Quota.objects.select_for_update().filter(tenant=tenant).first() or Quota(tenant=tenant)
@@ -256,11 +254,8 @@ def summary(tenant, *, user=None, now=None):
     # Counted by the database: rows read through the reverse relation with only() cost one more
     # query each (Django sets the tenant on each from its deferred tenant_id).
     queued = tenant.jobs.filter(status=QUEUED).aggregate(jobs=Count("id"), gpus=Sum(F("gpus") * F("learners")))
-    limits = quota.as_dict() if quota else dict.fromkeys(Quota.LIMITS, None) | {
-        "period": Quota.Period.MONTH, "budget_mode": Quota.BudgetMode.HARD, "can_borrow": False,
-        "high_priority": Quota.HighPriority.PLATFORM} | dict.fromkeys(Quota.INTAKE, None)
     body = {
-        "quota": limits,
+        "quota": (quota or Quota()).as_dict(),  # no quota: an unsaved one's defaults (no limits)
         "usage": {"gpus": usage.gpus, "cpus": usage.cpus, "memory_bytes": usage.memory_bytes, "jobs": usage.jobs,
                   "gpu_hours": round(usage.gpu_hours, 4), "cpu_hours": round(usage.cpu_hours, 4),
                   "period_start": usage.period_start.isoformat(), "period_end": usage.period_end.isoformat(),

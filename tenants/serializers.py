@@ -75,7 +75,7 @@ class DefaultTenantRequestSerializer(serializers.Serializer):
 class QuotaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Quota
-        fields = [*Quota.LIMITS, "period", "budget_mode", "can_borrow", "high_priority", *Quota.INTAKE]
+        fields = list(Quota.SETTINGS)
 
 
 class TokenSerializer(serializers.ModelSerializer):

@@ -202,18 +202,6 @@ def _client(url):
     return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
 
 
-def _cached(raw):
-    """A value cache.set stored, as read straight from Redis (None: no such key) in that backend's format."""
-    return None if raw is None else RedisSerializer().loads(raw)
-
-
-def reset(rule, *parts):
-    try:
-        cache.delete_many([_key(rule, parts, "count"), _key(rule, parts, "lock")])
-    except Exception as exc:  # noqa: BLE001 - fail open
-        log.warning("throttling: cache unreachable (%s); %s not reset", exc, rule.name)
-
-
 def client_address(request):
     return request.META.get("REMOTE_ADDR", "") if request is not None else ""
 
@@ -390,7 +378,8 @@ def _ingest_refusal(address, credential):
             pipe.get(cache.make_and_validate_key(_key(INGEST_FAILURES, (address,), "lock")))
             _add_count(pipe, _key(INGEST_POSTS, (credential,), "count"), INGEST_POSTS.window_s)
             until, _, count = pipe.execute()
-        retry_s = _seconds_until(_cached(until))
+        # The lock as cache.set stored it, read straight from Redis: decoded in that backend's format.
+        retry_s = _seconds_until(None if until is None else RedisSerializer().loads(until))
         if retry_s:
             return retry_s
         if count >= INGEST_POSTS.limit:

@@ -150,9 +150,8 @@ def cmd_train(args):
 def _is_experiment(path):
     """Whether the manifest file has an experiment's sections (read leniently: the checks come after)."""
     try:
-        with open(path, "rb") as manifest_file:
-            fields = load_fields(manifest_file.read())
-    except (OSError, ManifestError):
+        fields = load_fields(_read_bytes(path))
+    except (UsageError, ManifestError):
         return False
     return "searcher" in fields or "hyperparameters" in fields
 

@@ -88,15 +88,19 @@ class Client:
         manifest_bytes = _manifest_bytes(manifest)
         if overrides or name is not None:
             manifest_bytes = _overridden(manifest_bytes, overrides, name)
-        upload = code_upload(code, warn=self.notify)
-        try:
-            return self.submit_upload(manifest_bytes, upload, on_progress=on_progress)
-        finally:
-            upload.fileobj.close()
+        return self._post_code("/api/v1/jobs/", manifest_bytes, code, on_progress)
 
     def submit_upload(self, manifest_bytes, upload, *, on_progress=None):
         """Submit already-read manifest bytes and an open `packing.Upload`, streamed, not loaded whole."""
         return self._post_upload("/api/v1/jobs/", manifest_bytes, upload, on_progress=on_progress)
+
+    def _post_code(self, path, manifest_bytes, code, on_progress):
+        """POST the manifest with `code` packed (a folder) or opened (an archive), closed afterwards."""
+        upload = code_upload(code, warn=self.notify)
+        try:
+            return self._post_upload(path, manifest_bytes, upload, on_progress=on_progress)
+        finally:
+            upload.fileobj.close()
 
     def _post_upload(self, path, manifest_bytes, upload, *, on_progress=None):
         manifest = Upload(io.BytesIO(manifest_bytes), "manifest.yml", "application/x-yaml", len(manifest_bytes))
@@ -184,11 +188,12 @@ class Client:
         """
         at_rest_before, status = False, None
         path = _job_path(job_id) + "logs/"
+
+        def read_page():  # the page after `since` as it is when called
+            return self.get(path, since=since, limit=LOG_PAGE)
+
         while True:
-            if follow:
-                page = self._patiently(lambda: self.get(path, since=since, limit=LOG_PAGE))
-            else:
-                page = self.get(path, since=since, limit=LOG_PAGE)
+            page = self._patiently(read_page) if follow else read_page()
             lines = page.get("results") or []
             if lines:
                 yield lines
@@ -249,11 +254,7 @@ class Client:
     def create_experiment(self, manifest, code, *, on_progress=None):
         """Start a hyperparameter search: an experiment manifest (a job manifest with `hyperparameters`
         and `searcher`, trainyard.experiment) and the code every trial runs; the new experiment."""
-        upload = code_upload(code, warn=self.notify)
-        try:
-            return self.create_experiment_upload(_manifest_bytes(manifest), upload, on_progress=on_progress)
-        finally:
-            upload.fileobj.close()
+        return self._post_code("/api/v1/experiments/", _manifest_bytes(manifest), code, on_progress)
 
     def create_experiment_upload(self, manifest_bytes, upload, *, on_progress=None):
         return self._post_upload("/api/v1/experiments/", manifest_bytes, upload, on_progress=on_progress)
@@ -418,8 +419,6 @@ MAX_PAGE = 200  # the most the jobs list answers at once
 # The most of one JSON answer read: far past any the platform gives (a page of 200 jobs), short of
 # what an endless one would make of this process's memory.
 MAX_ANSWER_BYTES = 64 * 2**20
-
-
 MAX_ERROR_BYTES = 2**20  # of an error answer: its detail is a line or two
 
 
@@ -527,8 +526,7 @@ def api_error(response):
         message = f"too large for the server: {message}"
     elif status >= 500 or status == 429:
         message = f"server error (HTTP {status}): {message}"
-    return error_class(message, status=status, detail=detail, field=field,
-                       transient=True if status == 429 else None)
+    return error_class(message, status=status, detail=detail, field=field)
 
 
 class StatusWatch:

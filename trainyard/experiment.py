@@ -29,7 +29,7 @@ import json
 import math
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
 from pydantic import (BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError, WithJsonSchema,
@@ -88,7 +88,6 @@ class Hyperparameter:
         if self.type == "int":
             return sorted({int(round(point)) for point in points})
         return [float(f"{point:.6g}") for point in points]
-
 
     def all_points(self):
         """Every value the hyperparameter can take when there are few enough to list (choices, a
@@ -172,7 +171,8 @@ class Experiment:
 
     def to_json(self):
         """What the server stores for the experiment (and reads back with from_json)."""
-        return {"fields": self.fields, "hyperparameters": [_hp_json(hp) for hp in self.hyperparameters],
+        return {"fields": self.fields, "hyperparameters": [{**asdict(hp), "vals": list(hp.vals)}
+                                                           for hp in self.hyperparameters],
                 "searcher": self.searcher.model_dump()}
 
 
@@ -229,11 +229,6 @@ def _text(value):
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-
-
-def _hp_json(hp):
-    return {"name": hp.name, "type": hp.type, "minval": hp.minval, "maxval": hp.maxval, "count": hp.count,
-            "vals": list(hp.vals)}
 
 
 # --- the rules ---------------------------------------------------------------------------------------
@@ -332,16 +327,14 @@ class ExperimentDocument(Document):
 def _cross_checks(manifest, hyperparameters, searcher):
     """What only the parts together can say (of those that passed their own rules)."""
     problems = []
-    if hyperparameters is None:
-        return problems
     names = {hp.name for hp in hyperparameters}
-    for match in PLACEHOLDER.finditer(manifest.command if manifest else ""):
+    for match in PLACEHOLDER.finditer(manifest.command):
         if match.group(1) not in names:
             problems.append(ManifestError("framework.command", f"uses {{{{hparams.{match.group(1)}}}}}, which is "
                                                                "not among the hyperparameters"))
     if not any(not hp.constant for hp in hyperparameters):
         problems.append(ManifestError("hyperparameters", "are all constants: an experiment varies at least one"))
-    if searcher is not None and searcher.name == "grid":
+    if searcher.name == "grid":
         for hp in hyperparameters:
             if hp.type in ("double", "log") and hp.count is None:
                 problems.append(ManifestError(f"hyperparameters.{hp.name}.count",
@@ -349,7 +342,7 @@ def _cross_checks(manifest, hyperparameters, searcher):
         if not problems and (points := math.prod(len(hp.grid_points()) for hp in hyperparameters)) > MAX_GRID_POINTS:
             problems.append(ManifestError("hyperparameters", f"make a grid of {points:,} points; a grid search "
                                                              f"takes at most {MAX_GRID_POINTS:,}"))
-    if manifest is not None and not problems:
+    if not problems:
         longest = {hp.name: _longest_text(hp) for hp in hyperparameters}
         rendered = len(PLACEHOLDER.sub(lambda match: "x" * longest[match.group(1)], manifest.command).encode())
         if rendered > MAX_MANIFEST_BYTES:

@@ -53,8 +53,7 @@ class Framework:
         version = (version or "").strip()
         if version.lower() in ("", "latest"):
             return ""
-        parsed = parse_version(version)
-        if parsed is None:
+        if parse_version(version) is None:
             raise FrameworkError("framework.version", f"{version!r} is not a {self.title} version; write e.g. "
                                                       f"\"{self.default_version}\" or \"latest\"")
         return version

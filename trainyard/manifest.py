@@ -123,14 +123,6 @@ class Manifest:
         return str(metrics.get("in") or tfevents.DEFAULT_DIR).strip()
 
 
-def parse_memory(value, field_name="memory"):
-    """'4GiB' -> bytes, from 1MB to 16384GiB per learner (the syntax is trainyard.units')."""
-    try:
-        return _size(value, MIN_MEMORY_BYTES, MAX_MEMORY_BYTES, "memory size")
-    except Broken as exc:
-        raise ManifestError(field_name, exc.rule) from None
-
-
 def _safe_loader():
     """PyYAML's SafeLoader, with libyaml's scanner and parser (C) under PyYAML's own composer where
     PyYAML was built with libyaml: a manifest's events come several times faster, and the composer
@@ -162,10 +154,10 @@ class _ManifestLoader(_safe_loader()):
     def compose_node(self, parent, index):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise ManifestError("manifest", f"uses a YAML anchor or alias (&name / *name){_line(event)}; "
+            raise ManifestError("manifest", f"uses a YAML anchor or alias (&name / *name){_line(event.start_mark)}; "
                                             "write the values out instead")
         if self._depth >= MAX_DEPTH:
-            raise ManifestError("manifest", f"nests deeper than {MAX_DEPTH} levels{_line(event)}")
+            raise ManifestError("manifest", f"nests deeper than {MAX_DEPTH} levels{_line(event.start_mark)}")
         self._depth += 1
         try:
             return super().compose_node(parent, index)
@@ -180,22 +172,21 @@ class _ManifestLoader(_safe_loader()):
             if isinstance(key, yaml.ScalarNode):
                 if key.value in seen:
                     raise ManifestError("manifest", f"has the key {shown(key.value)} twice in one mapping"
-                                                    f"{_line(key)}; give each key once")
+                                                    f"{_line(key.start_mark)}; give each key once")
                 seen.add(key.value)
         return super().construct_mapping(node, deep)
 
     def construct_yaml_int(self, node):
         # Python refuses to read an int of more than 4,300 digits with a message about sys; say it plainly.
         if len(node.value) > 1000:
-            raise ManifestError("manifest", f"has a number longer than 1000 characters{_line(node)}")
+            raise ManifestError("manifest", f"has a number longer than 1000 characters{_line(node.start_mark)}")
         return super().construct_yaml_int(node)
 
 
 _ManifestLoader.add_constructor("tag:yaml.org,2002:int", _ManifestLoader.construct_yaml_int)
 
 
-def _line(event):
-    mark = getattr(event, "start_mark", None)
+def _line(mark):
     return f" at line {mark.line + 1}" if mark else ""
 
 
@@ -232,8 +223,7 @@ def load_fields(text):
     try:
         data = yaml.load(text, Loader=_ManifestLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where else ""
+        line = _line(getattr(exc, "problem_mark", None))
         if "maximum nesting depth" in str(getattr(exc, "problem", "")):  # libyaml stops at its own limit first
             raise ManifestError("manifest", f"nests deeper than {MAX_DEPTH} levels{line}") from None
         raise ManifestError("manifest", f"is not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
@@ -279,8 +269,6 @@ def shown(value, limit=40):
     """A value as shown in an error message: its repr, cut short (a 400-digit number is not echoed back)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 
 
 # --- the schema -----------------------------------------------------------------------------------
@@ -607,9 +595,6 @@ def _name(value):
     if len(name) > 200:
         raise Broken("is longer than 200 characters")
     return name
-
-
-TOP_LEVEL_FIELDS = tuple(Document.model_fields)
 
 
 def json_schema(model=None):

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import yaml
 
-from trainyard.manifest import ManifestError, load_fields
+from trainyard.manifest import ManifestError, load_fields, shown
 
 KEY = re.compile(r"[^.=\s]+(?:\.[^.=\s]+)*")
 # What YAML 1.1 reads as text but people write as a number: 1e-4 (PyYAML wants 1.0e-4).
@@ -106,8 +106,7 @@ def _set(fields, path, value):
                     node[part] = {}
                 node = node[part]
         else:
-            shown = repr(node) if len(repr(node)) <= 40 else repr(node)[:37] + "..."
-            raise ManifestError(path, f"{where} is {shown}, not a section with fields")
+            raise ManifestError(path, f"{where} is {shown(node)}, not a section with fields")
 
 
 def _index(items, part, path, where):

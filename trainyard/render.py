@@ -86,13 +86,10 @@ class Progress:
         self.stream.write(f"\r\x1b[K{self.label} {percent} {human_bytes(done)} / {human_bytes(total)}")
         self.stream.flush()
 
-    def message(self, text):
-        if self.enabled:
-            self.stream.write(f"\r\x1b[K{text}")
-            self.stream.flush()
-
     def clear(self):
-        self.message("")
+        if self.enabled:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 def local_time(stamp):

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.bombs import billion_laughs
-from trainyard.manifest import ManifestError, parse_fields, parse_manifest, parse_memory
+from trainyard.manifest import ManifestError, parse_fields, parse_manifest
 
 FFDL_EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "shared" / "ffdl" / "examples").glob("*.yml"))
 PROJECT_EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/manifest.yml"))
@@ -70,13 +70,18 @@ def test_it_parses_the_documented_fields():
                                         ("2Gi", 2 * 2**30), ("512M", 512 * 10**6), ("512Mi", 512 * 2**20),
                                         ("1T", 10**12), ("1Ti", 2**40), ("1TB", 10**12), ("1TiB", 2**40)])
 def test_it_reads_memory_units(text, size):
-    assert parse_memory(text) == size
+    assert memory_of(text) == size
 
 
 @pytest.mark.parametrize("text", ["2g", "2", "2 lots", "2KiB", "GiB"])
 def test_it_refuses_a_size_without_a_known_unit_saying_which_are(text):
     with pytest.raises(ManifestError, match="MiB, GiB, TiB .or Mi, Gi, Ti."):
-        parse_memory(text)
+        memory_of(text)
+
+
+def memory_of(text):
+    return parse_fields({"name": "m", "framework": {"name": "pytorch", "command": "python t.py"},
+                         "memory": text}).memory_bytes
 
 
 def test_it_names_every_field_that_breaks_a_rule_at_once():

@@ -61,7 +61,8 @@ class Command(BaseCommand):
     @staticmethod
     def quota_options(options):
         limits = {name: options[name] for name in ("gpus", "cpus", "jobs", "gpus_per_user", "gpu_hours", "cpu_hours",
-                                                   "period", "budget_mode", "can_borrow", *Quota.INTAKE)
+                                                   "period", "budget_mode", "can_borrow", "high_priority",
+                                                   *Quota.INTAKE)
                   if options[name] is not None}
         for option, name in (("memory", "memory_bytes"), ("storage", "storage_bytes"),
                              ("disk_per_job", "disk_per_job_bytes")):
@@ -74,8 +75,6 @@ class Command(BaseCommand):
         for name, value in limits.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative")
-        if options["high_priority"] is not None:
-            limits["high_priority"] = options["high_priority"]
         return limits
 
     @transaction.atomic
