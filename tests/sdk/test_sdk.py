@@ -164,3 +164,27 @@ def test_the_example_script_submits_follows_and_prints_the_metrics(platform, tmp
     assert done.returncode == 0, done.stderr
     assert "  | step 10/10 loss" in done.stdout
     assert " COMPLETED" in done.stdout and "  loss = " in done.stdout
+
+
+def test_it_runs_an_experiment_and_reads_its_trials_metric(client, tmp_path):
+    manifest = tmp_path / "experiment.yml"
+    manifest.write_text(
+        "name: shell-sweep\ncpus: 0.5\nmemory: 256MiB\n"
+        "framework: {name: custom, command: 'env STEPS={{hparams.steps}} bash run.sh'}\n"
+        "hyperparameters:\n  steps: {type: categorical, vals: [2, 3]}\n"
+        "searcher: {name: grid, metric: loss, smaller_is_better: true, max_trials: 2}\n")
+    experiment = client.create_experiment(manifest, EXAMPLE)
+    done = client.wait_experiment(experiment["id"], timeout=120, poll=0.5)
+    assert done["state"] == "COMPLETED", done
+    trials = {trial["job_id"]: trial for trial in done["trials"]}
+    assert len(trials) == 2
+
+    answer = client.experiment_metrics(experiment["id"])
+    reported = answer["results"]
+    steps_per_job = {}
+    for point in reported:
+        steps_per_job.setdefault(point["job_id"], []).append(point["step"])
+    assert set(steps_per_job) == set(trials)
+    assert sorted(map(len, steps_per_job.values())) == [2, 3]
+    later = client.experiment_metrics(experiment["id"], after=answer["next_after"])
+    assert later == {"results": [], "next_after": answer["next_after"]}
