@@ -36,6 +36,7 @@ Elastic jobs without GPUs (gpus: 0) are not resized by the autoscaler: the optim
 """
 import logging
 import math
+import statistics
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -137,15 +138,15 @@ def run(now=None):
                                                       or _batch_changes(c, targets[c.job.id]))}
         if not changes:
             return []
+        plan = {job_id: t.learners for job_id, t in changes.items()}
         gain = sum(predicted_gain_s(c, changes[c.job.id]) for c in candidates if c.job.id in changes)
         if gain <= 0:
-            log.info("autoscaler: plan %s not carried out: its predicted gain does not beat its resize cost",
-                     {job_id: t.learners for job_id, t in changes.items()})
+            log.info("autoscaler: plan %s not carried out: its predicted gain does not beat its resize cost", plan)
             return []
-        grows = any(t.learners > jobs_by_id[job_id].learners for job_id, t in changes.items())
+        grows = any(learners > jobs_by_id[job_id].learners for job_id, learners in plan.items())
         if grows and _gpus_released_since(now - timedelta(seconds=settings.ELASTIC_GROW_SETTLE_S)):
-            log.info("autoscaler: plan %s waits: GPUs were released less than %.0f s ago",
-                     {job_id: t.learners for job_id, t in changes.items()}, settings.ELASTIC_GROW_SETTLE_S)
+            log.info("autoscaler: plan %s waits: GPUs were released less than %.0f s ago", plan,
+                     settings.ELASTIC_GROW_SETTLE_S)
             return []
         return _carry_out(candidates, changes, held, {n.name: n.gpus - reserved.get(n.name, 0) for n in nodes})
 
@@ -181,9 +182,12 @@ def _candidate(job, now):
     frozen = pending or (last_restart is not None
                          and now - last_restart < timedelta(seconds=settings.ELASTIC_MIN_INTERVAL_S))
     rate = _current_rate(job, current)
-    return Candidate(job=job, elastic=elastic, current=current, rate=rate, model=_model(job, current, rate),
+    stretches = _measured_stretches(job)
+    # Learners of the largest shape the job has a measured rate at (the current one once it has one).
+    largest = max([row.learners for row, _ in stretches] + ([job.learners] if rate else []), default=0)
+    return Candidate(job=job, elastic=elastic, current=current, rate=rate, model=_model(job, current, rate, stretches),
                      resize_cost_s=_resize_cost_s(job), frozen=frozen, noise_scale=measured_noise_scale(job),
-                     largest_measured=_largest_measured(job, rate), gpu_use=measured_gpu_use(job),
+                     largest_measured=largest, gpu_use=measured_gpu_use(job),
                      live_batch=elastic_timeline.listens_for_batch_changes(job), batch_pending=pending)
 
 
@@ -257,7 +261,7 @@ def _over_quota_kept(candidates, gpus_left):
     kept = []
     for tenant, left in gpus_left.items():
         theirs = [c for c in candidates if c.job.tenant.slug == tenant]
-        holding = sum(max(c.job.learners, len(c.job.placement)) * c.job.gpus for c in theirs)
+        holding = _holds([c.job for c in theirs], "gpus")
         if holding > left:
             gpus_left[tenant] = holding
             kept += [c.job.id for c in theirs]
@@ -362,9 +366,11 @@ def _stretch_rate(row):
     return _reported_rate(row.job_id, row.attempt, since=row.started_at, until=row.ended_at)
 
 
-def _finished_stretches(job):
-    """The job's rows that ran and ended (not a batch change withdrawn before it was applied)."""
-    return Allocation.objects.filter(job=job, started_at__isnull=False, ended_at__isnull=False)
+def _measured_stretches(job):
+    """(row, samples/s) of each of the job's rows that ran and ended at a measured rate (not a batch
+    change withdrawn before it was applied)."""
+    rows = Allocation.objects.filter(job=job, started_at__isnull=False, ended_at__isnull=False)
+    return [(row, rate) for row in rows if (rate := _stretch_rate(row))]
 
 
 def _reported_rate(job_id, attempt, *, since=None, until=None):
@@ -379,12 +385,9 @@ def measured_noise_scale(job):
     """The job's gradient noise scale (samples): the median of its latest NOISE_SCALE_REPORTS
     `noise_scale` reports over all its attempts (it is a property of where training is, not of the
     shape), re-read each pass as training goes; None if it reports none."""
-    values = sorted(MetricPoint.objects.filter(job=job, name=NOISE_SCALE_METRIC, value__gt=0)
-                    .order_by("-id").values_list("value", flat=True)[:NOISE_SCALE_REPORTS])
-    if not values:
-        return None
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+    values = list(MetricPoint.objects.filter(job=job, name=NOISE_SCALE_METRIC, value__gt=0)
+                  .order_by("-id").values_list("value", flat=True)[:NOISE_SCALE_REPORTS])
+    return statistics.median(values) if values else None
 
 
 def measured_gpu_use(job):
@@ -398,25 +401,17 @@ def measured_gpu_use(job):
     return sum(busy) / len(busy) / job.gpus if busy else None
 
 
-def _largest_measured(job, rate):
-    """Learners of the largest shape the job has a measured rate at (its finished attempts, and the
-    current one once it has reported progress); 0 if none."""
-    sizes = [row.learners for row in _finished_stretches(job) if _stretch_rate(row)]
-    if rate:
-        sizes.append(job.learners)
-    return max(sizes, default=0)
-
-
 def _observation(learners, gpus_per_learner, nodes, global_batch, rate):
     gpus = learners * gpus_per_learner
     return gpus, max(1, nodes), global_batch / gpus, global_batch / rate
 
 
-def _model(job, current, rate):
-    """The job's throughput model: its measured shapes, pulled toward a prior scaled to its speed."""
+def _model(job, current, rate, stretches):
+    """The job's throughput model: its measured shapes (`stretches`: (finished row, its rate)), pulled
+    toward a prior scaled to its speed."""
     observations = []
-    for row in _finished_stretches(job).filter(global_batch__isnull=False):
-        if measured := _stretch_rate(row):
+    for row, measured in stretches:
+        if row.global_batch is not None:
             nodes = len({p["node"] for p in row.placement if isinstance(p, dict)})
             observations.append(_observation(row.learners, row.gpus_per_learner, nodes, row.global_batch, measured))
     if rate and current is not None and current.global_batch:

@@ -52,13 +52,11 @@ def _copy_text(rows):
         # Rare, and five `in` checks cost less than always translating.
         if "\\" in line or "\t" in line or "\n" in line or "\r" in line or "\0" in line:
             line = line.translate(_COPY_ESCAPES)
-        write(f"{job_id}\t{seq}\t{attempt}\t{learner}\t{stream}\t{_iso(time)}\t{line}\n")
+        if not isinstance(time, str):
+            time = time.isoformat()
+        write(f"{job_id}\t{seq}\t{attempt}\t{learner}\t{stream}\t{time}\t{line}\n")
     buffer.seek(0)
     return buffer
-
-
-def _iso(value):
-    return value if isinstance(value, str) else value.isoformat()
 
 
 def _datetime(value):

@@ -113,9 +113,8 @@ def complete_ones(folder, *, checked=None):
 
 def last_good(job_folder, before_attempt):
     """The newest complete checkpoint of the latest attempt before `before_attempt` that left one."""
-    root = Path(job_folder) / "checkpoints"
     for attempt in range(before_attempt - 1, 0, -1):
-        folder = root / f"attempt-{attempt}"
+        folder = attempt_dir(job_folder, attempt)
         if folder.is_dir() and (found := next(complete_ones(folder), None)) is not None:
             return found
     return None

@@ -41,6 +41,7 @@ FETCHED_MARK = ".trainyard-fetched"  # in DATA_DIR: this job's data is complete 
 LOCAL_STORES_DIR = "datastores"  # under TRAINYARD_DATA_DIR: <tenant>/<container> of `type: local` stores
 MAX_SERVER_TEXT = 300  # of an S3 server's error message: the endpoint is whoever wrote the manifest
 MAX_REASON = 1000  # of a transfer failure, as a job's reason and log line
+PROGRESS_EVERY_S = 2.0  # between two progress lines of a transfer in the job's log
 
 
 class DataStoreError(Exception):
@@ -333,21 +334,26 @@ def location(spec, section, credentials, *, data_root, tenant, egress):
 
 
 # --- transfers ---------------------------------------------------------------------------------
-class Progress:
-    """Calls `report(line)` at the start, about every `every_s` seconds, and at the end."""
+def _transfer(items, move, report, doing):
+    """move(item) for each (item, size) of `items`, saying how far it got through `report(line)` at the
+    start, about every PROGRESS_EVERY_S seconds, and at the end; (files, bytes) in all."""
+    total, done = sum(size for _, size in items), 0
 
-    def __init__(self, report, verb, label, *, every_s=2.0):
-        self.report, self.verb, self.label, self.every_s = report, verb, label, every_s
-        self._last = 0.0
+    def say(count, final=False):
+        percent = "done" if final else f"{100 * done / total if total else 100.0:.0f}%"
+        report(f"[trainyard] {doing}: {count}/{len(items)} files, {format_bytes(done)}/{format_bytes(total)} "
+               f"({percent})")
 
-    def __call__(self, done_files, total_files, done_bytes, total_bytes, *, final=False):
-        now = time.monotonic()
-        if final or done_files == 0 or now - self._last >= self.every_s:
-            self._last = now
-            percent = 100 * done_bytes / total_bytes if total_bytes else 100.0
-            what = "done" if final else f"{percent:.0f}%"
-            self.report(f"[trainyard] {self.verb} {self.label}: {done_files}/{total_files} files, "
-                        f"{format_bytes(done_bytes)}/{format_bytes(total_bytes)} ({what})")
+    say(0)
+    said = time.monotonic()
+    for count, (item, size) in enumerate(items, 1):
+        move(item)
+        done += size
+        if time.monotonic() - said >= PROGRESS_EVERY_S:
+            say(count)
+            said = time.monotonic()
+    say(len(items), final=True)
+    return len(items), total
 
 
 def fetch(source, destination, *, report=lambda line: None, allowance=None):
@@ -357,24 +363,19 @@ def fetch(source, destination, *, report=lambda line: None, allowance=None):
     # The prefix is a folder: `inputs` is not `inputs-old/` (a key prefix alone would match both).
     folder = source.prefix.strip("/") + "/" if source.prefix.strip("/") else ""
     objects = list(source.store.list(folder))
-    total = sum(o.size for o in objects)
     if allowance is not None:
-        allowance.listed(total, source.label)
-    progress = Progress(report, "downloading from", source.label)
-    progress(0, len(objects), 0, total)
-    done = 0
-    for count, obj in enumerate(objects, 1):
-        relative = _relative_key(obj.key, folder)
+        allowance.listed(sum(o.size for o in objects), source.label)
+
+    def get(obj):
+        relative = obj.key.removeprefix(folder)
         if PurePosixPath(relative).name == FETCHED_MARK:  # the platform's own mark of a complete download
             raise DataStoreError(f"{source.label}: object {obj.key!r} has a name the platform keeps for itself")
-        target = (destination / relative).resolve()
+        target = (destination / relative.lstrip("/")).resolve()
         if destination.resolve() not in target.parents:
             raise DataStoreError(f"{source.label}: object {obj.key!r} would land outside DATA_DIR; refused")
         source.store.get(obj.key, target, allowance)
-        done += obj.size
-        progress(count, len(objects), done, total)
-    progress(len(objects), len(objects), done, total, final=True)
-    return len(objects), total
+
+    return _transfer([(obj, obj.size) for obj in objects], get, report, f"downloading from {source.label}")
 
 
 def push(folders, target, *, report=lambda line: None):
@@ -386,17 +387,9 @@ def push(folders, target, *, report=lambda line: None):
             continue
         for path in regular_files(folder):
             if not path.name.startswith(".tmp"):
-                files.append((path, str(PurePosixPath(target.prefix, name, path.relative_to(folder).as_posix()))))
-    total = sum(path.stat().st_size for path, _ in files)
-    progress = Progress(report, "uploading to", target.label)
-    progress(0, len(files), 0, total)
-    done = 0
-    for count, (path, key) in enumerate(files, 1):
-        target.store.put(path, key.lstrip("/"))
-        done += path.stat().st_size
-        progress(count, len(files), done, total)
-    progress(len(files), len(files), done, total, final=True)
-    return len(files), total
+                key = PurePosixPath(target.prefix, name, path.relative_to(folder).as_posix())
+                files.append(((path, str(key).lstrip("/")), path.stat().st_size))
+    return _transfer(files, lambda file: target.store.put(*file), report, f"uploading to {target.label}")
 
 
 def regular_files(top):
@@ -423,11 +416,6 @@ def regular_files(top):
                 continue
         if depth < diskwatch.MAX_DEPTH:
             stack.extend((inner, depth + 1) for inner in reversed(folders))
-
-
-def _relative_key(key, prefix):
-    relative = key[len(prefix):] if prefix and key.startswith(prefix) else key
-    return relative.lstrip("/")
 
 
 @contextmanager
@@ -493,7 +481,8 @@ def redact_yaml(text):
     except yaml.YAMLError:
         return text
     spans = []
-    for store in _items(_value(root, "data_stores")):
+    stores = _value(root, "data_stores")
+    for store in stores.value if isinstance(stores, yaml.SequenceNode) else []:
         connection = _value(store, "connection")
         if not isinstance(connection, yaml.MappingNode):
             continue
@@ -511,10 +500,6 @@ def _value(node, key):
             if isinstance(k, yaml.ScalarNode) and k.value == key:
                 return v
     return None
-
-
-def _items(node):
-    return node.value if isinstance(node, yaml.SequenceNode) else []
 
 
 def _fernet(keys):

@@ -37,11 +37,6 @@ SAMPLES_BOUND = 2.0 ** 63
 BATCH = Allocation.Kind.BATCH
 
 
-def bounds(job):
-    """The job's elastic block as stored at submission (trainyard.elasticity.Elastic), or None for a fixed-size job."""
-    return elasticity.of(job)
-
-
 def timeline(job):
     """The job's Allocation rows, oldest first (a batch change asked and not yet applied among them)."""
     return Allocation.objects.filter(job=job).order_by("attempt", "id")
@@ -61,7 +56,7 @@ def summary(job):
     """The job detail's `elastic`: None for a fixed-size job; else its bounds and the shape it runs at now
     (learners is `Job.learners`, what it holds; the batch fields come from its current allocation and
     are null until it has one)."""
-    elastic = bounds(job)
+    elastic = elasticity.of(job)
     if elastic is None:
         return None
     now = current(job)
@@ -72,7 +67,7 @@ def summary(job):
 
 def size(job):
     """The cluster page's figure for an elastic job: {learners, min_learners, max_learners}; None if fixed."""
-    elastic = bounds(job)
+    elastic = elasticity.of(job)
     if elastic is None:
         return None
     return {"learners": job.learners, "min_learners": elastic.min_learners, "max_learners": elastic.max_learners}
@@ -148,7 +143,8 @@ def close(row, when, *, until=None):
     """The stretch ends (its attempt let go of its resources, or a batch change took over at `until`):
     with the samples its learner 0 reported during it."""
     since = row.started_at if row.kind == BATCH else None  # an attempt's first row: all of it before
-    first, last = _samples_of(row.job_id, row.attempt, since=since, until=until)
+    span = samples_reported(row.job_id, row.attempt, since=since, until=until)
+    first, last = (None if v is None else int(v) for v in (span["low"], span["high"]))
     if row.samples_start is None:
         row.samples_start = first
     row.samples_end = last if last is not None else row.samples_start
@@ -227,11 +223,6 @@ def last_samples(job):
     point = (_samples_points().filter(job=job)
              .order_by("-attempt", "-id").values_list("value", flat=True).first())
     return None if point is None else int(point)
-
-
-def _samples_of(job_id, attempt, *, since=None, until=None):
-    span = samples_reported(job_id, attempt, since=since, until=until)
-    return tuple(None if v is None else int(v) for v in (span["low"], span["high"]))
 
 
 def samples_reported(job_id, attempt, *, since=None, until=None):

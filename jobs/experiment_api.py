@@ -6,10 +6,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import experiments
+from jobs.api import TenantScoped
 from jobs.bounds import BoundedMultiPartParser, whole_number
 from jobs.models import Experiment, MetricPoint
 from jobs.serializers import ErrorSerializer, SubmitRequestSerializer
-from tenants import access
 
 MAX_POINTS = 100_000  # metric points in one answer of /metrics/ (after= pages on)
 
@@ -93,12 +93,7 @@ class TrialPointsSerializer(serializers.Serializer):
 
 
 # --- views ----------------------------------------------------------------------------------------
-class Scoped:
-    def membership(self):
-        if not hasattr(self, "_membership"):
-            self._membership = access.request_membership(self.request)
-        return self._membership
-
+class Scoped(TenantScoped):
     def experiment(self):
         return experiments.experiment_or_404(self.membership(), self.kwargs["experiment_id"])
 

@@ -261,6 +261,8 @@ class Pass:
 
     def run(self):
         before = self.recorded()
+        for trial in self.trials:
+            trial.tracker = _Tracker()
         if self.spec is None:
             self.set_aside()
         else:
@@ -295,7 +297,6 @@ class Pass:
         """An experiment whose stored manifest no longer reads (a rule changed since it was created): it
         starts nothing, and is paused with the reason until it is killed, which still stops its trials."""
         for trial in self.trials:
-            trial.tracker = _Tracker()
             if trial.state in (Trial.State.RUNNING, Trial.State.PAUSED):
                 self.see_job(trial)
         if self.experiment.state == Experiment.State.TERMINATED:
@@ -341,8 +342,6 @@ class Pass:
 
     # --- 1. observe -------------------------------------------------------------------------------
     def observe(self):
-        for trial in self.trials:
-            trial.tracker = _Tracker()
         open_trials = {t.job_id: t for t in self.trials if t.state in (Trial.State.RUNNING, Trial.State.PAUSED)}
         if open_trials:
             points = (MetricPoint.objects.filter(job_id__in=list(open_trials), name=self.experiment.metric,
@@ -499,14 +498,11 @@ class Pass:
         searcher = self.spec.searcher
         if self.experiment.spec.get("exhausted") or self.experiment.trials_started >= searcher.max_trials:
             return True
-        if searcher.max_gpu_hours is not None and self.gpu_hours() >= searcher.max_gpu_hours:
+        if searcher.max_gpu_hours is not None and quotas.records_usage(quotas.UsageRecord.objects.filter(
+                job__trial__experiment=self.experiment))["gpu_hours"] >= searcher.max_gpu_hours:
             self.experiment.state_reason = f"its budget of {searcher.max_gpu_hours} GPU-hours is spent"
             return True
         return False
-
-    def gpu_hours(self):
-        usage = quotas.records_usage(quotas.UsageRecord.objects.filter(job__trial__experiment=self.experiment))
-        return usage["gpu_hours"]
 
     def start_trial(self, proposal):
         """Store the proposal's trial as a job of the owner; False, with the reason on the experiment, when

@@ -100,7 +100,6 @@ class Columns:
             values = hyperparameters(job) if self.hyperparameters else {}
             job.extra_cells = ([shown(values.get(name)) for name in self.hyperparameters]
                                + [shown(latest.get((job.id, name))) for name in self.metrics])
-        return rows
 
 
 def latest_values(job_ids, names):

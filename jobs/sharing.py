@@ -45,15 +45,10 @@ def shared_with(job):
 def on_membership_deleted(sender, instance, **kwargs):
     """post_delete of Membership (connected in JobsConfig.ready): a user leaving a tenant, however it
     happens, keeps no share of its jobs."""
-    unshare_all(instance.tenant_id, instance.user)
-
-
-def unshare_all(tenant_id, user):
-    """Take back every share of the tenant's jobs from `user` (they are leaving the tenant)."""
     from django.contrib.contenttypes.models import ContentType
     from guardian.models import UserObjectPermission
 
     from jobs.models import Job
-    UserObjectPermission.objects.filter(user=user, content_type=ContentType.objects.get_for_model(Job),
-                                        object_pk__in=Job.objects.filter(tenant_id=tenant_id).values("pk")).delete()
-
+    jobs = Job.objects.filter(tenant_id=instance.tenant_id).values("pk")
+    UserObjectPermission.objects.filter(user=instance.user, content_type=ContentType.objects.get_for_model(Job),
+                                        object_pk__in=jobs).delete()

@@ -45,18 +45,13 @@ class Scalar:
     wall_time: float
 
 
-def empty_state():
-    """What `Learner.ingest_state` starts as."""
-    return {"offsets": {}, "tags": {}, "notes": 0}
-
-
 class LearnerEvents:
     """One learner's event records, applied in seq order under its row lock; `state` is the
     JSON kept in Learner.ingest_state (which holds the learner's other ingest counts beside it) and is
     updated in place."""
 
     def __init__(self, state):
-        for key, value in empty_state().items():
+        for key, value in {"offsets": {}, "tags": {}, "notes": 0}.items():
             state.setdefault(key, value)
         self.state = state
         self.changed = False
@@ -75,8 +70,9 @@ class LearnerEvents:
         run = path.rpartition("/")[0]
         if not run.isprintable():
             return []
+        tags = self.state["tags"]
         try:
-            decoded = decode(data, self._run_tags(run), room=self._room())
+            decoded = decode(data, tags.setdefault(run, {}), room=MAX_TAGS - sum(map(len, tags.values())))
         except MalformedEvent as e:
             raise MalformedEvent(f"{path} byte {offset}: {e}; skipped") from None
         return [Scalar(name=f"{run}/{tag}" if run else tag, step=step, value=value, wall_time=wall_time)
@@ -90,12 +86,6 @@ class LearnerEvents:
         self.changed = True
         more = "" if self.state["notes"] < MAX_NOTES else f" (the last such note of the {MAX_NOTES} shown)"
         return f"TensorBoard: {text}{more}"
-
-    def _run_tags(self, run):
-        return self.state["tags"].setdefault(run, {})
-
-    def _room(self):
-        return MAX_TAGS - sum(len(tags) for tags in self.state["tags"].values())
 
 
 def decode(data, tags, *, room=MAX_TAGS):

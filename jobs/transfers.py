@@ -33,7 +33,7 @@ def sealing_keys():
 
 def seal_submitted_credentials(folder, manifest):
     """At submission: keep the manifest's credentials encrypted beside the job (never in the database)."""
-    datastores.seal_credentials(folder, datastores.credentials(manifest.raw), keys=sealing_keys())
+    seal_credentials(folder, datastores.credentials(manifest.raw))
 
 
 def seal_credentials(folder, secrets):
@@ -98,7 +98,7 @@ def _fetch(job, run, stores, folder, data_dir):
             transition(job.id, Status.DOWNLOADING, actor=SYSTEM, attempt=job.attempt,
                        reason=f"downloading training data from data store {labels}")
         try:
-            secrets = datastores.unseal_credentials(folder, keys=sealing_keys())
+            secrets = sealed_credentials(folder)
             cap = run.disk["data"]
             allowance = datastores.Allowance(cap, settings.DATA_DOWNLOAD_SECONDS,
                                              cap=f"data cap (disk.data) of {format_bytes(cap)}")
@@ -137,7 +137,7 @@ def _result_targets(job, run, folder):
     targets = []
     specs = run.stores_with("training_results")
     if specs:
-        secrets = datastores.unseal_credentials(folder, keys=sealing_keys())
+        secrets = sealed_credentials(folder)
         for spec in specs:
             target = datastores.location(spec, "training_results", secrets, **_store_context(job))
             # FfDL's layout: each job's results under its own id in the results container.

@@ -13,6 +13,7 @@ Here and not in tenants/ because it reads jobs' samples (jobs builds on tenants,
 """
 import csv
 import io
+from collections import defaultdict
 from datetime import datetime, time, timedelta
 
 from django.conf import settings
@@ -77,17 +78,13 @@ def report(tenant, *, start, end, visible=None, now=None):
     """{period, tenant, users, jobs}: allocated and used per job (those in `visible`, a query or list
     of ids, when given), per user and for the tenant (all its jobs)."""
     now = now or timezone.now()
-    jobs = {}
-
-    def row(job_id):
-        return jobs.setdefault(job_id, {"gpu_s": 0.0, "cpu_s": 0.0, "used_gpu_s": 0.0, "used_cpu_s": 0.0,
-                                        "gpu_measured": False})
-
+    jobs = defaultdict(lambda: {"gpu_s": 0.0, "cpu_s": 0.0, "used_gpu_s": 0.0, "used_cpu_s": 0.0,
+                                "gpu_measured": False})
     for record in (UsageRecord.objects.filter(tenant=tenant, started_at__lt=end)
                    .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
                    .only("job_id", "gpus", "cpus", "started_at", "ended_at")):
         seconds = record.seconds_within(start, end, now)
-        entry = row(record.job_id)
+        entry = jobs[record.job_id]
         entry["gpu_s"] += record.gpus * seconds
         entry["cpu_s"] += record.cpus * seconds
     learners = (ResourceSample.objects.filter(job__tenant=tenant, time__gte=start, time__lt=end)
@@ -97,21 +94,18 @@ def report(tenant, *, start, end, visible=None, now=None):
     for group in learners:
         interval = ((group["last"] - group["first"]).total_seconds() / (group["n"] - 1) if group["n"] > 1
                     else settings.RESOURCE_SAMPLE_S)
-        entry = row(group["job_id"])
+        entry = jobs[group["job_id"]]
         entry["used_cpu_s"] += group["cpu"] * interval
         if group["gpu_n"]:
             entry["gpu_measured"] = True
             entry["used_gpu_s"] += group["gpu"] * interval
-    facts = {job["id"]: job for job in Job.objects.filter(id__in=list(jobs)).values(
-        "id", "name", "owner__username", "gpus", "learners")}
+    facts = {job["id"]: job for job in Job.objects.filter(id__in=list(jobs)).values("id", "name", "owner__username")}
     shown = set(jobs) if visible is None else set(jobs) & set(visible)
     job_rows = [{"job": job_id, "name": facts[job_id]["name"], "user": facts[job_id]["owner__username"],
                  **_hours(entry)} for job_id, entry in sorted(jobs.items()) if job_id in shown]
-    by_user = {}
+    by_user, total = {}, _zero()
     for job_id, entry in jobs.items():
         _add(by_user.setdefault(facts[job_id]["owner__username"], _zero()), entry)
-    total = _zero()
-    for entry in jobs.values():
         _add(total, entry)
     return {"period": {"start": start.isoformat(), "end": end.isoformat()},
             "tenant": {"tenant": tenant.slug, **_hours(total)},
@@ -150,8 +144,7 @@ BY = {"job": ("job", "name", "user"), "user": ("user",), "tenant": ("tenant",)}
 
 def as_csv(body, *, by):
     """The report's rows `by` job, user or tenant as CSV text, the period on every row."""
-    key = {"job": "jobs", "user": "users", "tenant": "tenant"}[by]
-    rows = body[key] if by != "tenant" else [body["tenant"]]
+    rows = [body["tenant"]] if by == "tenant" else body[f"{by}s"]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["period_start", "period_end", *BY[by], *FIELDS])
