@@ -44,9 +44,8 @@ WAIT_REASON_BATCH = 500
 # (_reasons_to_write).
 QUEUE_HEAD = 20
 POSITIONS_REFRESHED_KEY = "admission:positions-refreshed"
-# What a cycle reads of the jobs it loads: every queued and active one, each cycle. At tens of
-# thousands of jobs, whole rows (the manifest as sent and as parsed) and an owner object per job
-# made building the rows most of a cycle's own time.
+# What a cycle reads of every queued and active job: whole rows (the manifest as sent and as parsed)
+# and an owner object per job made building the rows most of a cycle's own time.
 CYCLE_FIELDS = ("id", "tenant_id", "status", "attempt", "learners", "gpus", "cpus", "memory_bytes", "priority",
                 "placement", "preempted_reason", "wait_reason", "created_at", "updated_at", "admitted_at")
 
@@ -81,7 +80,7 @@ def run_cycle():
         admitted = [job_id for job_id, placement in decisions.admitted.items()
                     if _admit(by_id[job_id], placement, tenant=tenants[by_id[job_id].tenant_id].name)]
         _record_wait_reasons(_reasons_to_write(decisions.waiting, by_id))
-    prometheus_series.scheduling_cycle(time.perf_counter() - started)
+    prometheus_series.SCHEDULING_CYCLE.observe(time.perf_counter() - started)
     return admitted
 
 
@@ -102,12 +101,9 @@ def _elastic(row):
 
 def _reasons_to_write(waiting, by_id):
     """The {job id: reason} of `waiting` to write now. A reason begins with the job's place in its
-    tenant queue, so one admission changes the reason of every job behind it: a long queue rewrote
-    every row behind it each cycle, much of a cycle's time while holding the admission lock, and
-    cycles run back to back while jobs end. As
-    Kueue refreshes pending workloads' positions on an interval (queueVisibility.updateIntervalSeconds),
-    a reason whose only change is the position past QUEUE_HEAD is written every
-    QUEUE_POSITION_REFRESH_S; anything else (what the job waits for, the head's count-down) at once."""
+    tenant queue, so one admission changes the reason of every job behind it; as Kueue refreshes
+    positions on an interval, a reason whose only change is a position past QUEUE_HEAD is written every
+    QUEUE_POSITION_REFRESH_S, anything else (what the job waits for, the head's count-down) at once."""
     now, later = {}, {}
     for job_id, reason in waiting.items():
         written = by_id[job_id].wait_reason

@@ -46,6 +46,12 @@ class TenantScoped:
     def job(self):
         return tenancy.job_or_404(self.membership(), self.kwargs["job_id"])
 
+    def owned_job(self):
+        job = self.job()
+        if not (self.membership().is_admin or job.owner_id == self.request.user.pk):
+            raise PermissionDenied("only the job's owner and tenant admins share it")
+        return job
+
 
 class JobList(TenantScoped, generics.ListCreateAPIView):
     """The tenant's jobs, filtered (?status= ?user= ?framework= ?q=) and sorted (?sort=): jobs.listing."""
@@ -75,10 +81,9 @@ class JobList(TenantScoped, generics.ListCreateAPIView):
         manifest = request.FILES.get("manifest")
         if manifest is None:
             raise submission.SubmitError("a manifest file (YAML) is required", field="manifest")
-        if manifest.size > 64 * 1024:
-            raise submission.SubmitError("manifest is larger than 64 KiB", field="manifest")
-        job = submission.submit(membership, manifest_bytes=manifest.read(), code_file=request.FILES.get("code"),
-                                private=_flag(request.data.get("private")), admitted=admitted)
+        job = submission.submit(membership, manifest_bytes=_read_manifest(manifest),
+                                code_file=request.FILES.get("code"), private=_flag(request.data.get("private")),
+                                admitted=admitted)
         return Response(JobDetailSerializer(job, context={"just_submitted": True}).data, status=status.HTTP_201_CREATED)
 
 
@@ -172,12 +177,10 @@ class JobMetrics(TenantScoped, APIView):
         after = whole_number(request.query_params, "after", default=0, minimum=0, maximum=MAX_SEQ)
         limit = whole_number(request.query_params, "limit", default=MAX_METRIC_LIMIT, minimum=1,
                              maximum=MAX_METRIC_LIMIT)
-        points = self.job().metric_points.filter(id__gt=after).order_by("id")
+        points = self.job().metric_points.all()
         if name := request.query_params.get("name"):
             points = points.filter(name=name)
-        rows = list(points[:limit + 1])
-        more = len(rows) > limit
-        rows = rows[:limit]
+        rows, more = _keyset_page(points, after, limit)
         return Response({"results": [metric_json(p) for p in rows], "next_after": rows[-1].id if rows else after,
                          "more": more})
 
@@ -193,11 +196,15 @@ class JobResources(TenantScoped, APIView):
     def get(self, request, job_id):
         after = whole_number(request.query_params, "after", default=0, minimum=0, maximum=MAX_SEQ)
         limit = whole_number(request.query_params, "limit", default=1000, minimum=1, maximum=MAX_RESOURCE_LIMIT)
-        rows = list(self.job().resource_samples.filter(id__gt=after).order_by("id")[:limit + 1])
-        more = len(rows) > limit
-        rows = rows[:limit]
+        rows, more = _keyset_page(self.job().resource_samples.all(), after, limit)
         return Response({"results": ResourceSampleSerializer(rows, many=True).data,
                          "next_after": rows[-1].id if rows else after, "more": more})
+
+
+def _keyset_page(rows, after, limit):
+    """(up to `limit` rows with an id after `after`, in id order; whether more follow)."""
+    rows = list(rows.filter(id__gt=after).order_by("id")[:limit + 1])
+    return rows[:limit], len(rows) > limit
 
 
 class JobArtifacts(TenantScoped, APIView):
@@ -348,9 +355,7 @@ class ManifestValidate(APIView):
     def post(self, request):
         text = _fields(request).get("manifest")
         if hasattr(text, "read"):
-            if text.size > MAX_MANIFEST_BYTES:
-                raise submission.SubmitError("manifest is larger than 64 KiB", field="manifest")
-            text = text.read()
+            text = _read_manifest(text)
         if not isinstance(text, (str, bytes)):
             raise submission.SubmitError("a manifest (YAML text) is required", field="manifest")
         try:
@@ -358,6 +363,12 @@ class ManifestValidate(APIView):
         except ManifestError as exc:
             raise submission.SubmitError(str(exc), field=exc.field) from None
         return Response({"valid": True, "manifest": manifest_summary(manifest)})
+
+
+def _read_manifest(upload):
+    if upload.size > MAX_MANIFEST_BYTES:
+        raise submission.SubmitError("manifest is larger than 64 KiB", field="manifest")
+    return upload.read()
 
 
 def manifest_summary(manifest):
@@ -387,15 +398,7 @@ def ingest_view(request, job_id):
     return JsonResponse(stored.answer())
 
 
-class SharingScoped(TenantScoped):
-    def owned_job(self):
-        job = self.job()
-        if not (self.membership().is_admin or job.owner_id == self.request.user.pk):
-            raise PermissionDenied("only the job's owner and tenant admins share it")
-        return job
-
-
-class JobSharing(SharingScoped, APIView):
+class JobSharing(TenantScoped, APIView):
     """GET who a job is shared with; POST {username, access: view|control} shares it. Its owner and the
     tenant's admins decide."""
 
@@ -413,7 +416,7 @@ class JobSharing(SharingScoped, APIView):
         return Response({"private": job.private, "results": people})
 
 
-class JobUnshare(SharingScoped, APIView):
+class JobUnshare(TenantScoped, APIView):
     """DELETE .../share/<username>/ stops sharing with them (its own view: the collection takes no DELETE
     and one person's share takes no GET or POST, so those are 405s, not a view called without its argument)."""
 

@@ -50,12 +50,9 @@ CLOSE_UNAUTHORIZED = 4401
 
 
 def _db(function):
-    """database_sync_to_async, on any of the event loop's pool threads rather than the one thread
-    channels gives synchronous code by default: many browsers opening their sockets at once checked
-    their credentials there one after the other, and under load many waited past the web server's limit for
-    a handshake and were dropped. A call shares nothing with
-    another one (each socket awaits its own in turn), and it closes the connection it opened in that
-    thread when it ends, as database_sync_to_async does."""
+    """database_sync_to_async on any of the loop's pool threads, not channels' one thread for synchronous
+    code: sockets opening at once queued their credential checks there past the handshake's time limit.
+    Calls share nothing, and each closes the connection it opened, as database_sync_to_async does."""
     return database_sync_to_async(function, thread_sensitive=False)
 
 
@@ -118,12 +115,9 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         await self.close(code=code)
 
     async def dispatch(self, message):
-        # Channels (4.2 on) first hops into the web process's one thread for synchronous code to close
-        # stale database connections, for every message of every socket: a status change reaching many
-        # sockets queued a turn per socket behind the requests that thread serves (ingest, submits),
-        # and the fan-out fell behind.
-        # Every database access here goes through _db (database_sync_to_async), which closes stale
-        # connections around its own call, so a message that reads nothing does not hop at all.
+        # Channels (4.2 on) hops into the process's one synchronous thread for every message to close
+        # stale database connections, which queued a fan-out behind that thread's requests. Here every
+        # database access goes through _db, which closes them itself, so a message that reads nothing does not hop.
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")

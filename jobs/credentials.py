@@ -49,11 +49,10 @@ def attempt_over(*, status, current_attempt, attempt):
     return attempt != current_attempt or status not in ACTIVE
 
 
-# digest -> (job id, attempt, learner, tenant id) of credentials seen valid: what a credential grants never changes
-# once issued, so a process asks the database once per learner, not at every post (a round trip of
-# its own to PostgreSQL, waiting for a turn on the busy cores under load). Whether its attempt
-# lives is not remembered: ingest reads that under the
-# job's lock at every post. Bounded; the oldest is forgotten first.
+# digest -> (job id, attempt, learner, tenant id) of credentials seen valid: what a credential grants
+# never changes once issued, so a process asks the database once per learner, not at every post.
+# Whether its attempt lives is not remembered: ingest reads that under the job's lock at every post.
+# Bounded; the oldest is forgotten first.
 _KNOWN = {}
 KNOWN_MAX = 16384
 _known_lock = threading.Lock()

@@ -47,9 +47,8 @@ def caps_for(asked, quota):
         if value > most:
             whose = ("the tenant's per-job disk limit" if most == tenant_limit and name in SIZES
                      else "the platform's limit")
-            shown = f"{value}" if name == "log_lines" else format_bytes(value)
-            limit = f"{most}" if name == "log_lines" else format_bytes(most)
-            raise DiskError(f"disk.{name}", f"{shown} is more than {whose} ({limit})")
+            shown = str if name == "log_lines" else format_bytes
+            raise DiskError(f"disk.{name}", f"{shown(value)} is more than {whose} ({shown(most)})")
         caps[name] = value
     return caps
 

@@ -60,11 +60,10 @@ def _leave(call, *args):
     """Serving a web request, a message leaves from the process's sending thread instead
     (`_send_later`), so the response does not wait for its round trip to the broker or Redis, a good
     part of a submission's time under load. Nothing depends on the moment: a message only wakes."""
-    (_send_later if serving_loop() else _now)(call, *args)
-
-
-def _now(call, *args):
-    call(*args)
+    if serving_loop():
+        _send_later(call, *args)
+    else:
+        call(*args)
 
 
 _redis_client = (None, None, None)  # (pid, URL, redis.Redis) of this process

@@ -8,16 +8,11 @@ Each record is checked on its own (jobs.ingest_records): a bad one is refused an
 answer (`rejected`) while the rest of its batch is stored, and the learner's seq moves past it, so an
 agent never resends it and nothing after it waits on it.
 
-Who may post is settled first (`authenticate`, one indexed query on the learner's credential), before
-the body is read or parsed: a caller without a valid credential costs the platform no JSON decoding.
-
-One credential must not hold up the others. A status record costs queries only when it moves its
-learner forward (preparing, running, exited: each at most once, in that order); a repeat or a step
-back is acked and costs nothing. The job's lock is waited for at most LOCK_WAIT_S: a post that
-cannot have it by then is answered 503 (the agent retries), rather than holding one of the web
-process's few ingest threads behind another post of the same job. What a learner stores past its log
-and metric caps is counted, not stored (jobs.logcap), and the records it has refused are noted in the
-job's log at most MAX_REFUSED_NOTES times.
+Who may post is settled first (`authenticate`, one indexed query), before the body is parsed. One
+credential must not hold up the others: a status record costs queries only when it moves its learner
+forward, and the job's lock is waited for at most LOCK_WAIT_S (then 503, and the agent retries) rather
+than holding one of the web process's few ingest threads. What a learner sends past its log and metric
+caps is counted, not stored (jobs.logcap).
 """
 import json
 from dataclasses import dataclass, field
@@ -281,16 +276,14 @@ _LEARNER_MEMO = Learner._meta.get_field("ingest_state")
 
 
 def _lock(job_id, attempt, index):
-    """The job and the learner's row, both locked, read in one query (one round trip: under load each
-    round trip to PostgreSQL waits for a turn on the busy cores); None if the job is gone.
+    """The job and the learner's row, both locked, read in one round trip; None if the job is gone.
 
-    The job's row only is locked, not its tenant's: a lock on a join locks the joined rows too, and
-    every job of a tenant shares its tenant row, so each tenant's ingests ran one at a time and
-    waited, with its submissions and admissions, for each other's transactions.
-    NO KEY: rows that only refer to the job (events, outbox rows) need not wait. The job is locked
-    before the learner (the CTE is read first), in the order workers lock them. The learner's row is
-    locked as read: what the batch writes to it must not undo a worker's change.
-    On PostgreSQL the locks of the whole transaction are waited for at most LOCK_WAIT_S."""
+    The job's row only is locked, not its tenant's (a lock on a join locks the joined rows too, which
+    made each tenant's ingests, submissions and admissions wait for one another). NO KEY: rows that
+    only refer to the job (events, outbox rows) need not wait. The job is locked before the learner
+    (the CTE is read first), in the order workers lock them; the learner's row is locked as read, so
+    what the batch writes to it cannot undo a worker's change. On PostgreSQL the transaction's locks
+    are waited for at most LOCK_WAIT_S."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(LOCK_WAIT_S * 1000)}ms"])

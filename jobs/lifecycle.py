@@ -25,6 +25,7 @@ from trainyard import elasticity, experiment, frameworks
 log = logging.getLogger(__name__)
 SYSTEM = "lifecycle-manager"
 PREEMPTOR = "scheduler"  # jobs.admission.ACTOR: who requeues a job it preempted
+ENDED = (Learner.State.EXITED, Learner.State.LOST)  # a learner's end, once recorded, is final
 
 
 class TeardownIncomplete(BackendError):
@@ -150,7 +151,7 @@ def learner_preparing(job):
 def learner_running(job, learner, when):
     # A learner's end, once recorded, is final: a late (or forged) `running` must not reopen it, nor
     # let a second `exited` rewrite the exit code the attempt is judged by.
-    updated = (Learner.objects.filter(pk=learner.pk).exclude(state__in=[Learner.State.EXITED, Learner.State.LOST])
+    updated = (Learner.objects.filter(pk=learner.pk).exclude(state__in=ENDED)
                .update(state=Learner.State.RUNNING, started_at=when))
     if not updated:
         return
@@ -162,12 +163,11 @@ def learner_running(job, learner, when):
 def learner_exited(job, learner, *, exit_code, reason, when, state=Learner.State.EXITED):
     """Record a learner's end; the last one of the attempt makes finishing it due (an outbox row, in
     the caller's transaction)."""
-    updated = (Learner.objects.filter(pk=learner.pk).exclude(state__in=[Learner.State.EXITED, Learner.State.LOST])
+    updated = (Learner.objects.filter(pk=learner.pk).exclude(state__in=ENDED)
                .update(state=state, exit_code=exit_code, reason=reason, finished_at=when))
     if not updated:
         return
-    pending = Learner.objects.filter(job=job, attempt=learner.attempt).exclude(
-        state__in=[Learner.State.EXITED, Learner.State.LOST]).exists()
+    pending = Learner.objects.filter(job=job, attempt=learner.attempt).exclude(state__in=ENDED).exists()
     if not pending:
         outbox.add(job.id, learner.attempt, FollowUp.Kind.FINISH)
     elif (state == Learner.State.LOST or exit_code != 0) and job.status != Status.HALTING:
@@ -222,12 +222,16 @@ def _finish_failed(job, run, failed):
 
 def _restart(job, run, failure):
     """Queue the whole job again (every learner, together) as the next attempt, from its checkpoint."""
-    checkpoint = latest_checkpoint(job)
-    resume = f"resumes from {checkpoint.name}" if checkpoint else "starts over: no checkpoint yet"
+    resume = _resume_text(job, "starts over: no checkpoint yet")
     if transition(job.id, Status.QUEUED, actor=SYSTEM, attempt=job.attempt, attempt_next=True,
                   reason=f"restart {job.retries + 1} of {run.max_retries} ({resume}) after: {failure}",
                   retries=job.retries + 1):
         dispatch.wake_scheduler_on_commit()
+
+
+def _resume_text(job, otherwise="starts over: no checkpoint was written"):
+    checkpoint = latest_checkpoint(job)
+    return f"resumes from {checkpoint.name}" if checkpoint else otherwise
 
 
 def _halt_requested(job):
@@ -361,8 +365,7 @@ def pending_resize(job):
 def _continue_resized(job, row, killed_note):
     """The resized job's learners have stopped and its checkpoint is stored: its next attempt starts
     at once at the new size (PENDING writes its deploy; the attempt before is torn down)."""
-    checkpoint = latest_checkpoint(job)
-    resume = f"resumes from {checkpoint.name}" if checkpoint else "starts over: no checkpoint was written"
+    resume = _resume_text(job)
     reason = f"{row.reason} ({resume}{'; ' + killed_note if killed_note else ''})"
     transition(job.id, Status.PENDING, actor=SYSTEM, attempt=job.attempt, attempt_next=True,
                only_from={Status.STORING}, reason=reason, learners=row.learners, placement=list(row.placement))
@@ -370,8 +373,7 @@ def _continue_resized(job, row, killed_note):
 
 def _requeue_preempted(job):
     """A job halted to make room goes back to the queue at once, keeping its place (submission order)."""
-    checkpoint = latest_checkpoint(job)
-    resume = f"resumes from {checkpoint.name}" if checkpoint else "starts over: no checkpoint was written"
+    resume = _resume_text(job)
     if transition(job.id, Status.QUEUED, actor=PREEMPTOR, attempt=job.attempt, attempt_next=True,
                   only_from={Status.HALTED}, reason=f"requeued after preemption ({resume})", preempted_reason=""):
         dispatch.wake_scheduler_on_commit()

@@ -1,11 +1,9 @@
 """One subscription per web process and tenant for the job list's sockets (`/ws/jobs/`).
 
-Every socket of a tenant's list gets every status change of the tenant's jobs. When each socket was a
-member of the tenant's group, each change cost the web process a decoding, a consumer dispatch and a
-send per socket: when jobs that started together end together, a burst of changes to many sockets
-was the product of the two within seconds, and the sockets fell seconds behind. Here one hub per
-tenant joins the group
-with one channel, reads each change once, and sends the sockets one message per burst: the first
+Every socket of a tenant's list gets every status change of the tenant's jobs. A group membership per
+socket cost a decoding and a dispatch per socket and change, and bursts left the sockets seconds
+behind. Here one hub per tenant joins the group with one channel, reads each change once, and sends
+the sockets one message per burst: the first
 change at once, the changes of the next COALESCE_S together (`{"type": "statuses", "changes": [...]}`),
 each as a lone `status` message would be. A burst's message is encoded once for every socket that
 sees all of it; a private job's change is checked per socket and reaches only those that may see it.

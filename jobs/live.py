@@ -54,10 +54,8 @@ def publish_status_on_commit(job):
     status = {"job": job.id, "status": job.status, "reason": job.status_reason, "attempt": job.attempt,
               "exit_code": job.exit_code, "time": job.updated_at.isoformat()}
     payload, own, listing = status_payload(job), job_group(job.id), tenant_group(job.tenant_id)
-    # A change to a status at rest (what a script waits for) carries the job's REST detail to the
-    # job's own sockets, built once by the process that made the change, after it committed. The web
-    # process read it for each waiting socket instead, through a thread of its pool, which delayed
-    # every job's end as its script saw it.
+    # A change to a status at rest (what a script waits for) carries the job's REST detail to the job's
+    # own sockets, built once after the commit, rather than read by the web process for each socket.
     detailed = job.status in AT_REST
 
     def send():
@@ -117,9 +115,8 @@ def _send(groups, *messages):
         return
     loop = serving_loop()
     if loop is not None:
-        # A web request's thread: the process's event loop publishes, and the request goes on. Waiting
-        # for it made ingest requests slow under load: the loop is busy with the sockets when many
-        # changes fan out.
+        # A web request's thread: the process's event loop publishes, and the request goes on rather
+        # than wait for a loop busy with its sockets.
         try:
             loop.call_soon_threadsafe(_enqueue, layer, groups, messages)
             return
@@ -139,13 +136,9 @@ _publisher_lock = threading.Lock()
 
 
 def _publishing_loop():
-    """An event loop of this process's own, running in a daemon thread, that publishes for code
-    outside an ASGI server. Before, each publication ran async_to_sync, which started a loop in a
-    thread and the channel layer a Redis connection for that loop, on every status change a worker
-    made, in the on-commit hooks that also send the next step's message (the deploy after an
-    admission) and ahead of the client's news of the end. Here the
-    layer keeps one connection for the loop. Per process id: a forked child (Celery's pool) starts
-    its own, the parent's thread does not exist there."""
+    """This process's own event loop, in a daemon thread, publishing for code outside an ASGI server, so
+    the channel layer keeps one Redis connection rather than a loop and a connection per publication
+    (async_to_sync). Per process id: a forked child (Celery's pool) has no parent's thread, and starts its own."""
     global _publisher
     pid, loop = _publisher
     if pid == os.getpid() and loop.is_running():

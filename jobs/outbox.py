@@ -202,12 +202,8 @@ def _sweep_table(model, task, now, *, backlog=None):
     queue (`backlog`): its own is most likely among them, so it is left until BACKLOG_TRUST_S old.
     Each send pushes the row's due_at back by its age (RESEND_MIN_S at least), so a row whose
     messages keep getting lost is sent at ever longer intervals instead of on every pass. A claim
-    gone stale (its worker died: live ones renew theirs) is sent again at once.
-
-    Before, every pass sent every row older than SEND_GRACE_S again (up to 500): when a burst of
-    admissions queued hundreds of deploys, each pass added hundreds of messages behind them, every
-    one a task that found its row taken, and the queue only grew (workers ran empty follow-ups, and
-    the reconcile pass spent its time sending)."""
+    gone stale (its worker died: live ones renew theirs) is sent again at once. (Resending every old
+    row on every pass made a burst of deploys grow the queue with tasks that found their rows taken.)"""
     stale = now - timedelta(seconds=CLAIM_TTL_S)
     grace = SEND_GRACE_S if not backlog else BACKLOG_TRUST_S
     unsent = Q(claimed_at=None, created__lt=now - timedelta(seconds=grace))

@@ -141,13 +141,8 @@ class SharedCounter:
     def inc(self, *label_values, amount=1.0, trip=None):
         """`trip`: a one_trip() pipeline to add the write to, instead of a round trip of its own."""
         assert len(label_values) == len(self.labels), (self.name, label_values)
-        if trip is not None:
-            trip.hincrbyfloat(self.key, _field(label_values), amount)
-            return
-        try:
-            redis_client().hincrbyfloat(self.key, _field(label_values), amount)
-        except redis.RedisError:
-            dropped(self.name)
+        with one_trip(self.name) if trip is None else contextlib.nullcontext(trip) as pipe:
+            pipe.hincrbyfloat(self.key, _field(label_values), amount)
 
     def collect(self, client):
         family = CounterMetricFamily(self.name, self.help, labels=list(self.labels))

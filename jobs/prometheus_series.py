@@ -52,10 +52,6 @@ SHARED_SERIES = (SCHEDULING_CYCLE, QUEUE_WAIT, ADMISSIONS, PREEMPTIONS, INGEST_L
 
 
 # --- recording (called where the work happens) -----------------------------------------------------
-def scheduling_cycle(seconds):
-    SCHEDULING_CYCLE.observe(seconds)
-
-
 def admitted(tenant, queued_since):
     """In the admitting transaction: counted once it commits (a rolled-back admission did not happen)."""
     waited = max(0.0, (timezone.now() - queued_since).total_seconds())

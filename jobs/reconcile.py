@@ -29,7 +29,6 @@ Kind = FollowUp.Kind
 # Past a halt's grace (the learner's checkpoint), how long (the agent's own shutdown included) before what
 # still runs is deleted.
 HALT_SLACK_S = 120
-ENDED = (Learner.State.EXITED, Learner.State.LOST)
 
 
 def reconcile():
@@ -74,7 +73,7 @@ def _reconcile_job(job, learners, backend):
         _settle_learners(job, learners, backend.status(tenant=job.tenant.slug, job_id=job.id,
                                                        attempt=job.attempt, learners=job.learners))
     # What this pass read or settled; a learner's own report ending it meanwhile adds the finish itself.
-    if len(learners) == job.learners and all(lr.state in ENDED for lr in learners.values()):
+    if len(learners) == job.learners and all(lr.state in lifecycle.ENDED for lr in learners.values()):
         return job.id, job.attempt, Kind.FINISH
     if job.status in (Status.PENDING, Status.DOWNLOADING) and not learners:
         return job.id, job.attempt, Kind.DEPLOY  # DOWNLOADING: a data download cut short
@@ -98,7 +97,7 @@ def _end_overdue_halt(job, learners, backend):
     would then be held for ever (a preemption never done). The last checkpoint is what resumes."""
     backend.delete(tenant=job.tenant.slug, job_id=job.id, attempt=job.attempt, learners=job.learners)
     for learner in learners.values():
-        if learner.state in ENDED:
+        if learner.state in lifecycle.ENDED:
             continue
         with transaction.atomic():
             lifecycle.learner_exited(job, learner, exit_code=None, state=Learner.State.LOST, when=timezone.now(),
@@ -109,7 +108,7 @@ def _end_overdue_halt(job, learners, backend):
 def _settle_learners(job, learners, statuses):
     for status in statuses:
         learner = learners.get(status.index)
-        if learner is None or learner.state in ENDED:
+        if learner is None or learner.state in lifecycle.ENDED:
             continue
         if status.state == LearnerState.EXITED:
             # The agent ended but its report never arrived: its exit record on disk says how.

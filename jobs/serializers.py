@@ -24,12 +24,9 @@ def metric_json(point):
 
 def queue_position(job):
     """1-based place in its tenant's queue as the scheduler's latest cycle ordered it (the place its
-    wait_reason begins with), or None: not queued, or no cycle has seen it yet (a cycle follows each
-    submission). One home for the place: a count of the jobs ahead by priority and submission time
-    disagreed with the scheduler's order (service levels, requeued jobs keeping theirs) and cost every
-    queued job in an answer a count of its tenant's queue, which slowed submissions to a long queue
-    under load. Places past the head of a long queue are as
-    fresh as the positions' refresh (jobs.admission._reasons_to_write)."""
+    wait_reason begins with), or None: not queued, or no cycle has seen it yet. Read from the reason,
+    not counted, so it agrees with the scheduler's order and costs no query; places past the head of a
+    long queue are as fresh as the positions' refresh (jobs.admission._reasons_to_write)."""
     if job.status != Status.QUEUED:
         return None
     return split_position(job.wait_reason or "")[0]
@@ -330,8 +327,7 @@ class SharesSerializer(serializers.Serializer):
     results = ShareSerializer(many=True)
 
 
-class ShareRequestSerializer(serializers.Serializer):
-    username = serializers.CharField()
+class ShareRequestSerializer(ShareSerializer):
     access = serializers.ChoiceField(choices=["view", "control"], required=False, default="view")
 
 

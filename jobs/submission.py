@@ -46,12 +46,8 @@ class Admitted:
 def admit(membership):
     """Refuse a member who may not submit now: 403 for the role, 429 with Retry-After past the
     tenant's submissions per minute (tenants.quotas.intake_of; every call counts as an attempt). It
-    reads no upload: the API calls it before parsing one, so refused submits, however large and
-    however many, cost the web process no parsing.
-
-    The queue's limit is checked once, where the job is queued (store_job, under the tenant's lock):
-    a count of a long queue here as well was a second scan of it in every submission, and refused
-    nothing the rate does not bound already."""
+    reads no upload: the API calls it before parsing one, so refused submits cost no parsing. The
+    queue's limit is checked once, where the job is queued (store_job, under the tenant's lock)."""
     if not membership.can_submit:
         raise SubmitError(f"your role in {membership.tenant.slug!r} ({membership.role}) cannot submit jobs",
                           status=403)
@@ -104,7 +100,9 @@ def checked_code(code_file):
     try:
         try:
             info = inspect_archive(upload, max_unpacked_bytes=settings.MAX_UNPACKED_BYTES,
-                                   max_members=settings.MAX_ARCHIVE_MEMBERS, bounds=_inspect_bounds())
+                                   max_members=settings.MAX_ARCHIVE_MEMBERS,
+                                   bounds=InspectBounds(max_ratio=settings.MAX_ARCHIVE_RATIO,
+                                                        max_seconds=settings.ARCHIVE_INSPECT_SECONDS))
         except ArchiveError as exc:
             raise SubmitError(f"code archive refused: {exc}", field="code") from None
         if info.files == 0:
@@ -129,11 +127,6 @@ def disk_caps_for(tenant, manifest, quota):
     if state != "ok":
         raise SubmitError(reason, field="storage")
     return caps
-
-
-def _inspect_bounds():
-    """What checking an archive may cost this request: how far it may inflate it, and for how long."""
-    return InspectBounds(max_ratio=settings.MAX_ARCHIVE_RATIO, max_seconds=settings.ARCHIVE_INSPECT_SECONDS)
 
 
 def _hold_queue_place(tenant, intake):
@@ -171,15 +164,12 @@ def store_job(tenant, owner, manifest, manifest_text, code, kind, *, private=Fal
     `code_sha256`: the archive's digest when the caller knows it; `link_code`: the archive is a
     read-only one many jobs share (an experiment's), linked into the job's folder rather than copied."""
     # Data-store credentials never reach the database: stored redacted, sealed beside the job instead.
-    job = Job(tenant=tenant, owner=owner, name=manifest.name,
-              description=manifest.description, framework=manifest.framework,
-              manifest=datastores.redact(manifest.raw),
-              manifest_yaml=datastores.redact_yaml(manifest_text), learners=manifest.learners,
-              gpus=manifest.gpus,
-              cpus=manifest.cpus, memory_bytes=manifest.memory_bytes, priority=manifest.priority,
+    job = Job(tenant=tenant, owner=owner, name=manifest.name, description=manifest.description,
+              framework=manifest.framework, manifest=datastores.redact(manifest.raw),
+              manifest_yaml=datastores.redact_yaml(manifest_text), learners=manifest.learners, gpus=manifest.gpus,
+              cpus=manifest.cpus, memory_bytes=manifest.memory_bytes, priority=manifest.priority, private=private,
               code_sha256=code_sha256 or storage.sha256_of(code), code_bytes=Path(code).stat().st_size,
               runtime={**runtime.from_manifest(manifest, disk_caps=disk_caps), **(runtime_extra or {})})
-    job.private = private
     folder = storage.create_job_dir(tenant.slug, job.id)
     with storage.removed_on_error(tenant.slug, job.id):
         _place_code(code, folder / f"code.{kind}", link=link_code)

@@ -49,10 +49,6 @@ def autoscale():
 
 @shared_task(name="jobs.tasks.follow_up", ignore_result=True)
 def follow_up(row_id):
-    _follow_up(row_id)
-
-
-def _follow_up(row_id):
     done = outbox.run(row_id, HANDLERS)
     if done is not None and done.kind in RELEASES:
         dispatch.wake_scheduler()

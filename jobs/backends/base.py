@@ -9,6 +9,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Protocol
 
 # Capacity is reported in the scheduler's own terms (allocatable totals per node), so the snapshot
@@ -58,6 +59,16 @@ class DeploySpec:
     tensorboard_dir: str = ""  # the manifest's TensorBoard folder (learner_agent.tfevents), "" for none
     # The job's disk caps (jobs.disk: results, checkpoints, work, tmp in bytes); empty: none enforced.
     disk: dict = field(default_factory=dict)
+
+
+def agent_config_base(spec, learner):
+    """What every backend puts alike in a learner agent's config (learner_agent.config)."""
+    job_dir = Path(spec.job_dir)
+    return {"job_id": spec.job_id, "attempt": spec.attempt, "learner": learner.index, "command": spec.command,
+            "code_archive": spec.code_archive, "readonly_dirs": [str(job_dir / "data"), str(job_dir / "checkpoints")],
+            "metric_regexes": spec.metric_regexes, "tensorboard_dir": spec.tensorboard_dir, "cpus": spec.cpus,
+            "memory_bytes": spec.memory_bytes, "checkpoint_signal": spec.checkpoint_signal,
+            "grace_seconds": spec.grace_seconds}
 
 
 class LearnerState(str, Enum):

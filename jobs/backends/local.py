@@ -24,7 +24,7 @@ from django.conf import settings
 
 from jobs import dispatch, storage
 from jobs.backends.base import (BackendError, Capacity, DeploySpec, LearnerState, LearnerStatus, Node,
-                                read_exit_record)
+                                agent_config_base, read_exit_record)
 from learner_agent import address, netns, procfs, sandbox, spare, spool, trees
 from learner_agent.agent import agent_argv, clean_environment
 from learner_agent.config import HALT_MARK, ConfigError, parse_config
@@ -62,12 +62,9 @@ class LocalBackend:
                 parse_config(config, path=str(folder / "agent.json"))
             except ConfigError as exc:
                 raise BackendError(f"learner agent config: {exc}", permanent=True) from exc
-            _write_private_json(folder / "agent.json", config)
+            _write_private_text(folder / "agent.json", json.dumps(config))
             self._start_agent(folder)
-        # Not now: starting a spare (a process start-up, then its imports) beside this job's agents
-        # took CPU from them on a small machine, just as their learners were starting. A spare
-        # started a moment later is ready for the next deploy all the same, unless that one comes
-        # within the moment.
+        # A moment later, not now: a spare starting beside this job's agents takes CPU from their learners.
         dispatch.send("spare_agents", countdown=SPARES_AFTER_DEPLOY_S)
 
     def _learner_folder(self, spec, learner):
@@ -95,16 +92,11 @@ class LocalBackend:
         env = dict(spec.env, **learner.env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in learner.gpu_ids)
         return {
-            "job_id": spec.job_id,
-            "attempt": spec.attempt,
-            "learner": learner.index,
-            "command": spec.command,
-            "code_archive": spec.code_archive,
+            **agent_config_base(spec, learner),
             "work_dir": str(work_dir),
             "env": env,
             # Earlier attempts' checkpoints are readable (RESUME_FROM), only this attempt's writable.
             "writable_dirs": [str(work_dir), str(job_dir / "results"), env["CHECKPOINT_DIR"], env["JOB_STATE_DIR"]],
-            "readonly_dirs": [str(job_dir / "data"), str(job_dir / "checkpoints")],
             # The learner sees the machine read-only, minus everything Trainyard keeps: other
             # jobs, the database, the agent's own config with its ingest credential.
             "hidden_dirs": sorted({str(settings.DATA_DIR), str(storage.root())}),
@@ -112,13 +104,7 @@ class LocalBackend:
             "platform_file": str(self.platform_file),  # where it is after a restart (announce)
             "halt_file": str(folder / HALT_FILE),  # see halt()
             "ingest_token": learner.ingest_token,  # this learner's own; never in its env or argv
-            "metric_regexes": spec.metric_regexes,
-            "tensorboard_dir": spec.tensorboard_dir,
             "sandbox": settings.SANDBOX,
-            "cpus": spec.cpus,
-            "memory_bytes": spec.memory_bytes,
-            "checkpoint_signal": spec.checkpoint_signal,
-            "grace_seconds": spec.grace_seconds,
             "max_unpacked_bytes": settings.MAX_UNPACKED_BYTES,
             "max_members": settings.MAX_ARCHIVE_MEMBERS,
             "log_bytes_per_second": settings.LOG_PACE_BYTES_PER_SECOND,
@@ -351,10 +337,6 @@ def _signal_agent(folder, signum):
         os.kill(_agent_pid(folder), signum)
     except ProcessLookupError:
         pass
-
-
-def _write_private_json(path, data):
-    _write_private_text(path, json.dumps(data))
 
 
 def _write_private_text(path, text):

@@ -6,15 +6,14 @@ module importing the `kubernetes` client, `watcher` keeps a pod cache, `backend`
 from jobs.backends.k8s.backend import K8sConfig, KubernetesBackend
 
 
-def build_backend(settings, *, quota_for=None, start_watch=None):
+def build_backend(settings, *, quota_for=None):
     """The backend as configured by Django settings (KUBECONFIG / in-cluster, TRAINYARD_K8S_*)."""
     from jobs.backends.k8s.api import KubeApi, load_api_client
     from jobs.backends.k8s.watcher import PodWatcher
 
     config = K8sConfig.from_settings(settings)
     api = KubeApi(load_api_client(context=settings.K8S_CONTEXT), retries=settings.K8S_API_RETRIES)
-    start_watch = settings.K8S_WATCH if start_watch is None else start_watch
-    watcher = PodWatcher(api, resync_s=settings.K8S_RESYNC_S).start() if start_watch else None
+    watcher = PodWatcher(api, resync_s=settings.K8S_RESYNC_S).start() if settings.K8S_WATCH else None
     return KubernetesBackend(api, config, quota_for=quota_for, watcher=watcher)
 
 

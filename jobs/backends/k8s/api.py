@@ -116,13 +116,11 @@ class KubeApi:
     def patch(self, kind, namespace, name, body):
         return self._call(f"patch {kind} {namespace}/{name}", *self._method(kind, "patch", namespace, name), body)
 
-    def delete(self, kind, namespace, name, *, grace_period_s=None):
+    def delete(self, kind, namespace, name):
         """Delete with background propagation (owned objects go too); False if it was already gone."""
-        options = {"propagation_policy": "Background"}
-        if grace_period_s is not None:
-            options["grace_period_seconds"] = int(grace_period_s)
         try:
-            self._call(f"delete {kind} {namespace}/{name}", *self._method(kind, "delete", namespace, name), **options)
+            self._call(f"delete {kind} {namespace}/{name}", *self._method(kind, "delete", namespace, name),
+                       propagation_policy="Background")
         except NotFound:
             return False
         return True
@@ -184,10 +182,10 @@ class KubeApi:
         except ValueError as exc:
             raise KubeError(f"watch {kind}: unreadable event: {exc}") from exc
 
-    def pod_log(self, namespace, name, *, tail_lines=2000):
+    def pod_log(self, namespace, name):
         api, _, _ = self._resolve("Pod")
         return self._call(f"read log of {namespace}/{name}", api.read_namespaced_pod_log, name, namespace,
-                          container="learner", tail_lines=tail_lines, raw=True)
+                          container="learner", tail_lines=2000, raw=True)
 
     # --- plumbing ------------------------------------------------------------------------------
     def _resolve(self, kind):

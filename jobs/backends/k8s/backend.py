@@ -22,7 +22,7 @@ from urllib.parse import urlparse, urlunparse
 
 from gpu_scheduler import SchedulingInputError
 from jobs import storage
-from jobs.backends.base import BackendError, Capacity, DeploySpec, Node, read_exit_record
+from jobs.backends.base import BackendError, Capacity, DeploySpec, Node, agent_config_base, read_exit_record
 from jobs.backends.k8s import objects
 from jobs.backends.k8s.api import AlreadyExists, KubeApi, KubeError, NotFound, parse_quantity
 from jobs.backends.k8s.objects import ObjectError
@@ -38,12 +38,9 @@ FRAMEWORK_IMAGES = {"pytorch": "pytorch", "tensorflow": "tensorflow", "keras": "
 # (and which the namespaces' restricted Pod Security level refuses anyway).
 VOLUME_SOURCES = {"persistentVolumeClaim", "nfs", "csi", "ephemeral", "cephfs", "glusterfs", "azureFile", "iscsi"}
 # How long a namespace this process made sure of (with the tenant's quota then) is taken to be as it
-# left it. Within that time a deploy for the same tenant and quota sends only the attempt's own
-# objects: making sure again costs four requests (namespace, LimitRange, NetworkPolicy, quota), close
-# to half of what a deploy sends. A changed quota is mirrored at the
-# next deploy; a namespace deleted behind the platform's back shows as a 404 on a create, which
-# forgets it, and the re-driven deploy makes it again; a hand-edited LimitRange or policy is put
-# back at the latest this long after.
+# left it, sparing a deploy four requests (namespace, LimitRange, NetworkPolicy, quota). A changed
+# quota is mirrored at the next deploy; a namespace deleted behind the platform's back shows as a 404
+# on a create, which forgets it; a hand-edited LimitRange or policy is put back within this time.
 NAMESPACE_FRESH_S = 60.0
 
 
@@ -222,23 +219,17 @@ class KubernetesBackend:
         if "MASTER_ADDR" in env:
             env.update(self._distributed_env(spec, learner, namespace))
         return {
-            "job_id": spec.job_id, "attempt": spec.attempt, "learner": learner.index,
-            "command": spec.command, "code_archive": spec.code_archive,
+            **agent_config_base(spec, learner),
             "work_dir": str(folder / "work"), "state_dir": str(folder), "env": env,
             "writable_dirs": [str(folder / "work"), str(job_dir / "results"), env["CHECKPOINT_DIR"],
                               env["JOB_STATE_DIR"]],
-            "readonly_dirs": [str(job_dir / "data"), str(job_dir / "checkpoints")],
             "hidden_dirs": [],
             "ingest_url": self._ingest_url(spec.ingest_url),
             "ingest_token_file": f"{objects.TOKEN_DIR}/{objects.TOKEN_KEY}",
             "halt_file": f"{objects.PODINFO_DIR}/annotations",
-            "metric_regexes": spec.metric_regexes,
-            "tensorboard_dir": spec.tensorboard_dir,
             # The pod is the sandbox (own filesystem view, no privileges, network policy); bubblewrap
             # cannot create namespaces under the RuntimeDefault seccomp profile anyway.
             "sandbox": "none",
-            "cpus": spec.cpus, "memory_bytes": spec.memory_bytes,
-            "checkpoint_signal": spec.checkpoint_signal, "grace_seconds": spec.grace_seconds,
             "log_bytes_per_second": self.config.log_pace[0], "log_burst_bytes": self.config.log_pace[1],
             "resource_sample_s": self.config.resource_sample_s,
         }

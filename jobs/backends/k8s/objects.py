@@ -40,7 +40,6 @@ TMP_SIZE = "8Gi"  # a learner's /tmp when its job has no disk cap for it
 AGENT_SHUTDOWN_S = 30
 
 
-
 def _tmp_size(spec):
     """A learner's /tmp: the job's `tmp` disk cap (jobs.disk), which the kubelet enforces by eviction."""
     return str(spec.disk["tmp"]) if spec.disk.get("tmp") else TMP_SIZE
@@ -204,6 +203,10 @@ def _meta(name, namespace_, labels, owners):
     return meta
 
 
+def _attempt_meta(spec, name, namespace_, owners):
+    return _meta(name, namespace_, attempt_labels(spec.tenant, spec.job_id, spec.attempt), owners)
+
+
 def attempt_root(spec, namespace_, agent_configs):
     """The root object of an attempt: deleting it garbage-collects everything the attempt owns.
 
@@ -212,9 +215,7 @@ def attempt_root(spec, namespace_, agent_configs):
     data = {f"learner-{index}.json": json.dumps(config, indent=1, sort_keys=True)
             for index, config in agent_configs.items()}
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(attempt_name(spec.job_id, spec.attempt), namespace_,
-                              attempt_labels(spec.tenant, spec.job_id, spec.attempt), []),
-            "data": data}
+            "metadata": _attempt_meta(spec, attempt_name(spec.job_id, spec.attempt), namespace_, []), "data": data}
 
 
 def credential_key(index):
@@ -225,16 +226,14 @@ def ingest_secret(spec, namespace_, owners):
     """Only this attempt's learners' own ingest credentials, one key each (each pod mounts its own);
     no platform secret ever goes here."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": _meta(secret_name(spec.job_id, spec.attempt), namespace_,
-                              attempt_labels(spec.tenant, spec.job_id, spec.attempt), owners),
+            "metadata": _attempt_meta(spec, secret_name(spec.job_id, spec.attempt), namespace_, owners),
             "stringData": {credential_key(learner.index): learner.ingest_token for learner in spec.learners}}
 
 
 def headless_service(spec, namespace_, owners):
     """Gives every learner the DNS name <pod>.<attempt>.<namespace>.svc (MASTER_ADDR for learner 0)."""
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _meta(attempt_name(spec.job_id, spec.attempt), namespace_,
-                              attempt_labels(spec.tenant, spec.job_id, spec.attempt), owners),
+            "metadata": _attempt_meta(spec, attempt_name(spec.job_id, spec.attempt), namespace_, owners),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": learner_selector(spec.job_id, spec.attempt),
                      "ports": [{"name": "master", "port": MASTER_PORT, "protocol": "TCP"}]}}
@@ -244,8 +243,7 @@ def attempt_peers_policy(spec, namespace_, owners):
     """The learners of one attempt may talk to each other (any port: NCCL, gloo, MPI), nobody else."""
     peers = [{"podSelector": {"matchLabels": learner_selector(spec.job_id, spec.attempt)}}]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _meta(peers_policy_name(spec.job_id, spec.attempt), namespace_,
-                              attempt_labels(spec.tenant, spec.job_id, spec.attempt), owners),
+            "metadata": _attempt_meta(spec, peers_policy_name(spec.job_id, spec.attempt), namespace_, owners),
             "spec": {"podSelector": {"matchLabels": learner_selector(spec.job_id, spec.attempt)},
                      "policyTypes": ["Ingress", "Egress"],
                      "ingress": [{"from": peers}], "egress": [{"to": peers}]}}
@@ -301,28 +299,15 @@ def learner_pod(spec, learner, namespace_, owners, pods):
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    copy_agent = {
-        "name": "agent",
-        "image": pods.agent_image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["cp", "-R", f"{AGENT_CODE_DIR}/learner_agent", "/agent/"],
-        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
-        "securityContext": locked_down(),
-        "volumeMounts": [{"name": "agent", "mountPath": "/agent"}],
-    }
+    copy_agent = _copying_container("agent", pods, ["cp", "-R", f"{AGENT_CODE_DIR}/learner_agent", "/agent/"],
+                                    [{"name": "agent", "mountPath": "/agent"}])
     # The agent and the user's command share this container and its uid, so the credential must be gone
     # before the command starts: the Secret is mounted only in this init container, which copies this
     # learner's key into a memory-backed folder; the agent reads it from there and deletes it.
-    copy_credential = {
-        "name": "credential",
-        "image": pods.agent_image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["cp", f"{CREDENTIAL_SECRET_DIR}/{TOKEN_KEY}", f"{TOKEN_DIR}/{TOKEN_KEY}"],
-        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
-        "securityContext": locked_down(),
-        "volumeMounts": [{"name": "ingest-secret", "mountPath": CREDENTIAL_SECRET_DIR, "readOnly": True},
-                         {"name": "ingest-token", "mountPath": TOKEN_DIR}],
-    }
+    copy_credential = _copying_container(
+        "credential", pods, ["cp", f"{CREDENTIAL_SECRET_DIR}/{TOKEN_KEY}", f"{TOKEN_DIR}/{TOKEN_KEY}"],
+        [{"name": "ingest-secret", "mountPath": CREDENTIAL_SECRET_DIR, "readOnly": True},
+         {"name": "ingest-token", "mountPath": TOKEN_DIR}])
     pin = {"affinity": node_pin(learner.node)} if learner.node else {}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": _meta(name, namespace_, labels, owners),
@@ -355,6 +340,14 @@ def learner_pod(spec, learner, namespace_, owners, pods):
                     {"name": "tmp", "emptyDir": {"sizeLimit": _tmp_size(spec)}},
                     {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.memory_bytes // 2)}},
                 ]}}
+
+
+def _copying_container(name, pods, command, mounts):
+    """An init container of the agent image that copies something into the pod."""
+    small = {"cpu": "100m", "memory": "64Mi"}
+    return {"name": name, "image": pods.agent_image, "imagePullPolicy": "IfNotPresent", "command": command,
+            "resources": {"requests": dict(small), "limits": dict(small)}, "securityContext": locked_down(),
+            "volumeMounts": mounts}
 
 
 def _storage_mounts(spec, learner, pods):

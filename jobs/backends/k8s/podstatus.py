@@ -28,7 +28,7 @@ def learner_status(index, pod, *, exit_record=None, now=None, unschedulable_time
         return LearnerStatus(index, LearnerState.MISSING, reason="its pod is gone (deleted, or its node was lost)")
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
-    container = _learner_container(status)
+    container = _learner(status.get("containerStatuses"))
     terminated = (container.get("state") or {}).get("terminated") if container else None
     if phase in ("Succeeded", "Failed") or terminated:
         return _ended(index, pod, status, terminated, exit_record)
@@ -85,19 +85,15 @@ def _stuck_container(status):
     return None
 
 
-def _learner_container(status):
-    for container in status.get("containerStatuses") or []:
-        if container.get("name") == "learner":
-            return container
-    return None
+def _learner(containers):
+    """The learner's container among a pod's `containers` (its spec's or their statuses), or None."""
+    return next((container for container in containers or [] if container.get("name") == "learner"), None)
 
 
 def _memory_limit(pod):
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        if container.get("name") == "learner":
-            limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
-            return int(parse_quantity(limit)) if limit else None
-    return None
+    container = _learner((pod.get("spec") or {}).get("containers")) or {}
+    limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+    return int(parse_quantity(limit)) if limit else None
 
 
 def _unschedulable(status, pod):

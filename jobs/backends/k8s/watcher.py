@@ -8,11 +8,9 @@ every `resync_s` seconds, so a missed event can only leave the cache stale for o
 and lists directly otherwise, so correctness never depends on the watch.
 
 The cache is fresh while that loop follows the watch without error, however long ago the last list
-was: a server that keeps one stream open past `resync_s` (it need not honour timeoutSeconds) is
-ended by the watcher itself for the resync, and a cache that read as stale meanwhile sent every
-job's status to the API server, one list per job per reconcile pass, which made a pass over a
-few hundred jobs take minutes. Pods are indexed by their job's label: the backend
-asks for one job's pods at a time, once per active job per pass.
+was (a stream kept open past `resync_s` is ended by the watcher itself for the resync); a stale cache
+costs a list per job per reconcile pass. Pods are indexed by their job's label: the backend asks for
+one job's pods at a time.
 """
 import logging
 import threading
