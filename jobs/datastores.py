@@ -215,7 +215,8 @@ def _guard_connections(client, policy):
 
     botocore keeps its urllib3 pool classes in one dict shared by its pool and proxy managers, and
     creates pools lazily, so replacing the classes before the first request covers every connection.
-    Fails loudly if botocore changes that layout, rather than running unguarded."""
+    Fails loudly if botocore changes that layout, rather than running unguarded; pyproject.toml pins
+    botocore and urllib3 to the versions checked, and jobs/tests/test_egress.py holds a canary."""
     from botocore.awsrequest import (AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection,
                                      AWSHTTPSConnectionPool)
     classes = getattr(getattr(client._endpoint, "http_session", None), "_pool_classes_by_scheme", None)

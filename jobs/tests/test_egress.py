@@ -194,3 +194,19 @@ def test_a_slow_lookup_counts_against_the_timeout(monkeypatch):
     with pytest.raises(egress.EndpointRefused):
         egress.connect("slow.example", 9, EgressPolicy(allow_private=True), timeout=0.5)
     assert time.monotonic() - began < 1.5
+
+
+def test_the_library_internals_the_guard_relies_on_are_where_it_expects_them():
+    """A canary: datastores._guard_connections replaces botocore's pool classes (its one private layout)
+    with pools whose connections override urllib3's _new_conn; pyproject.toml pins both to the minor
+    version this was checked against, and a change past it fails here, not in a user's download."""
+    import boto3
+    from botocore.awsrequest import AWSHTTPConnection
+    from importlib.metadata import version
+
+    client = boto3.client("s3", endpoint_url="http://127.0.0.1:9", region_name="us-east-1",
+                          aws_access_key_id="k", aws_secret_access_key="s")
+    assert set(client._endpoint.http_session._pool_classes_by_scheme) == {"http", "https"}
+    connection = AWSHTTPConnection("example.org", 80)
+    assert callable(connection._new_conn) and connection._dns_host == "example.org"
+    assert version("botocore").split(".")[:2] == ["1", "44"] and version("urllib3").split(".")[0] == "2"
