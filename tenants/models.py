@@ -173,10 +173,11 @@ class Quota(models.Model):
     gpus_per_user = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs one member may hold at once")
     gpu_hours = models.FloatField(null=True, blank=True, validators=NOT_NEGATIVE, help_text="GPU-hours per period")
     cpu_hours = models.FloatField(null=True, blank=True, validators=NOT_NEGATIVE, help_text="CPU-hours per period")
-    # Disk (jobs.disk): what the tenant's jobs keep stored (results, checkpoints, logs) and the
-    # largest cap one job may have on any of its folders or its log.
-    storage_bytes = models.BigIntegerField(null=True, blank=True, validators=NOT_NEGATIVE,
-                                           help_text="stored results, checkpoints and logs of all its jobs (bytes)")
+    # Disk (jobs.disk): what the tenant's jobs keep stored (results, checkpoints, logs, code archives)
+    # and the largest cap one job may have on any of its folders or its log.
+    storage_bytes = models.BigIntegerField(
+        null=True, blank=True, validators=NOT_NEGATIVE,
+        help_text="stored results, checkpoints, logs and code archives of all its jobs (bytes)")
     disk_per_job_bytes = models.BigIntegerField(null=True, blank=True, validators=NOT_NEGATIVE,
                                                 help_text="largest disk cap a job may have per folder or log (bytes)")
     period = models.CharField(max_length=10, choices=Period.choices, default=Period.MONTH)

@@ -109,7 +109,7 @@ class UsageSerializer(serializers.Serializer):
     cpu_hours = serializers.FloatField(help_text="this period")
     period_start = serializers.DateTimeField()
     period_end = serializers.DateTimeField()
-    storage_bytes = serializers.IntegerField(help_text="stored results, checkpoints and logs")
+    storage_bytes = serializers.IntegerField(help_text="stored results, checkpoints, logs and code archives")
     my_gpus = serializers.IntegerField(help_text="GPUs the caller's own jobs hold now")
 
 

@@ -49,10 +49,24 @@ def test_a_tenant_at_its_storage_quota_cannot_submit_and_sees_its_storage_on_the
     Artifact.objects.create(job_id=first, name="results/model.bin", kind="result", size=3 * MiB, sha256="0" * 64)
     quotas.set_quota(alice.tenant, storage_bytes=3 * MiB)
     summary = client_for(alice).get("/api/v1/tenants/current/").json()
-    assert summary["usage"]["storage_bytes"] == 3 * MiB and summary["quota"]["storage_bytes"] == 3 * MiB
+    code = Job.objects.get().code_bytes
+    assert summary["usage"]["storage_bytes"] == 3 * MiB + code and summary["quota"]["storage_bytes"] == 3 * MiB
     assert summary["storage"]["state"] == "full"
     refused = submit(alice)
     assert refused.status_code == 400 and refused.json()["field"] == "storage"
     assert "tenant storage quota reached: 3.0 MiB of 3.0 MiB" in refused.json()["detail"]
     quotas.set_quota(alice.tenant, storage_bytes=4 * MiB)
     assert submit(alice).status_code == 201
+
+
+def test_code_archives_count_against_the_storage_quota():
+    """A job's code archive is kept as long as the job: without it counted, submitting and terminating
+    jobs would fill the platform's disk past any storage quota."""
+    alice = member()
+    quotas.set_quota(alice.tenant, storage_bytes=1)
+    assert submit(alice).status_code == 201
+    job = Job.objects.get()
+    assert job.code_bytes > 1 and quotas.stored_bytes(alice.tenant) == job.code_bytes
+    refused = submit(alice)
+    assert refused.status_code == 400 and refused.json()["field"] == "storage"
+    assert "(results, checkpoints, logs and code archives)" in refused.json()["detail"]

@@ -13,6 +13,7 @@ from django.utils import timezone
 from jobs import experiments, lifecycle, reconcile, storage, submission
 from jobs.models import Artifact, Experiment, Job, MetricPoint, Status, Trial
 from jobs.states import transition
+from tenants import quotas
 from tenants.models import Membership, Quota
 from tests.support import builders
 from tests.support.builders import WAKE_SCHEDULER, member, record_sends, tar_gz, upload
@@ -237,6 +238,14 @@ def test_a_full_storage_quota_stops_new_trials_with_the_reason_and_observations_
     assert experiment.state_reason.startswith("waiting: tenant storage quota reached")
     assert experiment.best_trial == 0 and experiment.best_value == 0.9
     assert trials_of(experiment)[0].state == "completed" and len(trials_of(experiment)) == 2
+
+
+def test_an_experiments_code_archive_counts_once_against_the_storage_quota_whatever_links_it(alice):
+    experiment = create(alice)
+    experiments.advance(experiment.id)
+    trials = trials_of(experiment)
+    assert trials and all(trial.job.code_bytes == experiment.code_bytes > 0 for trial in trials)
+    assert quotas.stored_bytes(alice.tenant) == experiment.code_bytes
 
 
 def test_a_trial_the_tenants_limits_refuse_leaves_the_reason_not_a_failed_pass(alice, monkeypatch):

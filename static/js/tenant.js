@@ -14,7 +14,7 @@
     ["Running jobs", "jobs", "jobs", (v) => String(v)],
     ["GPU-hours this period", "gpu_hours", "gpu_hours", (v) => Number(v).toFixed(2)],
     ["CPU-hours this period", "cpu_hours", "cpu_hours", (v) => Number(v).toFixed(2)],
-    ["Stored results, checkpoints and logs", "storage_bytes", "storage_bytes", (v) => T.formatBytes(v)],
+    ["Stored results, checkpoints, logs and code", "storage_bytes", "storage_bytes", (v) => T.formatBytes(v)],
   ];
 
   function el(tag, props = {}, children = []) {

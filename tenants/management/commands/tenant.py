@@ -31,7 +31,8 @@ class Command(BaseCommand):
         create.add_argument("--gpus-per-user", type=int, help="GPUs one member may hold at once")
         create.add_argument("--gpu-hours", type=float, help="GPU-hours per period")
         create.add_argument("--cpu-hours", type=float, help="CPU-hours per period")
-        create.add_argument("--storage", help="stored results, checkpoints and logs of all its jobs, e.g. 500GiB")
+        create.add_argument("--storage",
+                            help="stored results, checkpoints, logs and code archives of all its jobs, e.g. 500GiB")
         create.add_argument("--disk-per-job", help="largest disk cap of one job's folder or log, e.g. 50GiB")
         create.add_argument("--period", choices=[p.value for p in Quota.Period])
         create.add_argument("--budget-mode", choices=[m.value for m in Quota.BudgetMode])
