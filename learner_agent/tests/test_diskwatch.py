@@ -215,3 +215,26 @@ def test_fallocate_is_refused_in_the_sandbox(outside_tmp, ingest):
     lines = [r["line"] for r in ingest.stored() if r.get("line", "").startswith("fallocate")]
     assert lines == ["fallocate -1 95 0"], lines
     assert read_exit(config)["exit_code"] == 0
+
+
+class StubLearner:
+    pid = 4242
+
+
+class StubGroup:
+    def pids(self):
+        return {4242, 4243}
+
+
+def test_the_disk_watch_reads_the_learners_processes_from_its_control_group(monkeypatch):
+    """Walking every process on the machine at each measurement, in every agent, took most of a busy
+    machine's CPU: with a control group the watch reads only its list."""
+    from learner_agent import agent, procfs
+
+    def walked(_pid):
+        raise AssertionError("walked the whole process table")
+
+    monkeypatch.setattr(procfs, "descendants", walked)
+    assert agent.learner_pids(StubLearner(), StubGroup()) == {4242, 4243}
+    monkeypatch.setattr(procfs, "descendants", lambda pid: [pid + 1])
+    assert agent.learner_pids(StubLearner(), None) == [4242, 4243]
