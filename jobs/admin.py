@@ -22,8 +22,8 @@ class JobAdmin(admin.ModelAdmin):
     """Read-only: status changes only go through the state machine (jobs.states)."""
 
     list_display = ["id", "name", "tenant", "owner", "status", "attempt", "framework", "learners", "gpus",
-                    "created_at"]
-    list_filter = ["status", "framework", "tenant"]
+                    "created_at", "deleted_at"]
+    list_filter = ["status", "framework", "tenant", ("deleted_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "name", "owner__username"]
     inlines = [JobEventInline, ArtifactInline]
 
@@ -31,6 +31,10 @@ class JobAdmin(admin.ModelAdmin):
         return False
 
     def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        # Deleting a job keeps its row for its usage records and history (jobs.deletion, DELETE on the API).
         return False
 
 

@@ -12,8 +12,8 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import (admission, compare, elastic_timeline, ingest, lifecycle, listing, node_use, sharing, storage,
-                  submission, tenancy)
+from jobs import (admission, compare, deletion, elastic_timeline, ingest, lifecycle, listing, node_use, sharing,
+                  storage, submission, tenancy)
 from jobs.backends import get_backend
 from jobs.serializers import (AllocationListSerializer, AllocationSerializer, ArtifactPageSerializer,
                               ArtifactSerializer, ClusterSerializer, ClusterUseSerializer, ComparisonSerializer,
@@ -91,6 +91,20 @@ class JobDetail(TenantScoped, APIView):
     @extend_schema(responses={200: JobDetailSerializer})
     def get(self, request, job_id):
         return Response(JobDetailSerializer(self.job()).data)
+
+    @extend_schema(request=None, responses={
+        202: OpenApiResponse(JobDetailSerializer, description=(
+            "deleted: the job is gone from every list and answers 404 from now on, its stored files stop "
+            "counting against the tenant's storage quota and are removed within moments; its usage stays")),
+        403: OpenApiResponse(ErrorSerializer, description="not the job's owner or a tenant admin"),
+        409: OpenApiResponse(ErrorSerializer, description=(
+            "the job has not ended (terminate it first) or is an experiment's trial; `detail` says which"))})
+    def delete(self, request, job_id):
+        job = self.job()
+        if not tenancy.can_delete(self.membership(), job):
+            return Response({"detail": "only the job's owner and tenant admins can delete it"}, status=403)
+        job = deletion.delete(job, actor=request.user.username)
+        return Response(JobDetailSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 
 class JobCompare(TenantScoped, APIView):

@@ -96,6 +96,12 @@ class Job(models.Model):
     log_dropped_lines = models.BigIntegerField(default=0)
     log_dropped_bytes = models.BigIntegerField(default=0)
 
+    # Set when a member deletes the ended job (jobs.deletion): from then on nobody sees it and it never
+    # moves again, and a PURGE follow-up removes its files, logs and metrics. The row stays, with its
+    # events and usage records, so the GPU-hours it held still count.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_by = models.CharField(max_length=150, blank=True)
+
     class Meta:
         # (tenant, created_at) serves the jobs page's default order; with status in between, its status
         # filter (jobs.listing keyset pages stay one index range at 100,000 jobs). On PostgreSQL the
@@ -298,6 +304,7 @@ class FollowUp(models.Model):
         HALT = "halt"
         FINISH = "finish"
         TEARDOWN = "teardown"
+        PURGE = "purge"  # a deleted job's stored data (jobs.deletion)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="follow_ups")
     attempt = models.PositiveIntegerField()

@@ -78,11 +78,13 @@ def transition(job_id, target, *, actor, reason="", attempt=None, attempt_next=F
     sources = sources_of(target) & set(only_from) if only_from else sources_of(target)
     for _ in range(CAS_TRIES):
         with transaction.atomic():
-            current = Job.objects.filter(pk=job_id).values("status", "attempt").first()
+            # A deleted job (jobs.deletion) is not found: it never moves again, whatever still names it.
+            current = Job.objects.filter(pk=job_id, deleted_at=None).values("status", "attempt").first()
             if (current is None or current["status"] not in sources
                     or (attempt is not None and current["attempt"] != attempt)):
                 return None
-            if not Job.objects.filter(pk=job_id, status=current["status"], attempt=current["attempt"]).update(**updates):
+            if not Job.objects.filter(pk=job_id, status=current["status"], attempt=current["attempt"],
+                                      deleted_at=None).update(**updates):
                 continue  # it moved between the read and the write (DOWNLOADING -> PROCESSING): read again
             job = _record(job_id, target, current, now=now, actor=actor, reason=reason)
             break

@@ -11,14 +11,14 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from jobs import autoscaler, dispatch, idle, lifecycle, outbox, reconcile as reconciling
+from jobs import autoscaler, deletion, dispatch, idle, lifecycle, outbox, reconcile as reconciling
 from jobs.backends import get_backend
 from jobs.models import FollowUp
 from learner_agent import address
 
 Kind = FollowUp.Kind
 HANDLERS = {Kind.DEPLOY: lifecycle.deploy, Kind.HALT: lifecycle.halt_learners,
-            Kind.FINISH: lifecycle.finish_attempt, Kind.TEARDOWN: lifecycle.teardown}
+            Kind.FINISH: lifecycle.finish_attempt, Kind.TEARDOWN: lifecycle.teardown, Kind.PURGE: deletion.purge}
 # Work after which resources may be free for queued jobs.
 RELEASES = {Kind.FINISH, Kind.TEARDOWN}
 

@@ -13,8 +13,9 @@ from tenants.models import Membership
 
 
 def jobs_of(membership):
-    """The jobs this member may see: the tenant's, minus other people's private jobs not shared with them."""
-    jobs = Job.objects.filter(tenant=membership.tenant)
+    """The jobs this member may see: the tenant's not deleted, minus other people's private jobs not
+    shared with them."""
+    jobs = Job.objects.filter(tenant=membership.tenant, deleted_at=None)
     if membership.is_admin:
         return jobs
     shared = _view_grants().filter(user=membership.user).values("object_pk")
@@ -41,6 +42,11 @@ def job_or_404(membership, job_id):
     if job is None:
         raise Http404(f"No job {job_id!r} in tenant {membership.tenant.slug!r}.")
     return job
+
+
+def can_delete(membership, job):
+    """Delete (jobs.deletion): tenant admins any job, researchers their own; sharing never gives it."""
+    return membership.is_admin or (membership.role == Membership.Role.RESEARCHER and job.owner_id == membership.user.pk)
 
 
 def can_control(membership, job):

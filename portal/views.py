@@ -109,7 +109,8 @@ def job_page(request, membership, job_id):
     job = tenancy.job_or_404(membership, job_id)
     idle_policy = IdleGpuPolicy.objects.filter(tenant_id=job.tenant_id).first() if job.gpus_idle else None
     return render(request, "jobs/detail.html", {"job": job, "membership": membership, "run": runs.facts(job),
-                                                "elastic": elastic_timeline.summary(job), "idle_policy": idle_policy})
+                                                "elastic": elastic_timeline.summary(job), "idle_policy": idle_policy,
+                                                "can_delete": tenancy.can_delete(membership, job)})
 
 
 @tenant_page

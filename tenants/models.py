@@ -242,7 +242,7 @@ class AuditEntry(models.Model):
     actor = models.CharField(max_length=200)  # username, or "command:<name>" for manage.py commands
     action = models.CharField(max_length=20)  # created | changed | deleted
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit")
-    target_type = models.CharField(max_length=40)  # quota | membership | token
+    target_type = models.CharField(max_length=40)  # quota, membership, invitation, token, webhook, job, ...
     target = models.CharField(max_length=200)
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)

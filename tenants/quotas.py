@@ -176,9 +176,11 @@ def history(tenant, quota=None, now=None, periods=HISTORY_PERIODS):
 def stored_bytes(tenant):
     """What the tenant keeps in storage, counted by the database: every recorded result, checkpoint
     and log file (each job's Artifact rows, written when it stores its output) and every code archive,
-    kept for as long as its job is (a trial's links to its experiment's, counted once, there)."""
-    outputs = tenant.jobs.aggregate(total=Sum("artifacts__size"))["total"] or 0
-    code = tenant.jobs.filter(trial__isnull=True).aggregate(total=Sum("code_bytes"))["total"] or 0
+    kept until its job is deleted (a trial's links to its experiment's, counted once, there). A deleted
+    job's count is freed at once; its purge follows within moments (jobs.deletion)."""
+    kept = tenant.jobs.filter(deleted_at=None)
+    outputs = kept.aggregate(total=Sum("artifacts__size"))["total"] or 0
+    code = kept.filter(trial__isnull=True).aggregate(total=Sum("code_bytes"))["total"] or 0
     shared_code = tenant.experiments.aggregate(total=Sum("code_bytes"))["total"] or 0
     return outputs + code + shared_code
 
@@ -188,7 +190,8 @@ def storage_state(quota, used):
     if quota is None or quota.storage_bytes is None or used < quota.storage_bytes:
         return "ok", ""
     return "full", (f"tenant storage quota reached: {format_bytes(used)} of {format_bytes(quota.storage_bytes)} "
-                    "stored (results, checkpoints, logs and code archives); a platform admin can raise it")
+                    "stored (results, checkpoints, logs and code archives); delete ended jobs to free some, "
+                    "or ask a platform admin to raise it")
 
 
 def quota_of(tenant):

@@ -298,6 +298,22 @@ def cmd_action(args):
     return OK
 
 
+def cmd_delete(args):
+    client = _client()
+    job_id = _job_id(client, args.id)
+    if not args.yes:
+        if not isatty(sys.stdin):
+            raise UsageError(f"deleting {job_id} removes its files, logs and metrics for good; "
+                             "pass --yes to delete without being asked")
+        answer = input(f"Delete {job_id} with its code, results, checkpoints, logs and metrics, for good? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print(f"{job_id}: not deleted")
+            return FAILED
+    client.delete(job_id)
+    print(f"{job_id}: deleted")
+    return OK
+
+
 def cmd_download(args):
     client = _client()
     job_id = _job_id(client, args.id)
@@ -446,6 +462,9 @@ def build_parser():
                             ("resume", "queue a halted job again; it resumes from its checkpoint"),
                             ("terminate", "stop a job for good")):
         command(name, cmd_action, help_text).add_argument("id", metavar="ID")
+    delete = command("delete", cmd_delete, "delete an ended job with its files, logs and metrics (its usage stays)")
+    delete.add_argument("id", metavar="ID")
+    delete.add_argument("-y", "--yes", action="store_true", help="do not ask first (needed when not at a terminal)")
 
     download = command("download", cmd_download, "download a job's results (or checkpoints)")
     download.add_argument("id", metavar="ID")

@@ -247,6 +247,12 @@ class Client:
         """Stop the job for good."""
         return self._action(job_id, "terminate")
 
+    def delete(self, job_id):
+        """Delete an ended or halted job: it leaves every list, and its code, results, checkpoints, logs and
+        metrics are removed and stop counting against the tenant's storage; its usage stays. Conflict if it
+        runs, or is an experiment's trial."""
+        return self.request_json("DELETE", _job_path(job_id))
+
     def _action(self, job_id, action):
         return self.request_json("POST", _job_path(job_id) + f"{action}/")
 

@@ -109,10 +109,18 @@
     halt: ["PENDING", "DOWNLOADING", "PROCESSING"],
     resume: ["HALTED"],
     terminate: ["QUEUED", "PENDING", "DOWNLOADING", "PROCESSING", "STORING", "HALTING", "HALTED"],
+    delete: ["COMPLETED", "FAILED", "TERMINATED", "HALTED"],
   };
   const CONFIRM = {
     halt: (id) => `Halt job ${id}?\n\nIts learners get the checkpoint signal, save, and stop; Resume continues from there.`,
     terminate: (id) => `Terminate job ${id}?\n\nIts learners are stopped now and the job cannot be resumed.`,
+    delete: (id) => `Delete job ${id}?\n\nIts code, results, checkpoints, logs and metrics are removed for good; ` +
+      "this cannot be undone. Its usage records stay.",
+  };
+  // How an action is sent and what its answer does, where that differs from POST <action>/ answered
+  // with the job. A deleted job has no page left, so deleting goes to the jobs list.
+  const REQUESTS = {
+    delete: { method: "DELETE", path: "", done: () => location.assign(T.inTenant("/")) },
   };
 
   // The socket's state is shown as "ended" (no green dot) once the job is final: nothing more will come.
@@ -135,12 +143,13 @@
 
   async function runAction(button) {
     const action = button.dataset.action;
+    const { method = "POST", path = `${action}/`, done = applyJob } = REQUESTS[action] || {};
     if (CONFIRM[action] && !window.confirm(CONFIRM[action](jobId))) return;
     showActionError("");
     button.disabled = true;
     try {
-      const response = await fetch(T.inTenant(api(`${action}/`)), {
-        method: "POST",
+      const response = await fetch(T.inTenant(api(path)), {
+        method,
         credentials: "same-origin",
         headers: { "X-CSRFToken": T.csrfToken(), Accept: "application/json" },
       });
@@ -149,7 +158,7 @@
         showActionError(body.detail || `Could not ${action} the job (HTTP ${response.status}).`);
         return;
       }
-      applyJob(body);
+      done(body);
     } catch (err) {
       showActionError(`Could not reach the server: ${err.message}`);
     } finally {

@@ -35,3 +35,18 @@ def browser():
         instance = chromium.launch(playwright)
         yield instance
         instance.close()
+
+
+@pytest.fixture
+def server_browser(live_server, monkeypatch):
+    """A headless Chromium for tests served by pytest-django's live_server over the test's own database,
+    started after the server: Playwright's event loop then runs in this thread, and the ORM calls the test
+    makes between Playwright's are allowed."""
+    if not chromium.chromium_found():
+        skip_or_fail(f"Chromium not found at {chromium.CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as playwright:
+        instance = chromium.launch(playwright)
+        yield instance
+        instance.close()

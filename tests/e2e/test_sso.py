@@ -13,9 +13,7 @@ import pytest
 import requests
 
 from tenants.models import AuditEntry, Membership, Tenant
-from tests.support import browser as chromium
 from tests.support import oidc
-from tests.support.optional import skip_or_fail
 from tests.support.pages import WAIT_MS
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -35,22 +33,10 @@ def idp(live_server, settings, tmp_path):
     provider.stop()
 
 
-@pytest.fixture
-def browser(live_server, monkeypatch):
-    if not chromium.chromium_found():
-        skip_or_fail(f"Chromium not found at {chromium.CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        instance = chromium.launch(playwright)
-        yield instance
-        instance.close()
-
-
 @pytest.mark.browser
-def test_a_person_signs_in_through_the_provider_and_loses_the_tenant_with_the_group(idp, browser, live_server,
+def test_a_person_signs_in_through_the_provider_and_loses_the_tenant_with_the_group(idp, server_browser, live_server,
                                                                                      settings):
-    page = browser.new_page()
+    page = server_browser.new_page()
     page.set_default_timeout(WAIT_MS)
     page.goto(f"{live_server.url}/login/")
     page.get_by_test_id("sso-login").click()

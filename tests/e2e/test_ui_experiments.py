@@ -13,9 +13,7 @@ from jobs import experiments
 from jobs.models import MetricPoint, Status, Trial
 from jobs.states import transition
 from tests.support.builders import member, record_sends, tar_gz, upload
-from tests.support import browser as chromium
 from tests.support.browser import log_in
-from tests.support.optional import skip_or_fail
 from tests.support.pages import SCREENSHOTS, WAIT_MS, shoot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -45,20 +43,6 @@ def accuracy(params, step):
 def _no_redis(settings):
     """The jobs' status changes publish to the live layer: an in-memory one here (no Redis runs)."""
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-
-@pytest.fixture
-def browser(live_server, monkeypatch):
-    """A headless Chromium started after the test's database and server: from then on Playwright's event
-    loop runs in this thread, and the ORM calls the test makes between its calls are allowed."""
-    if not chromium.chromium_found():
-        skip_or_fail(f"Chromium not found at {chromium.CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        instance = chromium.launch(playwright)
-        yield instance
-        instance.close()
 
 
 def run_to(job, *statuses):
@@ -115,10 +99,10 @@ def visible_numbers(page):
     return rows.evaluate_all("rows => rows.map(r => Number(r.dataset.number))")
 
 
-def test_the_experiment_page_shows_sorts_charts_and_follows_the_trials(experiment, browser, live_server):
+def test_the_experiment_page_shows_sorts_charts_and_follows_the_trials(experiment, server_browser, live_server):
     best = expected_best(experiment)
     assert experiment.best_trial == best
-    page = log_in(browser, live_server.url, "alice", PASSWORD, timeout_ms=WAIT_MS)
+    page = log_in(server_browser, live_server.url, "alice", PASSWORD, timeout_ms=WAIT_MS)
     errors = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     # The jobs page, where logging in lands, opens a websocket, which this server (WSGI) does not serve.
@@ -205,13 +189,13 @@ def test_the_experiment_page_shows_sorts_charts_and_follows_the_trials(experimen
     page.close()
 
 
-def test_pause_resume_and_kill_from_the_page_in_a_browser(browser, live_server, monkeypatch):
+def test_pause_resume_and_kill_from_the_page_in_a_browser(server_browser, live_server, monkeypatch):
     record_sends(monkeypatch)
     alice = member("team-a", "alice")
     alice.user.set_password(PASSWORD)
     alice.user.save()
     created = experiments.create(alice, manifest_bytes=MANIFEST, code_file=upload(tar_gz({"train.py": b"print(1)\n"})))
-    page = log_in(browser, live_server.url, "alice", PASSWORD, timeout_ms=WAIT_MS)
+    page = log_in(server_browser, live_server.url, "alice", PASSWORD, timeout_ms=WAIT_MS)
     page.goto(f"{live_server.url}/experiments/new/")
     page.get_by_test_id("example").select_option("pytorch-digits")  # the page comes back with its manifest
     page.wait_for_url(f"{live_server.url}/experiments/new/?example=pytorch-digits")

@@ -61,6 +61,43 @@ def test_it_halts_and_resumes_a_running_job(client):
     assert client.wait(job["id"], timeout=60)["status"] == "TERMINATED"
 
 
+def test_an_ended_job_is_deleted_with_its_files_and_its_storage_freed(client, platform):
+    """Through the CLI, as a user frees storage: the job leaves the lists at once and the lifecycle
+    worker's purge removes its folder."""
+    job = client.submit(EXAMPLE / "manifest.yml", EXAMPLE)
+    assert client.wait(job["id"], timeout=60)["status"] == "COMPLETED"
+    folder = platform.data_dir / "storage" / platform.tenant / job["id"]
+    assert (folder / "results" / "result.json").exists()
+    stored = client.tenant()["usage"]["storage_bytes"]
+
+    asked = platform.cli("delete", job["id"])  # not at a terminal: it will not delete unasked
+    assert asked.returncode == 2 and "pass --yes" in asked.stderr
+    assert client.job(job["id"])["status"] == "COMPLETED"
+    deleted = platform.cli("delete", "--yes", job["id"])
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.strip() == f"{job['id']}: deleted"
+
+    with pytest.raises(NotFound):
+        client.job(job["id"])
+    assert job["id"] not in [j["id"] for j in client.jobs(limit=200)]
+    assert client.tenant()["usage"]["storage_bytes"] < stored
+    deadline = time.monotonic() + 30
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not folder.exists()
+
+
+def test_a_running_job_is_not_deleted(client):
+    job = client.submit(slow_manifest(60), EXAMPLE)
+    client.wait(job["id"], statuses=("PROCESSING",), timeout=60)
+    with pytest.raises(Conflict) as refused:
+        client.delete(job["id"])
+    assert refused.value.status == 409 and "terminate it first" in str(refused.value)
+    client.terminate(job["id"])
+    assert client.wait(job["id"], timeout=60)["status"] == "TERMINATED"
+    assert client.delete(job["id"])["id"] == job["id"]
+
+
 def test_an_unknown_job_is_not_found(client):
     with pytest.raises(NotFound) as missing:
         client.job("training-nosuchjob")

@@ -97,6 +97,7 @@ def seeded(researcher, colleague):
     running = job(researcher, name="fuzz-running", status=Status.PROCESSING,
                   placement=[{"node": "local", "gpu_ids": [0]}])
     halted = job(researcher, name="fuzz-halted", status=Status.HALTED)
+    ended = job(researcher, name="fuzz-ended", status=Status.COMPLETED)  # deleting it leaves the others
     JobEvent.objects.create(job=target, from_status="", to_status=Status.QUEUED, actor="alice", reason="submitted")
     for seq, (stream, line) in enumerate([("stdout", "epoch 1 loss 0.5"), ("stderr", ""), ("system", "stored")], 1):
         LogLine.objects.create(job=target, seq=seq, stream=stream, time=now, line=line)
@@ -130,6 +131,7 @@ def seeded(researcher, colleague):
     # Operations that need an object of their own, in a state where they can succeed.
     per_operation = {"POST /api/v1/jobs/{job_id}/halt/": {"job_id": [running.id]},
                      "POST /api/v1/jobs/{job_id}/resume/": {"job_id": [halted.id]},
+                     "DELETE /api/v1/jobs/{job_id}/": {"job_id": [ended.id]},
                      "POST /api/v1/invitations/{invitation_id}/decline/": {"invitation_id": [declined.pk]},
                      "POST /api/v1/experiments/{experiment_id}/pause/": {"experiment_id": [to_pause.id]},
                      "POST /api/v1/experiments/{experiment_id}/resume/": {"experiment_id": [paused.id]},

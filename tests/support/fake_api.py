@@ -90,6 +90,7 @@ class FakeTrainyard:
             ("GET", r"/api/v1/jobs/(?P<job_id>[^/]+)/artifacts/", self.artifact_list),
             ("GET", r"/api/v1/jobs/(?P<job_id>[^/]+)/artifacts/(?P<name>.+)", self.artifact),
             ("POST", r"/api/v1/jobs/(?P<job_id>[^/]+)/(?P<action>halt|resume|terminate)/", self.action),
+            ("DELETE", r"/api/v1/jobs/(?P<job_id>[^/]+)/", self.delete),
         ]
         for route_method, pattern, view in routes:
             match = re.fullmatch(pattern, path)
@@ -182,6 +183,13 @@ class FakeTrainyard:
         job.status = {"halt": "HALTING", "resume": "QUEUED", "terminate": "TERMINATED"}[action]
         return 202, job.json()
 
+    def delete(self, *, job, **_):
+        if job.status not in ("COMPLETED", "FAILED", "TERMINATED", "HALTED"):
+            return 409, {"detail": f"job {job.id} is {job.status}; only a job that has ended or is halted can be "
+                                   "deleted (terminate it first)"}
+        del self.jobs[job.id]
+        return 202, job.json()
+
     def _handler_class(self):
         fake = self
 
@@ -199,7 +207,7 @@ class FakeTrainyard:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = _serve
+            do_GET = do_POST = do_DELETE = _serve
 
             def log_message(self, *args):
                 pass

@@ -313,6 +313,25 @@ def test_actions_print_the_new_status(api, capsys):
     assert capsys.readouterr().out.strip() == "training-run00001: HALTING"
 
 
+def test_delete_asks_at_a_terminal_and_deletes_only_on_yes(api, capsys, monkeypatch):
+    api.add_job("training-done0001").status = "COMPLETED"
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    answers = iter(["n", "y"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
+    assert run("delete", "training-done0001") == 1
+    assert capsys.readouterr().out.strip() == "training-done0001: not deleted"
+    assert "training-done0001" in api.jobs
+    assert run("delete", "training-done0001") == 0
+    assert capsys.readouterr().out.strip() == "training-done0001: deleted"
+    assert "training-done0001" not in api.jobs
+
+
+def test_delete_of_a_running_job_shows_why_not(api, capsys):
+    api.add_job("training-run00001").status = "PROCESSING"
+    assert run("delete", "--yes", "training-run00001") == 1
+    assert "is PROCESSING; only a job that has ended" in capsys.readouterr().err
+
+
 # --- train and follow ------------------------------------------------------------------------------
 def test_train_uploads_the_packed_code_and_prints_the_job_id(api, tmp_path, code_dir, capsys):
     assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir) == 0

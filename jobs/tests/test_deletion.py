@@ -1,0 +1,164 @@
+"""Deleting a job (jobs.deletion, DELETE /api/v1/jobs/{id}/): who may, from which states, what it frees
+at once, what its purge removes and what stays for accounting."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs import outbox, states, storage, tasks, usage
+from jobs.models import Artifact, Experiment, FollowUp, Job, LogLine, MetricPoint, Status, Trial
+from tenants import quotas
+from tenants.models import AuditEntry, UsageRecord
+from tests.support.builders import client_for, job, member, open_follow_ups, record_sends
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    return record_sends(monkeypatch)
+
+
+@pytest.fixture
+def alice():
+    return member("team-a", "alice")
+
+
+def stored_job(owner, status=Status.COMPLETED):
+    """An ended job with what a run leaves: a folder with files, log lines, metric points, artifacts, usage."""
+    target = job(owner, status=status, code_bytes=1000)
+    folder = storage.create_job_dir(owner.tenant.slug, target.id)
+    (folder / "results").mkdir(exist_ok=True)
+    (folder / "results" / "model.bin").write_bytes(b"w" * 500)
+    Artifact.objects.create(job=target, name="results/model.bin", kind="result", size=500, sha256="0" * 64)
+    LogLine.objects.bulk_create(LogLine(job=target, seq=i, learner=0, stream="stdout", time=timezone.now(),
+                                        line=f"line {i}") for i in range(1, 6))
+    MetricPoint.objects.create(job=target, name="loss", step=1, value=0.5, time=timezone.now(), learner=0)
+    now = timezone.now()
+    UsageRecord.objects.create(tenant=owner.tenant, job=target, user=owner.user, attempt=1, gpus=2, cpus=1,
+                               memory_bytes=2**30, started_at=now - timedelta(hours=1), ended_at=now)
+    return target
+
+
+def purge_rows(target):
+    return FollowUp.objects.filter(job=target, kind=FollowUp.Kind.PURGE)
+
+
+def test_the_owner_deletes_an_ended_job_and_nobody_sees_it_again(alice, sent):
+    target = stored_job(alice)
+    client = client_for(alice)
+    response = client.delete(f"/api/v1/jobs/{target.id}/")
+    assert response.status_code == 202, response.json()
+    assert response.json()["id"] == target.id
+    assert client.get(f"/api/v1/jobs/{target.id}/").status_code == 404
+    assert client.get(f"/api/v1/jobs/{target.id}/logs/").status_code == 404
+    assert target.id not in [row["id"] for row in client.get("/api/v1/jobs/").json()["results"]]
+    assert client.delete(f"/api/v1/jobs/{target.id}/").status_code == 404
+    row = Job.objects.get(pk=target.id)
+    assert row.deleted_at is not None and row.deleted_by == "alice" and row.status == Status.COMPLETED
+    assert open_follow_ups(target) == {("purge", 1)}
+    entry = AuditEntry.objects.get(target_type="job", target=target.id)
+    assert (entry.action, entry.actor, entry.tenant) == ("deleted", "alice", alice.tenant)
+    assert entry.before == {"name": target.name, "owner": "alice", "status": "COMPLETED"}
+
+
+@pytest.mark.parametrize("status", ["QUEUED", "PENDING", "PROCESSING", "STORING", "HALTING"])
+def test_a_job_that_has_not_ended_is_refused_with_409_naming_its_status(alice, sent, status):
+    target = job(alice, status=status)
+    response = client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
+    assert response.status_code == 409
+    assert status in response.json()["detail"] and "terminate it first" in response.json()["detail"]
+    assert Job.objects.get(pk=target.id).deleted_at is None and not purge_rows(target).exists()
+
+
+@pytest.mark.parametrize("status", ["COMPLETED", "FAILED", "TERMINATED", "HALTED"])
+def test_ended_and_halted_jobs_can_be_deleted(alice, sent, status):
+    target = job(alice, status=status)
+    assert client_for(alice).delete(f"/api/v1/jobs/{target.id}/").status_code == 202
+
+
+def test_only_the_owner_and_tenant_admins_delete_a_job(alice, sent):
+    from guardian.shortcuts import assign_perm
+    target = job(alice, status=Status.COMPLETED)
+    viewer, colleague = member("team-a", "vic", role="viewer"), member("team-a", "bob")
+    assign_perm("jobs.change_job", colleague.user, target)  # shared for control: halt, resume, terminate
+    for other in (viewer, colleague):
+        response = client_for(other).delete(f"/api/v1/jobs/{target.id}/")
+        assert response.status_code == 403 and "owner and tenant admins" in response.json()["detail"]
+    assert client_for(member("team-b", "mallory", role="admin")).delete(f"/api/v1/jobs/{target.id}/").status_code == 404
+    assert Job.objects.get(pk=target.id).deleted_at is None
+    assert client_for(member("team-a", "ada", role="admin")).delete(f"/api/v1/jobs/{target.id}/").status_code == 202
+
+
+def test_an_experiments_trial_is_kept_with_its_experiment(alice, sent):
+    experiment = Experiment.objects.create(tenant=alice.tenant, owner=alice.user, name="e", spec={}, manifest_yaml="",
+                                           searcher="random", metric="acc", code_sha256="0" * 64)
+    target = job(alice, status=Status.TERMINATED)
+    Trial.objects.create(experiment=experiment, number=3, job=target, params={"lr": 0.1})
+    response = client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
+    assert response.status_code == 409
+    assert response.json()["detail"] == (f"job {target.id} is trial 3 of experiment {experiment.id}: "
+                                         "it is kept with its experiment")
+
+
+def test_a_deleted_halted_job_never_moves_again(alice, sent):
+    """Resume and delete racing: once the delete has won, the resume's compare-and-swap finds no job."""
+    target = job(alice, status=Status.HALTED)
+    assert client_for(alice).delete(f"/api/v1/jobs/{target.id}/").status_code == 202
+    assert states.transition(target.id, Status.QUEUED, actor="alice", attempt_next=True) is None
+    assert states.transition(target.id, Status.TERMINATED, actor="alice") is None
+    assert Job.objects.get(pk=target.id).status == Status.HALTED
+
+
+def test_its_storage_stops_counting_against_the_quota_at_once(alice, sent):
+    target = stored_job(alice)
+    kept = job(alice, status=Status.COMPLETED, code_bytes=300)
+    assert quotas.stored_bytes(alice.tenant) == 1000 + 500 + 300
+    client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
+    assert quotas.stored_bytes(alice.tenant) == 300
+    assert kept.id
+
+
+def test_the_purge_removes_its_files_logs_and_metrics_and_keeps_its_usage_and_history(alice, sent):
+    target = stored_job(alice)
+    folder = storage.job_dir("team-a", target.id)
+    client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
+    assert outbox.run(purge_rows(target).get().pk, tasks.HANDLERS) is not None
+    assert not folder.exists()
+    for model in (LogLine, MetricPoint, Artifact):
+        assert not model.objects.filter(job_id=target.id).exists()
+    assert UsageRecord.objects.filter(job_id=target.id).count() == 1
+    assert Job.objects.filter(pk=target.id).exists()
+    start = timezone.now() - timedelta(days=1)
+    report = usage.report(alice.tenant, start=start, end=timezone.now() + timedelta(minutes=1))
+    assert report["tenant"]["allocated_gpu_hours"] == pytest.approx(2.0, abs=0.01)  # its GPU-hours still count
+
+
+def test_the_purge_waits_for_the_jobs_teardown(alice, sent):
+    """A teardown still open may be stopping what ran in the folder: the purge goes after it."""
+    target = stored_job(alice, status=Status.TERMINATED)
+    teardown = FollowUp.objects.create(job=target, attempt=1, kind=FollowUp.Kind.TEARDOWN)
+    client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
+    row = purge_rows(target).get()
+    assert outbox.run(row.pk, tasks.HANDLERS) is None
+    row.refresh_from_db()
+    assert row.done_at is None and row.tries == 0 and row.due_at > timezone.now()
+    assert storage.job_dir("team-a", target.id).exists()
+    FollowUp.objects.filter(pk=teardown.pk).update(done_at=timezone.now())
+    FollowUp.objects.filter(pk=row.pk).update(due_at=timezone.now())
+    assert outbox.run(row.pk, tasks.HANDLERS) is not None
+    assert not storage.job_dir("team-a", target.id).exists()
+
+
+def test_a_purge_whose_worker_died_is_sent_again_by_the_sweep(alice, sent):
+    target = stored_job(alice)
+    client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
+    row = purge_rows(target).get()
+    stale = timezone.now() - timedelta(seconds=outbox.CLAIM_TTL_S + 1)
+    FollowUp.objects.filter(pk=row.pk).update(claimed_at=stale, claimed_by="dead-worker", due_at=stale,
+                                              created=stale - timedelta(minutes=5))
+    sent.clear()
+    assert row.pk in outbox.sweep()
+    assert ("follow_up", (row.pk,)) in sent
+    assert outbox.run(row.pk, tasks.HANDLERS) is not None
+    assert not storage.job_dir("team-a", target.id).exists()
