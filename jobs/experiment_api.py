@@ -5,7 +5,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import experiments
+from jobs import deletion, experiments
 from jobs.api import TenantScoped
 from jobs.bounds import BoundedMultiPartParser, whole_number
 from jobs.models import Experiment, MetricPoint
@@ -138,6 +138,18 @@ class ExperimentDetail(Scoped, APIView):
     @extend_schema(responses={200: ExperimentDetailSerializer})
     def get(self, request, experiment_id):
         return Response(ExperimentDetailSerializer(self.experiment()).data)
+
+    @extend_schema(request=None, responses={
+        202: OpenApiResponse(ExperimentDetailSerializer, description=(
+            "deleted with its trials' jobs: gone from every list, 404 from now on, its storage freed")),
+        403: OpenApiResponse(ErrorSerializer, description="not the owner nor a tenant admin"),
+        409: OpenApiResponse(ErrorSerializer, description="not finished (kill it first); `detail` says why")})
+    def delete(self, request, experiment_id):
+        experiment = self.experiment()
+        if not experiments.can_control(self.membership(), experiment):
+            return Response({"detail": "only the experiment's owner and tenant admins can delete it"}, status=403)
+        experiment = deletion.delete_experiment(experiment, actor=request.user.username)
+        return Response(ExperimentDetailSerializer(experiment).data, status=status.HTTP_202_ACCEPTED)
 
 
 class ExperimentMetrics(Scoped, APIView):

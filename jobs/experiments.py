@@ -660,8 +660,8 @@ def _write_hparams(job, values):
 
 # --- reading ------------------------------------------------------------------------------------
 def experiments_of(membership):
-    """The experiments this member may see: the tenant's, minus other people's private ones."""
-    rows = Experiment.objects.filter(tenant=membership.tenant)
+    """The experiments this member may see: the tenant's not deleted, minus other people's private ones."""
+    rows = Experiment.objects.filter(tenant=membership.tenant, deleted_at=None)
     if membership.is_admin:
         return rows
     return rows.filter(Q(private=False) | Q(owner=membership.user))

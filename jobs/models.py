@@ -428,6 +428,9 @@ class Experiment(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set when a member deletes the finished experiment with its trials' jobs (jobs.deletion).
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_by = models.CharField(max_length=150, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "-created_at"])]

@@ -155,9 +155,10 @@ def _owners(folders):
     for start in range(0, len(folders), SWEEP_CHUNK):
         chunk = folders[start:start + SWEEP_CHUNK]
         names = [name for _, name in chunk]
+        # A deleted job's or experiment's row owns nothing any more (jobs.deletion).
         ended = {job_id: status in FINAL for job_id, status in
-                 Job.objects.filter(id__in=names).values_list("id", "status")}
+                 Job.objects.filter(id__in=names, deleted_at=None).values_list("id", "status")}
         ended.update((experiment_id, finished_at is not None) for experiment_id, finished_at in
-                     Experiment.objects.filter(id__in=names).values_list("id", "finished_at"))
+                     Experiment.objects.filter(id__in=names, deleted_at=None).values_list("id", "finished_at"))
         for slug, name in chunk:
             yield slug, name, ended.get(name)

@@ -181,7 +181,7 @@ def stored_bytes(tenant):
     kept = tenant.jobs.filter(deleted_at=None)
     outputs = kept.aggregate(total=Sum("artifacts__size"))["total"] or 0
     code = kept.filter(trial__isnull=True).aggregate(total=Sum("code_bytes"))["total"] or 0
-    shared_code = tenant.experiments.aggregate(total=Sum("code_bytes"))["total"] or 0
+    shared_code = tenant.experiments.filter(deleted_at=None).aggregate(total=Sum("code_bytes"))["total"] or 0
     return outputs + code + shared_code
 
 

@@ -199,6 +199,11 @@ def cmd_experiment_show(args):
     return OK
 
 
+def cmd_experiment_delete(args):
+    return _delete(args, args.id, "and all its trials' jobs, with their code, results, checkpoints, logs and metrics",
+                   _client().delete_experiment)
+
+
 def cmd_experiment_action(args):
     client = _client()
     action = {"pause": client.pause_experiment, "resume": client.resume_experiment, "kill": client.kill_experiment}
@@ -301,16 +306,20 @@ def cmd_action(args):
 def cmd_delete(args):
     client = _client()
     job_id = _job_id(client, args.id)
+    return _delete(args, job_id, "with its code, results, checkpoints, logs and metrics", client.delete)
+
+
+def _delete(args, name, what, delete):
+    """Delete `name` once the person at the terminal says yes (or --yes says it for a script)."""
     if not args.yes:
         if not isatty(sys.stdin):
-            raise UsageError(f"deleting {job_id} removes its files, logs and metrics for good; "
+            raise UsageError(f"deleting {name} removes its files, logs and metrics for good; "
                              "pass --yes to delete without being asked")
-        answer = input(f"Delete {job_id} with its code, results, checkpoints, logs and metrics, for good? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print(f"{job_id}: not deleted")
+        if input(f"Delete {name} {what}, for good? [y/N] ").strip().lower() not in ("y", "yes"):
+            print(f"{name}: not deleted")
             return FAILED
-    client.delete(job_id)
-    print(f"{job_id}: deleted")
+    delete(name)
+    print(f"{name}: deleted")
     return OK
 
 
@@ -474,7 +483,7 @@ def build_parser():
     quota = command("quota", cmd_quota, "show the tenant's quota and usage")
     quota.add_argument("--json", action="store_true")
 
-    experiment = command("experiment", None, "hyperparameter searches: create, list, show, pause, resume, kill")
+    experiment = command("experiment", None, "hyperparameter searches: create, list, show, pause, resume, kill, delete")
     experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="ACTION")
 
     def experiment_command(name, handler, help_text):
@@ -497,6 +506,11 @@ def build_parser():
                             ("resume", "go on with a paused experiment"),
                             ("kill", "stop an experiment and all its trials for good")):
         experiment_command(name, cmd_experiment_action, help_text).add_argument("id", metavar="ID")
+    experiment_delete = experiment_command("delete", cmd_experiment_delete, "delete a finished experiment with all its "
+                                           "trials' jobs, their files, logs and metrics (their usage stays)")
+    experiment_delete.add_argument("id", metavar="ID")
+    experiment_delete.add_argument("-y", "--yes", action="store_true",
+                                   help="do not ask first (needed when not at a terminal)")
 
     validate = command("validate", cmd_validate, "check a manifest (a job's or an experiment's) offline")
     validate.add_argument("manifest", metavar="MANIFEST")

@@ -289,6 +289,11 @@ class Client:
         """Stop the experiment and every trial for good."""
         return self.request_json("POST", _experiment_path(experiment_id) + "kill/")
 
+    def delete_experiment(self, experiment_id):
+        """Delete a finished experiment with all its trials' jobs (their files, logs and metrics; their
+        usage stays). Conflict while it has not finished."""
+        return self.request_json("DELETE", _experiment_path(experiment_id))
+
     def wait_experiment(self, experiment_id, *, timeout=None, poll=2.0):
         """Poll until the experiment is COMPLETED or TERMINATED (TimeoutError past `timeout` seconds)."""
         deadline = None if timeout is None else time.monotonic() + timeout

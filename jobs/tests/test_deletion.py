@@ -98,7 +98,7 @@ def test_an_experiments_trial_is_kept_with_its_experiment(alice, sent):
     response = client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
     assert response.status_code == 409
     assert response.json()["detail"] == (f"job {target.id} is trial 3 of experiment {experiment.id}: "
-                                         "it is kept with its experiment")
+                                         "it goes when its experiment is deleted")
 
 
 def test_a_deleted_halted_job_never_moves_again(alice, sent):
@@ -162,3 +162,88 @@ def test_a_purge_whose_worker_died_is_sent_again_by_the_sweep(alice, sent):
     assert ("follow_up", (row.pk,)) in sent
     assert outbox.run(row.pk, tasks.HANDLERS) is not None
     assert not storage.job_dir("team-a", target.id).exists()
+
+
+# --- experiments ---------------------------------------------------------------------------------------
+def experiment_of(owner, *, trial_statuses=(Status.COMPLETED, Status.HALTED), finished=True, state="COMPLETED"):
+    """An experiment with its folder (its code archive) and a trial job in each of `trial_statuses`."""
+    experiment = Experiment.objects.create(
+        tenant=owner.tenant, owner=owner.user, name="sweep", manifest_yaml="", searcher="random",
+        spec={"searcher": {"name": "random", "metric": "acc", "max_trials": 2, "max_concurrent_trials": 1},
+              "hyperparameters": []},
+        metric="acc", code_sha256="0" * 64, code_bytes=700, state=state,
+        finished_at=timezone.now() if finished else None)
+    folder = storage.stage_dir(owner.tenant.slug, experiment.id)
+    (folder / "code.tar.gz").write_bytes(b"c" * 700)
+    storage.unstage(owner.tenant.slug, experiment.id)
+    for number, status in enumerate(trial_statuses):
+        Trial.objects.create(experiment=experiment, number=number, job=job(owner, status=status, code_bytes=700),
+                             params={"lr": 0.1})
+    return experiment
+
+
+def test_a_finished_experiment_is_deleted_with_its_trials(alice, sent, django_capture_on_commit_callbacks):
+    experiment = experiment_of(alice)
+    trials = list(Job.objects.filter(trial__experiment=experiment))
+    client = client_for(alice)
+    assert quotas.stored_bytes(alice.tenant) == 700  # the trials' code is the experiment's, counted once
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.delete(f"/api/v1/experiments/{experiment.id}/")
+    assert response.status_code == 202, response.json()
+    assert client.get(f"/api/v1/experiments/{experiment.id}/").status_code == 404
+    assert client.get("/api/v1/experiments/").json()["results"] == []
+    for trial_job in trials:
+        assert client.get(f"/api/v1/jobs/{trial_job.id}/").status_code == 404
+        assert open_follow_ups(trial_job) == {("purge", 1)}
+    assert not storage.job_dir("team-a", experiment.id).exists()
+    assert quotas.stored_bytes(alice.tenant) == 0
+    entry = AuditEntry.objects.get(target_type="experiment", target=experiment.id)
+    assert entry.before["trials"] == 2 and entry.actor == "alice"
+
+
+@pytest.mark.parametrize("state, finished, why", [
+    ("ACTIVE", False, "is ACTIVE; only a finished experiment can be deleted (kill it first)"),
+    ("TERMINATED", False, "is TERMINATED and its trials are still stopping"),
+])
+def test_an_experiment_that_has_not_finished_is_refused(alice, sent, state, finished, why):
+    experiment = experiment_of(alice, finished=finished, state=state)
+    response = client_for(alice).delete(f"/api/v1/experiments/{experiment.id}/")
+    assert response.status_code == 409 and why in response.json()["detail"]
+    folder = storage.job_dir("team-a", experiment.id)
+    assert (folder / "code.tar.gz").exists() and not (folder / storage.STAGED_MARK).exists()
+    assert not Job.objects.exclude(deleted_at=None).exists()
+
+
+def test_an_experiment_with_a_trial_still_stopping_deletes_nothing(alice, sent):
+    experiment = experiment_of(alice, trial_statuses=(Status.COMPLETED, Status.STORING))
+    response = client_for(alice).delete(f"/api/v1/experiments/{experiment.id}/")
+    assert response.status_code == 409 and "trials still stopping" in response.json()["detail"]
+    assert not Job.objects.exclude(deleted_at=None).exists() and not FollowUp.objects.exists()
+    assert Experiment.objects.get(pk=experiment.id).deleted_at is None
+    assert not (storage.job_dir("team-a", experiment.id) / storage.STAGED_MARK).exists()
+
+
+def test_only_the_experiments_owner_and_tenant_admins_delete_it(alice, sent):
+    experiment = experiment_of(alice)
+    for other in (member("team-a", "vic", role="viewer"), member("team-a", "bob")):
+        assert client_for(other).delete(f"/api/v1/experiments/{experiment.id}/").status_code == 403
+    assert Experiment.objects.get(pk=experiment.id).deleted_at is None
+
+
+def test_the_sweep_finishes_what_a_killed_deletion_left_of_an_experiments_folder(alice, sent):
+    """Killed after the deletion committed, before its folder went: the sweep removes the staged folder of
+    a deleted experiment. Killed before it committed: the sweep gives the folder back to its experiment."""
+    import os
+    import time
+
+    from jobs import reconcile
+    deleted, kept = experiment_of(alice), experiment_of(alice)
+    then = time.time() - reconcile.ORPHAN_GRACE_S - 60
+    for experiment in (deleted, kept):
+        folder = storage.stage_dir("team-a", experiment.id)
+        os.utime(folder / storage.STAGED_MARK, (then, then))
+    Experiment.objects.filter(pk=deleted.pk).update(deleted_at=timezone.now(), deleted_by="alice")
+    reconcile.sweep_storage()
+    assert not storage.job_dir("team-a", deleted.id).exists()
+    folder = storage.job_dir("team-a", kept.id)
+    assert (folder / "code.tar.gz").exists() and not (folder / storage.STAGED_MARK).exists()

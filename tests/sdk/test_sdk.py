@@ -225,3 +225,33 @@ def test_it_runs_an_experiment_and_reads_its_trials_metric(client, tmp_path):
     assert sorted(map(len, steps_per_job.values())) == [2, 3]
     later = client.experiment_metrics(experiment["id"], after=answer["next_after"])
     assert later == {"results": [], "next_after": answer["next_after"]}
+
+
+def test_a_finished_experiment_is_deleted_with_its_trials_folders(client, platform, tmp_path):
+    manifest = tmp_path / "experiment.yml"
+    manifest.write_text(
+        "name: shell-pair\ncpus: 0.5\nmemory: 256MiB\n"
+        "framework: {name: custom, command: 'env STEPS={{hparams.steps}} bash run.sh'}\n"
+        "hyperparameters:\n  steps: {type: categorical, vals: [1, 2]}\n"
+        "searcher: {name: grid, metric: loss, smaller_is_better: true, max_trials: 2}\n")
+    experiment = client.create_experiment(manifest, EXAMPLE)
+    with pytest.raises(Conflict) as refused:  # still searching
+        client.delete_experiment(experiment["id"])
+    assert refused.value.status == 409 and "kill it first" in str(refused.value)
+    done = client.wait_experiment(experiment["id"], timeout=120, poll=0.5)
+    assert done["state"] == "COMPLETED", done
+    storage = platform.data_dir / "storage" / platform.tenant
+    folders = [storage / experiment["id"]] + [storage / trial["job_id"] for trial in done["trials"]]
+    assert all(folder.exists() for folder in folders)
+
+    deleted = platform.cli("experiment", "delete", "--yes", experiment["id"])
+    assert deleted.returncode == 0, deleted.stderr
+    with pytest.raises(NotFound):
+        client.experiment(experiment["id"])
+    for trial in done["trials"]:
+        with pytest.raises(NotFound):
+            client.job(trial["job_id"])
+    deadline = time.monotonic() + 30
+    while any(folder.exists() for folder in folders) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [folder.name for folder in folders if folder.exists()] == []

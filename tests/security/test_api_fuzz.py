@@ -119,9 +119,10 @@ def seeded(researcher, colleague):
                                   sealed_secret="x", created_by="alice")
     Delivery.objects.create(webhook=hook, job=target, event="completed", payload={}, tries=1, response_status=500,
                             last_error="HTTP 500")
-    sweep, to_pause, paused, to_kill = (experiments.create(researcher, manifest_bytes=EXPERIMENT,
-                                                           code_file=upload(tar_gz({"run.sh": b"echo hi\n"})))
-                                        for _ in range(4))
+    sweep, to_pause, paused, to_kill, finished = (
+        experiments.create(researcher, manifest_bytes=EXPERIMENT, code_file=upload(tar_gz({"run.sh": b"echo hi\n"})))
+        for _ in range(5))
+    experiments.kill(finished, actor="alice")  # no trial started yet: it finishes at once, so it can be deleted
     experiments.advance(sweep.id)  # its first trials, as jobs
     MetricPoint.objects.create(job=sweep.trials.first().job, name="loss", step=1, value=0.5, time=now)
     experiments.pause(paused, actor="alice")
@@ -135,7 +136,8 @@ def seeded(researcher, colleague):
                      "POST /api/v1/invitations/{invitation_id}/decline/": {"invitation_id": [declined.pk]},
                      "POST /api/v1/experiments/{experiment_id}/pause/": {"experiment_id": [to_pause.id]},
                      "POST /api/v1/experiments/{experiment_id}/resume/": {"experiment_id": [paused.id]},
-                     "POST /api/v1/experiments/{experiment_id}/kill/": {"experiment_id": [to_kill.id]}}
+                     "POST /api/v1/experiments/{experiment_id}/kill/": {"experiment_id": [to_kill.id]},
+                     "DELETE /api/v1/experiments/{experiment_id}/": {"experiment_id": [finished.id]}}
     return real, per_operation, f"{target.id},{running.id}"
 
 
