@@ -1,10 +1,12 @@
 """Deleting a job or an experiment: what a tenant frees of the storage it keeps, once they have ended.
 
-`delete` is the member's request: a compare-and-swap marks the ended (or halted) job deleted and writes a
-PURGE follow-up in the same transaction, so from that commit on nobody sees the job, it never moves
-again (jobs.states), and its files no longer count against the tenant's storage quota. The follow-up
-(jobs.outbox, restart-safe like every other) then removes the job's folder (code archive, results,
-checkpoints, log files) and its log lines, metric points and artifact rows.
+`delete` is the member's request: a compare-and-swap marks the ended (or halted) job deleted, so from
+that commit on nobody sees the job, it never moves again (jobs.states), and its files no longer count
+against the tenant's storage quota. `purge_pass` (celery beat, every RECONCILE_INTERVAL_S) then removes
+each deleted job's folder (code archive, results, checkpoints, log files) and its log lines, metric
+points and artifact rows, and marks it purged. The marks are the record, so a pass killed midway leaves
+the rest to the next. A pass takes a few jobs of each tenant in turn within a time budget: one tenant
+deleting an experiment of 10,000 trials does not hold the lifecycle worker from the others' deploys.
 
 Kept for good: the job's row, its events and its usage records, so the GPU-hours it held stay in the
 tenant's accounting and its history in the audit log. Data the job wrote to the user's own data store
@@ -15,15 +17,21 @@ A finished experiment is deleted with its trials' jobs, each as above, in one tr
 the deletion commits; should that removal not happen, beat's storage sweep removes a staged folder whose
 experiment is deleted, and unstages it again if the deletion never committed.
 """
+import logging
+import time
+
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import outbox, storage
+from jobs import storage
 from jobs.models import AT_REST, Artifact, Experiment, FollowUp, Job, LearnerCredential, LogLine, MetricPoint
 from jobs.states import InvalidTransition
 from tenants import audit
 
+log = logging.getLogger(__name__)
 CHUNK = 10_000  # rows deleted a statement: a long log goes without one statement holding its table for long
+PASS_BUDGET_S = 2.0  # a pass starts no purge past this, so it never holds its worker for long
+PER_TENANT = 5  # jobs of one tenant a round of the pass takes before the next tenant's
 
 
 class NotDeletable(InvalidTransition):
@@ -31,7 +39,7 @@ class NotDeletable(InvalidTransition):
 
 
 def delete(job, *, actor):
-    """Mark the job deleted and queue its purge; NotDeletable with the reason when it cannot be."""
+    """Mark the job deleted (the purge pass removes its data); NotDeletable with the reason when it cannot be."""
     trial = getattr(job, "trial", None)  # None unless an experiment made the job
     if trial is not None:
         raise NotDeletable(f"job {job.id} is trial {trial.number} of experiment {trial.experiment_id}: "
@@ -50,8 +58,8 @@ def delete(job, *, actor):
 
 
 def delete_experiment(experiment, *, actor):
-    """Mark the finished experiment and its trials' jobs deleted, queue the jobs' purges and remove its
-    folder once that commits; NotDeletable with the reason when it cannot be."""
+    """Mark the finished experiment and its trials' jobs deleted and remove its folder once that commits;
+    NotDeletable with the reason when it cannot be."""
     slug, now = experiment.tenant.slug, timezone.now()
     storage.stage_dir(slug, experiment.id)
     try:
@@ -85,27 +93,53 @@ def _finished_experiment(experiment):
 
 
 def _mark_jobs(jobs, *, now, actor):
-    """Mark those of `jobs` at rest deleted and queue their purges, in the caller's transaction; how many."""
-    marked = Job.objects.filter(pk__in=[job.pk for job in jobs], status__in=AT_REST, deleted_at=None)
-    attempts = dict(marked.select_for_update().values_list("pk", "attempt"))  # held until the caller commits
-    count = marked.update(deleted_at=now, deleted_by=actor)
-    for job_id, attempt in attempts.items():
-        outbox.add(job_id, attempt, FollowUp.Kind.PURGE)
-    return count
+    """Mark those of `jobs` at rest deleted, in the caller's transaction; how many."""
+    return Job.objects.filter(pk__in=[job.pk for job in jobs], status__in=AT_REST, deleted_at=None).update(
+        deleted_at=now, deleted_by=actor)
 
 
-def purge(job_id, attempt):
-    """The PURGE follow-up: remove a deleted job's stored data. Waits (outbox.NotYet) while the job's other
-    follow-ups are open: a teardown may still be stopping what ran in its folder."""
-    job = Job.objects.select_related("tenant").filter(pk=job_id).exclude(deleted_at=None).first()
-    if job is None:
-        return
-    if FollowUp.objects.filter(job_id=job_id, done_at=None).exclude(kind=FollowUp.Kind.PURGE).exists():
-        raise outbox.NotYet(f"job {job_id} is still being torn down")
-    for model in (LogLine, MetricPoint, Artifact, LearnerCredential):
-        _delete_in_chunks(model.objects.filter(job_id=job_id))
-    if not storage.remove_job_dir(job.tenant.slug, job_id):
-        raise OSError(f"the folder of job {job_id} could not all be removed")
+# --- the purge pass ----------------------------------------------------------------------------------------
+def purge_pass(budget_s=PASS_BUDGET_S):
+    """Purge deleted jobs, a few of each tenant in turn, until none is left or the budget is spent; how
+    many. A job whose teardown is still open (it may be stopping what ran in its folder) waits."""
+    deadline, purged = time.monotonic() + budget_s, 0
+    while time.monotonic() < deadline:
+        batch = _next_round()
+        if not batch:
+            break
+        for job_id in batch:
+            if time.monotonic() >= deadline:
+                break
+            try:
+                purged += _purge(job_id)
+            except Exception:  # noqa: BLE001 - left unpurged for the next pass; the others go on
+                log.exception("purge of deleted job %s failed; the next pass tries again", job_id)
+                return purged
+    return purged
+
+
+def _next_round():
+    """Up to PER_TENANT ids of each tenant's deleted jobs not purged, oldest deletions first."""
+    waiting = (Job.objects.filter(deleted_at__isnull=False, purged_at=None)
+               .exclude(pk__in=FollowUp.objects.filter(done_at=None).values("job_id")))
+    tenants = list(waiting.order_by().values_list("tenant_id", flat=True).distinct())
+    return [job_id for tenant_id in tenants for job_id in
+            waiting.filter(tenant_id=tenant_id).order_by("deleted_at").values_list("id", flat=True)[:PER_TENANT]]
+
+
+def _purge(job_id):
+    """Remove one deleted job's data and mark it purged; 0 when another pass has it or did it."""
+    with transaction.atomic():
+        job = (Job.objects.select_for_update(skip_locked=True).select_related("tenant")
+               .filter(pk=job_id, deleted_at__isnull=False, purged_at=None).first())
+        if job is None:
+            return 0
+        for model in (LogLine, MetricPoint, Artifact, LearnerCredential):
+            _delete_in_chunks(model.objects.filter(job_id=job_id))
+        if not storage.remove_job_dir(job.tenant.slug, job_id):
+            raise OSError(f"the folder of job {job_id} could not all be removed")
+        Job.objects.filter(pk=job_id).update(purged_at=timezone.now())
+    return 1
 
 
 def _delete_in_chunks(rows):

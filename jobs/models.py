@@ -97,10 +97,11 @@ class Job(models.Model):
     log_dropped_bytes = models.BigIntegerField(default=0)
 
     # Set when a member deletes the ended job (jobs.deletion): from then on nobody sees it and it never
-    # moves again, and a PURGE follow-up removes its files, logs and metrics. The row stays, with its
-    # events and usage records, so the GPU-hours it held still count.
+    # moves again; the purge pass removes its files, logs and metrics and sets purged_at. The row stays,
+    # with its events and usage records, so the GPU-hours it held still count.
     deleted_at = models.DateTimeField(null=True, blank=True)
     deleted_by = models.CharField(max_length=150, blank=True)
+    purged_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         # (tenant, created_at) serves the jobs page's default order; with status in between, its status
@@ -110,7 +111,10 @@ class Job(models.Model):
         # table's size, where a tenant's long queue made the count a scan of the whole table.
         indexes = [models.Index(fields=["tenant", "-created_at"]),
                    models.Index(fields=["tenant", "status", "-created_at"], name="job_tenant_status_created"),
-                   models.Index(fields=["tenant"], condition=models.Q(status=Status.QUEUED), name="job_queued_per_tenant")]
+                   models.Index(fields=["tenant"], condition=models.Q(status=Status.QUEUED), name="job_queued_per_tenant"),
+                   # The purge pass's work: deleted jobs not purged yet, few at any time.
+                   models.Index(fields=["tenant", "deleted_at"], name="job_to_purge",
+                                condition=models.Q(deleted_at__isnull=False, purged_at=None))]
 
     @property
     def is_first_attempt(self):
@@ -304,7 +308,6 @@ class FollowUp(models.Model):
         HALT = "halt"
         FINISH = "finish"
         TEARDOWN = "teardown"
-        PURGE = "purge"  # a deleted job's stored data (jobs.deletion)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="follow_ups")
     attempt = models.PositiveIntegerField()

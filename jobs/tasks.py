@@ -18,7 +18,7 @@ from learner_agent import address
 
 Kind = FollowUp.Kind
 HANDLERS = {Kind.DEPLOY: lifecycle.deploy, Kind.HALT: lifecycle.halt_learners,
-            Kind.FINISH: lifecycle.finish_attempt, Kind.TEARDOWN: lifecycle.teardown, Kind.PURGE: deletion.purge}
+            Kind.FINISH: lifecycle.finish_attempt, Kind.TEARDOWN: lifecycle.teardown}
 # Work after which resources may be free for queued jobs.
 RELEASES = {Kind.FINISH, Kind.TEARDOWN}
 
@@ -63,6 +63,12 @@ def reconcile():
 def sweep_storage():
     """Celery beat's pass over storage: what killed processes left there (jobs.reconcile.sweep_storage)."""
     reconciling.sweep_storage()
+
+
+@shared_task(name="jobs.tasks.purge_deleted", ignore_result=True)
+def purge_deleted():
+    """Celery beat's pass over deleted jobs: their files, logs and metrics go (jobs.deletion.purge_pass)."""
+    deletion.purge_pass()
 
 
 @shared_task(name="jobs.tasks.idle_gpus", ignore_result=True)

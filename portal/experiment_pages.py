@@ -1,6 +1,6 @@
 """Browser pages for experiments: the tenant's experiments, the form for a new one, and one experiment's
 page (its trials, the searcher's metric charted per trial, a parallel-coordinates view) with Pause,
-Resume and Kill.
+Resume, Kill and, once it has finished, Delete.
 
 What the rows say is rendered at once, so the page is useful before any script runs;
 static/js/experiment.js then draws the charts and keeps the page live over the REST API

@@ -174,6 +174,8 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
     "autoscale": {"task": "jobs.tasks.autoscale", "schedule": ELASTIC_INTERVAL_S},
     "idle-gpus": {"task": "jobs.tasks.idle_gpus", "schedule": IDLE_GPU_INTERVAL_S},
+    # Deleted jobs' files, logs and metrics (jobs.deletion.purge_pass), within a time budget a pass.
+    "purge-deleted": {"task": "jobs.tasks.purge_deleted", "schedule": RECONCILE_INTERVAL_S},
     # What processes killed mid-submission left in storage (jobs.reconcile.sweep_storage): a walk over
     # every job's folder, so not every reconcile pass.
     "sweep-storage": {"task": "jobs.tasks.sweep_storage", "schedule": 600.0},

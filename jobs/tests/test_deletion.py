@@ -5,11 +5,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs import outbox, states, storage, tasks, usage
+from jobs import deletion, states, storage, usage
 from jobs.models import Artifact, Experiment, FollowUp, Job, LogLine, MetricPoint, Status, Trial
 from tenants import quotas
 from tenants.models import AuditEntry, UsageRecord
-from tests.support.builders import client_for, job, member, open_follow_ups, record_sends
+from tests.support.builders import client_for, job, member, record_sends
 
 pytestmark = pytest.mark.django_db
 
@@ -40,8 +40,8 @@ def stored_job(owner, status=Status.COMPLETED):
     return target
 
 
-def purge_rows(target):
-    return FollowUp.objects.filter(job=target, kind=FollowUp.Kind.PURGE)
+def purged(target):
+    return Job.objects.get(pk=target.id).purged_at is not None
 
 
 def test_the_owner_deletes_an_ended_job_and_nobody_sees_it_again(alice, sent):
@@ -56,7 +56,7 @@ def test_the_owner_deletes_an_ended_job_and_nobody_sees_it_again(alice, sent):
     assert client.delete(f"/api/v1/jobs/{target.id}/").status_code == 404
     row = Job.objects.get(pk=target.id)
     assert row.deleted_at is not None and row.deleted_by == "alice" and row.status == Status.COMPLETED
-    assert open_follow_ups(target) == {("purge", 1)}
+    assert not purged(target)
     entry = AuditEntry.objects.get(target_type="job", target=target.id)
     assert (entry.action, entry.actor, entry.tenant) == ("deleted", "alice", alice.tenant)
     assert entry.before == {"name": target.name, "owner": "alice", "status": "COMPLETED"}
@@ -68,7 +68,7 @@ def test_a_job_that_has_not_ended_is_refused_with_409_naming_its_status(alice, s
     response = client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
     assert response.status_code == 409
     assert status in response.json()["detail"] and "terminate it first" in response.json()["detail"]
-    assert Job.objects.get(pk=target.id).deleted_at is None and not purge_rows(target).exists()
+    assert Job.objects.get(pk=target.id).deleted_at is None
 
 
 @pytest.mark.parametrize("status", ["COMPLETED", "FAILED", "TERMINATED", "HALTED"])
@@ -122,16 +122,19 @@ def test_its_storage_stops_counting_against_the_quota_at_once(alice, sent):
 def test_the_purge_removes_its_files_logs_and_metrics_and_keeps_its_usage_and_history(alice, sent):
     target = stored_job(alice)
     folder = storage.job_dir("team-a", target.id)
+    kept = stored_job(alice)
     client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
-    assert outbox.run(purge_rows(target).get().pk, tasks.HANDLERS) is not None
-    assert not folder.exists()
+    assert deletion.purge_pass() == 1 and purged(target)
+    assert deletion.purge_pass() == 0
+    assert not folder.exists() and storage.job_dir("team-a", kept.id).exists()
+    assert LogLine.objects.filter(job_id=kept.id).count() == 5
     for model in (LogLine, MetricPoint, Artifact):
         assert not model.objects.filter(job_id=target.id).exists()
     assert UsageRecord.objects.filter(job_id=target.id).count() == 1
     assert Job.objects.filter(pk=target.id).exists()
     start = timezone.now() - timedelta(days=1)
     report = usage.report(alice.tenant, start=start, end=timezone.now() + timedelta(minutes=1))
-    assert report["tenant"]["allocated_gpu_hours"] == pytest.approx(2.0, abs=0.01)  # its GPU-hours still count
+    assert report["tenant"]["allocated_gpu_hours"] == pytest.approx(4.0, abs=0.01)  # both jobs' GPU-hours count
 
 
 def test_the_purge_waits_for_the_jobs_teardown(alice, sent):
@@ -139,28 +142,37 @@ def test_the_purge_waits_for_the_jobs_teardown(alice, sent):
     target = stored_job(alice, status=Status.TERMINATED)
     teardown = FollowUp.objects.create(job=target, attempt=1, kind=FollowUp.Kind.TEARDOWN)
     client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
-    row = purge_rows(target).get()
-    assert outbox.run(row.pk, tasks.HANDLERS) is None
-    row.refresh_from_db()
-    assert row.done_at is None and row.tries == 0 and row.due_at > timezone.now()
-    assert storage.job_dir("team-a", target.id).exists()
+    assert deletion.purge_pass() == 0
+    assert storage.job_dir("team-a", target.id).exists() and not purged(target)
     FollowUp.objects.filter(pk=teardown.pk).update(done_at=timezone.now())
-    FollowUp.objects.filter(pk=row.pk).update(due_at=timezone.now())
-    assert outbox.run(row.pk, tasks.HANDLERS) is not None
+    assert deletion.purge_pass() == 1
     assert not storage.job_dir("team-a", target.id).exists()
 
 
-def test_a_purge_whose_worker_died_is_sent_again_by_the_sweep(alice, sent):
+def test_a_tenant_deleting_many_jobs_does_not_hold_up_anothers_purge(sent, monkeypatch):
+    """Each round of a pass takes a few jobs of every tenant, and a pass stops at its budget."""
+    many, one = member("team-a", "alice"), member("team-b", "bob")
+    monkeypatch.setattr(deletion, "PER_TENANT", 2)
+    busy = [job(many, status=Status.COMPLETED) for _ in range(6)]
+    other = job(one, status=Status.COMPLETED)
+    for membership, target in [(many, j) for j in busy] + [(one, other)]:
+        client_for(membership).delete(f"/api/v1/jobs/{target.id}/")
+    assert deletion.purge_pass(budget_s=0) == 0  # the budget is spent before the first
+    order = []
+    monkeypatch.setattr(deletion.storage, "remove_job_dir", lambda slug, job_id: order.append(slug) or True)
+    assert deletion.purge_pass() == 7
+    assert order[:3].count("team-b") == 1  # in the first round, beside team-a's first two
+    assert all(purged(target) for target in busy + [other])
+
+
+def test_a_purge_that_fails_is_tried_again_by_the_next_pass(alice, sent, monkeypatch):
     target = stored_job(alice)
     client_for(alice).delete(f"/api/v1/jobs/{target.id}/")
-    row = purge_rows(target).get()
-    stale = timezone.now() - timedelta(seconds=outbox.CLAIM_TTL_S + 1)
-    FollowUp.objects.filter(pk=row.pk).update(claimed_at=stale, claimed_by="dead-worker", due_at=stale,
-                                              created=stale - timedelta(minutes=5))
-    sent.clear()
-    assert row.pk in outbox.sweep()
-    assert ("follow_up", (row.pk,)) in sent
-    assert outbox.run(row.pk, tasks.HANDLERS) is not None
+    monkeypatch.setattr(deletion.storage, "remove_job_dir", lambda slug, job_id: False)
+    assert deletion.purge_pass() == 0
+    assert not purged(target) and LogLine.objects.filter(job_id=target.id).count() == 5  # rolled back
+    monkeypatch.undo()
+    assert deletion.purge_pass() == 1 and purged(target)
     assert not storage.job_dir("team-a", target.id).exists()
 
 
@@ -194,7 +206,7 @@ def test_a_finished_experiment_is_deleted_with_its_trials(alice, sent, django_ca
     assert client.get("/api/v1/experiments/").json()["results"] == []
     for trial_job in trials:
         assert client.get(f"/api/v1/jobs/{trial_job.id}/").status_code == 404
-        assert open_follow_ups(trial_job) == {("purge", 1)}
+        assert Job.objects.get(pk=trial_job.id).deleted_at is not None
     assert not storage.job_dir("team-a", experiment.id).exists()
     assert quotas.stored_bytes(alice.tenant) == 0
     entry = AuditEntry.objects.get(target_type="experiment", target=experiment.id)
@@ -218,7 +230,7 @@ def test_an_experiment_with_a_trial_still_stopping_deletes_nothing(alice, sent):
     experiment = experiment_of(alice, trial_statuses=(Status.COMPLETED, Status.STORING))
     response = client_for(alice).delete(f"/api/v1/experiments/{experiment.id}/")
     assert response.status_code == 409 and "trials still stopping" in response.json()["detail"]
-    assert not Job.objects.exclude(deleted_at=None).exists() and not FollowUp.objects.exists()
+    assert not Job.objects.exclude(deleted_at=None).exists()
     assert Experiment.objects.get(pk=experiment.id).deleted_at is None
     assert not (storage.job_dir("team-a", experiment.id) / storage.STAGED_MARK).exists()
 

@@ -183,7 +183,7 @@ def test_an_action_the_state_does_not_allow_is_shown_with_the_reason(alice):
     experiment = started(alice)
     response = logged_in(alice).post(f"/experiments/{experiment.id}/resume/")
     assert response.status_code == 409
-    assert re.search(r'data-testid="action-error">experiment exp-\S+ is ACTIVE; only an experiment that is PAUSED',
+    assert re.search(r'data-testid="action-error"[^>]*>experiment exp-\S+ is ACTIVE; only an experiment that is PAUSED',
                      text_of(response))
 
 

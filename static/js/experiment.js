@@ -3,8 +3,9 @@
  * the best value over time, and the parallel-coordinates view (parallel.js).
  *
  * The server rendered the header and the table; this script reads GET /api/v1/experiments/<id>/ and its
- * metrics/ (from the last point it has, `after`), and while the experiment is ACTIVE or PAUSED asks
- * again every few seconds and brings the header, the table and the charts up to date.
+ * metrics/ (from the last point it has, `after`), and until the experiment has finished asks again every
+ * few seconds and brings the header, the table and the charts up to date. Pause, Resume and Kill are the
+ * template's forms; Delete, which a form cannot send, is sent from here.
  */
 (function () {
   "use strict";
@@ -38,6 +39,7 @@
     filter: $("trial-filter"),
     compare: $("compare"),
     compareNote: $("compare-note"),
+    actionError: $("action-error"),
     chartsStatus: $("charts-status"),
     bestChart: $("best-chart"),
     bestSoFar: $("best-so-far"),
@@ -54,6 +56,8 @@
 
   const better = (a, b) => (smallerIsBetter ? a < b : a > b);
   let state = root.dataset.state;
+  // Finished, not just final: a killed experiment is TERMINATED while its trials are still stopping.
+  let finished = root.dataset.finished === "true";
   let best = root.dataset.bestTrial === "" ? null : Number(root.dataset.bestTrial);
 
   /* ------------------------------------------------------------------ sorting and filtering ---- */
@@ -263,12 +267,15 @@
 
   function renderHeader(detail) {
     state = detail.state;
+    finished = Boolean(detail.finished_at);
     root.dataset.state = state;
+    root.dataset.finished = String(finished);
     setChip(ui.state, state);
     ui.reason.textContent = detail.state_reason || "";
     ui.reason.hidden = !detail.state_reason;
-    const actions = { pause: state === "ACTIVE", resume: state === "PAUSED", kill: !FINAL_STATES.has(state) };
-    for (const form of root.querySelectorAll("form[data-action]")) form.hidden = !actions[form.dataset.action];
+    const actions = { pause: state === "ACTIVE", resume: state === "PAUSED", kill: !FINAL_STATES.has(state),
+      delete: finished };
+    for (const action of root.querySelectorAll("[data-action]")) action.hidden = !actions[action.dataset.action];
     ui.trialsStarted.textContent = String(detail.trials_started);
     if (detail.finished_at) {
       const time = document.createElement("time");
@@ -294,6 +301,44 @@
     ui.best.replaceChildren(...parts);
     document.title = `${state} · ${document.title.replace(/^[A-Z]+ · /, "")}`;
   }
+
+  /* ------------------------------------------------------------------ delete --------------------- */
+
+  function showActionError(text) {
+    ui.actionError.textContent = text || "";
+    ui.actionError.hidden = !text;
+  }
+
+  // The job page's Delete, for the experiment: a deleted experiment has no page left, so it goes to the list.
+  async function deleteExperiment(button) {
+    const trials = ui.tbody.rows.length;
+    const question = `Delete experiment ${experimentId} and its ${trials === 1 ? "trial" : `${trials} trials`}?\n\n` +
+      `${trials === 1 ? "Its" : "Their"} code, results, checkpoints, logs and metrics are removed for good; ` +
+      `this cannot be undone. ${trials === 1 ? "Its" : "Their"} usage records stay.`;
+    if (!window.confirm(question)) return;
+    showActionError("");
+    button.disabled = true;
+    try {
+      const response = await fetch(T.inTenant(api("")), {
+        method: "DELETE",
+        credentials: "same-origin",
+        headers: { "X-CSRFToken": T.csrfToken(), Accept: "application/json" },
+      });
+      const body = await response.json().catch(() => ({}));
+      if (!response.ok) {
+        showActionError(body.detail || `Could not delete the experiment (HTTP ${response.status}).`);
+        return;
+      }
+      location.assign(T.inTenant("/experiments/"));
+    } catch (err) {
+      showActionError(`Could not reach the server: ${err.message}`);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  const deleteButton = $("delete");
+  if (deleteButton) deleteButton.addEventListener("click", () => deleteExperiment(deleteButton));
 
   /* ------------------------------------------------------------------ charts --------------------- */
 
@@ -411,15 +456,15 @@
         trialCharts.draw();
         drawBestChart();
       }
-      ui.chartsStatus.textContent = FINAL_STATES.has(state) ? "" : `updated every ${REFRESH_MS / 1000} s`;
-      T.showConnectionState(ui.connection, FINAL_STATES.has(state) ? "ended" : "live");
+      ui.chartsStatus.textContent = finished ? "" : `updated every ${REFRESH_MS / 1000} s`;
+      T.showConnectionState(ui.connection, finished ? "ended" : "live");
       root.dataset.loaded = "true";
     } catch (error) {
       T.showConnectionState(ui.connection, "reconnecting", error.message);
       ui.chartsStatus.textContent = `could not refresh: ${error.message}`;
     }
     // A tab in the background asks less often.
-    if (!FINAL_STATES.has(state)) setTimeout(refresh, document.hidden ? 5 * REFRESH_MS : REFRESH_MS);
+    if (!finished) setTimeout(refresh, document.hidden ? 5 * REFRESH_MS : REFRESH_MS);
   }
 
   showSelection();

@@ -63,7 +63,7 @@ def test_it_halts_and_resumes_a_running_job(client):
 
 def test_an_ended_job_is_deleted_with_its_files_and_its_storage_freed(client, platform):
     """Through the CLI, as a user frees storage: the job leaves the lists at once and the lifecycle
-    worker's purge removes its folder."""
+    purge pass removes its folder."""
     job = client.submit(EXAMPLE / "manifest.yml", EXAMPLE)
     assert client.wait(job["id"], timeout=60)["status"] == "COMPLETED"
     folder = platform.data_dir / "storage" / platform.tenant / job["id"]
