@@ -253,6 +253,26 @@ class ResourceSample(models.Model):
                    models.Index(fields=["time"], name="sample_time")]  # the cluster's history (jobs.node_use)
 
 
+class ResourceDay(models.Model):
+    """What one learner's samples of one day added up to, kept once they are pruned (jobs.retention): the
+    sums the usage report takes of samples (jobs.usage), so a period of old days reads the same."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="resource_days")
+    attempt = models.PositiveIntegerField()
+    learner = models.PositiveIntegerField()
+    day = models.DateField()  # UTC
+    samples = models.PositiveIntegerField()
+    cpu_cores = models.FloatField()  # the sum of the samples' cpu_cores
+    gpus_busy = models.FloatField()  # the sum of their gpus_busy, over the `gpu_samples` that had one
+    gpu_samples = models.PositiveIntegerField()
+    first = models.DateTimeField()
+    last = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "attempt", "learner", "day"], name="one_resource_day")]
+        indexes = [models.Index(fields=["day"], name="resource_day")]
+
+
 class IdleGpuPolicy(models.Model):
     """A tenant's rule for GPUs held and not used (jobs.idle): a running job whose GPUs all stay below
     `below_percent` utilisation for `minutes` is flagged and a GPUS_IDLE webhook event sent; with

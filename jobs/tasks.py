@@ -11,7 +11,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from jobs import autoscaler, deletion, dispatch, idle, lifecycle, outbox, reconcile as reconciling
+from jobs import autoscaler, deletion, dispatch, idle, lifecycle, outbox, reconcile as reconciling, retention
 from jobs.backends import get_backend
 from jobs.models import FollowUp
 from learner_agent import address
@@ -69,6 +69,12 @@ def sweep_storage():
 def purge_deleted():
     """Celery beat's pass over deleted jobs: their files, logs and metrics go (jobs.deletion.purge_pass)."""
     deletion.purge_pass()
+
+
+@shared_task(name="jobs.tasks.prune_samples", ignore_result=True)
+def prune_samples():
+    """Celery beat's pass over resource samples past their retention (jobs.retention.prune_pass)."""
+    retention.prune_pass()
 
 
 @shared_task(name="jobs.tasks.idle_gpus", ignore_result=True)

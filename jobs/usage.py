@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db.models import Count, Max, Min, Q, Sum
 from django.utils import timezone
 
+from jobs import retention
 from jobs.models import Job, ResourceSample
 from tenants import quotas
 from tenants.models import UsageRecord
@@ -87,11 +88,13 @@ def report(tenant, *, start, end, visible=None, now=None):
         entry = jobs[record.job_id]
         entry["gpu_s"] += record.gpus * seconds
         entry["cpu_s"] += record.cpus * seconds
-    learners = (ResourceSample.objects.filter(job__tenant=tenant, time__gte=start, time__lt=end)
-                .values("job_id", "attempt", "learner")
-                .annotate(n=Count("id"), cpu=Sum("cpu_cores"), gpu=Sum("gpus_busy"), gpu_n=Count("gpus_busy"),
-                          first=Min("time"), last=Max("time")))
-    for group in learners:
+    learners = retention.days_within(tenant, start, end)  # what is kept of pruned samples
+    for group in (ResourceSample.objects.filter(job__tenant=tenant, time__gte=start, time__lt=end)
+                  .values("job_id", "attempt", "learner")
+                  .annotate(n=Count("id"), cpu=Sum("cpu_cores"), gpu=Sum("gpus_busy"), gpu_n=Count("gpus_busy"),
+                            first=Min("time"), last=Max("time"))):
+        _merge(learners, group)
+    for group in learners.values():
         interval = ((group["last"] - group["first"]).total_seconds() / (group["n"] - 1) if group["n"] > 1
                     else settings.RESOURCE_SAMPLE_S)
         entry = jobs[group["job_id"]]
@@ -111,6 +114,18 @@ def report(tenant, *, start, end, visible=None, now=None):
             "tenant": {"tenant": tenant.slug, **_hours(total)},
             "users": [{"user": user, **_hours(entry)} for user, entry in sorted(by_user.items())],
             "jobs": job_rows}
+
+
+def _merge(groups, group):
+    """Add one learner's samples in the period to its pruned days in it (jobs.retention), if any."""
+    key = (group["job_id"], group["attempt"], group["learner"])
+    kept = groups.get(key)
+    if kept is None:
+        groups[key] = group
+        return
+    groups[key] = {**kept, "n": kept["n"] + group["n"], "cpu": kept["cpu"] + group["cpu"],
+                   "gpu": (kept["gpu"] or 0.0) + (group["gpu"] or 0.0), "gpu_n": kept["gpu_n"] + group["gpu_n"],
+                   "first": min(kept["first"], group["first"]), "last": max(kept["last"], group["last"])}
 
 
 def _zero():

@@ -176,6 +176,8 @@ CELERY_BEAT_SCHEDULE = {
     "idle-gpus": {"task": "jobs.tasks.idle_gpus", "schedule": IDLE_GPU_INTERVAL_S},
     # Deleted jobs' files, logs and metrics (jobs.deletion.purge_pass), within a time budget a pass.
     "purge-deleted": {"task": "jobs.tasks.purge_deleted", "schedule": RECONCILE_INTERVAL_S},
+    # Resource samples past their retention (jobs.retention.prune_pass), within a time budget a pass.
+    "prune-samples": {"task": "jobs.tasks.prune_samples", "schedule": 60.0},
     # What processes killed mid-submission left in storage (jobs.reconcile.sweep_storage): a walk over
     # every job's folder, so not every reconcile pass.
     "sweep-storage": {"task": "jobs.tasks.sweep_storage", "schedule": 600.0},
@@ -249,6 +251,8 @@ LOG_PACE_BYTES_PER_SECOND = env.integer("TRAINYARD_LOG_PACE_KB", 512, minimum=0)
 LOG_PACE_BURST_BYTES = env.integer("TRAINYARD_LOG_PACE_BURST_MB", 8, minimum=1) * 2**20
 # How often each learner's agent samples its CPU, memory and GPUs (learner_agent.telemetry); 0: never.
 RESOURCE_SAMPLE_S = env.number("TRAINYARD_RESOURCE_SAMPLE_S", 5.0, minimum=0.0)
+# Samples older than this many days are summed into learner-days and deleted (jobs.retention); 0: kept.
+RESOURCE_SAMPLE_DAYS = env.integer("TRAINYARD_RESOURCE_SAMPLE_DAYS", 30, minimum=0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024  # an agent batch is up to 8 MiB of JSON
 # Threads of each web process that serve agents' ingest posts (portal.overrides.ingest); one on SQLite.
 INGEST_THREADS = env.integer("TRAINYARD_INGEST_THREADS", 4, minimum=1)
