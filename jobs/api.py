@@ -94,8 +94,8 @@ class JobDetail(TenantScoped, APIView):
 
     @extend_schema(request=None, responses={
         202: OpenApiResponse(JobDetailSerializer, description=(
-            "deleted: the job is gone from every list and answers 404 from now on, its stored files stop "
-            "counting against the tenant's storage quota and are removed within moments; its usage stays")),
+            "deleted: the job is gone from every list and answers 404 from now on; its stored files are "
+            "removed within moments, and then stop counting against the tenant's storage quota; its usage stays")),
         403: OpenApiResponse(ErrorSerializer, description="not the job's owner or a tenant admin"),
         409: OpenApiResponse(ErrorSerializer, description=(
             "the job has not ended (terminate it first) or is an experiment's trial; `detail` says which"))})
@@ -103,7 +103,10 @@ class JobDetail(TenantScoped, APIView):
         job = self.job()
         if not tenancy.can_delete(self.membership(), job):
             return Response({"detail": "only the job's owner and tenant admins can delete it"}, status=403)
-        job = deletion.delete(job, actor=request.user.username)
+        try:
+            job = deletion.delete(job, actor=request.user.username)
+        except deletion.AlreadyDeleted as exc:  # by another request since this one found it
+            return Response({"detail": str(exc)}, status=404)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 

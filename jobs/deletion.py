@@ -1,10 +1,10 @@
 """Deleting a job or an experiment: what a tenant frees of the storage it keeps, once they have ended.
 
 `delete` is the member's request: a compare-and-swap marks the ended (or halted) job deleted, so from
-that commit on nobody sees the job, it never moves again (jobs.states), and its files no longer count
-against the tenant's storage quota. `purge_pass` (celery beat, every RECONCILE_INTERVAL_S) then removes
-each deleted job's folder (code archive, results, checkpoints, log files) and its log lines, metric
-points and artifact rows, and marks it purged. The marks are the record, so a pass killed midway leaves
+that commit on nobody sees the job and it never moves again (jobs.states). `purge_pass` (celery beat,
+every RECONCILE_INTERVAL_S) then removes each deleted job's folder (code archive, results, checkpoints,
+log files) and its log lines, metric points and artifact rows, and marks it purged; its files count
+against the tenant's storage quota until then, as they take the disk until then. The marks are the record, so a pass killed midway leaves
 the rest to the next. A pass takes a few jobs of each tenant in turn within a time budget: one tenant
 deleting an experiment of 10,000 trials does not hold the lifecycle worker from the others' deploys.
 
@@ -38,6 +38,10 @@ class NotDeletable(InvalidTransition):
     """The job or experiment cannot be deleted now (it runs, or the job belongs to an experiment); 409."""
 
 
+class AlreadyDeleted(NotDeletable):
+    """Another request deleted it after this one found it: it is gone, a 404 as for every request after."""
+
+
 def delete(job, *, actor):
     """Mark the job deleted (the purge pass removes its data); NotDeletable with the reason when it cannot be."""
     trial = getattr(job, "trial", None)  # None unless an experiment made the job
@@ -47,7 +51,9 @@ def delete(job, *, actor):
     now = timezone.now()
     with transaction.atomic():
         if not _mark_jobs([job], now=now, actor=actor):
-            status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
+            status, gone = Job.objects.filter(pk=job.pk).values_list("status", "deleted_at").first()
+            if gone:
+                raise AlreadyDeleted(f"job {job.id} is deleted")
             raise NotDeletable(f"job {job.id} is {status}; only a job that has ended or is halted can be deleted "
                                "(terminate it first)")
         with audit.acting_as(actor):
@@ -74,6 +80,9 @@ def delete_experiment(experiment, *, actor):
                              before={"name": row.name, "owner": experiment.owner.get_username(), "state": row.state,
                                      "trials": len(trials)})
             transaction.on_commit(lambda: storage.remove_job_dir(slug, row.id))
+    except AlreadyDeleted:  # the other deletion removed the folder, which staging here made again
+        storage.remove_job_dir(slug, experiment.id)
+        raise
     except NotDeletable:  # refused, so nothing committed: the folder is its experiment's again
         storage.unstage(slug, experiment.id)
         raise
@@ -84,10 +93,11 @@ def delete_experiment(experiment, *, actor):
 def _finished_experiment(experiment):
     """The experiment's row, locked, if it has finished and is not deleted; else NotDeletable."""
     row = Experiment.objects.select_for_update().filter(pk=experiment.pk, deleted_at=None).first()
-    if row is None or row.finished_at is None:
-        state = row.state if row else "deleted"
-        stopping = " and its trials are still stopping" if state == Experiment.State.TERMINATED else ""
-        raise NotDeletable(f"experiment {experiment.id} is {state}{stopping}; only a finished experiment can be "
+    if row is None:
+        raise AlreadyDeleted(f"experiment {experiment.id} is deleted")
+    if row.finished_at is None:
+        stopping = " and its trials are still stopping" if row.state == Experiment.State.TERMINATED else ""
+        raise NotDeletable(f"experiment {experiment.id} is {row.state}{stopping}; only a finished experiment can be "
                            "deleted (kill it first)")
     return row
 
@@ -101,45 +111,52 @@ def _mark_jobs(jobs, *, now, actor):
 # --- the purge pass ----------------------------------------------------------------------------------------
 def purge_pass(budget_s=PASS_BUDGET_S):
     """Purge deleted jobs, a few of each tenant in turn, until none is left or the budget is spent; how
-    many. A job whose teardown is still open (it may be stopping what ran in its folder) waits."""
-    deadline, purged = time.monotonic() + budget_s, 0
+    many. A job whose teardown is still open (it may be stopping what ran in its folder) waits. A purge
+    that fails (a folder a learner made unremovable) is left to the next pass and not taken again in
+    this one, so it never holds up the jobs after it, its tenant's or the others'."""
+    deadline, purged, passed_over = time.monotonic() + budget_s, 0, set()
     while time.monotonic() < deadline:
-        batch = _next_round()
+        batch = _next_round(passed_over)
         if not batch:
             break
         for job_id in batch:
             if time.monotonic() >= deadline:
                 break
             try:
-                purged += _purge(job_id)
+                done = _purge(job_id)
             except Exception:  # noqa: BLE001 - left unpurged for the next pass; the others go on
                 log.exception("purge of deleted job %s failed; the next pass tries again", job_id)
-                return purged
+                done = 0
+            purged += done
+            if not done:  # failed, or another pass has it
+                passed_over.add(job_id)
     return purged
 
 
-def _next_round():
-    """Up to PER_TENANT ids of each tenant's deleted jobs not purged, oldest deletions first."""
+def _next_round(passed_over=()):
+    """Up to PER_TENANT ids of each tenant's deleted jobs not purged, oldest deletions first, less
+    those this pass has passed over."""
     waiting = (Job.objects.filter(deleted_at__isnull=False, purged_at=None)
-               .exclude(pk__in=FollowUp.objects.filter(done_at=None).values("job_id")))
+               .exclude(pk__in=FollowUp.objects.filter(done_at=None).values("job_id"))
+               .exclude(pk__in=list(passed_over)))
     tenants = list(waiting.order_by().values_list("tenant_id", flat=True).distinct())
     return [job_id for tenant_id in tenants for job_id in
             waiting.filter(tenant_id=tenant_id).order_by("deleted_at").values_list("id", flat=True)[:PER_TENANT]]
 
 
 def _purge(job_id):
-    """Remove one deleted job's data and mark it purged; 0 when another pass has it or did it."""
-    with transaction.atomic():
-        job = (Job.objects.select_for_update(skip_locked=True).select_related("tenant")
-               .filter(pk=job_id, deleted_at__isnull=False, purged_at=None).first())
-        if job is None:
-            return 0
-        for model in (LogLine, MetricPoint, Artifact, LearnerCredential):
-            _delete_in_chunks(model.objects.filter(job_id=job_id))
-        if not storage.remove_job_dir(job.tenant.slug, job_id):
-            raise OSError(f"the folder of job {job_id} could not all be removed")
-        Job.objects.filter(pk=job_id).update(purged_at=timezone.now())
-    return 1
+    """Remove one deleted job's data and mark it purged; 0 when another pass did it meanwhile. Each chunk
+    commits on its own (a long log is no transaction held for minutes) and the mark comes last: a pass
+    killed midway leaves the rest to the next, and two passes on one job delete nothing twice."""
+    job = (Job.objects.select_related("tenant")
+           .filter(pk=job_id, deleted_at__isnull=False, purged_at=None).first())
+    if job is None:
+        return 0
+    for model in (LogLine, MetricPoint, Artifact, LearnerCredential):
+        _delete_in_chunks(model.objects.filter(job_id=job_id))
+    if not storage.remove_job_dir(job.tenant.slug, job_id):
+        raise OSError(f"the folder of job {job_id} could not all be removed")
+    return Job.objects.filter(pk=job_id, purged_at=None).update(purged_at=timezone.now())
 
 
 def _delete_in_chunks(rows):

@@ -148,7 +148,10 @@ class ExperimentDetail(Scoped, APIView):
         experiment = self.experiment()
         if not experiments.can_control(self.membership(), experiment):
             return Response({"detail": "only the experiment's owner and tenant admins can delete it"}, status=403)
-        experiment = deletion.delete_experiment(experiment, actor=request.user.username)
+        try:
+            experiment = deletion.delete_experiment(experiment, actor=request.user.username)
+        except deletion.AlreadyDeleted as exc:  # by another request since this one found it
+            return Response({"detail": str(exc)}, status=404)
         return Response(ExperimentDetailSerializer(experiment).data, status=status.HTTP_202_ACCEPTED)
 
 

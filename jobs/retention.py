@@ -32,10 +32,9 @@ def prune_pass(now=None, budget_s=PASS_BUDGET_S):
     how many days of a job it pruned. Nothing when RESOURCE_SAMPLE_DAYS is 0 (kept for ever)."""
     if not settings.RESOURCE_SAMPLE_DAYS:
         return 0
-    now = now or timezone.now()
-    # Whole UTC days only: a day is summed once all of it is past the retention.
-    cutoff = datetime.combine((now - timedelta(days=settings.RESOURCE_SAMPLE_DAYS)).astimezone(dt_timezone.utc).date(),
-                              datetime.min.time(), tzinfo=dt_timezone.utc)
+    cutoff = _cutoff(now or timezone.now())
+    if cutoff is None:
+        return 0
     deadline, pruned = time.monotonic() + budget_s, 0
     while time.monotonic() < deadline:
         oldest = ResourceSample.objects.filter(time__lt=cutoff).order_by("time").values("job_id", "time").first()
@@ -43,6 +42,17 @@ def prune_pass(now=None, budget_s=PASS_BUDGET_S):
             break
         pruned += _prune_day(oldest["job_id"], oldest["time"].astimezone(dt_timezone.utc).date())
     return pruned
+
+
+def _cutoff(now):
+    """The start of the first day kept. Whole UTC days only: a day is summed once all of it is past the
+    retention. None when the retention reaches back before the first date (no sample is that old)."""
+    try:
+        oldest_kept = now - timedelta(days=settings.RESOURCE_SAMPLE_DAYS)
+    except OverflowError:
+        return None
+    return datetime.combine(oldest_kept.astimezone(dt_timezone.utc).date(), datetime.min.time(),
+                            tzinfo=dt_timezone.utc)
 
 
 def _prune_day(job_id, day):
@@ -80,12 +90,12 @@ def _add_to_day(job_id, day, row):
 
 def days_within(tenant, start, end):
     """The tenant's pruned learner-days that begin inside [start, end), grouped as jobs.usage groups
-    samples: {(job id, attempt, learner): {n, cpu, gpu, gpu_n, first, last}}. A day counts whole."""
-    rows = (ResourceDay.objects.filter(job__tenant=tenant, day__gte=_date(start), day__lt=_date(end))
+    samples (job_id, attempt, learner, n, cpu, gpu, gpu_n, first, last). A query, not yet read: the
+    report reads it in one statement with the samples still kept. A day counts whole."""
+    return (ResourceDay.objects.filter(job__tenant=tenant, day__gte=_date(start), day__lt=_date(end))
             .values("job_id", "attempt", "learner")
             .annotate(n=Sum("samples"), cpu=Sum("cpu_cores"), gpu=Sum("gpus_busy"), gpu_n=Sum("gpu_samples"),
                       first=Min("first"), last=Max("last")))
-    return {(row["job_id"], row["attempt"], row["learner"]): row for row in rows}
 
 
 def _date(moment):

@@ -88,11 +88,14 @@ def report(tenant, *, start, end, visible=None, now=None):
         entry = jobs[record.job_id]
         entry["gpu_s"] += record.gpus * seconds
         entry["cpu_s"] += record.cpus * seconds
-    learners = retention.days_within(tenant, start, end)  # what is kept of pruned samples
-    for group in (ResourceSample.objects.filter(job__tenant=tenant, time__gte=start, time__lt=end)
-                  .values("job_id", "attempt", "learner")
-                  .annotate(n=Count("id"), cpu=Sum("cpu_cores"), gpu=Sum("gpus_busy"), gpu_n=Count("gpus_busy"),
-                            first=Min("time"), last=Max("time"))):
+    samples = (ResourceSample.objects.filter(job__tenant=tenant, time__gte=start, time__lt=end)
+               .values("job_id", "attempt", "learner")
+               .annotate(n=Count("id"), cpu=Sum("cpu_cores"), gpu=Sum("gpus_busy"), gpu_n=Count("gpus_busy"),
+                         first=Min("time"), last=Max("time")))
+    learners = {}
+    # With what is kept of pruned samples (jobs.retention), in one statement: a day pruned while the
+    # report reads is read either as its samples or as its sums, never as neither or both.
+    for group in samples.union(retention.days_within(tenant, start, end), all=True):
         _merge(learners, group)
     for group in learners.values():
         interval = ((group["last"] - group["first"]).total_seconds() / (group["n"] - 1) if group["n"] > 1
@@ -117,7 +120,8 @@ def report(tenant, *, start, end, visible=None, now=None):
 
 
 def _merge(groups, group):
-    """Add one learner's samples in the period to its pruned days in it (jobs.retention), if any."""
+    """Add one learner's samples in the period, or its pruned days in it (jobs.retention), to what is
+    read of that learner so far."""
     key = (group["job_id"], group["attempt"], group["learner"])
     kept = groups.get(key)
     if kept is None:

@@ -176,9 +176,9 @@ def history(tenant, quota=None, now=None, periods=HISTORY_PERIODS):
 def stored_bytes(tenant):
     """What the tenant keeps in storage, counted by the database: every recorded result, checkpoint
     and log file (each job's Artifact rows, written when it stores its output) and every code archive,
-    kept until its job is deleted (a trial's links to its experiment's, counted once, there). A deleted
-    job's count is freed at once; its purge follows within moments (jobs.deletion)."""
-    kept = tenant.jobs.filter(deleted_at=None)
+    kept until its job is deleted and purged (a trial's links to its experiment's, counted once, there):
+    a deleted job's files take the disk until the purge pass has removed them (jobs.deletion)."""
+    kept = tenant.jobs.filter(purged_at=None)
     outputs = kept.aggregate(total=Sum("artifacts__size"))["total"] or 0
     code = kept.filter(trial__isnull=True).aggregate(total=Sum("code_bytes"))["total"] or 0
     shared_code = tenant.experiments.filter(deleted_at=None).aggregate(total=Sum("code_bytes"))["total"] or 0

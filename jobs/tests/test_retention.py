@@ -3,10 +3,12 @@ samples deleted, and the usage report of an old period reads the same before and
 from datetime import datetime, timedelta, timezone as dt_timezone
 
 import pytest
+from django.db import connection
 
 from jobs import retention, usage
 from jobs.models import ResourceDay, ResourceSample
 from tests.support.builders import job, member
+from tests.support.optional import skip_or_fail
 
 pytestmark = pytest.mark.django_db
 NOW = datetime(2026, 11, 29, 15, 30, tzinfo=dt_timezone.utc)
@@ -89,3 +91,38 @@ def test_nothing_is_pruned_when_samples_are_kept_for_ever(alice, settings):
     settings.RESOURCE_SAMPLE_DAYS = 0
     sampled(job(alice), OLD_DAY - timedelta(days=400), hours=1)
     assert retention.prune_pass(now=NOW) == 0 and ResourceSample.objects.count() == 12
+
+
+@pytest.mark.parametrize("days", [800_000, 10**10])
+def test_it_prunes_nothing_when_the_retention_reaches_before_any_sample(settings, days):
+    """A retention longer than the calendar goes back (TRAINYARD_RESOURCE_SAMPLE_DAYS=999999, "for ever")
+    keeps every sample; it does not fail every pass."""
+    settings.RESOURCE_SAMPLE_DAYS = days
+    sampled(job(member("team-a", "alice")), OLD_DAY, hours=1)
+    assert retention.prune_pass(now=NOW) == 0 and ResourceSample.objects.count() == 12
+
+
+def test_a_day_pruned_while_the_usage_report_reads_is_counted_once(settings):
+    """The pass commits a day (its samples deleted, its sums written) just after the report's first read
+    of samples or kept days: the report read both as of one moment, so the day is counted, and only once."""
+    if connection.vendor != "postgresql":
+        # SQLite steps through a statement's rows as they are fetched: a pass run on the same connection
+        # after `execute` would delete rows the statement has still to read.
+        skip_or_fail("a statement read whole at execute is PostgreSQL's (set DATABASE_URL)")
+    settings.RESOURCE_SAMPLE_DAYS = 30
+    alice = member("team-a", "alice")
+    sampled(job(alice), OLD_DAY, hours=23)
+    period = (OLD_DAY, OLD_DAY + timedelta(days=2))
+    before = report(alice.tenant, *period)["tenant"]["used_cpu_hours"]
+    assert before == pytest.approx(23, abs=0.1)
+    pruned = []
+
+    def prune_after_the_first_read(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not pruned and "resource" in sql and sql.lstrip("( ").upper().startswith("SELECT"):
+            pruned.append(None)  # once: the pass's own statements come through here too
+            pruned[0] = retention.prune_pass(now=NOW)
+        return result
+    with connection.execute_wrapper(prune_after_the_first_read):
+        during = report(alice.tenant, *period)["tenant"]["used_cpu_hours"]
+    assert pruned == [1] and during == before

@@ -80,11 +80,11 @@ def test_an_ended_job_is_deleted_with_its_files_and_its_storage_freed(client, pl
     with pytest.raises(NotFound):
         client.job(job["id"])
     assert job["id"] not in [j["id"] for j in client.jobs(limit=200)]
-    assert client.tenant()["usage"]["storage_bytes"] < stored
     deadline = time.monotonic() + 30
     while folder.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not folder.exists()
+    assert client.tenant()["usage"]["storage_bytes"] < stored
 
 
 def test_a_running_job_is_not_deleted(client):
