@@ -103,10 +103,7 @@ class JobDetail(TenantScoped, APIView):
         job = self.job()
         if not tenancy.can_delete(self.membership(), job):
             return Response({"detail": "only the job's owner and tenant admins can delete it"}, status=403)
-        try:
-            job = deletion.delete(job, actor=request.user.username)
-        except deletion.AlreadyDeleted as exc:  # by another request since this one found it
-            return Response({"detail": str(exc)}, status=404)
+        job = deletion.delete(job, actor=request.user.username)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 

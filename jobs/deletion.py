@@ -4,9 +4,10 @@
 that commit on nobody sees the job and it never moves again (jobs.states). `purge_pass` (celery beat,
 every RECONCILE_INTERVAL_S) then removes each deleted job's folder (code archive, results, checkpoints,
 log files) and its log lines, metric points and artifact rows, and marks it purged; its files count
-against the tenant's storage quota until then, as they take the disk until then. The marks are the record, so a pass killed midway leaves
-the rest to the next. A pass takes a few jobs of each tenant in turn within a time budget: one tenant
-deleting an experiment of 10,000 trials does not hold the lifecycle worker from the others' deploys.
+against the tenant's storage quota until then, as they take the disk until then. The marks are the
+record, so a pass killed midway leaves the rest to the next. A pass takes a few jobs of each tenant in
+turn within a time budget: one tenant deleting an experiment of 10,000 trials does not hold the
+lifecycle worker from the others' deploys.
 
 Kept for good: the job's row, its events and its usage records, so the GPU-hours it held stay in the
 tenant's accounting and its history in the audit log. Data the job wrote to the user's own data store
@@ -39,7 +40,8 @@ class NotDeletable(InvalidTransition):
 
 
 class AlreadyDeleted(NotDeletable):
-    """Another request deleted it after this one found it: it is gone, a 404 as for every request after."""
+    """Another request deleted it after this one found it: it is gone, a 404 (portal.api) as for every
+    request after."""
 
 
 def delete(job, *, actor):

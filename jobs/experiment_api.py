@@ -148,10 +148,7 @@ class ExperimentDetail(Scoped, APIView):
         experiment = self.experiment()
         if not experiments.can_control(self.membership(), experiment):
             return Response({"detail": "only the experiment's owner and tenant admins can delete it"}, status=403)
-        try:
-            experiment = deletion.delete_experiment(experiment, actor=request.user.username)
-        except deletion.AlreadyDeleted as exc:  # by another request since this one found it
-            return Response({"detail": str(exc)}, status=404)
+        experiment = deletion.delete_experiment(experiment, actor=request.user.username)
         return Response(ExperimentDetailSerializer(experiment).data, status=status.HTTP_202_ACCEPTED)
 
 

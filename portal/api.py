@@ -5,6 +5,7 @@ from django.views import defaults
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from jobs.deletion import AlreadyDeleted
 from jobs.submission import SubmitError
 from jobs.states import InvalidTransition
 from jobs.bounds import BadParameter
@@ -19,6 +20,8 @@ def exception_handler(exc, context):
         if exc.field:
             body["field"] = exc.field
         return Response(body, status=exc.status, headers=exc.headers())
+    if isinstance(exc, AlreadyDeleted):  # deleted by another request since this one found it: gone
+        return Response({"detail": str(exc)}, status=404)
     if isinstance(exc, InvalidTransition):
         return Response({"detail": str(exc)}, status=409)
     if isinstance(exc, NoTenant):

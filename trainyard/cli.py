@@ -421,6 +421,12 @@ def _state(text):
     return text.strip().upper()
 
 
+def deleting(parser):
+    """A delete command's arguments: what to delete, and --yes for a script."""
+    parser.add_argument("id", metavar="ID")
+    parser.add_argument("-y", "--yes", action="store_true", help="do not ask first (needed when not at a terminal)")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="trainyard", description="Submit and follow training jobs on Trainyard.",
@@ -471,9 +477,7 @@ def build_parser():
                             ("resume", "queue a halted job again; it resumes from its checkpoint"),
                             ("terminate", "stop a job for good")):
         command(name, cmd_action, help_text).add_argument("id", metavar="ID")
-    delete = command("delete", cmd_delete, "delete an ended job with its files, logs and metrics (its usage stays)")
-    delete.add_argument("id", metavar="ID")
-    delete.add_argument("-y", "--yes", action="store_true", help="do not ask first (needed when not at a terminal)")
+    deleting(command("delete", cmd_delete, "delete an ended job with its files, logs and metrics (its usage stays)"))
 
     download = command("download", cmd_download, "download a job's results (or checkpoints)")
     download.add_argument("id", metavar="ID")
@@ -506,11 +510,8 @@ def build_parser():
                             ("resume", "go on with a paused experiment"),
                             ("kill", "stop an experiment and all its trials for good")):
         experiment_command(name, cmd_experiment_action, help_text).add_argument("id", metavar="ID")
-    experiment_delete = experiment_command("delete", cmd_experiment_delete, "delete a finished experiment with all its "
-                                           "trials' jobs, their files, logs and metrics (their usage stays)")
-    experiment_delete.add_argument("id", metavar="ID")
-    experiment_delete.add_argument("-y", "--yes", action="store_true",
-                                   help="do not ask first (needed when not at a terminal)")
+    deleting(experiment_command("delete", cmd_experiment_delete, "delete a finished experiment with all its trials' "
+                                "jobs, their files, logs and metrics (their usage stays)"))
 
     validate = command("validate", cmd_validate, "check a manifest (a job's or an experiment's) offline")
     validate.add_argument("manifest", metavar="MANIFEST")
