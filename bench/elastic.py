@@ -1,6 +1,6 @@
 """elastic: the elastic optimizer's policies (gpu_scheduler/elastic.py) on the same seeded traces
-through the elastic simulator (gpu_scheduler/simulator/elastic.py), on Pollux's eight workloads at four
-loads replayed with physics from its measured traces (gpu_scheduler/simulator/pollux_replay.py), plus
+through the elastic simulator (bench/simulator/elastic.py), on Pollux's eight workloads at four
+loads replayed with physics from its measured traces (bench/simulator/pollux_replay.py), plus
 the cost of one optimizer call for 500 jobs on 4,096 GPUs.
 
 Pollux's workloads: every policy (Tiresias+TunedJobs, gpu_only, paper, trainyard) on every workload
@@ -33,9 +33,9 @@ from pathlib import Path
 
 from bench.report import percentile, publish
 from gpu_scheduler.elastic import POLICIES, ElasticCluster, ElasticJob, ElasticPolicy, optimize
-from gpu_scheduler.simulator import pollux
-from gpu_scheduler.simulator.elastic import PROFILES, elastic_trace, run_elastic
-from gpu_scheduler.simulator.pollux_replay import REPLAY_POLICIES, RESTART_S, replay
+from bench.simulator import pollux
+from bench.simulator.elastic import PROFILES, elastic_trace, run_elastic
+from bench.simulator.pollux_replay import REPLAY_POLICIES, RESTART_S, replay
 
 SEEDS = [int(s) for s in os.environ.get("BENCH_ELASTIC_SEEDS", "1,2,3").split(",")]
 JOBS = int(os.environ.get("BENCH_ELASTIC_JOBS", 200))

@@ -2,7 +2,7 @@
 traces, through the simulator (which calls the real `gpu_scheduler.schedule`), plus the cost of one
 scheduling cycle with 10,000 queued jobs on a 1,000-node x 8-GPU cluster.
 
-Traces are synthetic (gpu_scheduler/simulator/synthetic.py: FfDL's shape, 30% of jobs in sweeps),
+Traces are synthetic (bench/simulator/synthetic.py: FfDL's shape, 30% of jobs in sweeps),
 seeded, offered at a share of the cluster's GPUs ("load"), in three scenarios:
 - `busy`: a contended cluster (32 nodes x 8 GPUs) offered 0.9 of its GPUs for about a week of
   arrivals (2,400 jobs per trace), long enough for the 24-hour tail of run times to reach a steady
@@ -28,7 +28,7 @@ import time
 from bench.report import percentile, publish
 from bench.targets import shown
 from gpu_scheduler import Node, Policy, Resources, Snapshot, TenantPolicy, Workload, schedule
-from gpu_scheduler.simulator import Simulation, equal_quotas, summarise, synthetic_trace
+from bench.simulator import Simulation, equal_quotas, summarise, synthetic_trace
 
 GIB = 2**30
 SEEDS = [int(s) for s in os.environ.get("BENCH_SCHED_SEEDS", "11,12,13").split(",")]

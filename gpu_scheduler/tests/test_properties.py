@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpu_scheduler import Policy, Resources, Snapshot, TenantPolicy, Workload, schedule
 from gpu_scheduler.model import CPU_EPSILON
 from gpu_scheduler.placement import FreeMap
-from gpu_scheduler.simulator import Simulation, TraceJob, summarise
+from bench.simulator import Simulation, TraceJob, summarise
 from tests.support.scheduler_builders import node
 
 GIB = 2**30

@@ -5,7 +5,7 @@ import statistics
 import pytest
 
 from gpu_scheduler import Policy
-from gpu_scheduler.simulator import (Simulation, TraceError, TraceJob, equal_quotas, jain_index, read_csv,
+from bench.simulator import (Simulation, TraceError, TraceJob, equal_quotas, jain_index, read_csv,
                                      summarise, synthetic_trace, write_csv)
 from tests.support.scheduler_builders import node, nodes
 

@@ -1,11 +1,11 @@
-"""Pollux's traces as job physics (simulator/pollux.py), Tiresias' 2D-LAS (simulator/tiresias.py) and a
-short replay (simulator/pollux_replay.py). Expected values are read off the trace files by hand."""
+"""Pollux's traces as job physics (bench/simulator/pollux.py), Tiresias' 2D-LAS (bench/simulator/tiresias.py) and a
+short replay (bench/simulator/pollux_replay.py). Expected values are read off the trace files by hand."""
 import math
 
 import pytest
 
-from gpu_scheduler.simulator import pollux, tiresias
-from gpu_scheduler.simulator.pollux_replay import REPLAY_POLICIES, RESTART_S, replay
+from bench.simulator import pollux, tiresias
+from bench.simulator.pollux_replay import REPLAY_POLICIES, RESTART_S, replay
 
 needs_data = pytest.mark.skipif(not pollux.available(), reason="Pollux's data (../shared/pollux) is not here")
 
@@ -157,7 +157,7 @@ def test_it_runs_every_job_to_its_target(short_workload, policy):
 
 @needs_data
 def test_trainyard_keeps_the_asked_batch_until_it_has_measured_a_noise_scale(short_workload):
-    from gpu_scheduler.simulator.pollux_replay import ElasticDecider, ReplayJob
+    from bench.simulator.pollux_replay import ElasticDecider, ReplayJob
     decider = ElasticDecider("trainyard", {f"n{i}": 4 for i in range(16)}, RESTART_S)
     spec = short_workload[0]  # DeepSpeech2 at 320, below its largest traced batch (640)
     job = ReplayJob(spec.name, spec.arrival_s, pollux.application(spec.app), spec.gpus, spec.batch, 0)
@@ -170,7 +170,7 @@ def test_trainyard_keeps_the_asked_batch_until_it_has_measured_a_noise_scale(sho
 @needs_data
 @pytest.mark.parametrize("policy", ["gpu_only", "paper"])
 def test_skipping_a_decision_nothing_changed_for_gives_the_same_replay(short_workload, policy, monkeypatch):
-    from gpu_scheduler.simulator import pollux_replay
+    from bench.simulator import pollux_replay
 
     skipping = replay(short_workload, policy).jcts()
 

@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpu_scheduler.elastic import ElasticCluster, ElasticJob, ElasticPolicy, optimize
-from gpu_scheduler.simulator import tiresias
-from gpu_scheduler.simulator.metrics import percentile
-from gpu_scheduler.simulator.pollux import application
+from bench.simulator import tiresias
+from bench.simulator.metrics import percentile
+from bench.simulator.pollux import application
 from gpu_scheduler.throughput import GENERIC_PRIOR, fit
 
 NODES = 16

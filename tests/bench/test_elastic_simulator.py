@@ -1,8 +1,8 @@
-"""The elastic simulator (simulator/elastic.py): small seeded traces, every policy."""
+"""The elastic simulator (bench/simulator/elastic.py): small seeded traces, every policy."""
 import pytest
 
 from gpu_scheduler.elastic import POLICIES, ElasticPolicy
-from gpu_scheduler.simulator.elastic import elastic_trace, run_elastic
+from bench.simulator.elastic import elastic_trace, run_elastic
 
 NODES = {f"n{i}": 4 for i in range(4)}
 

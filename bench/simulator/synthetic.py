@@ -16,7 +16,7 @@ The exact mix below is our calibration of that shape, not figures copied from th
 import math
 import random
 
-from gpu_scheduler.simulator.trace import GIB, TraceJob
+from bench.simulator.trace import GIB, TraceJob
 
 LEARNERS = ((1, 0.80), (2, 0.10), (4, 0.07), (8, 0.03))
 GPUS_PER_LEARNER = ((1, 0.50), (2, 0.20), (4, 0.18), (8, 0.12))
