@@ -7,7 +7,8 @@ exactly like the REST API; another tenant's job id is refused without a word abo
 Access is checked again whenever something that grants it changes (jobs.live sends the user's
 group an `access.recheck`), and every ACCESS_RECHECK_S besides: a socket whose credential, membership
 or job access has gone closes with the code an outsider gets at connect (4401 or 4404), and the list
-socket stops forwarding private jobs its user may no longer see.
+socket stops forwarding private jobs its user may no longer see. A deleted job is gone for everyone: its
+sockets are told (`{"type": "deleted"}`) and closed with 4404, and a socket opened for it later is refused.
 """
 import asyncio
 import logging
@@ -229,7 +230,11 @@ class JobConsumer(_ScopedConsumer):
         until = self.query("until")
         self.detail_for = frozenset(until.split(",")) if until else None
         since = _int(self.query("since"), 0)
-        for message in await self._backlog(job, since, with_output=not self.status_only):
+        backlog = await self._backlog(job, since, with_output=not self.status_only)
+        if backlog is None:  # deleted since it was found: its deletion's message may have gone before the join
+            await self.end(CLOSE_NOT_FOUND)
+            return
+        for message in backlog:
             await self.send_json(message)
 
     async def access_recheck(self, event):
@@ -250,6 +255,8 @@ class JobConsumer(_ScopedConsumer):
     def _backlog(self, job, since, *, with_output=True):
         from jobs.serializers import JobDetailSerializer, log_line_json, metric_json
         job.refresh_from_db()
+        if job.deleted_at is not None:
+            return None
         messages = [{"type": "job", "job": JobDetailSerializer(job).data}]
         if not with_output:
             return messages
@@ -275,6 +282,12 @@ class JobConsumer(_ScopedConsumer):
             # The change to a status scripts wait for brings it along (jobs.models.AT_REST; jobs.live).
             message["detail"] = event.get("detail") or await self._detail()
         await self.send_json(message)
+
+    async def job_deleted(self, event):
+        """The job was deleted (jobs.deletion): the client hears it, then the socket closes as a socket
+        opened for the job from now on is refused."""
+        await self.send_json({"type": "deleted", "job": self.job_id, "time": event.get("time")})
+        await self.end(CLOSE_NOT_FOUND)
 
     @_db
     def _detail(self):
@@ -324,11 +337,23 @@ class JobListConsumer(_ScopedConsumer):
 
     @_db
     def may_see(self, job_id):
-        """Asked by the tenant's hub for each private job's change. The membership is read again here:
-        the hub's changes and this socket's access.recheck arrive on different channels, so a change
-        may be checked before the socket has heard of a demotion."""
-        membership = Membership.objects.select_related("tenant", "user").filter(pk=self.membership.pk).first()
+        """Asked by the tenant's hub for each private job's change."""
+        membership = self._membership_now()
         return membership is not None and tenancy.jobs_of(membership).filter(pk=job_id).exists()
+
+    @_db
+    def may_have_seen(self, job_ids):
+        """Of these deleted private jobs, those this socket's user could see before they went (asked by the
+        tenant's hub for a deletion, one query for the batch)."""
+        membership = self._membership_now()
+        if membership is None:
+            return set()
+        return set(tenancy.deleted_jobs_of(membership).filter(pk__in=list(job_ids)).values_list("pk", flat=True))
+
+    def _membership_now(self):
+        # Read again: the hub's changes and this socket's access.recheck arrive on different channels, so
+        # a change may be checked before the socket has heard of a demotion.
+        return Membership.objects.select_related("tenant", "user").filter(pk=self.membership.pk).first()
 
 
 def _int(value, default):

@@ -13,6 +13,9 @@ Kept for good: the job's row, its events and its usage records, so the GPU-hours
 tenant's accounting and its history in the audit log. Data the job wrote to the user's own data store
 is the user's, and is not touched.
 
+Once a deletion commits, the sockets that follow its jobs hear of it (jobs.live): open jobs lists drop
+them, their own pages say so, and scripts waiting on them stop.
+
 A finished experiment is deleted with its trials' jobs, each as above, in one transaction. Its own folder
 (the code archive its trials share) is staged again first (jobs.storage.stage_dir's mark) and removed once
 the deletion commits; should that removal not happen, beat's storage sweep removes a staged folder whose
@@ -24,7 +27,7 @@ import time
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import storage
+from jobs import live, storage
 from jobs.models import AT_REST, Artifact, Experiment, FollowUp, Job, LearnerCredential, LogLine, MetricPoint
 from jobs.states import InvalidTransition
 from tenants import audit
@@ -61,6 +64,7 @@ def delete(job, *, actor):
         with audit.acting_as(actor):
             audit.record("deleted", "job", job.id, tenant=job.tenant,
                          before={"name": job.name, "owner": job.owner.get_username(), "status": job.status})
+        live.publish_deleted_on_commit([job], when=now)
     job.deleted_at, job.deleted_by = now, actor
     return job
 
@@ -73,7 +77,8 @@ def delete_experiment(experiment, *, actor):
     try:
         with transaction.atomic():
             row = _finished_experiment(experiment)
-            trials = list(Job.objects.filter(trial__experiment=row, deleted_at=None))
+            # Newest first: their pages are the likeliest open, and the first are the ones told (jobs.live).
+            trials = list(Job.objects.filter(trial__experiment=row, deleted_at=None).order_by("-trial__number"))
             if _mark_jobs(trials, now=now, actor=actor) < len(trials):
                 raise NotDeletable(f"experiment {row.id} has trials still stopping; try again in a moment")
             Experiment.objects.filter(pk=row.pk).update(deleted_at=now, deleted_by=actor)
@@ -81,6 +86,7 @@ def delete_experiment(experiment, *, actor):
                 audit.record("deleted", "experiment", row.id, tenant=experiment.tenant,
                              before={"name": row.name, "owner": experiment.owner.get_username(), "state": row.state,
                                      "trials": len(trials)})
+            live.publish_deleted_on_commit(trials, when=now)
             transaction.on_commit(lambda: storage.remove_job_dir(slug, row.id))
     except AlreadyDeleted:  # the other deletion removed the folder, which staging here made again
         storage.remove_job_dir(slug, experiment.id)

@@ -7,6 +7,10 @@ the sockets one message per burst: the first
 change at once, the changes of the next COALESCE_S together (`{"type": "statuses", "changes": [...]}`),
 each as a lone `status` message would be. A burst's message is encoded once for every socket that
 sees all of it; a private job's change is checked per socket and reaches only those that may see it.
+
+Deletions (jobs.live.publish_deleted_on_commit) come as batches of job ids and go out as changes of their
+own in the same bursts, `{"type": "deleted", "jobs": [ids], "time"}`; the private jobs among them are
+checked per socket, one query for the batch, and reach only those who could see them before they went.
 """
 import asyncio
 import json
@@ -89,9 +93,9 @@ class TenantHub:
                 log.warning("the job list's subscription for %s failed; retrying", self.group, exc_info=True)
                 await asyncio.sleep(1)
                 continue
-            if message.get("type") != "job.status":
+            change = _change_in(message)
+            if change is None:
                 continue
-            change = {"type": "status", **message["status"], "job_detail": message["job"]}
             if self.held is not None:
                 self.held.append(change)
                 continue
@@ -112,18 +116,49 @@ class TenantHub:
         shared = None  # the message for a socket that sees every change, encoded once
         for socket in list(self.sockets):
             try:
-                visible = [c for c in changes if not c["job_detail"].get("private") or await socket.may_see(c["job"])]
-                if not visible:
-                    continue
-                if len(visible) == len(changes):
+                seen = [await _as_seen_by(socket, change) for change in changes]
+                if all(mine is whole for mine, whole in zip(seen, changes)):
                     shared = shared or _encode(changes)
                     await socket.send(text_data=shared)
-                else:
-                    await socket.send(text_data=_encode(visible))
+                elif seen := [change for change in seen if change is not None]:
+                    await socket.send(text_data=_encode(seen))
             except Exception:  # noqa: BLE001 - that socket went away meanwhile, or takes nothing (let go)
                 log.debug("could not send status changes to a list socket", exc_info=True)
                 if socket in self.sockets:
                     self.sockets.remove(socket)  # never waited on again
+
+
+class Deleted(dict):
+    """A deletion's change as the sockets get it, and beside it (not sent) which of its jobs are private."""
+
+    def __init__(self, message):
+        super().__init__(type="deleted", jobs=list(message["jobs"]), time=message.get("time"))
+        self.private = frozenset(message.get("private") or ())
+
+
+def _change_in(message):
+    """The change a message of the tenant's group brings its sockets, or None for anything else."""
+    if message.get("type") == "job.status":
+        return {"type": "status", **message["status"], "job_detail": message["job"]}
+    if message.get("type") == "jobs.deleted":
+        return Deleted(message)
+    return None
+
+
+async def _as_seen_by(socket, change):
+    """`change` as `socket` may see it: itself, None, or for a deletion the one without the private jobs
+    its user could not see."""
+    if isinstance(change, Deleted):
+        if not change.private:
+            return change
+        hidden = change.private - await socket.may_have_seen(change.private)
+        if not hidden:
+            return change
+        jobs = [job_id for job_id in change["jobs"] if job_id not in hidden]
+        return {**change, "jobs": jobs} if jobs else None
+    if not change["job_detail"].get("private") or await socket.may_see(change["job"]):
+        return change
+    return None
 
 
 def _encode(changes):

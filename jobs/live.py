@@ -24,6 +24,12 @@ from jobs.serving import serving_loop
 log = logging.getLogger(__name__)
 CHUNK = 500  # lines per websocket message: big enough to batch, small enough to render smoothly
 PUBLISH_TIMEOUT_S = 10.0  # a publication outside an ASGI server waits at most this (Redis unreachable)
+# Deleted jobs named in one message to a tenant's list: an experiment's trials go in a few messages, each
+# small enough for the channel layer and for a page to take at once. Also the most jobs of one deletion
+# whose own sockets are told: the process's publications wait in one queue, so an experiment of ten
+# thousand trials must not hold every tenant's live updates behind it; the sockets of the trials past
+# it close at their access recheck (jobs.consumers) instead.
+DELETED_BATCH = 1000
 
 
 def job_group(job_id):
@@ -109,7 +115,38 @@ def recheck_user_on_commit(user_id):
         transaction.on_commit(lambda: _send([user_group(user_id)], {"type": "access.recheck"}))
 
 
+def publish_deleted_on_commit(jobs, *, when):
+    """Once the deletion of `jobs` commits (jobs.deletion), tell whoever follows them that they went:
+    its tenant's list, DELETED_BATCH jobs a message (an experiment's thousands of trials are a few
+    messages, each one for the list hub to forward), naming the private ones, which the hub forwards only
+    to those who could see them (jobs.listhub); and the own sockets of the first DELETED_BATCH jobs, which
+    then close (jobs.consumers). `when`: the deletion's time."""
+    named = [(job.id, job.tenant_id, job.private) for job in jobs]
+    time = when.isoformat()
+
+    def send():
+        sends, by_tenant = [], {}
+        for job_id, tenant_id, private in named:
+            by_tenant.setdefault(tenant_id, []).append((job_id, private))
+        for tenant_id, listed in by_tenant.items():
+            for start in range(0, len(listed), DELETED_BATCH):
+                batch = listed[start:start + DELETED_BATCH]
+                sends.append((tenant_group(tenant_id), {
+                    "type": "jobs.deleted", "jobs": [job_id for job_id, _ in batch],
+                    "private": [job_id for job_id, private in batch if private], "time": time}))
+        sends += [(job_group(job_id), {"type": "job.deleted", "job": job_id, "time": time})
+                  for job_id, _, _ in named[:DELETED_BATCH]]
+        _send_each(sends)
+    if named:
+        transaction.on_commit(send)
+
+
 def _send(groups, *messages):
+    _send_each([(group, message) for message in messages for group in groups])
+
+
+def _send_each(sends):
+    """sends: (group, message) pairs, published in this order."""
     layer = get_channel_layer()
     if layer is None:
         return
@@ -118,17 +155,21 @@ def _send(groups, *messages):
         # A web request's thread: the process's event loop publishes, and the request goes on rather
         # than wait for a loop busy with its sockets.
         try:
-            loop.call_soon_threadsafe(_enqueue, layer, groups, messages)
+            loop.call_soon_threadsafe(_enqueue, layer, sends)
             return
         except RuntimeError:  # the loop closed meanwhile (the process is stopping): send from here
             pass
     try:
         # Outside an ASGI server (a Celery worker, a management command): the process's own publishing
         # loop, one trip for every group and message, waited for so they leave in order.
-        asyncio.run_coroutine_threadsafe(_group_send_all(layer, groups, messages),
-                                         _publishing_loop()).result(PUBLISH_TIMEOUT_S)
+        asyncio.run_coroutine_threadsafe(_group_send_all(layer, sends), _publishing_loop()).result(PUBLISH_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - live updates are best effort; REST and the backlog are the record
-        log.warning("could not publish to %s", groups, exc_info=True)
+        log.warning("could not publish to %s", _groups_named(sends), exc_info=True)
+
+
+def _groups_named(sends):
+    groups = list(dict.fromkeys(group for group, _ in sends))
+    return ", ".join(groups[:3]) + (f" and {len(groups) - 3} more" if len(groups) > 3 else "")
 
 
 _publisher = (None, None)  # (pid, event loop) of this process's publishing loop
@@ -160,29 +201,28 @@ def _publishing_loop():
 _queues = weakref.WeakKeyDictionary()
 
 
-def _enqueue(layer, groups, messages):
+def _enqueue(layer, sends):
     """Runs in the event loop (call_soon_threadsafe)."""
     loop = asyncio.get_running_loop()
     queue = _queues.get(loop)
     if queue is None:
         queue = _queues[loop] = asyncio.Queue()
         loop.create_task(_publish_forever(queue))
-    queue.put_nowait((layer, groups, messages))
+    queue.put_nowait((layer, sends))
 
 
 async def _publish_forever(queue):
     while True:
-        layer, groups, messages = await queue.get()
+        layer, sends = await queue.get()
         try:
-            await _group_send_all(layer, groups, messages)
+            await _group_send_all(layer, sends)
         except Exception:  # noqa: BLE001 - as above: best effort, the next message is tried anyway
-            log.warning("could not publish to %s", groups, exc_info=True)
+            log.warning("could not publish to %s", _groups_named(sends), exc_info=True)
 
 
-async def _group_send_all(layer, groups, messages):
-    for message in messages:
-        for group in groups:
-            await layer.group_send(group, message)
+async def _group_send_all(layer, sends):
+    for group, message in sends:
+        await layer.group_send(group, message)
 
 
 # --- what ends access: each receiver names the user whose sockets must check again --------------

@@ -15,7 +15,16 @@ from tenants.models import Membership
 def jobs_of(membership):
     """The jobs this member may see: the tenant's not deleted, minus other people's private jobs not
     shared with them."""
-    jobs = Job.objects.filter(tenant=membership.tenant, deleted_at=None)
+    return _seen_by(membership, Job.objects.filter(tenant=membership.tenant, deleted_at=None))
+
+
+def deleted_jobs_of(membership):
+    """The tenant's deleted jobs this member could see before they went (jobs_of's rule otherwise): only
+    to tell their open pages that they went, never to show them."""
+    return _seen_by(membership, Job.objects.filter(tenant=membership.tenant, deleted_at__isnull=False))
+
+
+def _seen_by(membership, jobs):
     if membership.is_admin:
         return jobs
     shared = _view_grants().filter(user=membership.user).values("object_pk")

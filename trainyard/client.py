@@ -31,8 +31,8 @@ from requests_toolbelt.multipart.encoder import MultipartEncoder, MultipartEncod
 
 from trainyard import overrides as manifest_overrides
 from trainyard.config import load_config
-from trainyard.errors import (ApiError, ConnectionFailed, TrainyardError, Unauthorized, UsageError, WaitTimeout,
-                              api_error_class)
+from trainyard.errors import (ApiError, ConnectionFailed, NotFound, TrainyardError, Unauthorized, UsageError,
+                              WaitTimeout, api_error_class)
 from trainyard.manifest import ManifestError
 from trainyard.packing import Upload, code_upload
 
@@ -141,7 +141,8 @@ class Client:
         """Wait until the job's status is one of `statuses`; the job. Its status changes arrive over
         the job's websocket as they happen (StatusWatch); where that cannot be opened (no `websockets`
         package, a proxy that refuses upgrades) or drops, the job is polled every `poll` seconds
-        instead. WaitTimeout after `timeout` seconds (None: no limit). A server restart meanwhile is
+        instead. WaitTimeout after `timeout` seconds (None: no limit); NotFound when the job is deleted
+        meanwhile (its socket says so at once; a poll is answered 404). A server restart meanwhile is
         ridden out, like `logs(follow=True)`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         watch = StatusWatch.open(self, job_id, statuses)  # before the first read: no change can fall in between
@@ -590,7 +591,7 @@ class StatusWatch:
         """Read changes for up to `seconds`, returning early at one to a status in `statuses`: the job
         the change came with (its REST detail, read after the change) if it is in one of `statuses`,
         else True (read it again); True after `seconds`; False if the socket closed (access ended, the
-        server went away)."""
+        server went away). NotFound if the job was deleted."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             try:
@@ -600,6 +601,10 @@ class StatusWatch:
             except Exception:  # closed, or not JSON
                 self.close()
                 return False
+            if isinstance(message, dict) and message.get("type") == "deleted":
+                self.close()
+                text = f"{message.get('job') or 'the job'} was deleted"
+                raise NotFound(text, status=404, detail=text)
             if _status_in(message) in statuses:
                 job = message.get("detail") if message.get("type") == "status" else None
                 # A server without it (older), or a job that moved on since: read it again.

@@ -200,7 +200,7 @@
   function showConnectionState(el, state, reason) {
     if (!el) return;
     const labels = { connecting: "connecting…", live: "live", reconnecting: "reconnecting…", closed: "offline",
-                     ended: "ended" };
+                     ended: "ended", deleted: "deleted" };
     el.hidden = false;
     el.dataset.state = state;
     el.textContent = labels[state] || state;

@@ -2,8 +2,9 @@
  * wiring of the log (joblog.js) and charts (jobcharts.js) to the job's websocket.
  *
  * Everything arrives over /ws/jobs/<id>/?since=<seq>: a "job" snapshot first, then the backlog,
- * then live "logs", "metrics" and "status" messages. After a reconnect the server re-sends the
- * backlog from our last seq (and every metric point); the log and the charts drop duplicates.
+ * then live "logs", "metrics" and "status" messages, and "deleted" if the job is deleted meanwhile.
+ * After a reconnect the server re-sends the backlog from our last seq (and every metric point); the log
+ * and the charts drop duplicates.
  */
 (function () {
   "use strict";
@@ -15,7 +16,9 @@
   const api = (path) => `/api/v1/jobs/${encodeURIComponent(jobId)}/${path}`;
 
   const socket = { state: "connecting", reason: "" };  // the job's websocket (LiveSocket's onState)
+  let live = null;  // that websocket's LiveSocket, once started
   const job = {
+    deleted: false,
     status: root.dataset.status,
     attempt: Number(root.dataset.attempt) || 1,
     startedAt: root.dataset.started || null,
@@ -28,6 +31,8 @@
     connection: root.querySelector("[data-testid=connection]"),
     actions: [...root.querySelectorAll("[data-action]")],
     actionError: root.querySelector("[data-testid=action-error]"),
+    deletedNotice: root.querySelector("[data-testid=job-deleted]"),
+    clone: root.querySelector("[data-testid=clone]"),
     elapsed: root.querySelector("[data-testid=elapsed]"),
     attempt: root.querySelector("[data-field=attempt]"),
     retries: root.querySelector("[data-field=retries]"),
@@ -125,6 +130,10 @@
 
   // The socket's state is shown as "ended" (no green dot) once the job is final: nothing more will come.
   function renderConnection() {
+    if (job.deleted) {
+      T.showConnectionState(ui.connection, "deleted", "the job was deleted: this page no longer follows it");
+      return;
+    }
     const ended = socket.state === "live" && T.isFinal(job.status);
     T.showConnectionState(ui.connection, ended ? "ended" : socket.state,
                           ended ? "the job has ended: everything it recorded is shown" : socket.reason);
@@ -132,8 +141,30 @@
 
   function renderActions(status) {
     for (const button of ui.actions) {
-      button.hidden = !(ACTIONS_BY_STATUS[button.dataset.action] || []).includes(status);
+      button.hidden = job.deleted || !(ACTIONS_BY_STATUS[button.dataset.action] || []).includes(status);
     }
+    if (ui.clone) ui.clone.hidden = job.deleted;
+  }
+
+  /* ---------------------------------------------------------------- deleted ----------------- */
+
+  /** The job was deleted while the page was open (elsewhere, or by someone else): the page says so,
+   * keeps what it shows, and stops following the job; its socket would only be refused from now on. */
+  function showDeleted(message) {
+    job.deleted = true;
+    if (live) live.stop();
+    resources.stop();
+    const ms = T.parseTime(message.time);
+    const back = Object.assign(document.createElement("a"), { href: T.inTenant("/"), textContent: "Back to the jobs" });
+    ui.deletedNotice.replaceChildren(
+      `This job was deleted${ms == null ? "" : ` at ${T.formatLocalTime(ms, true)}`}. Its code, results, ` +
+      "checkpoints, logs and metrics are being removed; this page shows what it had and no longer follows it. ",
+      back);
+    ui.deletedNotice.hidden = false;
+    showActionError("");
+    renderActions(job.status);
+    renderConnection();
+    document.title = `deleted · ${document.title.replace(/^[A-Za-z]+ · /, "")}`;
   }
 
   function showActionError(text) {
@@ -304,6 +335,7 @@
         if (elastic) elastic.addPoints(message.points || []);
         break;
       case "status": applyStatusMessage(message); break;
+      case "deleted": showDeleted(message); break;
       default: break; // newer servers may send more; ignoring them keeps old pages working
     }
   }
@@ -326,11 +358,12 @@
     ui.artifactsMore.addEventListener("click", () => loadArtifacts(true));
     if (elastic) { elastic.reload(); setInterval(() => elastic.tick(), 5000); }
     resources.start();
-    new T.LiveSocket({
+    live = new T.LiveSocket({
       url: () => T.wsUrl(`/ws/jobs/${encodeURIComponent(jobId)}/?since=${logIntake.lastSeq}`),
       onMessage,
       onState: (state, reason) => { Object.assign(socket, { state, reason }); renderConnection(); },
-    }).start();
+    });
+    live.start();
   }
 
   start();

@@ -81,6 +81,11 @@
       }, POLL_MS);
     }
 
+    /** No more polls: the job is gone (deleted while the page was open). */
+    stop() {
+      clearInterval(this.timer);
+    }
+
     async load() {
       if (this.loading) return;
       this.loading = true;

@@ -1,6 +1,6 @@
-/* The jobs page: live status chips over /ws/jobs/, ticking durations of running jobs, fresh results
- * (through htmx, which also drives the filters and pages) when a new job appears, and the jobs selected
- * for "Compare", kept while the reader filters and pages. */
+/* The jobs page: live status chips over /ws/jobs/, rows that go as their jobs are deleted, ticking
+ * durations of running jobs, fresh results (through htmx, which also drives the filters and pages) when a
+ * new job appears, and the jobs selected for "Compare", kept while the reader filters and pages. */
 (function () {
   "use strict";
   const T = window.Trainyard;
@@ -68,6 +68,29 @@
     }
   }
 
+  /** Jobs deleted meanwhile (here or anywhere else) leave the list, and the selection for "Compare". */
+  function removeDeleted(message) {
+    let removed = 0;
+    for (const jobId of message.jobs || []) {
+      const row = rowOf(jobId);
+      if (row) { row.remove(); removed += 1; }
+      const at = selected.indexOf(String(jobId));
+      if (at >= 0) selected.splice(at, 1);
+    }
+    if (!removed) return;
+    const count = document.querySelector("[data-testid=job-count]");
+    const left = count ? Number.parseInt(count.textContent, 10) - removed : NaN;
+    if (count && left >= 0) count.textContent = count.textContent.replace(/^\d+ jobs?/, `${left} job${left === 1 ? "" : "s"}`);
+    if (compareButton) showSelection();
+    // A page left without rows shows the next jobs, or the page for none.
+    if (!table().querySelector("tr[data-job-id]")) refreshResults();
+  }
+
+  function applyChange(change) {
+    if (change.type === "status") applyStatus(change);
+    if (change.type === "deleted") removeDeleted(change);
+  }
+
   // --- selecting jobs to compare ---------------------------------------------------------------
   const compareButton = document.querySelector("[data-testid=compare]");
   const compareNote = document.querySelector("[data-testid=compare-note]");
@@ -108,9 +131,9 @@
     new T.LiveSocket({
       url: () => T.wsUrl("/ws/jobs/"),
       onMessage: (message) => {
-        if (message.type === "status") applyStatus(message);
-        // Changes that came within a moment of each other arrive together (jobs.consumers).
-        if (message.type === "statuses") message.changes.forEach(applyStatus);
+        // Changes that came within a moment of each other arrive together (jobs.listhub).
+        if (message.type === "statuses") message.changes.forEach(applyChange);
+        else applyChange(message);
       },
       onState: (state, reason) => T.showConnectionState(indicator, state, reason),
     }).start();

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -96,6 +97,33 @@ def test_a_running_job_is_not_deleted(client):
     client.terminate(job["id"])
     assert client.wait(job["id"], timeout=60)["status"] == "TERMINATED"
     assert client.delete(job["id"])["id"] == job["id"]
+
+
+def test_wait_ends_with_not_found_as_the_job_it_waits_on_is_deleted(client, platform, monkeypatch):
+    """A script waits for a halted job to complete, and someone deletes it: the job's socket says so and
+    the wait ends at once, not at its next read of the job."""
+    job = client.submit(slow_manifest(60), EXAMPLE)
+    client.wait(job["id"], statuses=("PROCESSING",), timeout=60)
+    client.halt(job["id"])
+    assert client.wait(job["id"], timeout=60)["status"] == "HALTED"
+    listening, ended = threading.Event(), {}
+    until = trainyard.client.StatusWatch.until
+    monkeypatch.setattr(trainyard.client.StatusWatch, "until",
+                        lambda self, *args: listening.set() or until(self, *args))
+
+    def wait():
+        try:
+            platform.sdk().wait(job["id"], statuses=("COMPLETED",), timeout=60, poll=120)
+        except NotFound as error:
+            ended.update(error=error, at=time.monotonic())
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert listening.wait(30)
+    deleted_at = time.monotonic()
+    client.delete(job["id"])
+    waiter.join(60)
+    assert str(ended["error"]) == f"{job['id']} was deleted"
+    assert ended["at"] - deleted_at < trainyard.client.RECHECK_SECONDS / 2  # told, not found on a later read
 
 
 def test_an_unknown_job_is_not_found(client):

@@ -2,7 +2,10 @@
 import contextlib
 import json
 
+import pytest
+
 from trainyard.client import StatusWatch
+from trainyard.errors import NotFound
 
 
 class ReplayedSocket:
@@ -36,3 +39,12 @@ def test_silence_or_something_unexpected_gives_no_job():
     assert watch([1, 2]).first_job(1) is None
     assert watch("not json").first_job(1) is None
     assert watch({"type": "job", "job": "training-a"}).first_job(1) is None
+
+
+def test_a_deletion_ends_the_wait_with_not_found():
+    stream = watch({"type": "job", "job": {"id": "training-a", "status": "HALTED"}},
+                   {"type": "deleted", "job": "training-a", "time": "2030-01-01T00:00:00+00:00"})
+    assert stream.first_job(1)["status"] == "HALTED"
+    with pytest.raises(NotFound, match="training-a was deleted") as gone:
+        stream.until(("COMPLETED",), 1)
+    assert gone.value.status == 404
