@@ -147,10 +147,21 @@ def _scalar_of(value):
     return number if number is not None and math.isfinite(number) else None
 
 
+def _utf8(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _fields(record):
     path, offset, data = record.get("file"), record.get("offset"), record.get("data")
-    if not isinstance(path, str) or not path or len(path) > MAX_PATH or "\x00" in path:
-        raise MalformedEvent(f"a tfevent record needs its file's path: at most {MAX_PATH} characters, no NUL")
+    # Text PostgreSQL can keep as a key of the learner's JSON: no NUL, no lone surrogate (a file name
+    # that is not UTF-8, read by the agent with surrogateescape).
+    if not isinstance(path, str) or not path or len(path) > MAX_PATH or "\x00" in path or not _utf8(path):
+        raise MalformedEvent(f"a tfevent record needs its file's path: at most {MAX_PATH} characters of UTF-8, "
+                             "no NUL")
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise MalformedEvent(f"{path}: a tfevent record needs its offset in the file")
     if not isinstance(data, str) or len(data) > 4 * (MAX_RECORD_BYTES // 3 + 1):

@@ -12,10 +12,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import datastores, egress, live, outbox, runtime, storage
+from jobs import datastores, disk, egress, live, outbox, runtime, storage
 from jobs.models import FINAL, Job, LogLine, Status
 from jobs.serializers import log_line_json
 from jobs.states import transition
+from learner_agent import diskwatch
 from tenants import throttling
 from trainyard.units import format_bytes
 
@@ -124,12 +125,36 @@ def push_results(job, run):
     folders = {name: folder / name for name in ("results", "checkpoints", "logs")}
     try:
         targets = _result_targets(job, run, folder)
+        if targets and (over := _over_caps(run, folders)) is not None:
+            system_log(job.id, f"[trainyard] {over}")
+            return over
         for target in targets:
             datastores.push(folders, target, report=lambda line: system_log(job.id, line))
     except datastores.transfer_failures() as exc:
         failure = datastores.failure_text(exc)
         system_log(job.id, f"[trainyard] {failure}")
         return failure
+    return None
+
+
+def _over_caps(run, folders):
+    """Why the job's output is not pushed, or None. A copy writes each name of a file whole, holes as
+    zeros, and a learner makes a file of any length (one truncate) or the same file under many names
+    in an instant, between two measurements of its agent's watch: what results/ and checkpoints/
+    hold must fit their caps as copied (learner_agent.diskwatch, COPIED) before it is written to
+    stores on disks every tenant shares."""
+    for name in diskwatch.COPIED:
+        cap = run.disk.get(name)
+        if not cap:
+            continue
+        try:
+            used = diskwatch.usage([str(folders[name])], copied=True)
+        except (diskwatch.TooManyEntries, diskwatch.Unmeasurable):
+            return (f"the {name} folder cannot be measured (too many files, or folders nested too deep); "
+                    "nothing was pushed to the result stores")
+        if used > cap:
+            return (f"the {name} folder holds {format_bytes(used)} to copy, over its {disk.describe(name, cap)}; "
+                    "nothing was pushed to the result stores")
     return None
 
 

@@ -5,8 +5,10 @@ filesystem mounted with them, a loop-mounted image per folder needs root and a f
 cap made before the learner starts. So the agent measures each capped folder (`usage`: the blocks
 its files take, walked with os.scandir and bounded in entries) every INTERVAL_S, and every
 FAST_INTERVAL_S once it is past half its cap (a walk of a few files costs well under a millisecond), and the learner is killed as soon as one is over, its
-exit reason naming the folder and the cap. A writer gets past the cap by what it writes between two
-measurements (docs/submitting.md, "Disk caps", has the figure measured here); RLIMIT_FSIZE (set by
+exit reason naming the folder and the cap. What lies in results/ and checkpoints/ counts as the copies
+storing the job's output makes of it (COPIED): a sparse file at its length, a hard link as one more
+file. A writer gets past the cap by what it writes between two measurements (docs/submitting.md,
+"Disk caps", has the figure measured here); RLIMIT_FSIZE (set by
 learner_agent.launch at the largest cap) is the hard bound per file, and in the sandbox fallocate is
 refused (learner_agent.launch), so space is taken no faster than it is written. A file the learner
 deletes while keeping it open takes its blocks all the same, and no walk finds it: those on the
@@ -36,11 +38,21 @@ MAX_DEPTH = 64
 MAX_OPEN_FILES = 100_000
 
 
+# Folders the platform copies whole when the job stores its output (recorded, pushed to the job's
+# result stores): a copy writes a sparse file's holes as zeros and each hard link as a file of its own.
+COPIED = ("results", "checkpoints")
+
+
 @dataclass(frozen=True)
 class Cap:
     name: str  # "results" | "checkpoints" | "work"
     limit: int  # bytes
     paths: tuple  # the folders counted together against it
+
+    @property
+    def copied(self):
+        """Whether its files count as their copies will take: each name at its length."""
+        return self.name in COPIED
 
 
 @dataclass(frozen=True)
@@ -72,11 +84,12 @@ class Unmeasurable(Exception):
     below it would count as nothing, so the folder is over its cap."""
 
 
-def usage(paths, *, max_entries=MAX_ENTRIES):
+def usage(paths, *, max_entries=MAX_ENTRIES, copied=False):
     """Bytes the files and folders under `paths` take on disk (allocated blocks, each inode once,
     symlinks not followed); TooManyEntries past `max_entries`, Unmeasurable for a folder nested past
     MAX_DEPTH or one that cannot be read. A folder that is missing counts 0, and one that vanishes
-    while being walked counts what was seen of it."""
+    while being walked counts what was seen of it. `copied` (Cap.copied): each name of a file counts,
+    at least at its length."""
     total = entries = 0
     seen_links = set()  # (device, inode) of files with more than one name: counted once
     stack = [(p, 0) for p in paths if os.path.isdir(p) and not os.path.islink(p)]
@@ -96,6 +109,9 @@ def usage(paths, *, max_entries=MAX_ENTRIES):
                         if depth >= MAX_DEPTH:
                             raise Unmeasurable(f"its folders nest deeper than {MAX_DEPTH} levels")
                         stack.append((entry.path, depth + 1))
+                    elif copied:
+                        total += max(info.st_blocks * 512, info.st_size if stat.S_ISREG(info.st_mode) else 0)
+                        continue
                     elif info.st_nlink > 1:
                         key = (info.st_dev, info.st_ino)
                         if key in seen_links:
@@ -156,7 +172,7 @@ def check(caps, *, max_entries=MAX_ENTRIES, pids=()):
     for cap in caps:
         held = deleted if cap is charged else 0
         try:
-            used = usage(cap.paths, max_entries=max_entries) + held
+            used = usage(cap.paths, max_entries=max_entries, copied=cap.copied) + held
         except TooManyEntries as e:
             return Breach(cap, e.args[0], too_many=True), 1.0
         except Unmeasurable as e:

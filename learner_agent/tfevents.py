@@ -166,6 +166,7 @@ def read_records(fd, offset, *, size, budget):
         if length > MAX_RECORD_BYTES:
             dropped.append((offset, f"a {length}-byte record (over {MAX_RECORD_BYTES}: not a scalar)"))
             offset = end
+            read += _HEADER  # its header was read: a file of nothing else must not hold the pass
             continue
         body = os.pread(fd, length + _FOOTER, offset + _HEADER)
         read += _HEADER + len(body)
@@ -199,7 +200,8 @@ class EventFileTailer:
         self._offsets, self._ended = _read_state(self._offsets_path)
         self._too_many_noted = False
         self._crowded_noted = False
-        self.skipped = 0  # records stepped over or dropped (agent.log says which)
+        self.skipped = 0  # records stepped over or dropped
+        self._skipping = set()  # the files whose first skipped record agent.log names
 
     @property
     def label(self):
@@ -324,9 +326,14 @@ class EventFileTailer:
             self._end(relative, f"{relative} is not a TensorBoard event file past byte {e.offset} ({e}); "
                                 "not read further")
             return 0, False
+        # agent.log is on the platform's disk, outside every cap of the job's: the first record
+        # skipped in each file is named there, the rest counted (and summed as the learner ends).
         for at, why in dropped:
+            if relative not in self._skipping:
+                self._skipping.add(relative)
+                log.info("tfevents: %s byte %d: skipped %s (later ones in this file only counted)",
+                         relative, at, why)
             self.skipped += 1
-            log.info("tfevents: %s byte %d: skipped %s", relative, at, why)
         if new_offset == offset:
             return used, False
         if records:

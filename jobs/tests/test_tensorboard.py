@@ -189,3 +189,19 @@ def test_event_points_count_against_the_learners_metric_cap(running_job, setting
     assert post(running_job, records).json() == {"acked": 10}
     assert [step for _, step, _ in points()] == [1, 2, 3]
     assert LogLine.objects.get(stream="system").line.startswith("metric cap reached for learner 0")
+
+
+def test_a_file_name_that_is_not_utf8_is_passed_over_and_the_batch_stored(running_job):
+    # A learner may name an event file with bytes that are no UTF-8 (b"ev\xff.tfevents"): the agent
+    # reads the name as a lone surrogate, which PostgreSQL keeps in no JSON, so the learner's memory of
+    # its files failed the whole post (a 500 the agent retries for good).
+    def record(seq, file, event):
+        return {"seq": seq, "kind": "tfevent", "file": file, "offset": seq * 100, "time": 1.0,
+                "data": base64.b64encode(event.SerializeToString()).decode()}
+
+    records = [record(1, "ev\udcff.tfevents", simple("loss", 1.0, 1)), record(2, "r\udcffun/f", simple("loss", 2.0, 2)),
+               record(3, "f", simple("loss", 3.0, 3)), {"seq": 4, "kind": "log", "stream": "stdout", "line": "after"}]
+    assert post(running_job, records).json() == {"acked": 4}
+    assert points() == [("loss", 3, 3.0)]
+    assert set(Learner.objects.get(job=running_job).ingest_state["offsets"]) == {"f"}
+    assert LogLine.objects.filter(stream="stdout", line="after").exists()

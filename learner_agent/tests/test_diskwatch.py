@@ -28,6 +28,28 @@ def test_usage_counts_blocks_under_every_folder_and_each_hard_linked_file_once(t
     assert 4 * MiB <= used < 4 * MiB + 100_000
 
 
+def test_a_sparse_file_in_results_counts_at_its_length(tmp_path):
+    # Storing the job's output copies results/ and checkpoints/ whole, and a copy writes a hole as
+    # zeros (the push to a local result store on the platform's disk): a file of a hundred times the
+    # cap that took one block was within it.
+    with open(tmp_path / "sparse", "wb") as f:
+        f.truncate(100 * MiB)
+    for name in ("results", "checkpoints"):
+        breach, _ = diskwatch.check([diskwatch.Cap(name, 2 * MiB, (str(tmp_path),))])
+        assert breach is not None and breach.used >= 100 * MiB and name in breach.reason
+    # The work folder is never copied: there a hole takes no room (np.memmap of a large array).
+    assert diskwatch.check([diskwatch.Cap("work", 2 * MiB, (str(tmp_path),))]) == (None, pytest.approx(0, abs=0.01))
+
+
+def test_each_hard_link_in_results_counts_as_the_copy_it_becomes(tmp_path):
+    write(tmp_path / "one", MiB)
+    for i in range(9):
+        os.link(tmp_path / "one", tmp_path / f"again-{i}")
+    breach, _ = diskwatch.check([diskwatch.Cap("results", 2 * MiB, (str(tmp_path),))])
+    assert breach is not None and breach.used >= 10 * MiB
+    assert diskwatch.check([diskwatch.Cap("work", 2 * MiB, (str(tmp_path),))])[0] is None
+
+
 def test_a_folder_of_too_many_entries_is_a_breach_of_its_own(tmp_path):
     for i in range(20):
         (tmp_path / f"f{i}").touch()

@@ -120,6 +120,43 @@ def test_a_huge_claimed_length_is_never_allocated(tmp_path):
     assert records == [] and offset == 0 and read == 0  # waits (the file will never be that long)
 
 
+def test_a_pass_steps_over_no_more_big_records_than_its_budget_allows(tmp_path):
+    # A record over MAX_RECORD_BYTES is stepped over unread, but its header is still read and
+    # checksummed: a sparse file of nothing but such headers (its holes take no room in the work
+    # cap) held one pass, and the final drain before `exited`, for as long as the file was long.
+    length = tfevents.MAX_RECORD_BYTES + 1
+    header = struct.pack("<Q", length) + struct.pack("<I", tfevents.masked_crc32c(struct.pack("<Q", length)))
+    stride, count = length + 16, 50_000
+    path = tmp_path / "events.out.tfevents.sparse"
+    with open(path, "wb") as f:
+        for k in range(count):
+            f.seek(k * stride)
+            f.write(header)
+        f.truncate(count * stride)
+    fd = os.open(path, os.O_RDONLY)
+    _, offset, dropped, read = tfevents.read_records(fd, 0, size=count * stride, budget=tfevents.MAX_READ_PER_POLL)
+    os.close(fd)
+    assert len(dropped) <= tfevents.MAX_READ_PER_POLL // 12 + 1 and offset < count * stride
+    assert read >= tfevents.MAX_READ_PER_POLL
+
+
+def test_skipped_records_cost_the_agent_log_a_line_per_file(tmp_path, caplog):
+    # agent.log is on the platform's disk and no cap of the job's counts it: a line per bad record
+    # (17 bytes each, named by a path of hundreds) wrote many times what the learner did.
+    root, state = tmp_path / "state", tmp_path / "agent"
+    state.mkdir()
+    root.mkdir()
+    bad = bytearray(tfevents.frame(b"x"))
+    bad[-1] ^= 0xFF
+    (root / "events.out.tfevents.bad").write_bytes(bytes(bad) * 1000 + tfevents.frame(b"fine"))
+    shipped = Shipped()
+    tailer = shipped.tailer(root, [], state)
+    with caplog.at_level("INFO", logger="learner_agent.tfevents"):
+        tailer.drain()
+    assert shipped.data() == [b"fine"] and tailer.skipped == 1000
+    assert len(caplog.records) <= 1
+
+
 def test_the_tailer_reads_each_run_and_continues_where_it_stopped(tmp_path):
     root, state = tmp_path / "state", tmp_path / "agent"
     state.mkdir()
