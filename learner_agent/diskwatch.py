@@ -4,8 +4,8 @@ A folder on the machine's own filesystem has no size limit of its own: project q
 filesystem mounted with them, a loop-mounted image per folder needs root and a file as large as the
 cap made before the learner starts. So the agent measures each capped folder (`usage`: the blocks
 its files take, walked with os.scandir and bounded in entries) every INTERVAL_S, and every
-FAST_INTERVAL_S once it is past half its cap (a walk of a few files costs well under a millisecond), and the learner is killed as soon as one is over, its
-exit reason naming the folder and the cap. What lies in results/ and checkpoints/ counts as the copies
+FAST_INTERVAL_S once it is past half its cap (a walk of a few files costs well under a millisecond),
+and the learner is killed as soon as one is over, its exit reason naming the folder and the cap. What lies in results/ and checkpoints/ counts as the copies
 storing the job's output makes of it (COPIED): a sparse file at its length, a hard link as one more
 file. A writer gets past the cap by what it writes between two measurements (docs/submitting.md,
 "Disk caps", has the figure measured here); RLIMIT_FSIZE (set by

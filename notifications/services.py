@@ -12,10 +12,13 @@ import math
 import re
 import secrets
 import socket
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from jobs import dispatch, egress, outbox, tenancy, transfers
 from jobs.models import Status
@@ -37,6 +40,9 @@ LOOKUP_TIMEOUT_S = 5  # resolving a new hook's host, inside the request that add
 DELIVERING_PER_TENANT = 1
 WAIT_FOR_SLOT_S = 3.0  # how much later a delivery finding its tenant's slot taken is tried again
 MAX_TRIES = 20  # about 17 minutes of retries with the outbox's backoff (1, 2, 4 ... 60 s)
+# A row waiting for an earlier one of its hook is sent when that one is done; the sweep sends it again
+# only this long after it last found the earlier one open (in case that message is lost as well).
+WAITING_SWEPT_AFTER = timedelta(hours=1)
 
 
 class HookError(Exception):
@@ -139,6 +145,14 @@ def remove(hook):
         hook.delete()
 
 
+def on_membership_deleted(sender, instance, **kwargs):
+    """post_delete of Membership, however it is deleted: the user's own hooks in that tenant go with
+    them. Left behind they would fill the tenant's MAX_HOOKS_PER_TENANT, and no one in the tenant
+    could remove them (an admin manages only their own hooks and the tenant's)."""
+    for hook in Webhook.objects.filter(tenant_id=instance.tenant_id, user_id=instance.user_id):
+        remove(hook)
+
+
 def describe(hook):
     return {"url": hook.url, "events": hook.events, "format": hook.format,
             "scope": "tenant" if hook.user_id is None else "user"}
@@ -194,7 +208,9 @@ def on_gpus_idle(job, *, since, policy, when):
 def _write_deliveries(job, event, *, before, when, extra=None):
     """A row per hook that hears of it, in a fixed number of queries however many hooks the tenant has
     (this runs inside status changes, some of them under the scheduler's admission lock)."""
-    hooks = [hook for hook in Webhook.objects.filter(tenant_id=job.tenant_id).order_by("pk")
+    # A disabled account's hooks hear nothing, as its sessions and tokens reach nothing.
+    owned_by_active = Q(user=None) | Q(user__is_active=True)
+    hooks = [hook for hook in Webhook.objects.filter(owned_by_active, tenant_id=job.tenant_id).order_by("pk")
              if not hook.events or event in hook.events]
     if not hooks:
         return
@@ -256,6 +272,11 @@ def deliver(row_id):
     if row is None:
         return None  # done already, or its hook was removed
     if Delivery.objects.filter(webhook_id=row["webhook_id"], done_at=None, pk__lt=row_id).exists():
+        # Sent when the earlier one is done (below). Until then the sweep leaves it be: a receiver that
+        # is down collects rows by the thousand, and the sweep, resending the longest-due rows first,
+        # sent those on every pass ahead of the other tenants' lost messages.
+        Delivery.objects.filter(pk=row_id, done_at=None, claimed_at=None).update(
+            due_at=timezone.now() + WAITING_SWEPT_AFTER)
         return None
     with throttling.slot(_delivering(), row["webhook__tenant_id"]) as free:
         if free:
@@ -267,6 +288,9 @@ def deliver(row_id):
         following = (Delivery.objects.filter(webhook_id=row["webhook_id"], done_at=None, pk__gt=row_id)
                      .order_by("pk").values_list("pk", flat=True).first())
         if following is not None:
+            # Due again, so that the sweep sends it should this message be lost.
+            Delivery.objects.filter(pk=following, done_at=None).update(
+                due_at=timezone.now() + timedelta(seconds=outbox.RESEND_MIN_S))
             dispatch.send(TASK, following)
     return done
 

@@ -7,9 +7,9 @@ pages and manage.py commands are all recorded the same way; the one thing signal
 import contextvars
 from contextlib import contextmanager
 
-from django.db.models.signals import post_delete, post_save, pre_save
+from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
 
-from tenants.models import ApiToken, AuditEntry, GroupMapping, Invitation, Membership, Quota
+from tenants.models import ApiToken, AuditEntry, GroupMapping, Invitation, Membership, Quota, Tenant
 
 _actor = contextvars.ContextVar("trainyard_audit_actor", default="system")
 # The names the platform itself acts under, in the audit log and in jobs' events (jobs.admission,
@@ -67,7 +67,23 @@ class AuditActorMiddleware:
             _actor.reset(token)
 
 
+# Tenants whose deletion is under way in this context. Their members, invitations and hooks are deleted
+# first, while the tenant's row still exists, and their entries are written then; an entry naming the
+# tenant would then hold a reference to a row gone at commit, and the whole deletion would fail.
+_tenants_deleting = contextvars.ContextVar("trainyard_audit_tenants_deleting", default=frozenset())
+
+
+def _tenant_deleting(sender, instance, **kwargs):
+    _tenants_deleting.set(_tenants_deleting.get() | {instance.pk})
+
+
+def _tenant_deleted(sender, instance, **kwargs):
+    _tenants_deleting.set(_tenants_deleting.get() - {instance.pk})
+
+
 def record(action, target_type, target, *, tenant=None, before=None, after=None):
+    if tenant is not None and tenant.pk in _tenants_deleting.get():
+        tenant = None  # the entry outlives the tenant: its label still names it
     if (reason := _reason.get()) is not None:
         after = {**(after or {}), "reason": reason}
     AuditEntry.objects.create(actor=current_actor(), action=action, tenant=tenant, target_type=target_type,
@@ -117,11 +133,11 @@ def _after_save(sender, instance, created, **kwargs):
 
 def _after_delete(sender, instance, **kwargs):
     kind, label, tenant, state = DESCRIBE[sender](instance)
-    if tenant is not None and not tenant.__class__.objects.filter(pk=tenant.pk).exists():
-        tenant = None  # the tenant itself is being deleted
     record("deleted", kind, label, tenant=tenant, before=state)
 
 
+pre_delete.connect(_tenant_deleting, sender=Tenant, dispatch_uid="audit-tenant-deleting")
+post_delete.connect(_tenant_deleted, sender=Tenant, dispatch_uid="audit-tenant-deleted")
 for _model in DESCRIBE:
     pre_save.connect(_before, sender=_model, dispatch_uid=f"audit-before-{_model.__name__}")
     post_save.connect(_after_save, sender=_model, dispatch_uid=f"audit-save-{_model.__name__}")

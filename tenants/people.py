@@ -15,6 +15,9 @@ from django.utils import timezone
 from tenants.models import ApiToken, Invitation, Membership, Tenant
 
 TOKEN_NAME_MAX = 100
+# Live tokens (not revoked, not expired) one user may hold: each is a row every request's lookup, the
+# token list and the Account page carry, and anyone signed in may make them.
+MAX_TOKENS = 100
 USERNAME_MAX = 150
 
 
@@ -109,9 +112,8 @@ def change_role(member, role):
     with transaction.atomic():
         if role != Membership.Role.ADMIN:
             _keep_an_admin(member)
-            _withdraw_invitations_by(member)
         member.role = role
-        member.save()
+        member.save()  # an admin no more takes back their invitations (on_membership_saving)
     return member
 
 
@@ -119,15 +121,22 @@ def remove_member(member):
     """Take a member out of the tenant; what they were given in it goes too (on_membership_deleted)."""
     with transaction.atomic():
         _keep_an_admin(member)
-        _withdraw_invitations_by(member)
         member.delete()
 
 
 def _withdraw_invitations_by(member):
     """An admin who leaves the tenant or the role takes back the invitations they sent that wait:
     one to an account of their own would otherwise bring them back in."""
-    if member.role == Membership.Role.ADMIN:
-        Invitation.objects.filter(tenant_id=member.tenant_id, invited_by=member.user.get_username()).delete()
+    Invitation.objects.filter(tenant_id=member.tenant_id, invited_by=member.user.get_username()).delete()
+
+
+def on_membership_saving(sender, instance, **kwargs):
+    """pre_save of Membership: an admin losing the role, however it happens (the API, the pages, the
+    admin console, single sign-on following the provider's groups), takes back their invitations."""
+    if instance.pk is None or instance.role == Membership.Role.ADMIN:
+        return
+    if Membership.objects.filter(pk=instance.pk, role=Membership.Role.ADMIN).exists():
+        _withdraw_invitations_by(instance)
 
 
 def on_user_deleted(sender, instance, **kwargs):
@@ -137,10 +146,13 @@ def on_user_deleted(sender, instance, **kwargs):
 
 
 def on_membership_deleted(sender, instance, **kwargs):
-    """post_delete of Membership, however it is deleted (API, page, admin console, tenant deleted):
-    invitations to the tenant that still wait for the user are gone (they would let them back in
-    without a new decision). The shares of the tenant's jobs go too: jobs.sharing listens as well."""
+    """post_delete of Membership, however it is deleted (API, page, admin console, single sign-on,
+    tenant deleted): invitations to the tenant that still wait for the user are gone (they would let
+    them back in without a new decision), and so are those an admin sent (_withdraw_invitations_by).
+    The shares of the tenant's jobs go too: jobs.sharing listens as well."""
     Invitation.objects.filter(tenant_id=instance.tenant_id, username=instance.user.get_username()).delete()
+    if instance.role == Membership.Role.ADMIN:
+        _withdraw_invitations_by(instance)
 
 
 def _username(username):
@@ -182,7 +194,14 @@ def create_token(user, name, *, expires_at=None):
     if not name or len(name) > TOKEN_NAME_MAX:
         raise PeopleError(f"give the token a name (1-{TOKEN_NAME_MAX} characters)", field="name")
     _refuse_control_characters(name, "name", "the token's name")
-    return ApiToken.issue(user, name, expires_at=expires_at)
+    with transaction.atomic():
+        # Counted under the user's row lock: requests at the same time cannot each find room for one more.
+        get_user_model().objects.select_for_update().filter(pk=user.pk).exists()
+        live = ApiToken.objects.filter(user=user, revoked_at=None).exclude(expires_at__lte=timezone.now())
+        if live.count() >= MAX_TOKENS:
+            raise PeopleError(f"at most {MAX_TOKENS} of your tokens may be live at once; revoke one you no "
+                              "longer use", field="name", status=409)
+        return ApiToken.issue(user, name, expires_at=expires_at)
 
 
 def revoke_token(token):

@@ -335,6 +335,32 @@ def test_a_private_jobs_change_reaches_only_the_hooks_of_those_who_see_it(sent, 
     assert not heard & {hooks["stranger"].pk, tenants_hook.pk, gone_hook.pk}
 
 
+def test_a_disabled_accounts_hooks_hear_nothing(sent, private_allowed):
+    alice, boss = member(username="alice"), member(username="boss", role="admin")
+    alices, _ = hook(alice, "http://127.0.0.1:9/alice")
+    bosses, _ = hook(boss, "http://127.0.0.1:9/boss")
+    boss.user.is_active = False  # let go: no session, token or hook of theirs may reach the tenant now
+    boss.user.save()
+    transition(job(alice).id, Status.PENDING, actor="t")
+    transition(job(alice, private=True).id, Status.PENDING, actor="t")
+    assert set(Delivery.objects.values_list("webhook_id", flat=True)) == {alices.pk}
+    assert not Delivery.objects.filter(webhook=bosses).exists()
+
+
+def test_a_member_who_leaves_takes_their_hooks_with_them_and_frees_the_tenants_room(private_allowed, monkeypatch):
+    from tenants import people
+    monkeypatch.setattr(services, "MAX_HOOKS_PER_TENANT", 3)
+    admin, leaver = member(username="root", role="admin"), member(username="leaver")
+    for _ in range(3):
+        hook(leaver, "http://127.0.0.1:9/x")
+    elsewhere, _ = hook(member("team-b", "leaver"), "http://127.0.0.1:9/b")
+    people.remove_member(leaver)
+    # Nobody left in the tenant could remove them (an admin manages only their own and the tenant's).
+    assert not Webhook.objects.filter(tenant=admin.tenant).exists()
+    hook(admin, "http://127.0.0.1:9/t", scope="tenant")
+    assert Webhook.objects.filter(pk=elsewhere.pk).exists()  # their hooks in other tenants stay
+
+
 def test_a_tenant_has_a_limited_number_of_hooks(private_allowed, monkeypatch):
     monkeypatch.setattr(services, "MAX_HOOKS_PER_TENANT", 3)
     for name in ("a", "b", "c"):
@@ -381,6 +407,34 @@ def test_a_hooks_deliveries_go_out_one_at_a_time_in_order(sent, private_allowed,
     assert sent == [(services.TASK, (second.pk,))]  # the next one, once this one is done
     services.deliver(second.pk)
     assert [payload["job"]["status"] for payload, _ in receiver.events(secret)] == ["PENDING", "FAILED"]
+
+
+def test_deliveries_waiting_behind_their_hooks_first_one_leave_the_sweep_to_other_tenants(
+        sent, private_allowed, monkeypatch, receiver):
+    from jobs import outbox
+    monkeypatch.setattr("jobs.dispatch.backlog", lambda queue=None: 0)
+    alice, eve = member(username="alice"), member("team-b", "eve")
+    alices, _ = hook(alice, receiver.url)
+    eves, _ = hook(eve, "http://127.0.0.1:9/up")
+    long_ago = timezone.now() - timedelta(hours=1)
+    alices_job = job(alice)
+    first, *waiting = Delivery.objects.bulk_create([
+        Delivery(webhook=alices, job=alices_job, event="PENDING", payload={}, created=long_ago, due_at=long_ago)
+        for _ in range(600)])
+    # The receiver was down: the first row failed, and waits for its next try.
+    Delivery.objects.filter(pk=first.pk).update(tries=3, due_at=timezone.now() + timedelta(seconds=30))
+    for row in waiting:  # the message each row's change sent: each finds the hook's first one still open
+        assert services.deliver(row.pk) is None
+    lost = Delivery.objects.create(webhook=eves, job=job(eve), event="PENDING", payload={},
+                                   created=timezone.now() - timedelta(minutes=1),
+                                   due_at=timezone.now() - timedelta(minutes=1))  # its message was lost
+    sent.clear()
+    swept = outbox.sweep()
+    assert lost.pk in swept  # not left behind the other tenant's queue of rows that cannot go yet
+    assert not set(swept) & {row.pk for row in waiting}
+    services.deliver(first.pk)  # the receiver is back: the first goes, and the next is due again
+    following = Delivery.objects.get(pk=waiting[0].pk)
+    assert following.due_at < timezone.now() + timedelta(minutes=1) and (services.TASK, (following.pk,)) in sent
 
 
 @pytest.mark.django_db(transaction=True)

@@ -70,3 +70,17 @@ def test_tokens_are_not_made_in_the_admin_console(admin_client):
     # One made there had an empty key hash: no key anyone saw, and a 500 at the second.
     assert admin_client.get("/admin/tenants/apitoken/add/").status_code == 403
     assert admin_client.post("/admin/tenants/apitoken/add/", {"name": "x"}).status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_platform_admin_deletes_a_tenant_with_members_and_its_log_keeps_the_entries():
+    from tenants import people
+    from tenants.models import AuditEntry, Tenant
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.org", "pw"))
+    alice = member("team-a", "alice", role="admin")
+    people.invite(alice.tenant, "bob", invited_by="alice")
+    answer = client.post(f"/admin/tenants/tenant/{alice.tenant.pk}/delete/", {"post": "yes"})
+    assert answer.status_code == 302
+    assert not Tenant.objects.filter(slug="team-a").exists()
+    assert AuditEntry.objects.filter(target_type="membership", action="deleted", target="alice@team-a").exists()

@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from tenants import quotas
 from tenants.models import ApiToken, AuditEntry, Membership
-from tests.support.builders import client_for, member
+from tests.support.builders import client_for, logged_in, member
 from tests.support.optional import skip_or_fail
 
 pytestmark = pytest.mark.django_db
@@ -129,6 +129,22 @@ def test_a_token_made_with_an_expiring_token_expires_with_it():
     assert ApiToken.objects.get(pk=created["id"]).expires_at == expiry
     # Made in a session (the Account page) or with a lasting token, it lasts until revoked.
     assert client_for(alice).post("/api/v1/tokens/", {"name": "laptop"}, format="json").json()["expires_at"] is None
+
+
+def test_a_user_holds_a_limited_number_of_live_tokens(monkeypatch):
+    from tenants import people
+    monkeypatch.setattr(people, "MAX_TOKENS", 3)
+    alice = member()
+    client = client_for(alice)  # one live token already
+    made = [client.post("/api/v1/tokens/", {"name": f"t{i}"}, format="json") for i in range(3)]
+    assert [answer.status_code for answer in made] == [201, 201, 409]
+    assert made[2].json()["field"] == "name" and "at most 3" in made[2].json()["detail"]
+    assert ApiToken.objects.filter(user=alice.user).count() == 3
+    client.delete(f"/api/v1/tokens/{made[0].json()['id']}/")  # revoking one makes room
+    assert client.post("/api/v1/tokens/", {"name": "again"}, format="json").status_code == 201
+    page = logged_in(alice).post("/account/tokens/", {"action": "create", "name": "page"}, follow=True)
+    assert "3 of your tokens may be live at once" in page.content.decode()
+    assert ApiToken.objects.filter(user=alice.user, revoked_at=None).count() == 3
 
 
 def test_a_token_needs_a_name():

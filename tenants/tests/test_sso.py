@@ -180,6 +180,23 @@ def test_invitations_keep_working_and_a_tenant_no_mapping_names_is_left_alone(id
     assert list(Membership.objects.filter(user=carol).values_list("tenant__slug", flat=True)) == ["shared"]
 
 
+@pytest.mark.parametrize("groups_left, role_left", [(["ml-vision"], "researcher"), ([], None)],
+                         ids=["demoted", "removed"])
+def test_an_admin_the_provider_demotes_or_removes_takes_back_the_invitations_they_sent(
+        settings, groups_left, role_left):
+    from tenants import people
+    settings.OIDC_GROUP_MAP = "ml-vision=vision:researcher ml-leads=vision:admin"
+    vision = Tenant.objects.create(slug="vision")
+    dave = get_user_model().objects.create_user("dave")
+    sso.sync_memberships(dave, {"ml-leads"})
+    # An admin's way back in once the provider takes the role away: an invitation to an account of their own.
+    people.invite(vision, "dave-spare", "admin", invited_by="dave")
+    people.invite(vision, "erin", "viewer", invited_by="someone-else")
+    sso.sync_memberships(dave, set(groups_left))
+    assert list(Membership.objects.filter(user=dave).values_list("role", flat=True)) == ([role_left] if role_left else [])
+    assert list(Invitation.objects.values_list("username", flat=True)) == ["erin"]
+
+
 # --- hostile answers ------------------------------------------------------------------------------------------
 def with_id_token(monkeypatch, id_token, **more):
     """The provider's token response, with its ID token replaced (a forged or tampered answer)."""
