@@ -48,8 +48,8 @@ class TenantScoped:
 
     def owned_job(self):
         job = self.job()
-        if not (self.membership().is_admin or job.owner_id == self.request.user.pk):
-            raise PermissionDenied("only the job's owner and tenant admins share it")
+        if not tenancy.can_manage(self.membership(), job):
+            raise PermissionDenied("only the job's owner (a researcher) and tenant admins share it")
         return job
 
 
@@ -101,7 +101,7 @@ class JobDetail(TenantScoped, APIView):
             "the job has not ended (terminate it first) or is an experiment's trial; `detail` says which"))})
     def delete(self, request, job_id):
         job = self.job()
-        if not tenancy.can_delete(self.membership(), job):
+        if not tenancy.can_manage(self.membership(), job):
             return Response({"detail": "only the job's owner and tenant admins can delete it"}, status=403)
         job = deletion.delete(job, actor=request.user.username)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_202_ACCEPTED)

@@ -53,8 +53,9 @@ def job_or_404(membership, job_id):
     return job
 
 
-def can_delete(membership, job):
-    """Delete (jobs.deletion): tenant admins any job, researchers their own; sharing never gives it."""
+def can_manage(membership, job):
+    """Share it with others, or delete it (jobs.deletion): tenant admins any job, researchers their own;
+    sharing never gives it, and an owner since made a viewer has lost it with the role."""
     return membership.is_admin or (membership.role == Membership.Role.RESEARCHER and job.owner_id == membership.user.pk)
 
 

@@ -110,7 +110,7 @@ def job_page(request, membership, job_id):
     idle_policy = IdleGpuPolicy.objects.filter(tenant_id=job.tenant_id).first() if job.gpus_idle else None
     return render(request, "jobs/detail.html", {"job": job, "membership": membership, "run": runs.facts(job),
                                                 "elastic": elastic_timeline.summary(job), "idle_policy": idle_policy,
-                                                "can_delete": tenancy.can_delete(membership, job)})
+                                                "can_delete": tenancy.can_manage(membership, job)})
 
 
 @tenant_page

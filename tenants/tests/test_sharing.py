@@ -52,6 +52,21 @@ def test_sharing_refuses_viewers_for_control_outsiders_and_non_owners(team):
                                         format="json").status_code == 403
 
 
+def test_an_owner_made_a_viewer_no_longer_shares_their_job(team):
+    """Sharing is the owner's as a researcher: demoted to viewer, they can neither hand control of the
+    job to others nor take shares back."""
+    theirs = job(team["alice"], private=True)
+    alice = client_for(team["alice"])
+    assert alice.post(f"/api/v1/jobs/{theirs.id}/share/", {"username": "vera"}, format="json").status_code == 200
+    team["alice"].role = "viewer"
+    team["alice"].save()
+    given = alice.post(f"/api/v1/jobs/{theirs.id}/share/", {"username": "bob", "access": "control"}, format="json")
+    assert given.status_code == 403 and "researcher" in given.json()["detail"]
+    assert alice.delete(f"/api/v1/jobs/{theirs.id}/share/vera/").status_code == 403
+    assert client_for(team["ada"]).get(f"/api/v1/jobs/{theirs.id}/share/").json()["results"] == [
+        {"username": "vera", "access": "view"}]
+
+
 def test_viewers_see_public_jobs_but_never_control_them(team):
     public = job(team["alice"], status=Status.PROCESSING)
     vera = client_for(team["vera"])
