@@ -20,9 +20,9 @@ from django.conf import settings
 from django.db.models import Count, Max, Min, Q, Sum
 from django.utils import timezone
 
-from jobs import retention
+from jobs import retention, tenancy
 from jobs.models import Job, ResourceSample
-from tenants import quotas
+from tenants import quotas, throttling
 from tenants.models import UsageRecord
 
 HOURS = 3600.0
@@ -73,6 +73,27 @@ def _moment(text, field, *, whole_day=False):
     if date_only and whole_day:
         value = timezone.make_aware(datetime.combine(value.date() + timedelta(days=1), time()))
     return value
+
+
+class Busy(Exception):
+    """The tenant's usage reports at once are all being summed (tenants.throttling.USAGE_REPORTS)."""
+
+    retry_after_s = 3
+
+    def __init__(self):
+        super().__init__(f"{throttling.USAGE_REPORTS.limit} usage reports of this tenant are being prepared; "
+                         "try again in a few seconds")
+
+
+def report_for(membership, *, start, end):
+    """report() as `membership` may read it (its jobs rows: the jobs it may see), holding one of the
+    tenant's USAGE_REPORTS slots: a period's samples are summed by the database every tenant shares,
+    and a web thread waits for it, so one tenant's reloads cannot take either from the others."""
+    with throttling.slot(throttling.USAGE_REPORTS, membership.tenant_id) as free:
+        if not free:
+            raise Busy()
+        return report(membership.tenant, start=start, end=end,
+                      visible=tenancy.jobs_of(membership).values_list("id", flat=True))
 
 
 def report(tenant, *, start, end, visible=None, now=None):

@@ -8,7 +8,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import tenancy, usage
+from jobs import usage
 from tenants import access
 
 PERIOD = [OpenApiParameter("start", str, description="ISO date or time; default: the start of the tenant's "
@@ -57,11 +57,12 @@ class UsageReportSerializer(serializers.Serializer):
 def _report(request):
     membership = access.request_membership(request)
     start, end = usage.period_of(membership.tenant, request.query_params)
-    visible = tenancy.jobs_of(membership).values_list("id", flat=True)
-    return usage.report(membership.tenant, start=start, end=end, visible=visible)
+    return usage.report_for(membership, start=start, end=end)
 
 
 def _refused(exc):
+    if isinstance(exc, usage.Busy):
+        return Response({"detail": str(exc)}, status=429, headers={"Retry-After": str(exc.retry_after_s)})
     return Response({"detail": f"{exc.field}: {exc.detail}", "field": exc.field}, status=400)
 
 
@@ -70,7 +71,7 @@ class TenantUsage(APIView):
     def get(self, request):
         try:
             return Response(_report(request))
-        except usage.PeriodError as exc:
+        except (usage.PeriodError, usage.Busy) as exc:
             return _refused(exc)
 
 
@@ -84,7 +85,7 @@ class TenantUsageCsv(APIView):
             return Response({"detail": f"by: one of {', '.join(usage.BY)}", "field": "by"}, status=400)
         try:
             body = _report(request)
-        except usage.PeriodError as exc:
+        except (usage.PeriodError, usage.Busy) as exc:
             return _refused(exc)
         response = HttpResponse(usage.as_csv(body, by=by), content_type="text/csv; charset=utf-8")
         name = f"usage-{body['tenant']['tenant']}-{body['period']['start'][:10]}-{by}.csv"

@@ -249,12 +249,18 @@ def tenant_usage(request, membership):
     except usage.PeriodError as exc:
         context["usage_error"] = f"{exc.field}: {exc.detail}"
         start, end = usage.period_of(membership.tenant, {})
-    context["usage"] = usage.report(membership.tenant, start=start, end=end,
-                                    visible=tenancy.jobs_of(membership).values_list("id", flat=True))
+    status = 200
+    try:
+        context["usage"] = usage.report_for(membership, start=start, end=end)
+    except usage.Busy as exc:
+        context["usage_error"], status = str(exc), 429
     context["idle_policy"] = IdleGpuPolicy.objects.filter(tenant=membership.tenant).first()
     context["usage_period"] = {"start": timezone.localtime(start).date().isoformat(),
                                "end": (timezone.localtime(end) - timedelta(microseconds=1)).date().isoformat()}
-    return render(request, "tenant.html", context)
+    response = render(request, "tenant.html", context, status=status)
+    if status == 429:
+        response["Retry-After"] = str(usage.Busy.retry_after_s)
+    return response
 
 
 @tenant_page

@@ -73,6 +73,7 @@ class AtOnce:
 
 COMPARISONS = AtOnce("compare", limit=2, hold_s=120)
 CLUSTER_HISTORY = AtOnce("cluster-use", limit=1, hold_s=120)  # jobs.node_use: every tenant's samples
+USAGE_REPORTS = AtOnce("usage", limit=2, hold_s=120)  # jobs.usage: a period's samples, summed by the database
 
 
 @contextlib.contextmanager

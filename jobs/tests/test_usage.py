@@ -111,3 +111,25 @@ def test_the_usage_page_shows_allocated_and_used(tenant_jobs):
     assert "usage/csv/?start=" in page and "were not sampled" in page
     bad = logged_in(alice).get("/tenant/", {"start": "soon"}).content.decode()
     assert 'data-testid="usage-error"' in bad
+
+
+def test_a_tenant_sums_a_bounded_number_of_usage_reports_at_once_and_others_are_not_held():
+    # A long period's samples keep the shared database summing: a tenant that reloads its report many
+    # times at once waits for its own, never for another tenant's.
+    from tenants import throttling
+    alice, mallory = member("team-a", "alice"), member("team-b", "mallory")
+    limit = throttling.USAGE_REPORTS.limit
+    holds = [throttling.slot(throttling.USAGE_REPORTS, alice.tenant_id) for _ in range(limit)]
+    assert all(hold.__enter__() for hold in holds)
+    try:
+        for path in ("/api/v1/tenants/current/usage/", "/api/v1/tenants/current/usage/csv/"):
+            busy = client_for(alice).get(path)
+            assert busy.status_code == 429 and busy["Retry-After"] == "3", path
+            assert "usage reports of this tenant" in busy.json()["detail"]
+        page = logged_in(alice).get("/tenant/")
+        assert page.status_code == 429 and b"usage reports of this tenant" in page.content
+        assert client_for(mallory).get("/api/v1/tenants/current/usage/").status_code == 200
+    finally:
+        for hold in holds:
+            hold.__exit__(None, None, None)
+    assert client_for(alice).get("/api/v1/tenants/current/usage/").status_code == 200
