@@ -1,8 +1,10 @@
 """REST endpoints for jobs (SPEC §4). Views parse input, resolve the tenant, and call one action."""
+import os
 from pathlib import PurePosixPath
 from urllib.parse import urlencode
 
-from django.http import FileResponse, Http404, JsonResponse
+from django.http import Http404, JsonResponse, StreamingHttpResponse
+from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from drf_spectacular.types import OpenApiTypes
@@ -12,8 +14,8 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import (admission, compare, deletion, elastic_timeline, ingest, lifecycle, listing, node_use, sharing,
-                  storage, submission, tenancy)
+from jobs import (admission, compare, deletion, elastic_timeline, ingest, lifecycle, listing, node_use, serving,
+                  sharing, storage, submission, tenancy)
 from jobs.backends import get_backend
 from jobs.serializers import (AllocationListSerializer, AllocationSerializer, ArtifactPageSerializer,
                               ArtifactSerializer, ClusterSerializer, ClusterUseSerializer, ComparisonSerializer,
@@ -292,8 +294,12 @@ class JobArtifactDownload(TenantScoped, APIView):
             raise Http404(f"Artifact {name!r} is no longer stored.")
         # Bytes a learner wrote, never a type the browser acts on: served as a script (`model.js` as
         # text/javascript) from the platform's own origin, the pages' script-src 'self' would allow it.
-        return FileResponse(stored, as_attachment=True, filename=PurePosixPath(name).name,
-                            content_type="application/octet-stream")
+        size = os.fstat(stored.fileno()).st_size
+        response = StreamingHttpResponse(serving.file_blocks(stored),
+                                         content_type="application/octet-stream")
+        response["Content-Length"] = str(size)
+        response["Content-Disposition"] = content_disposition_header(True, PurePosixPath(name).name)
+        return response
 
 
 class Cluster(APIView):

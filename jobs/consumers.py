@@ -11,7 +11,9 @@ socket stops forwarding private jobs its user may no longer see. A deleted job i
 sockets are told (`{"type": "deleted"}`) and closed with 4404, and a socket opened for it later is refused.
 """
 import asyncio
+import collections
 import logging
+import weakref
 from importlib import import_module
 from types import SimpleNamespace
 from urllib.parse import parse_qs
@@ -48,6 +50,11 @@ SEND_TIMEOUT_S = 5.0
 ACCESS_RECHECK_S = 60.0
 CLOSE_NOT_FOUND = 4404
 CLOSE_UNAUTHORIZED = 4401
+# Past settings.WEBSOCKETS_PER_USER of a user's sockets open in this process (both streams together):
+# each holds memory, a subscription and a recheck a minute, so one member opening thousands would take
+# the web process from everyone else.
+CLOSE_TOO_MANY = 4429
+_open_sockets = weakref.WeakKeyDictionary()  # event loop -> Counter(user id -> its sockets open there)
 
 
 def _db(function):
@@ -67,6 +74,7 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
     stream = ""  # its name on /metrics (trainyard_websocket_connections)
     counted = False
     rechecks = None  # the task that asks this socket to check its access now and then
+    holder = None  # the user whose sockets this one counts among (None until it has a place)
 
     async def accept(self, subprotocol=None, headers=None):
         await super().accept(subprotocol, headers)
@@ -109,6 +117,34 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
         the socket that sent it is closed."""
         await self.close(code=1003)
 
+    def take_place(self, user_id):
+        """Count this socket among its user's open ones; False when they hold WEBSOCKETS_PER_USER already."""
+        counts = _open_sockets.setdefault(asyncio.get_running_loop(), collections.Counter())
+        if counts[user_id] >= settings.WEBSOCKETS_PER_USER:
+            return False
+        counts[user_id] += 1
+        self.holder = user_id
+        return True
+
+    def _give_place_back(self):
+        user_id, self.holder = self.holder, None
+        counts = _open_sockets.get(asyncio.get_running_loop())
+        if user_id is not None and counts is not None:
+            counts[user_id] -= 1
+            if counts[user_id] <= 0:
+                del counts[user_id]
+
+    async def admitted(self, membership):
+        """The membership, refusing the socket (and answering None) when there is none or its user has
+        no place left."""
+        if membership is None:
+            await self.refuse(CLOSE_UNAUTHORIZED)
+            return None
+        if not self.take_place(membership.user_id):
+            await self.refuse(CLOSE_TOO_MANY)
+            return None
+        return membership
+
     async def refuse(self, code):
         # Accept-then-close, so the browser sees why (4401/4404) instead of an anonymous 1006;
         # nothing is sent in between.
@@ -137,6 +173,7 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
 
     async def disconnect(self, code):
+        self._give_place_back()
         if self.rechecks is not None:
             self.rechecks.cancel()
         if self.counted:
@@ -208,9 +245,8 @@ class JobConsumer(_ScopedConsumer):
     status_only = False
 
     async def connect(self):
-        membership = await self._membership()
+        membership = await self.admitted(await self._membership())
         if membership is None:
-            await self.refuse(CLOSE_UNAUTHORIZED)
             return
         self.job_id = self.scope["url_route"]["kwargs"]["job_id"]
         job = await self._job(membership, self.job_id)
@@ -311,9 +347,8 @@ class JobListConsumer(_ScopedConsumer):
     tenant_id = None
 
     async def connect(self):
-        membership = await self._membership()
+        membership = await self.admitted(await self._membership())
         if membership is None:
-            await self.refuse(CLOSE_UNAUTHORIZED)
             return
         self.membership = membership
         await self.join(live.user_group(membership.user_id))

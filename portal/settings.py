@@ -267,6 +267,9 @@ INGEST_READ_S = env.number("TRAINYARD_INGEST_READ_S", 60.0, minimum=1.0)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 # How long a request's body may take to arrive (portal.bodylimit): a 408 then, and the connection closed.
 REQUEST_READ_S = env.number("TRAINYARD_REQUEST_READ_S", 300.0, minimum=1.0)
+# How many websockets one user may hold open in one web process at once, of both streams together
+# (jobs.consumers); past it a socket is refused with 4429.
+WEBSOCKETS_PER_USER = env.integer("TRAINYARD_WEBSOCKETS_PER_USER", 256, minimum=1)
 
 LOCAL_GPUS = env.integer("TRAINYARD_LOCAL_GPUS", -1)  # -1: the GPUs nvidia-smi reports
 # A pynvml-compatible file (an absolute path) the local backend's agents load instead of NVML, for

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+from drf_spectacular.views import SpectacularSwaggerSplitView
 
 from jobs import api, experiment_api, idle_api, prometheus, usage_api
 from notifications import api as notifications_api
@@ -10,6 +10,7 @@ from tenants import api as tenants_api
 from tenants import sso, sso_api
 from tenants import views as tenants_views
 from portal import experiment_pages, idle_pages, views
+from portal.schema import SchemaView
 
 api_v1 = [
     path("jobs/", api.JobList.as_view(), name="job-list"),
@@ -85,7 +86,7 @@ urlpatterns = [
     path("sso/login/", sso.SsoLoginView.as_view(), name="sso-login"),
     path("sso/callback/", sso.SsoCallbackView.as_view(), name="sso-callback"),
     path("admin/", admin.site.urls),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/schema/", SchemaView.as_view(), name="schema"),
     # The split view serves its start-up script as a file: the Content-Security-Policy refuses inline ones.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include(api_v1)),

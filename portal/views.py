@@ -18,7 +18,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from jobs import compare, datastores, elastic_timeline, listing, runs, submission, tenancy, usage
+from jobs import compare, datastores, elastic_timeline, listing, runs, serving, submission, tenancy, usage
 from jobs.models import ACTIVE, IdleGpuPolicy, Status
 from tenants import access
 from tenants.models import Membership, Tenant
@@ -135,24 +135,27 @@ def compare_page(request, membership):
 
 @tenant_page
 def job_log_download(request, membership, job_id):
-    """The whole log as text, streamed in batches so a million lines never sit in memory at once."""
+    """The whole log as text, streamed a batch at a time (each read once the one before is sent), so a
+    million lines never sit in memory at once."""
     job = tenancy.job_or_404(membership, job_id)
     learners = job.learners > 1
 
-    def lines():
+    def batches():
         since = 0
         while True:
             batch = list(job.log_lines.filter(seq__gt=since).order_by("seq")
                          .values_list("seq", "learner", "stream", "time", "line")[:LOG_DOWNLOAD_BATCH])
             if not batch:
                 return
+            text = []
             for _, learner, stream, stamp, line in batch:
                 prefix = f"[learner {learner}] " if learners else ""
                 marker = "E " if stream == "stderr" else ""
-                yield f"{stamp.isoformat(timespec='milliseconds')} {marker}{prefix}{line}\n"
+                text.append(f"{stamp.isoformat(timespec='milliseconds')} {marker}{prefix}{line}\n")
+            yield "".join(text)
             since = batch[-1][0]
 
-    response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
+    response = StreamingHttpResponse(serving.SentAsRead(batches()), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{job.id}.log"'
     return response
 

@@ -231,3 +231,31 @@ def test_a_jobs_metrics_come_a_page_at_a_time(alice):
     loss = client.get(path, {"name": "loss", "limit": 3}).json()
     assert [p["step"] for p in loss["results"]] == [1, 3, 5] and loss["more"] is True
     assert client.get(path, {"limit": MAX_METRIC_LIMIT + 1}).status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_artifact_is_downloaded_a_piece_at_a_time_not_read_whole_first(alice, monkeypatch):
+    """A checkpoint may be gigabytes: the web process sends it as it reads it, so however many are
+    downloaded at once it never holds one whole (Django reads a file response whole first under ASGI)."""
+    from jobs import storage
+    from jobs.models import Artifact
+    from tests.support.asgi import serve_get
+    from tests.support.builders import token_for
+    target = job(alice)
+    stored = storage.job_dir("team-a", target.id) / "checkpoints" / "model.pt"
+    stored.parent.mkdir(parents=True)
+    content = os.urandom(8 * 2**20)
+    stored.write_bytes(content)
+    Artifact.objects.create(job=target, name="checkpoints/model.pt", kind="checkpoint", size=len(content),
+                            sha256="0" * 64)
+    opened, read_at_first_send = [], []
+    real_open = storage.open_artifact
+    monkeypatch.setattr(storage, "open_artifact", lambda *args: opened.append(real_open(*args)) or opened[-1])
+
+    def on_body(chunk):
+        if not read_at_first_send:
+            read_at_first_send.append(opened[0].tell())
+    status, body = serve_get(f"/api/v1/jobs/{target.id}/artifacts/checkpoints/model.pt",
+                             headers=[(b"authorization", f"Token {token_for(alice)}".encode())], on_body=on_body)
+    assert status == 200 and body == content
+    assert read_at_first_send[0] <= 2 * 2**20

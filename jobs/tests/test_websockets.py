@@ -490,6 +490,37 @@ def test_a_socket_that_takes_nothing_is_let_go_and_the_tenants_other_sockets_go_
     assert live.user_group(mallory.user_id) not in groups  # nothing more is queued for it
 
 
+def test_one_user_holds_at_most_their_share_of_a_web_process_sockets_and_others_still_connect(settings):
+    """Each socket costs the web process memory, a subscription and a recheck a minute: one member opening
+    thousands would take it from everyone else. Past WEBSOCKETS_PER_USER (both streams together) a
+    socket is refused with 4429; one closed makes room again."""
+    settings.WEBSOCKETS_PER_USER = 2
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    target, alices, bobs = job(alice), token_for(alice), token_for(bob)
+
+    @async_to_sync
+    async def scenario():
+        first = communicator_for(f"/ws/jobs/?token={alices}")
+        second = communicator_for(f"/ws/jobs/{target.id}/?only=status&token={alices}")
+        assert (await first.connect())[0] and (await second.connect())[0]
+        await receive_all(second)
+        third = communicator_for(f"/ws/jobs/?token={alices}")
+        assert (await third.connect())[0]
+        refused = await third.receive_output(timeout=2)
+        neighbour = communicator_for(f"/ws/jobs/?token={bobs}")
+        neighbour_connected = (await neighbour.connect())[0] and await neighbour.receive_nothing(timeout=0.3)
+        await first.disconnect()
+        again = communicator_for(f"/ws/jobs/?token={alices}")
+        reopened = (await again.connect())[0] and await again.receive_nothing(timeout=0.3)
+        for socket in (second, third, neighbour, again):
+            await socket.disconnect()
+        return refused, neighbour_connected, reopened
+
+    refused, neighbour_connected, reopened = scenario()
+    assert refused == {"type": "websocket.close", "code": 4429}
+    assert neighbour_connected and reopened
+
+
 def test_a_message_from_a_client_is_not_read_and_closes_its_socket():
     token = token_for(member())
 

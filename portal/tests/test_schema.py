@@ -46,3 +46,24 @@ def test_every_operation_has_a_success_and_its_errors_are_the_error_body(operati
         assert any(status.startswith("2") for status in statuses), label
         for status in ("401", "403", "404", "429"):
             assert statuses[status]["content"]["application/json"]["schema"] == ERROR, (label, status)
+
+
+@pytest.mark.django_db
+def test_anyone_may_read_the_schema_and_it_is_made_once_per_process_not_per_request(monkeypatch):
+    """Making and rendering the schema takes a fifth of a second of the web process's CPU, and a stranger
+    may ask for it: made per request, a few asking in a loop would take the process from every tenant."""
+    from django.test import Client
+    made = []
+    real = SchemaGenerator.get_schema
+    monkeypatch.setattr(SchemaGenerator, "get_schema", lambda self, **kw: made.append(1) or real(self, **kw))
+    stranger = Client(HTTP_HOST="127.0.0.1")
+    first_yaml, first_json = stranger.get("/api/schema/"), stranger.get("/api/schema/?format=json")
+    made.clear()
+    again = [stranger.get("/api/schema/"), stranger.get("/api/schema/", {"version": "x1"}),
+             stranger.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi; q=0.9"),
+             stranger.get("/api/schema/?format=json"), stranger.get("/api/schema/", {"format": "json", "version": "x2"})]
+    assert made == []
+    assert [r.status_code for r in again] == [200] * 5
+    assert again[0].content == first_yaml.content and again[0]["Content-Type"] == first_yaml["Content-Type"]
+    assert again[3].json() == first_json.json() and again[3]["Content-Type"] == first_json["Content-Type"]
+    assert first_json.json()["info"]["title"] == "Trainyard API" and "Content-Disposition" in again[0]

@@ -7,6 +7,7 @@ from rest_framework.test import APIClient
 
 from jobs.models import Job, LogLine
 from portal import assets
+from tests.support.asgi import streamed
 from tests.support.builders import job, logged_in, member, token_for
 
 pytestmark = pytest.mark.django_db
@@ -136,7 +137,7 @@ def test_the_log_download_is_the_whole_log_in_order(alice):
     LogLine.objects.bulk_create([LogLine(job=mine, seq=i, stream="stderr" if i == 7 else "stdout", time=now,
                                          line=f"line {i}") for i in range(1, 12001)])
     response = logged_in(alice).get(f"/jobs/{mine.id}/log.txt")
-    text = b"".join(response.streaming_content).decode().splitlines()
+    text = streamed(response).decode().splitlines()
     assert len(text) == 12000 and text[0].endswith(" line 1") and text[-1].endswith(" line 12000")
     assert text[6].endswith(" E line 7")
 
@@ -157,3 +158,40 @@ def test_the_cluster_names_only_the_callers_own_jobs(alice):
 
 def test_the_committed_browser_libraries_match_the_lockfile():
     assert assets.check() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_log_download_is_sent_a_batch_at_a_time_not_read_whole_first(alice, monkeypatch):
+    """A log may hold millions of lines: each batch goes out before the next is read, so a download
+    never holds the whole log in the web process (Django reads a streamed answer whole first under ASGI)."""
+    from django.db.backends.signals import connection_created
+
+    from portal import views
+    from tests.support.asgi import serve_get
+    monkeypatch.setattr(views, "LOG_DOWNLOAD_BATCH", 10)
+    mine = job(alice)
+    now = timezone.now()
+    LogLine.objects.bulk_create([LogLine(job=mine, seq=i, stream="stdout", time=now, line=f"line {i}")
+                                 for i in range(1, 101)])
+    session = logged_in(alice).cookies["sessionid"].value
+    batches_read, read_at_first_send = [], []
+
+    def count_batches(execute, sql, params, many, context):
+        if LogLine._meta.db_table in sql:
+            batches_read.append(sql)
+        return execute(sql, params, many, context)
+
+    def watch(sender, connection, **kwargs):  # the request's thread opens a connection of its own
+        connection.execute_wrappers.append(count_batches)
+
+    def on_body(chunk):
+        if not read_at_first_send:
+            read_at_first_send.append(len(batches_read))
+    connection_created.connect(watch)
+    try:
+        status, body = serve_get(f"/jobs/{mine.id}/log.txt", headers=[(b"cookie", f"sessionid={session}".encode())],
+                                 on_body=on_body)
+    finally:
+        connection_created.disconnect(watch)
+    assert status == 200 and len(body.decode().splitlines()) == 100
+    assert len(batches_read) == 11 and read_at_first_send[0] <= 2
