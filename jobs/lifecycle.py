@@ -196,6 +196,11 @@ def finish_attempt(job_id, attempt):
     if failed:
         _finish_failed(job, run, failed)
         return
+    if job.status != Status.STORING and len(learners) < learners_of(job, attempt):
+        # A learner without a row was never started: a deploy killed between its learners (its row
+        # stays open and is sent again) starts it, and the end of the last one makes finishing due
+        # again. A failure waits for none: it ends the attempt, every learner of it with it.
+        return
     if job.status != Status.STORING and not transition(job.id, Status.STORING, actor=SYSTEM,
                                                         reason="storing results", attempt=attempt):
         return

@@ -171,9 +171,12 @@ def _renewed(row_id, worker, model=FollowUp):
     def renew():
         try:
             while not done.wait(CLAIM_TTL_S / 3):
-                model.objects.filter(pk=row_id, claimed_by=worker, done_at=None).update(claimed_at=timezone.now())
-        except Exception:  # noqa: BLE001 - a missed renewal risks a second worker, never lost work
-            log.warning("could not renew the claim on follow-up %s", row_id, exc_info=True)
+                try:
+                    model.objects.filter(pk=row_id, claimed_by=worker, done_at=None).update(claimed_at=timezone.now())
+                except Exception:  # noqa: BLE001 - a missed renewal risks a second worker, never lost work
+                    # The next renewal goes on, on a new connection: this one may be what failed.
+                    log.warning("could not renew the claim on follow-up %s", row_id, exc_info=True)
+                    connection.close()
         finally:
             connection.close()  # this thread's own connection
 

@@ -75,8 +75,10 @@ def _reconcile_job(job, learners, backend):
     # What this pass read or settled; a learner's own report ending it meanwhile adds the finish itself.
     if len(learners) == job.learners and all(lr.state in lifecycle.ENDED for lr in learners.values()):
         return job.id, job.attempt, Kind.FINISH
-    if job.status in (Status.PENDING, Status.DOWNLOADING) and not learners:
-        return job.id, job.attempt, Kind.DEPLOY  # DOWNLOADING: a data download cut short
+    if job.status in (Status.PENDING, Status.DOWNLOADING) and len(learners) < job.learners:
+        # DOWNLOADING: a data download cut short; some learners' rows only: a deploy cut short
+        # between its learners (the others' agents posted), whose ends do not finish the attempt.
+        return job.id, job.attempt, Kind.DEPLOY
     if job.status == Status.HALTING:
         # Repeated while learners run: it reaches an agent that started after the first halt.
         return job.id, job.attempt, Kind.HALT if learners else Kind.FINISH

@@ -6,7 +6,8 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs import lifecycle, outbox, storage, tasks
@@ -338,3 +339,82 @@ def test_a_resume_by_hand_ends_a_preemption_left_on_a_halted_job(sent):
     target = job(member(), status="HALTED", preempted_reason="for a high-priority job")
     resumed = lifecycle.resume(target, actor="alice")
     assert (resumed.status, resumed.attempt, resumed.preempted_reason) == (Status.QUEUED, 2, "")
+
+
+class DiesMidDeploy:
+    """A backend whose worker is killed after starting the first learner of a deploy, until told not to."""
+
+    def __init__(self):
+        self.dies, self.started = True, []
+
+    def deploy(self, spec):
+        for learner in spec.learners:
+            self.started.append(learner.index)
+            if self.dies:
+                raise Died()
+
+
+def test_a_learner_that_ends_before_a_killed_deploy_started_the_others_does_not_finish_the_job(sent, monkeypatch):
+    # A worker killed between the learners of a deploy leaves the deploy's row open and the other
+    # learners without agents or rows. The one it started may end before the deploy sent again starts
+    # the rest: its end made finishing due, and the job COMPLETED with one learner of two ever run.
+    backend = DiesMidDeploy()
+    monkeypatch.setattr(lifecycle, "get_backend", lambda: backend)
+    target = job(member(), learners=2)
+    storage.create_job_dir(target.tenant.slug, target.id)
+    transition(target.id, Status.PENDING, actor="scheduler")
+    deploy = FollowUp.objects.get(job=target, kind=Kind.DEPLOY)
+    with pytest.raises(Died):
+        outbox.run(deploy.pk, tasks.HANDLERS)
+    assert backend.started == [0]
+
+    # Learner 0's agent posts: ingest makes the row deploy had not written yet, then hears it exit.
+    first = Learner.objects.create(job=target, attempt=1, index=0, state="running")
+    lifecycle.learner_exited(target, first, exit_code=0, reason="", when=timezone.now())
+    for row in FollowUp.objects.filter(job=target, kind=Kind.FINISH, done_at=None):
+        outbox.run(row.pk, tasks.HANDLERS)
+    assert Job.objects.get(pk=target.id).status == Status.PENDING
+
+    # The deploy, sent again once its claim went stale, starts the other; its end finishes the job.
+    backend.dies = False
+    FollowUp.objects.filter(pk=deploy.pk).update(claimed_at=timezone.now() - timedelta(seconds=outbox.CLAIM_TTL_S + 1))
+    assert outbox.run(deploy.pk, tasks.HANDLERS) is not None
+    second = Learner.objects.get(job=target, attempt=1, index=1)
+    lifecycle.learner_exited(target, second, exit_code=0, reason="", when=timezone.now())
+    for row in FollowUp.objects.filter(job=target, kind=Kind.FINISH, done_at=None):
+        outbox.run(row.pk, tasks.HANDLERS)
+    assert Job.objects.get(pk=target.id).status == Status.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_keeps_its_claim_after_one_renewal_fails(monkeypatch, sent):
+    # A renewal that fails (the connection dropped under it) stopped every renewal after it: a
+    # minute later another worker took the row and ran the same finish beside the first.
+    monkeypatch.setattr(outbox, "CLAIM_TTL_S", 0.6)
+    row = outbox.add(job(member()).id, 1, Kind.FINISH)
+    update, failed = QuerySet.update, []
+
+    def drops_once(rows, **changes):
+        if rows.model is FollowUp and set(changes) == {"claimed_at"} and not failed:
+            failed.append(changes)
+            raise OperationalError("server closed the connection unexpectedly")
+        return update(rows, **changes)
+
+    monkeypatch.setattr(QuerySet, "update", drops_once)
+    others = []
+
+    def long_finish(job_id, attempt):
+        time.sleep(1.5)  # well past the TTL
+        others.append(outbox.claim(row.pk, "another worker"))
+
+    def worker():
+        try:
+            outbox.run(row.pk, {Kind.FINISH: long_finish})
+        finally:
+            connection.close()  # this thread's own
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert failed and others == [None]
+    assert FollowUp.objects.get(pk=row.pk).done_at is not None

@@ -77,6 +77,16 @@ def test_it_redeploys_an_admitted_job_that_has_no_learners(monkeypatch, sent):
     assert ("deploy", 1) in open_follow_ups(target)
 
 
+def test_it_redeploys_an_admitted_job_whose_deploy_started_only_some_learners(monkeypatch, sent):
+    # Learner 0 ran and ended (its agent's posts made its row); learner 1 never got an agent, and no
+    # deploy is open to start it (jobs.lifecycle.finish_attempt waits for it).
+    target = job(member(), status="DOWNLOADING", learners=2)
+    Learner.objects.create(job=target, attempt=1, index=0, state=Learner.State.EXITED, exit_code=0)
+    use_backend(monkeypatch, {1: LearnerStatus(1, LearnerState.MISSING, reason="never deployed")})
+    reconcile.reconcile()
+    assert open_follow_ups(target) == {("deploy", 1)}
+
+
 def test_it_leaves_running_learners_alone(monkeypatch, sent):
     target = running_job()
     use_backend(monkeypatch, {})
