@@ -1,6 +1,5 @@
 """Pollux's traces as job physics (bench/simulator/pollux.py), Tiresias' 2D-LAS (bench/simulator/tiresias.py) and a
 short replay (bench/simulator/pollux_replay.py). Expected values are read off the trace files by hand."""
-import math
 
 import pytest
 
