@@ -55,6 +55,11 @@ CLOSE_UNAUTHORIZED = 4401
 # the web process from everyone else.
 CLOSE_TOO_MANY = 4429
 _open_sockets = weakref.WeakKeyDictionary()  # event loop -> Counter(user id -> its sockets open there)
+# Backlogs one tenant's sockets read at once in a web process: a job's backlog reads its log and spreads
+# its metric points in the database, on the loop's thread pool that every socket's checks share, so a
+# tenant opening many sockets on a large job waits for its own backlogs, never for the other tenants'.
+BACKLOGS_PER_TENANT = 2
+_backlog_turns = weakref.WeakKeyDictionary()  # event loop -> {tenant id: asyncio.Semaphore}
 
 
 def _db(function):
@@ -266,7 +271,8 @@ class JobConsumer(_ScopedConsumer):
         until = self.query("until")
         self.detail_for = frozenset(until.split(",")) if until else None
         since = _int(self.query("since"), 0)
-        backlog = await self._backlog(job, since, with_output=not self.status_only)
+        async with _backlog_turn(membership.tenant_id):
+            backlog = await self._backlog(job, since, with_output=not self.status_only)
         if backlog is None:  # deleted since it was found: its deletion's message may have gone before the join
             await self.end(CLOSE_NOT_FOUND)
             return
@@ -413,6 +419,12 @@ SELECT * FROM {table} WHERE id IN (
 )
 ORDER BY id
 """
+
+
+def _backlog_turn(tenant_id):
+    """The tenant's turns at reading a backlog in this event loop (BACKLOGS_PER_TENANT at once)."""
+    turns = _backlog_turns.setdefault(asyncio.get_running_loop(), {})
+    return turns.setdefault(tenant_id, asyncio.Semaphore(BACKLOGS_PER_TENANT))
 
 
 def _spread_points(job):

@@ -521,6 +521,48 @@ def test_one_user_holds_at_most_their_share_of_a_web_process_sockets_and_others_
     assert neighbour_connected and reopened
 
 
+def test_a_tenants_sockets_read_their_backlogs_a_few_at_a_time_and_others_are_not_held(monkeypatch):
+    """A backlog spreads a job's metric points in the database on the thread pool every socket shares:
+    one tenant opening many sockets on a large job reads BACKLOGS_PER_TENANT at once, and another
+    tenant's socket gets its backlog meanwhile."""
+    from jobs import consumers
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    theirs, mine = job(alice), job(bob)
+    alices, bobs = token_for(alice), token_for(bob)
+    release, reading, most = threading.Event(), [], [0]
+    spread = consumers._spread_points
+
+    def slow_spread(target):
+        if target.id == theirs.id:
+            reading.append(target.id)
+            most[0] = max(most[0], len(reading))
+            release.wait(10)
+            reading.pop()
+        return spread(target)
+    monkeypatch.setattr(consumers, "_spread_points", slow_spread)
+
+    @async_to_sync
+    async def scenario():
+        many = [communicator_for(f"/ws/jobs/{theirs.id}/?token={alices}") for _ in range(6)]
+        for socket in many:
+            assert (await socket.connect())[0]
+        await asyncio.sleep(0.5)
+        at_once = most[0]
+        neighbour = communicator_for(f"/ws/jobs/{mine.id}/?token={bobs}")
+        assert (await neighbour.connect())[0]
+        first = await neighbour.receive_json_from(timeout=3)  # while alice's backlogs still wait
+        release.set()
+        for socket in many:
+            assert (await socket.receive_json_from(timeout=5))["type"] == "job"
+        for socket in (*many, neighbour):
+            await socket.disconnect()
+        return at_once, first
+
+    at_once, first = scenario()
+    assert at_once == consumers.BACKLOGS_PER_TENANT
+    assert first["type"] == "job" and first["job"]["id"] == mine.id
+
+
 def test_a_message_from_a_client_is_not_read_and_closes_its_socket():
     token = token_for(member())
 
