@@ -109,8 +109,8 @@ def test_a_reconcile_during_deploy_does_not_call_learners_lost_before_they_start
     monkeypatch.setattr(reconcile, "get_backend", lambda: Deploying(not_started))
     monkeypatch.setattr(lifecycle, "get_backend", lambda: Deploying(not_started))
     lifecycle.deploy(target.id, 1)
-    assert list(Learner.objects.filter(job=target).values_list("index", "state")) == [(0, "deploying"),
-                                                                                       (1, "deploying")]
+    assert list(Learner.objects.filter(job=target).order_by("index").values_list("index", "state")) == [
+        (0, "deploying"), (1, "deploying")]
 
 
 # --- cost at scale (bench controlplane measures the same at 1,000 jobs) ---------------------------
