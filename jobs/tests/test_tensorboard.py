@@ -137,15 +137,18 @@ def test_hostile_records_are_noted_and_break_nothing(running_job):
     assert "not base64" in notes[1] and "its file's path" in notes[2] and "at most" in notes[3]
 
 
+def event_record(seq, file, event):
+    """An agent's tfevent record of `event` from `file`, at an offset of its own."""
+    return {"seq": seq, "kind": "tfevent", "file": file, "offset": seq * 100, "time": 1.0,
+            "data": base64.b64encode(event.SerializeToString()).decode()}
+
+
 def test_a_nul_in_a_tag_or_a_file_name_is_passed_over_and_the_batch_stored(running_job):
     # PostgreSQL keeps no NUL in JSON or text: either one failed the whole post (a 500 the agent retries
     # for good), so none of the learner's log came in after it.
-    def record(seq, file, event):
-        return {"seq": seq, "kind": "tfevent", "file": file, "offset": seq * 100, "time": 1.0,
-                "data": base64.b64encode(event.SerializeToString()).decode()}
-
-    records = [record(1, "f", simple("lo\x00ss", 1.0, 1)), record(2, "tr\x00ain/f", simple("loss", 2.0, 2)),
-               record(3, "f", simple("loss", 3.0, 3)), {"seq": 4, "kind": "log", "stream": "stdout", "line": "after"}]
+    records = [event_record(1, "f", simple("lo\x00ss", 1.0, 1)),
+               event_record(2, "tr\x00ain/f", simple("loss", 2.0, 2)), event_record(3, "f", simple("loss", 3.0, 3)),
+               {"seq": 4, "kind": "log", "stream": "stdout", "line": "after"}]
     assert post(running_job, records).json() == {"acked": 4}
     assert points() == [("loss", 3, 3.0)]
     assert Learner.objects.get(job=running_job).ingest_state["tags"] == {"": {"loss": True}}
@@ -195,12 +198,9 @@ def test_a_file_name_that_is_not_utf8_is_passed_over_and_the_batch_stored(runnin
     # A learner may name an event file with bytes that are no UTF-8 (b"ev\xff.tfevents"): the agent
     # reads the name as a lone surrogate, which PostgreSQL keeps in no JSON, so the learner's memory of
     # its files failed the whole post (a 500 the agent retries for good).
-    def record(seq, file, event):
-        return {"seq": seq, "kind": "tfevent", "file": file, "offset": seq * 100, "time": 1.0,
-                "data": base64.b64encode(event.SerializeToString()).decode()}
-
-    records = [record(1, "ev\udcff.tfevents", simple("loss", 1.0, 1)), record(2, "r\udcffun/f", simple("loss", 2.0, 2)),
-               record(3, "f", simple("loss", 3.0, 3)), {"seq": 4, "kind": "log", "stream": "stdout", "line": "after"}]
+    records = [event_record(1, "ev\udcff.tfevents", simple("loss", 1.0, 1)),
+               event_record(2, "r\udcffun/f", simple("loss", 2.0, 2)), event_record(3, "f", simple("loss", 3.0, 3)),
+               {"seq": 4, "kind": "log", "stream": "stdout", "line": "after"}]
     assert post(running_job, records).json() == {"acked": 4}
     assert points() == [("loss", 3, 3.0)]
     assert set(Learner.objects.get(job=running_job).ingest_state["offsets"]) == {"f"}
