@@ -19,12 +19,12 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobs import dispatch
-from jobs.models import ACTIVE, FollowUp, Status
+from jobs.models import ACTIVE, FollowUp, Job, Status
 
 log = logging.getLogger(__name__)
 Kind = FollowUp.Kind
@@ -40,6 +40,15 @@ BACKLOG_TRUST_S = 120.0
 RESEND_MIN_S = 20.0
 RETRY_MAX_S = 60.0
 KEEP_DONE = timedelta(days=7)
+# Every tenant may have this many follow-ups running at once; past it, a tenant's row waits its turn
+# while another tenant's row waits with fewer of its own running (see _take_turn).
+SHARE_PER_TENANT = 2
+# A row waiting its turn is tried again after TURN_WAIT_S, plus TURN_WAIT_PER_ROW_S for each open row
+# of its tenant's (so a tenant's thousand waiting rows come back a few a second, not all at once),
+# up to TURN_WAIT_MAX_S.
+TURN_WAIT_S = 1.0
+TURN_WAIT_PER_ROW_S = 0.02
+TURN_WAIT_MAX_S = 10.0
 # Other apps keep outbox rows of their own (same fields: created, due_at, claimed_at, claimed_by,
 # done_at, tries, last_error) and register them here, so one claim, backoff and sweep serve all:
 # [(model, task name, queue: None for the workers' default one)], follow-ups first.
@@ -124,7 +133,34 @@ def run(row_id, handlers):
 
     Returns the row once done; None when another worker holds it, it is done already, or the work
     failed (the failure is recorded on the row, which is sent again after a backoff)."""
-    return run_row(row_id, lambda row: handlers[row.kind](row.job_id, row.attempt))
+    def work(row):
+        _take_turn(row)
+        handlers[row.kind](row.job_id, row.attempt)
+
+    return run_row(row_id, work)
+
+
+def _take_turn(row):
+    """Raise NotYet when the row's tenant already has SHARE_PER_TENANT follow-ups or more running
+    while a row of another tenant, with fewer of its own running, waits for a worker.
+
+    The workers share one queue, first in first out: a tenant halting its hundreds of jobs at once
+    put all their teardowns ahead of another tenant's deploy. Now the rows of the tenant holding the
+    workers step aside (a query each) until the waiting tenant's rows are taken. With no one else
+    waiting, a tenant gets every worker there is."""
+    tenant = Job.objects.filter(pk=row.job_id).values_list("tenant_id", flat=True).first()
+    now = timezone.now()
+    running = dict(FollowUp.objects.filter(done_at=None, claimed_at__gte=now - timedelta(seconds=CLAIM_TTL_S))
+                   .exclude(pk=row.pk).values_list("job__tenant_id").annotate(n=Count("pk")).order_by())
+    mine = running.get(tenant, 0)
+    if mine < SHARE_PER_TENANT:
+        return
+    waiting = (FollowUp.objects.filter(done_at=None, claimed_at=None, due_at__lte=now).exclude(job__tenant_id=tenant)
+               .values_list("job__tenant_id", flat=True).distinct())
+    if any(running.get(other, 0) < mine for other in waiting):
+        queued = FollowUp.objects.filter(done_at=None, claimed_at=None, job__tenant_id=tenant).count()
+        raise NotYet(f"its tenant has {mine} follow-ups running while another tenant's wait",
+                     after_s=min(TURN_WAIT_MAX_S, TURN_WAIT_S + TURN_WAIT_PER_ROW_S * queued))
 
 
 def run_row(row_id, work, *, model=FollowUp, task=TASK):

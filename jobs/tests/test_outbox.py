@@ -1,6 +1,7 @@
 """The outbox (jobs.outbox): status changes write their follow-up work as rows in the same
 transaction, one worker claims a row, failures stay on the row, and the sweep sends again what
 nobody works on, final jobs included; teardown is done only when the backend confirms it."""
+import queue
 import threading
 import time
 from datetime import timedelta
@@ -144,6 +145,86 @@ def test_work_that_must_wait_its_turn_is_sent_again_later_and_counts_no_failed_t
     assert (row.done_at, row.claimed_at, row.tries, row.last_error) == (None, None, 0, "")
     assert row.due_at > timezone.now() + timedelta(seconds=25)
     assert sent == [("follow_up", (row.pk,))]
+
+
+def claimed_elsewhere(row):
+    """The row as a live worker holds it."""
+    FollowUp.objects.filter(pk=row.pk).update(claimed_at=timezone.now(), claimed_by="another worker")
+    return row
+
+
+@pytest.mark.parametrize("theirs_running, steps_aside", [(0, True), (outbox.SHARE_PER_TENANT, False)])
+def test_a_tenant_past_its_share_steps_aside_for_a_tenant_running_fewer(sent, theirs_running, steps_aside):
+    """Tenant A has its share of follow-ups running and a third comes up while B's deploy waits for a
+    worker: A's row waits its turn (no failed try) unless B runs as many as A already."""
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    for _ in range(outbox.SHARE_PER_TENANT):
+        claimed_elsewhere(outbox.add(job(alice).id, 1, Kind.TEARDOWN))
+    for _ in range(theirs_running):
+        claimed_elsewhere(outbox.add(job(bob).id, 1, Kind.TEARDOWN))
+    outbox.add(job(bob).id, 1, Kind.DEPLOY)  # waits for a worker
+    third = outbox.add(job(alice).id, 1, Kind.TEARDOWN)
+    calls = []
+    done = outbox.run(third.pk, {Kind.TEARDOWN: lambda job_id, attempt: calls.append(job_id)})
+    third.refresh_from_db()
+    assert (done is None, calls == [], third.done_at is None) == (steps_aside,) * 3
+    if steps_aside:
+        assert (third.tries, third.claimed_at, third.last_error) == (0, None, "")
+        assert third.due_at > timezone.now()
+
+
+def test_with_no_one_else_waiting_a_tenant_gets_every_worker(sent):
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    for _ in range(outbox.SHARE_PER_TENANT + 3):
+        claimed_elsewhere(outbox.add(job(alice).id, 1, Kind.TEARDOWN))
+    FollowUp.objects.filter(pk=outbox.add(job(bob).id, 1, Kind.DEPLOY).pk).update(  # in its backoff: not waiting
+        tries=1, due_at=timezone.now() + timedelta(seconds=30))
+    row = outbox.add(job(alice).id, 1, Kind.TEARDOWN)
+    assert outbox.run(row.pk, {Kind.TEARDOWN: lambda job_id, attempt: None}) is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tenant_filling_the_queue_does_not_hold_another_tenants_work_behind_its_own(monkeypatch):
+    """Three workers take messages first in first out, as Celery's do. Tenant A's sixteen teardowns
+    (a quarter of a second each) are queued ahead of B's one deploy: without turns B's came last but
+    one or two; with them it is among the first few done, and every row of A's is done too."""
+    messages = queue.Queue()
+
+    def send(task, *args, countdown=None):
+        threading.Timer(countdown or 0, messages.put, args).start()
+
+    monkeypatch.setattr("jobs.dispatch.send", send)
+    monkeypatch.setattr(outbox, "TURN_WAIT_S", 0.05)
+    monkeypatch.setattr(outbox, "TURN_WAIT_PER_ROW_S", 0.0)
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    teardowns = [outbox.add(job(alice).id, 1, Kind.TEARDOWN) for _ in range(16)]
+    deploy = outbox.add(job(bob).id, 1, Kind.DEPLOY)
+    finished, lock = [], threading.Lock()
+
+    def work(job_id, attempt):
+        time.sleep(0.25)
+        with lock:
+            finished.append(job_id)
+
+    handlers = {Kind.TEARDOWN: work, Kind.DEPLOY: work}
+
+    def worker():
+        try:
+            while len(finished) < 17:
+                try:
+                    outbox.run(messages.get(timeout=0.5), handlers)
+                except queue.Empty:
+                    pass
+        finally:
+            connection.close()
+
+    workers = [threading.Thread(target=worker) for _ in range(3)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(timeout=60)
+    assert sorted(finished) == sorted([row.job_id for row in teardowns] + [deploy.job_id])
+    assert finished.index(deploy.job_id) < 4, finished
 
 
 @pytest.fixture
