@@ -130,8 +130,6 @@ class JobCompare(TenantScoped, APIView):
             return Response(compare.compare(self.membership(), ids).as_json())
         except compare.CompareError as exc:
             return Response({"detail": str(exc), "field": exc.field}, status=400)
-        except compare.Busy as exc:
-            return Response({"detail": str(exc)}, status=429, headers={"Retry-After": str(exc.retry_after_s)})
 
 
 class JobAction(TenantScoped, APIView):
@@ -334,10 +332,7 @@ class ClusterUse(APIView):
             caller = access.request_membership(request).tenant_id  # one computation at a time per tenant
         except access.NoTenant:  # platform staff
             caller = f"user {request.user.pk}"
-        with throttling.slot(throttling.CLUSTER_HISTORY, caller) as free:
-            if not free:
-                return Response({"detail": "this tenant's last request for the cluster's history is still being "
-                                 "answered; try again in a few seconds"}, status=429, headers={"Retry-After": "3"})
+        with throttling.held(throttling.CLUSTER_HISTORY, caller):
             nodes = node_use.shared_history(minutes)
         return Response(ClusterUseSerializer({"minutes": minutes, "nodes": nodes}).data)
 

@@ -55,16 +55,6 @@ class CompareError(ValueError):
     field = "ids"
 
 
-class Busy(Exception):
-    """The tenant's comparisons at once are all running (tenants.throttling.COMPARISONS)."""
-
-    retry_after_s = 3
-
-    def __init__(self):
-        super().__init__(f"{throttling.COMPARISONS.limit} comparisons of this tenant are running; "
-                         f"try again in a few seconds")
-
-
 def parse_ids(values):
     """The job ids of `?ids=a,b,c` (the parameter may also repeat, as a plain HTML form sends it)."""
     ids = [part.strip() for value in values for part in str(value).split(",") if part.strip()]
@@ -102,18 +92,16 @@ class Comparison:
 
 
 def compare(membership, ids, *, charted=True):
-    """The Comparison of these jobs as `membership` sees them; Http404 for the first id it cannot see, Busy
-    while the tenant's other comparisons take every slot. `charted=False` leaves the lines' points out
-    (see metric_series)."""
+    """The Comparison of these jobs as `membership` sees them; Http404 for the first id it cannot see,
+    throttling.Busy while the tenant's other comparisons take every slot. `charted=False` leaves the
+    lines' points out (see metric_series)."""
     found = {job.id: job for job in tenancy.jobs_of(membership).filter(pk__in=ids).select_related("owner")}
     for job_id in ids:
         if job_id not in found:
             raise Http404(f"No job {job_id!r} in tenant {membership.tenant.slug!r}.")
     jobs = [found[job_id] for job_id in ids]
     rows, same = differences(jobs)
-    with throttling.slot(throttling.COMPARISONS, membership.tenant_id) as running:
-        if not running:  # the lines' points are the heavy part, read by the database for every line
-            raise Busy()
+    with throttling.held(throttling.COMPARISONS, membership.tenant_id):  # the lines' points are the heavy part
         metrics, omitted = metric_series(jobs, charted=charted)
     return Comparison(jobs=jobs, rows=rows, same=same, metrics=metrics, omitted_metrics=omitted)
 

@@ -21,6 +21,7 @@ from django.db.models import Count, Max, Min, Q, Sum
 from django.utils import timezone
 
 from jobs import retention, tenancy
+from jobs.bounds import BadParameter
 from jobs.models import Job, ResourceSample
 from tenants import quotas, throttling
 from tenants.models import UsageRecord
@@ -32,10 +33,11 @@ MAX_OFFSET = timedelta(hours=16)
 FIELDS = ("allocated_gpu_hours", "used_gpu_hours", "allocated_cpu_hours", "used_cpu_hours")
 
 
-class PeriodError(ValueError):
+class PeriodError(BadParameter):
+    """A `start` or `end` the report cannot take: 400 {detail, field} (portal.api)."""
+
     def __init__(self, detail, *, field):
-        super().__init__(detail)
-        self.detail, self.field = detail, field
+        super().__init__(field, detail)
 
 
 def period_of(tenant, params, now=None):
@@ -75,23 +77,12 @@ def _moment(text, field, *, whole_day=False):
     return value
 
 
-class Busy(Exception):
-    """The tenant's usage reports at once are all being summed (tenants.throttling.USAGE_REPORTS)."""
-
-    retry_after_s = 3
-
-    def __init__(self):
-        super().__init__(f"{throttling.USAGE_REPORTS.limit} usage reports of this tenant are being prepared; "
-                         "try again in a few seconds")
-
-
 def report_for(membership, *, start, end):
     """report() as `membership` may read it (its jobs rows: the jobs it may see), holding one of the
     tenant's USAGE_REPORTS slots: a period's samples are summed by the database every tenant shares,
-    and a web thread waits for it, so one tenant's reloads cannot take either from the others."""
-    with throttling.slot(throttling.USAGE_REPORTS, membership.tenant_id) as free:
-        if not free:
-            raise Busy()
+    and a web thread waits for it, so one tenant's reloads cannot take either from the others
+    (throttling.Busy when both are taken)."""
+    with throttling.held(throttling.USAGE_REPORTS, membership.tenant_id):
         return report(membership.tenant, start=start, end=end,
                       visible=tenancy.jobs_of(membership).values_list("id", flat=True))
 

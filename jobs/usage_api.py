@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import usage
+from jobs.bounds import BadParameter
 from tenants import access
 
 PERIOD = [OpenApiParameter("start", str, description="ISO date or time; default: the start of the tenant's "
@@ -60,19 +61,10 @@ def _report(request):
     return usage.report_for(membership, start=start, end=end)
 
 
-def _refused(exc):
-    if isinstance(exc, usage.Busy):
-        return Response({"detail": str(exc)}, status=429, headers={"Retry-After": str(exc.retry_after_s)})
-    return Response({"detail": f"{exc.field}: {exc.detail}", "field": exc.field}, status=400)
-
-
 class TenantUsage(APIView):
     @extend_schema(parameters=PERIOD, responses={200: UsageReportSerializer})
     def get(self, request):
-        try:
-            return Response(_report(request))
-        except (usage.PeriodError, usage.Busy) as exc:
-            return _refused(exc)
+        return Response(_report(request))
 
 
 class TenantUsageCsv(APIView):
@@ -82,11 +74,8 @@ class TenantUsageCsv(APIView):
     def get(self, request):
         by = request.query_params.get("by") or "job"
         if by not in usage.BY:
-            return Response({"detail": f"by: one of {', '.join(usage.BY)}", "field": "by"}, status=400)
-        try:
-            body = _report(request)
-        except (usage.PeriodError, usage.Busy) as exc:
-            return _refused(exc)
+            raise BadParameter("by", f"one of {', '.join(usage.BY)}")
+        body = _report(request)
         response = HttpResponse(usage.as_csv(body, by=by), content_type="text/csv; charset=utf-8")
         name = f"usage-{body['tenant']['tenant']}-{body['period']['start'][:10]}-{by}.csv"
         response["Content-Disposition"] = f'attachment; filename="{name}"'

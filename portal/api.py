@@ -10,6 +10,7 @@ from jobs.submission import SubmitError
 from jobs.states import InvalidTransition
 from jobs.bounds import BadParameter
 from tenants.access import NoTenant
+from tenants.throttling import Busy
 
 
 def exception_handler(exc, context):
@@ -24,6 +25,8 @@ def exception_handler(exc, context):
         return Response({"detail": str(exc)}, status=404)
     if isinstance(exc, InvalidTransition):
         return Response({"detail": str(exc)}, status=409)
+    if isinstance(exc, Busy):  # a tenant's heavy requests at once (tenants.throttling.held)
+        return Response({"detail": str(exc)}, status=429, headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, NoTenant):
         return Response({"detail": str(exc)}, status=403)
     return drf_exception_handler(exc, context)

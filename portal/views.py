@@ -20,7 +20,7 @@ from django.views.decorators.http import require_http_methods
 
 from jobs import compare, datastores, elastic_timeline, listing, runs, serving, submission, tenancy, usage
 from jobs.models import ACTIVE, IdleGpuPolicy, Status
-from tenants import access
+from tenants import access, throttling
 from tenants.models import Membership, Tenant
 from trainyard.manifest import FRAMEWORKS
 from trainyard.packing import code_upload
@@ -122,7 +122,7 @@ def compare_page(request, membership):
         comparison = compare.compare(membership, ids, charted=False)  # compare.js reads the lines from the API
     except compare.CompareError as exc:
         return render(request, "jobs/compare.html", {"membership": membership, "error": str(exc)}, status=400)
-    except compare.Busy as exc:
+    except throttling.Busy as exc:
         response = render(request, "jobs/compare.html", {"membership": membership, "error": str(exc)}, status=429)
         response["Retry-After"] = str(exc.retry_after_s)
         return response
@@ -250,19 +250,19 @@ def tenant_usage(request, membership):
     try:
         start, end = usage.period_of(membership.tenant, request.GET)
     except usage.PeriodError as exc:
-        context["usage_error"] = f"{exc.field}: {exc.detail}"
+        context["usage_error"] = str(exc)
         start, end = usage.period_of(membership.tenant, {})
     status = 200
     try:
         context["usage"] = usage.report_for(membership, start=start, end=end)
-    except usage.Busy as exc:
+    except throttling.Busy as exc:
         context["usage_error"], status = str(exc), 429
     context["idle_policy"] = IdleGpuPolicy.objects.filter(tenant=membership.tenant).first()
     context["usage_period"] = {"start": timezone.localtime(start).date().isoformat(),
                                "end": (timezone.localtime(end) - timedelta(microseconds=1)).date().isoformat()}
     response = render(request, "tenant.html", context, status=status)
     if status == 429:
-        response["Retry-After"] = str(usage.Busy.retry_after_s)
+        response["Retry-After"] = str(throttling.Busy.retry_after_s)
     return response
 
 

@@ -70,10 +70,32 @@ class AtOnce:
     hold_s: int  # the longest a request holds its slot: one whose process died frees it then
     renewed: bool = False  # the slot is kept while its block runs, however long: hold_s is then how
     # soon a slot whose process died is free again
+    busy: str = ""  # what a refusal (Busy) says takes every slot, after their number
 
-COMPARISONS = AtOnce("compare", limit=2, hold_s=120)
-CLUSTER_HISTORY = AtOnce("cluster-use", limit=1, hold_s=120)  # jobs.node_use: every tenant's samples
-USAGE_REPORTS = AtOnce("usage", limit=2, hold_s=120)  # jobs.usage: a period's samples, summed by the database
+COMPARISONS = AtOnce("compare", limit=2, hold_s=120, busy="comparisons of this tenant are running")
+CLUSTER_HISTORY = AtOnce("cluster-use", limit=1, hold_s=120,  # jobs.node_use: every tenant's samples
+                         busy="request(s) of this tenant for the cluster's history are being answered")
+USAGE_REPORTS = AtOnce("usage", limit=2, hold_s=120,  # jobs.usage: a period's samples, summed by the database
+                       busy="usage reports of this tenant are being prepared")
+
+
+class Busy(Exception):
+    """Every slot of a rule is taken (held()): the API answers 429 with Retry-After (portal.api), and
+    a page the same (portal.views)."""
+
+    retry_after_s = 3
+
+    def __init__(self, rule):
+        super().__init__(f"{rule.limit} {rule.busy}; try again in a few seconds")
+
+
+@contextlib.contextmanager
+def held(rule, *parts):
+    """One of the rule's slots of `parts` for the block (slot()); Busy when every one is taken."""
+    with slot(rule, *parts) as free:
+        if not free:
+            raise Busy(rule)
+        yield
 
 
 @contextlib.contextmanager
