@@ -192,7 +192,7 @@
   /** GET a JSON resource of the platform with the browser session; throws on a non-2xx answer. */
   async function getJson(path) {
     const response = await fetch(inTenant(path), { credentials: "same-origin", headers: { Accept: "application/json" } });
-    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    if (!response.ok) throw Object.assign(new Error(`HTTP ${response.status}`), { status: response.status });
     return response.json();
   }
 

@@ -4,8 +4,9 @@
  *
  * The server rendered the header and the table; this script reads GET /api/v1/experiments/<id>/ and its
  * metrics/ (from the last point it has, `after`), and until the experiment has finished asks again every
- * few seconds and brings the header, the table and the charts up to date. Pause, Resume and Kill are the
- * template's forms; Delete, which a form cannot send, is sent from here.
+ * few seconds and brings the header, the table and the charts up to date; once finished, now and then,
+ * to find it deleted. Pause, Resume and Kill are the template's forms; Delete, which a form cannot send, is
+ * sent from here.
  */
 (function () {
   "use strict";
@@ -40,6 +41,7 @@
     compare: $("compare"),
     compareNote: $("compare-note"),
     actionError: $("action-error"),
+    deletedNotice: $("experiment-deleted"),
     chartsStatus: $("charts-status"),
     bestChart: $("best-chart"),
     bestSoFar: $("best-so-far"),
@@ -337,6 +339,21 @@
     }
   }
 
+  /** Deleted while the page was open (elsewhere, or by someone else): the page says so, keeps what it
+   * shows, and stops asking; its actions are gone with it. */
+  function showDeleted() {
+    const back = Object.assign(document.createElement("a"),
+                               { href: T.inTenant("/experiments/"), textContent: "Back to the experiments" });
+    ui.deletedNotice.replaceChildren("This experiment was deleted. Its trials' code, results, checkpoints, logs " +
+      "and metrics are being removed; this page shows what it had and no longer follows it. ", back);
+    ui.deletedNotice.hidden = false;
+    showActionError("");
+    for (const action of root.querySelectorAll("[data-action]")) action.hidden = true;
+    T.showConnectionState(ui.connection, "deleted", "the experiment was deleted: this page no longer follows it");
+    ui.chartsStatus.textContent = "";
+    document.title = `deleted · ${document.title.replace(/^[A-Za-z]+ · /, "")}`;
+  }
+
   const deleteButton = $("delete");
   if (deleteButton) deleteButton.addEventListener("click", () => deleteExperiment(deleteButton));
 
@@ -440,7 +457,34 @@
 
   /* ------------------------------------------------------------------ live --------------------- */
 
+  // A finished experiment changes no more, but may still be deleted: the page asks once a minute, and
+  // whenever its tab is shown again.
+  const FINISHED_REFRESH_MS = 60000;
+  let timer = null;
+  let refreshing = false;
+  let following = true;
+
+  function refreshIn(ms) {
+    clearTimeout(timer);
+    if (following) timer = setTimeout(refresh, ms);
+  }
+
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && !refreshing) refreshIn(0);
+  });
+
   async function refresh() {
+    refreshing = true;
+    try {
+      await refreshOnce();
+    } finally {
+      refreshing = false;
+    }
+    // A tab in the background asks less often.
+    refreshIn(finished ? FINISHED_REFRESH_MS : document.hidden ? 5 * REFRESH_MS : REFRESH_MS);
+  }
+
+  async function refreshOnce() {
     let detail;
     try {
       detail = await T.getJson(api(""));
@@ -460,11 +504,14 @@
       T.showConnectionState(ui.connection, finished ? "ended" : "live");
       root.dataset.loaded = "true";
     } catch (error) {
+      if (error.status === 404) {
+        following = false;
+        showDeleted();
+        return;
+      }
       T.showConnectionState(ui.connection, "reconnecting", error.message);
       ui.chartsStatus.textContent = `could not refresh: ${error.message}`;
     }
-    // A tab in the background asks less often.
-    if (!finished) setTimeout(refresh, document.hidden ? 5 * REFRESH_MS : REFRESH_MS);
   }
 
   showSelection();

@@ -7,6 +7,7 @@ import pytest
 from jobs import deletion, experiments
 from jobs.models import Experiment, Job, Status, Trial
 from jobs.states import transition
+from tenants.models import Membership
 from tests.support.browser import log_in
 from tests.support.builders import member, record_sends, tar_gz, upload
 from tests.support.pages import WAIT_MS
@@ -106,14 +107,38 @@ def test_delete_shows_once_the_open_page_sees_the_experiment_finish(server_brows
     assert page.get_by_test_id("experiment-state").inner_text() == "COMPLETED"
     assert page.get_by_test_id("kill").is_hidden()
 
-    # Deleted meanwhile elsewhere: the server's answer is shown, and the page stays.
-    deletion.delete_experiment(running, actor="bob")
+    # No longer allowed meanwhile (made a viewer): the server's answer is shown, and the page stays.
+    Membership.objects.filter(user__username="alice").update(role="viewer")
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_test_id("delete").click()
     error = page.get_by_test_id("action-error")
     error.wait_for()
-    assert running.id in error.inner_text()
+    assert "owner and tenant admins can delete it" in error.inner_text(), error.inner_text()
     assert page.url == f"{live_server.url}/experiments/{running.id}/"
+    running.refresh_from_db()
+    assert running.deleted_at is None
+    page.close()
+
+
+def test_an_open_page_says_its_experiment_was_deleted_elsewhere_and_stops_asking(server_browser, live_server):
+    alice = person("alice")
+    doomed = complete(sweep(alice, "deleted-elsewhere"))
+    page = open_experiment(server_browser, live_server, "alice", doomed.id)
+    asked = []
+    page.on("request", lambda request: asked.append(request.url) if f"/experiments/{doomed.id}/" in request.url else None)
+    deletion.delete_experiment(doomed, actor="bob")  # elsewhere: a script, another tab
+    page.evaluate("document.dispatchEvent(new Event('visibilitychange'))")
+    notice = page.get_by_test_id("experiment-deleted")
+    notice.wait_for(timeout=WAIT_MS)
+    assert "This experiment was deleted." in notice.inner_text() and "no longer follows it" in notice.inner_text()
+    assert page.get_by_test_id("connection").get_attribute("data-state") == "deleted"
+    assert page.get_by_test_id("delete").is_hidden()
+    assert page.title().startswith("deleted · ")
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path="/tmp/experiment_deleted_meanwhile.png")
+    seen = len(asked)
+    page.wait_for_timeout(7000)  # past two of the page's refreshes
+    assert len(asked) == seen, asked[seen:]  # it asks no more
     page.close()
 
 
