@@ -32,7 +32,7 @@ from learner_agent import (address, archive, batch_changes, cgroups, diskwatch, 
 from learner_agent.config import HALT_MARK, ConfigError, load_config
 from learner_agent.files import read_json_object, write_atomically
 from learner_agent.learner import LearnerProcess, end_process, iter_lines
-from learner_agent.metrics import MetricExtractor
+from learner_agent.metrics import MetricExtractor, RegexProcess
 from learner_agent.pace import Pace
 from learner_agent.shipper import Shipper
 from learner_agent.sizes import format_bytes
@@ -85,7 +85,11 @@ class Agent:
             current_url=((lambda: address.ingest_url(config.platform_file, config.job_id))
                          if config.platform_file else None))
         self._started_at = time.time()
-        self._extractor = MetricExtractor(config.metric_regexes)
+        self._regexes = RegexProcess(config.metric_regexes, started=self._join_learner_group,
+                                     on_stop=lambda reason: self._system_notice(
+                                         f"{reason}; metrics are no longer taken from its log lines by regex "
+                                         "(TRAINYARD_METRIC lines still count)"))
+        self._extractor = MetricExtractor(searcher=self._regexes)
         self._metric_failures_logged = set()  # the streams whose failed metric extraction was logged
         self._pace = (Pace(config.log_bytes_per_second, config.log_burst_bytes)
                       if config.log_bytes_per_second else None)
@@ -354,6 +358,7 @@ class Agent:
         with self._lock:
             # A straggler (a process that escaped the group) must not add lines after `exited`.
             self._streams_open = False
+        self._regexes.close()
         if any(reader.is_alive() for reader in readers):
             log.warning("output still open %.0fs after the command ended; ignoring the rest",
                         READERS_DRAIN_TIMEOUT_S)
@@ -371,6 +376,11 @@ class Agent:
                                     visible_gpus=config.env.get("CUDA_VISIBLE_DEVICES"), nvml_module=config.nvml_module)
         sampler.start()
         return sampler
+
+    def _join_learner_group(self, pid):
+        """The process searching the manifest's regexes (RegexProcess) spends the learner's CPU quota."""
+        if self._cgroup is not None:
+            self._cgroup.join(pid)
 
     def _sampled_group(self):
         """The group the sampler reads: the learner's own; in a Kubernetes pod, where no group of its

@@ -6,10 +6,19 @@ manifest's `evaluation_metrics` regexes (FfDL's regex_extractor) match ordinary 
 still shipped as a log line; this module only adds the points found in it.
 """
 import json
+import logging
 import math
+import os
 import re
+import select
+import subprocess
+import sys
+import threading
+import time
 
-from learner_agent import METRIC_PREFIX
+from learner_agent import METRIC_PREFIX, sandbox
+
+log = logging.getLogger(__name__)
 
 # What the platform stores a step as (int64) and names as (at most 100 characters): a point beyond
 # them would be refused there (jobs.ingest_records), so it is not made here.
@@ -22,11 +31,18 @@ MAX_NAME = 100
 STEP_FIELDS = ("global_step", "step", "iteration", "iter", "epoch", "batch")
 
 
-class MetricExtractor:
-    """`extract(line)` → `[{"name", "value", "step"}, ...]` (step is an int or None)."""
+# The longest the regexes may search one line, all groups together, before they are stopped.
+SEARCH_TIMEOUT_S = 2.0
 
-    def __init__(self, regexes=None):
-        self._groups = [(group, re.compile(regex)) for group, regex in (regexes or {}).items()]
+
+class MetricExtractor:
+    """`extract(line)` → `[{"name", "value", "step"}, ...]` (step is an int or None).
+
+    `searcher`: where the manifest's regexes run; by default here (RegexSearch), in the agent a
+    RegexProcess."""
+
+    def __init__(self, regexes=None, *, searcher=None):
+        self._searcher = searcher or RegexSearch(regexes)
 
     def extract(self, line):
         if line.startswith(METRIC_PREFIX):
@@ -34,12 +50,95 @@ class MetricExtractor:
             # loose regex can't count the same value twice.
             point = _parse_reported(line[len(METRIC_PREFIX):])
             return [point] if point else []
+        return self._searcher.points(line)
+
+
+class RegexSearch:
+    """The points the manifest's regexes find in a line, searched in this process."""
+
+    def __init__(self, regexes=None):
+        self._groups = [(group, re.compile(regex)) for group, regex in (regexes or {}).items()]
+
+    def points(self, line):
         points = []
         for group, regex in self._groups:
             match = regex.search(line)
             if match:
                 points.extend(_points_from_match(group, match))
         return points
+
+
+class RegexProcess:
+    """RegexSearch in a child process (`python -m learner_agent.metrics`), one line at a time.
+
+    The regexes are the researcher's, and one that backtracks catastrophically searches a short line
+    for hours. Python's re holds the interpreter lock for a whole search, so in the agent it stopped
+    every thread (shipping, halts, the watchdogs) and burnt a core outside the learner's quota. Here
+    `started(pid)` puts the child in the learner's control group, so its CPU is the learner's own, and a
+    line searched for longer than `timeout_s` has the child killed: from then on no line is searched
+    (`stopped` says why, and so does `on_stop(reason)`; TRAINYARD_METRIC lines still count, read by
+    the agent itself)."""
+
+    def __init__(self, regexes, *, timeout_s=SEARCH_TIMEOUT_S, started=None, on_stop=None):
+        self._regexes, self._timeout_s = dict(regexes), timeout_s
+        self._started, self._on_stop = started, on_stop
+        self._child = None
+        self._unread = b""
+        self._lock = threading.Lock()  # one line in the child at a time: stdout's and stderr's readers share it
+        self.stopped = "" if self._regexes else "no regexes"
+
+    def points(self, line):
+        with self._lock:
+            if self.stopped:
+                return []
+            try:
+                if self._child is None:
+                    self._start()
+                os.write(self._child.stdin.fileno(), json.dumps(line).encode() + b"\n")
+                return json.loads(self._answer())
+            except TimeoutError:
+                self._stop(f"a regex of evaluation_metrics searched one line for over {self._timeout_s:g} s")
+            except (OSError, EOFError, ValueError) as e:  # the child died (killed, out of memory) or answered nonsense
+                self._stop(f"the process searching the evaluation_metrics regexes failed ({e})")
+            return []
+
+    def close(self):
+        with self._lock:
+            if not self.stopped:
+                self._stop("closed", quietly=True)
+
+    def _start(self):
+        self._child = subprocess.Popen(
+            [sys.executable, "-S", "-m", "learner_agent.metrics"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={"PYTHONPATH": sandbox.PACKAGE_PARENT}, close_fds=True)
+        if self._started is not None:
+            self._started(self._child.pid)
+        os.write(self._child.stdin.fileno(), json.dumps(self._regexes).encode() + b"\n")
+
+    def _answer(self):
+        """The child's next line, read within timeout_s."""
+        deadline = time.monotonic() + self._timeout_s
+        fd = self._child.stdout.fileno()
+        while b"\n" not in self._unread:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError()
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise EOFError("it ended")
+            self._unread += chunk
+        answer, self._unread = self._unread.split(b"\n", 1)
+        return answer
+
+    def _stop(self, reason, *, quietly=False):
+        self.stopped = reason
+        if self._child is not None:
+            self._child.kill()
+            self._child.wait()
+            for pipe in (self._child.stdin, self._child.stdout):
+                pipe.close()
+        if self._on_stop is not None and not quietly:
+            self._on_stop(reason)
 
 
 def _parse_reported(payload):
@@ -109,3 +208,16 @@ def _integer(value):
         value = int(number)
     low, high = STEP_RANGE
     return value if low <= value <= high else None
+
+
+def serve(requests, answers):
+    """RegexProcess's child: the regexes ({group: regex}) on the first line of `requests`, then one
+    JSON line in, its points out, until `requests` ends."""
+    searcher = RegexSearch(json.loads(requests.readline()))
+    for request in requests:
+        answers.write(json.dumps(searcher.points(json.loads(request))).encode() + b"\n")
+        answers.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.stdin.buffer, sys.stdout.buffer)

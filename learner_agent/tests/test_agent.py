@@ -61,6 +61,66 @@ def test_it_runs_a_learner_and_reports_everything_in_order(outside_tmp, ingest, 
     assert os.path.isdir(os.path.join(outside_tmp, "job", "results"))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_regex_that_backtracks_for_ever_costs_the_learner_its_metrics_by_regex_and_nothing_more(
+        outside_tmp, ingest, mode):
+    """A manifest regex that backtracks catastrophically on a line the learner prints: the search, in
+    a process of its own, is stopped after its timeout and the job's log says so; every line still
+    arrives and reported metrics still count. (Searched in the agent, it held the interpreter for
+    hours: no line shipped, no halt heard.)"""
+    command = ("echo 'epoch 1 loss 0.5'; echo " + "a" * 40 + "'!'; echo 'epoch 2 loss 0.25'; "
+               "echo 'TRAINYARD_METRIC {\"name\": \"acc\", \"value\": 0.9}'; echo done")
+    config = write_agent_config(outside_tmp, ingest, command=command, sandbox=mode,
+                                metric_regexes={"train": r"epoch (?P<epoch>\d+) loss (?P<loss>[\d.]+)",
+                                                "slow": r"(?P<n>(a+)+)b"})
+    began = time.monotonic()
+    result = run_agent(config)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - began < 30
+    records = ingest.stored()
+    lines = [r["line"] for r in records if r["kind"] == "log" and r["stream"] == "stdout"]
+    assert lines == ["epoch 1 loss 0.5", "a" * 40 + "!", "epoch 2 loss 0.25",
+                     'TRAINYARD_METRIC {"name": "acc", "value": 0.9}', "done"]
+    notices = [r["line"] for r in records if r["kind"] == "log" and r["stream"] == "system"]
+    assert any("a regex of evaluation_metrics searched one line for over 2 s" in line for line in notices), notices
+    assert [(r["name"], r["value"]) for r in records if r["kind"] == "metric"] == [("train.loss", 0.5), ("acc", 0.9)]
+    assert read_exit(config)["exit_code"] == 0
+
+
+def test_the_regex_search_spends_the_learners_cpu_quota(outside_tmp, ingest):
+    """The process searching the manifest's regexes is in the learner's control group."""
+    if sandbox.bwrap_problem() is not None:
+        pytest.skip(f"the learner gets a control group of its own in the sandbox only: {sandbox.bwrap_problem()}")
+    config = write_agent_config(outside_tmp, ingest, command="echo 'epoch 1 loss 0.5'; sleep 30", sandbox="auto",
+                                metric_regexes={"train": r"epoch (?P<epoch>\d+) loss (?P<loss>[\d.]+)"})
+    agent = start_agent(config)
+    try:
+        wait_for(lambda: any(r["kind"] == "metric" for r in ingest.stored()))
+        searcher = wait_for(lambda: _process_running("learner_agent.metrics"))
+        learner = wait_for(lambda: _process_running("sleep 30"))
+        group = _cgroup_of(learner)
+        assert "trainyard" in group and _cgroup_of(searcher) == group
+    finally:
+        stop_process(agent)
+
+
+def _process_running(command):
+    """The pid of a process whose command line holds `command`, or None."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if command in f.read().replace(b"\0", b" ").decode(errors="replace"):
+                    return int(pid)
+        except OSError:
+            pass
+    return None
+
+
+def _cgroup_of(pid):
+    with open(f"/proc/{pid}/cgroup") as f:
+        return f.read()
+
+
 def test_a_quick_start_reports_preparing_with_running_in_one_request(outside_tmp, ingest):
     # Not a request of its own in the milliseconds the learner's start waits for (Agent._hold_status).
     config = write_agent_config(outside_tmp, ingest, command="echo hi")

@@ -1,7 +1,11 @@
 """Metric points from log lines: TRAINYARD_METRIC lines and the manifest's regexes."""
+import os
+import signal
+import time
+
 import pytest
 
-from learner_agent.metrics import MetricExtractor
+from learner_agent.metrics import MetricExtractor, RegexProcess
 
 REGEXES = {
     "train": r"epoch (?P<epoch>\d+) loss (?P<loss>[\d.]+) acc (?P<acc>\S+)",
@@ -64,3 +68,48 @@ def test_it_works_without_regexes():
 def test_a_reported_metric_nested_past_the_decoders_depth_is_just_a_log_line():
     from learner_agent.metrics import MetricExtractor
     assert MetricExtractor([]).extract("TRAINYARD_METRIC " + "[" * 5000 + "]" * 5000) == []
+
+
+# A regex that backtracks catastrophically: searching a line of 40 a's for it would take hours.
+BACKTRACKING = {"slow": r"(?P<n>(a+)+)b"}
+BACKTRACKED_LINE = "a" * 40 + "!"
+
+
+def test_regexes_searched_in_a_child_process_find_what_they_find_here():
+    lines = ["epoch 3 loss 0.25 acc 0.9", "[12:00] eval step=200 top1 accuracy=7.5e-1", "lr 1e-3",
+             "epoch 2 batch 30 global_step 230 l=0.1", "nothing to see here", "caf\u00e9 \ud800 epoch 1 loss 2 acc 3"]
+    here, child = MetricExtractor(REGEXES), RegexProcess(REGEXES)
+    try:
+        assert [MetricExtractor(searcher=child).extract(line) for line in lines] == [here.extract(line) for line in lines]
+        assert child.stopped == ""
+    finally:
+        child.close()
+
+
+def test_a_regex_searching_one_line_past_the_timeout_is_stopped_and_its_process_killed():
+    told, pids = [], []
+    child = RegexProcess({**REGEXES, **BACKTRACKING}, timeout_s=0.5, started=pids.append, on_stop=told.append)
+    extractor = MetricExtractor(searcher=child)
+    assert extractor.extract("epoch 1 loss 0.5 acc 0.75") == [
+        {"name": "train.loss", "value": 0.5, "step": 1}, {"name": "train.acc", "value": 0.75, "step": 1}]
+    began = time.monotonic()
+    assert extractor.extract(BACKTRACKED_LINE) == []
+    assert time.monotonic() - began < 3
+    assert told == ["a regex of evaluation_metrics searched one line for over 0.5 s"] and child.stopped == told[0]
+    with pytest.raises(ProcessLookupError):  # killed and reaped: it burns nothing more
+        os.kill(pids[0], 0)
+    # From then on lines are not searched, and reported metrics still count.
+    assert extractor.extract("epoch 2 loss 0.25 acc 0.5") == []
+    assert extractor.extract('TRAINYARD_METRIC {"name": "loss", "value": 0.3}') == [
+        {"name": "loss", "value": 0.3, "step": None}]
+    child.close()
+    assert told == [told[0]]  # closing says nothing more
+
+
+def test_a_child_that_dies_stops_the_search_and_says_so():
+    told, pids = [], []
+    child = RegexProcess(REGEXES, started=pids.append, on_stop=told.append)
+    assert child.points("lr 1e-3") == [{"name": "nostep.lr", "value": 0.001, "step": None}]
+    os.kill(pids[0], signal.SIGKILL)  # the kernel's out-of-memory killer, say
+    assert child.points("lr 1e-3") == []
+    assert len(told) == 1 and told[0].startswith("the process searching the evaluation_metrics regexes failed")
