@@ -389,6 +389,38 @@ def test_the_namespace_quota_follows_the_tenants_quota(cluster):
     assert_schema_valid(cluster.get("/api/v1/namespaces/trainyard-team-b/limitranges/learner-limits"))
 
 
+def test_a_tenant_namespace_made_before_is_brought_to_todays_policy_limits_and_pod_security(cluster, monkeypatch):
+    """A namespace an earlier release (or a hand edit) left looser: its learners' policy also let them reach
+    the web pods (the portal, the API and the admin console), its LimitRange let limits exceed requests,
+    and its Pod Security level was baseline. Making sure of it puts back what the platform builds today."""
+    backend = new_backend(cluster)
+    older = objects.namespace(NS, "team-a", objects.Platform(namespace="trainyard", ingest_port=8000,
+                                                             pod_security="baseline"))
+    cluster.request("POST", "/api/v1/namespaces", older)
+    looser = objects.learners_default_policy(NS, CONFIG.platform)
+    looser["spec"]["egress"].append({"to": [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "trainyard"}}, "podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "trainyard", "app.kubernetes.io/component": "web"}}}]})
+    looser["spec"]["podSelector"]["matchExpressions"] = [{"key": "trainyard.io/job", "operator": "Exists"}]
+    cluster.request("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies", looser)
+    limits = objects.limit_range(NS)
+    del limits["spec"]["limits"][0]["maxLimitRequestRatio"]
+    cluster.request("POST", f"/api/v1/namespaces/{NS}/limitranges", limits)
+
+    backend.ensure_namespace("team-a")
+    policy = cluster.get(f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/learners-default-deny")
+    assert policy["spec"] == objects.learners_default_policy(NS, CONFIG.platform)["spec"]
+    assert cluster.get(f"/api/v1/namespaces/{NS}/limitranges/learner-limits")["spec"] == \
+        objects.limit_range(NS)["spec"]
+    namespace = cluster.get(f"/api/v1/namespaces/{NS}")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for obj in (policy, namespace):
+        assert_schema_valid(obj)
+    sent = requests_of(backend, monkeypatch)
+    backend.ensure_namespace("team-a")  # as it should be now: read, nothing changed
+    assert kinds(sent, "patch") == []
+
+
 def requests_of(backend, monkeypatch):
     """What `backend` asks the API server from now on, as the API's own descriptions ("create Pod ns/name")."""
     sent, call = [], backend.api._call
@@ -455,6 +487,26 @@ def test_the_scheduler_does_not_count_a_cordoned_node(cluster, backend, worker):
     big = make_job(member(), learners=1, gpus=3, manifest_yaml=MANIFEST.format(learners=1))
     admission.run_cycle()
     assert status_of(big) == Status.QUEUED  # only node-3 (cordoned) has 3 free GPUs
+
+
+@pytest.mark.parametrize("taint", [
+    {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
+    {"key": "dedicated", "value": "inference", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/disk-pressure", "effect": "NoSchedule"},
+])
+def test_the_scheduler_does_not_count_a_node_whose_taint_learner_pods_do_not_tolerate(cluster, backend, worker, taint):
+    # Pinned there, a learner pod would wait unschedulable until it is counted lost.
+    cluster.add_node("node-4", gpus=8, taints=[taint])
+    big = make_job(member(), learners=1, gpus=3, manifest_yaml=MANIFEST.format(learners=1))
+    admission.run_cycle()
+    assert status_of(big) == Status.QUEUED
+    assert "node-4" not in {n.name for n in backend.capacity().nodes}
+
+
+def test_a_node_tainted_only_for_gpus_or_softly_is_counted(cluster, backend):
+    cluster.add_node("node-4", gpus=8, taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                                              {"key": "spot", "effect": "PreferNoSchedule"}])
+    assert "node-4" in {n.name for n in backend.capacity().nodes}
 
 
 def test_it_works_with_a_server_that_assigns_no_uids(monkeypatch, worker):

@@ -105,6 +105,20 @@ def test_it_locks_down_learner_pods():
 
 
 
+def test_a_learner_that_asks_for_no_gpus_is_given_none_of_its_nodes():
+    # NVIDIA's images (pytorch/pytorch, nvidia/cuda) set NVIDIA_VISIBLE_DEVICES=all, and the NVIDIA
+    # container runtime then hands a container that requested no GPU every GPU of its node: the GPUs
+    # the device plugin gave other tenants' learners there. The device plugin sets the variable only
+    # for a container that requests GPUs; one that requests none must say "void" itself.
+    cpu_only = spec(gpus=0)
+    pod = objects.learner_pod(cpu_only, cpu_only.learners[0], "ns", [], PODS)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert_valid(pod)
+    with_gpus = objects.learner_pod(spec(gpus=2), spec(gpus=2).learners[0], "ns", [], PODS)
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in with_gpus["spec"]["containers"][0]["env"]}
+
+
 def test_a_learners_image_is_pulled_each_time_and_its_tmp_is_its_jobs_cap():
     # A researcher's image named again by another tenant must not run from what the node kept of it.
     owners = objects.owner_references(ROOT_OBJECT)
@@ -348,3 +362,6 @@ def test_the_platform_may_do_only_what_the_lifecycle_manager_needs():
     assert ("pods/exec", "create") not in granted and not any(r == "secrets" and v in ("get", "list", "watch")
                                                               for r, v in granted)
     assert ("pods", "create") in granted and ("pods", "watch") in granted and ("nodes", "list") in granted
+    # A tenant namespace made earlier is brought to today's Pod Security level, LimitRange and policy.
+    assert {("namespaces", "patch"), ("limitranges", "get"), ("limitranges", "patch"), ("networkpolicies", "get"),
+            ("networkpolicies", "patch")} <= granted

@@ -118,10 +118,10 @@ class FakeCluster:
         listing = self.get(f"/{group}/namespaces/{namespace}/{plural}") or {}
         return sorted(item["metadata"]["name"] for item in listing.get("items", []))
 
-    def add_node(self, name, *, gpus=0, cpus="8", memory="32Gi", cordoned=False, ready=True):
+    def add_node(self, name, *, gpus=0, cpus="8", memory="32Gi", cordoned=False, ready=True, taints=()):
         self.request("POST", "/api/v1/nodes", {
             "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-            "spec": {"unschedulable": cordoned},
+            "spec": {"unschedulable": cordoned, **({"taints": list(taints)} if taints else {})},
             "status": {"allocatable": {"cpu": cpus, "memory": memory, "nvidia.com/gpu": str(gpus)},
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}})
 

@@ -127,12 +127,20 @@ class KubernetesBackend:
         """The tenant's namespace with its LimitRange, learner NetworkPolicy and, if it has a quota,
         a ResourceQuota mirroring it (updated when the quota changed). Returns the namespace name."""
         name = self.namespace_for(tenant)
+        wanted_namespace = objects.namespace(name, tenant, self.config.platform)
         try:
-            self.api.create(objects.namespace(name, tenant, self.config.platform))
+            self.api.create(wanted_namespace)
         except AlreadyExists:
-            self._refuse_a_namespace_not_made_for(tenant, name)
-        self._create_or_skip(objects.limit_range(name))
-        self._create_or_skip(objects.learners_default_policy(name, self.config.platform))
+            labels = self._refuse_a_namespace_not_made_for(tenant, name)
+            # Its Pod Security level as configured now, whatever an earlier release or a hand edit set.
+            changed = {key: value for key, value in wanted_namespace["metadata"]["labels"].items()
+                       if labels.get(key) != value}
+            if changed:
+                self.api.patch("Namespace", None, name, {"metadata": {"labels": changed}})
+        # What an earlier release made (a looser policy: learners once reached the web pods) or a hand
+        # edit left is put back as built today, not merely found to exist.
+        self._create_or_make_like(objects.limit_range(name))
+        self._create_or_make_like(objects.learners_default_policy(name, self.config.platform))
         wanted = objects.resource_quota(name, quota or {})
         current = self.api.read("ResourceQuota", name, "tenant-quota")
         if wanted["spec"]["hard"] and current is None:
@@ -149,12 +157,14 @@ class KubernetesBackend:
 
     def _refuse_a_namespace_not_made_for(self, tenant, name):
         """A namespace of the tenant's name that the platform did not make for it (the prefix and a
-        slug that spell an existing one) is not taken over: its workloads are none of the tenant's."""
+        slug that spell an existing one) is not taken over: its workloads are none of the tenant's.
+        Returns the labels of one it did make."""
         labels = ((self.api.read("Namespace", None, name) or {}).get("metadata") or {}).get("labels") or {}
         if labels.get(objects.LABEL_TENANT) != tenant or any(labels.get(k) != v for k, v in objects.MANAGED_BY.items()):
             raise BackendError(f"namespace {name} exists but was not made by Trainyard for tenant {tenant} "
                                "(its labels say otherwise); choose another TRAINYARD_K8S_NAMESPACE_PREFIX or "
                                "rename the tenant", permanent=True)
+        return labels
 
     def namespace_ready(self, tenant):
         """The tenant's namespace, made sure of (ensure_namespace) unless this process did so with the
@@ -269,6 +279,19 @@ class KubernetesBackend:
         except AlreadyExists:
             pass  # a repeated deploy: it is there from the first one
 
+    def _create_or_make_like(self, obj):
+        """Create `obj`, or bring the one there to its `spec` (a merge patch of what differs)."""
+        try:
+            self.api.create(obj)
+            return
+        except AlreadyExists:
+            pass
+        meta = obj["metadata"]
+        current = self.api.read(obj["kind"], meta["namespace"], meta["name"]) or {}
+        patch = merge_patch(current.get("spec") or {}, obj["spec"])
+        if patch:
+            self.api.patch(obj["kind"], meta["namespace"], meta["name"], {"spec": patch})
+
     def _create_or_read(self, obj):
         try:
             created = self.api.create(obj)
@@ -347,11 +370,33 @@ class KubernetesBackend:
         self.api.delete("ConfigMap", namespace, objects.attempt_name(job_id, attempt))
 
 
+def merge_patch(current, wanted):
+    """The merge patch (RFC 7386; strategic merge reads it alike for these objects' fields) that turns
+    the dict `current` into `wanted`, {} when they already agree: maps merged key by key, a key
+    `wanted` lacks removed (None), anything else replaced whole. A field the server leaves out when it
+    is empty agrees with an empty one."""
+    patch = {key: None for key in current if key not in wanted}
+    for key, value in wanted.items():
+        old = current.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            nested = merge_patch(old, value)
+            if nested:
+                patch[key] = nested
+        elif old != value and not (old in _EMPTY and value in _EMPTY):
+            patch[key] = value
+    return patch
+
+
+_EMPTY = (None, [], {})
+
+
 def node_capacity(node):
-    """A Node for the scheduler's snapshot, or None for a node that takes no new pods."""
+    """A Node for the scheduler's snapshot, or None for a node that takes no new learner pods."""
     spec, status = node.get("spec") or {}, node.get("status") or {}
     if spec.get("unschedulable"):
         return None  # cordoned
+    if not all(objects.tolerated(taint) for taint in spec.get("taints") or []):
+        return None  # learner pods pinned there would never be scheduled (a control plane, another's node)
     ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
     if ready and ready[0].get("status") != "True":
         return None

@@ -45,6 +45,18 @@ def _tmp_size(spec):
     return str(spec.disk["tmp"]) if spec.disk.get("tmp") else TMP_SIZE
 
 
+# Learner pods may go to GPU nodes, tainted for them by the usual convention, and to no other tainted node.
+LEARNER_TOLERATIONS = ({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},)
+
+
+def tolerated(taint):
+    """Whether learner pods can be scheduled and keep running on a node with `taint` (PreferNoSchedule
+    only steers kube-scheduler, which the node pin overrides)."""
+    if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+        return True
+    return any(taint.get("key") == t["key"] and taint.get("effect") == t["effect"] for t in LEARNER_TOLERATIONS)
+
+
 def locked_down():
     """A container securityContext that the "restricted" Pod Security Standard accepts, and then some."""
     return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
@@ -275,8 +287,14 @@ def learner_pod(spec, learner, namespace_, owners, pods):
     labels = {**attempt_labels(spec.tenant, spec.job_id, spec.attempt),
               LABEL_ROLE: "learner", LABEL_LEARNER: str(learner.index)}
     resources = {"cpu": cpu_quantity(spec.cpus), "memory": str(spec.memory_bytes)}
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "TMPDIR", "value": "/tmp"},
+           {"name": "PYTHONPATH", "value": AGENT_CODE_DIR}]
     if spec.gpus:
-        resources[GPU_RESOURCE] = str(spec.gpus)
+        resources[GPU_RESOURCE] = str(spec.gpus)  # the device plugin then names the container's own GPUs
+    else:
+        # Without it, an image that sets NVIDIA_VISIBLE_DEVICES=all (NVIDIA's own do) is given every GPU
+        # of the node by the NVIDIA container runtime, those of other tenants' learners included.
+        env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})
     container = {
         "name": "learner",
         "image": pods.image,
@@ -285,8 +303,7 @@ def learner_pod(spec, learner, namespace_, owners, pods):
         "imagePullPolicy": "Always",
         "command": ["python", "-m", "learner_agent", "run", "--config", f"{AGENT_CONFIG_DIR}/agent.json"],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "TMPDIR", "value": "/tmp"},
-                {"name": "PYTHONPATH", "value": AGENT_CODE_DIR}],
+        "env": env,
         "ports": [{"name": "master", "containerPort": MASTER_PORT, "protocol": "TCP"}],
         "securityContext": locked_down(),
         "volumeMounts": _storage_mounts(spec, learner, pods) + [
@@ -322,7 +339,7 @@ def learner_pod(spec, learner, namespace_, owners, pods):
                 "securityContext": {"runAsNonRoot": True, "runAsUser": pods.run_as_user,
                                     "runAsGroup": pods.run_as_user, "fsGroup": pods.run_as_user,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
-                "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+                "tolerations": [dict(t) for t in LEARNER_TOLERATIONS],
                 "initContainers": [copy_agent, copy_credential],
                 "containers": [container],
                 "volumes": [
