@@ -38,9 +38,17 @@ DEPLOYING = (Status.PENDING, Status.DOWNLOADING, Status.PROCESSING)
 
 def deploy(job_id, attempt):
     """Start the learners of an admitted attempt. Repeating it is harmless (deterministic names)."""
-    job = Job.objects.select_related("tenant").filter(pk=job_id, attempt=attempt).first()
-    if job is None or job.status not in DEPLOYING:
+    job = Job.objects.select_related("tenant").filter(pk=job_id).first()
+    if job is None:
         return
+    if job.attempt != attempt or job.status not in ACTIVE:
+        # The attempt is over. A worker that made its learners and was killed before it could see
+        # that (below) left them to this repeat: the attempt's teardown may have run before they
+        # existed. It is done again, confirmed by the backend like any.
+        outbox.add(job_id, attempt, FollowUp.Kind.TEARDOWN)
+        return
+    if job.status not in DEPLOYING:
+        return  # deployed: the learners run
     try:
         spec = deploy_spec(job)
     except runtime.RuntimeUnavailable as exc:

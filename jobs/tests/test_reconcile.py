@@ -113,6 +113,20 @@ def test_a_reconcile_during_deploy_does_not_call_learners_lost_before_they_start
         (0, "deploying"), (1, "deploying")]
 
 
+@pytest.mark.parametrize("status, attempt_now, torn_down", [
+    ("TERMINATED", 1, True), ("HALTED", 1, True), ("QUEUED", 2, True),  # the attempt is over
+    ("HALTING", 1, False), ("STORING", 1, False)])  # deployed: its halt or finish sees to the learners
+def test_a_deploy_repeated_after_its_attempt_ended_tears_it_down_again(monkeypatch, sent, status, attempt_now,
+                                                                       torn_down):
+    """A worker made the learners; meanwhile the job ended and the attempt's teardown ran before they
+    existed; the worker was killed before it could see that. Its claim went stale, and the repeat of
+    the deploy finds the attempt over: it has it torn down again, or the learners ran on for good."""
+    target = job(member(), status=status, attempt=attempt_now)
+    monkeypatch.setattr(lifecycle, "get_backend", lambda: pytest.fail("nothing is deployed for an attempt over"))
+    lifecycle.deploy(target.id, 1)
+    assert (("teardown", 1) in open_follow_ups(target)) == torn_down
+
+
 # --- cost at scale (bench controlplane measures the same at 1,000 jobs) ---------------------------
 def reconcile_queries(monkeypatch, jobs_of_each_kind):
     """The queries of one pass over `jobs_of_each_kind` running, storing and waiting jobs."""
