@@ -219,10 +219,6 @@ class LocalBackend:
             return False
         return True
 
-    def logs(self, *, tenant, job_id, attempt, index):
-        path = storage.learner_dir(tenant, job_id, attempt, index) / "agent.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
     def capacity(self):
         return Capacity(nodes=(Node(name="local", gpus=self._gpus, cpus=settings.LOCAL_CPUS,
                                     memory_bytes=self._memory_bytes),))

@@ -182,11 +182,6 @@ class KubeApi:
         except ValueError as exc:
             raise KubeError(f"watch {kind}: unreadable event: {exc}") from exc
 
-    def pod_log(self, namespace, name):
-        api, _, _ = self._resolve("Pod")
-        return self._call(f"read log of {namespace}/{name}", api.read_namespaced_pod_log, name, namespace,
-                          container="learner", tail_lines=2000, raw=True)
-
     # --- plumbing ------------------------------------------------------------------------------
     def _resolve(self, kind):
         try:

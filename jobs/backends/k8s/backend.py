@@ -331,16 +331,6 @@ class KubernetesBackend:
     def _exit_record(self, tenant, job_id, attempt, index):
         return read_exit_record(storage.learner_dir(tenant, job_id, attempt, index))
 
-    def logs(self, *, tenant, job_id, attempt, index):
-        """The agent's own log: what it did, not the learner's output (that arrives through ingest)."""
-        path = storage.learner_dir(tenant, job_id, attempt, index) / "agent.log"
-        if path.exists():
-            return path.read_text(errors="replace")
-        try:
-            return self.api.pod_log(self.namespace_for(tenant), objects.pod_name(job_id, attempt, index))
-        except KubeError:
-            return ""
-
     def capacity(self):
         """Allocatable resources of every node that takes new pods (not cordoned, Ready)."""
         nodes, _ = self.api.list("Node")
