@@ -81,7 +81,6 @@ class Search:
             finite = experiment.finite_space()
             if finite is not None and math.prod(len(values) for values in finite.values()) <= MAX_ENUMERATED:
                 self.space = finite
-        self.space_size = math.prod(len(values) for values in self.space.values()) if self.space else None
         self.distributions = {hp.name: (CategoricalDistribution(self.space[hp.name]) if self.space
                                         else _distribution(hp)) for hp in experiment.varied()}
 
