@@ -61,7 +61,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "portal.csp.ContentSecurityPolicyMiddleware",
     "axes.middleware.AxesMiddleware",  # a locked-out sign-in's answer (tenants.sso.lockout_response)
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "jobs.prometheus.RequestMetricsMiddleware",  # django-prometheus's, its labels bounded
 ]
 
 ROOT_URLCONF = "portal.urls"

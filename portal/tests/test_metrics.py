@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs import prometheus_series
@@ -144,3 +145,16 @@ def test_recording_without_redis_neither_fails_nor_blocks(settings):
     prometheus_series.ADMISSIONS.inc("team-a")
     prometheus_series.INGEST_LAG.observe(1.0)
     assert time.monotonic() - started < 2 * shared.REDIS_TIMEOUT_S + 0.5
+
+
+@pytest.mark.django_db
+def test_it_keeps_methods_the_platform_does_not_serve_out_of_its_labels(client):
+    # uvicorn's parser takes some forty methods (PROPFIND, MKCALENDAR, ...): anyone, signed in or not,
+    # could otherwise add a latency histogram per view for each of them to every web process.
+    for method in ("PROPFIND", "MKCALENDAR", "SEARCH"):
+        client.generic(method, "/api/v1/jobs/")
+    exposition = generate_latest(REGISTRY).decode()
+    assert not [line for line in exposition.splitlines()
+                if any(f'method="{method}"' in line for method in ("PROPFIND", "MKCALENDAR", "SEARCH"))]
+    assert 'django_http_requests_latency_seconds_by_view_method_count{method="<invalid method>",view="job-list"}' \
+        in exposition
