@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Max, Min, Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from jobs import lifecycle
-from jobs.models import IdleGpuPolicy, Job, ResourceSample, Status
+from jobs.models import IdleGpuPolicy, IdleWatch, Job, ResourceSample, Status
 from jobs.states import InvalidTransition
 from tenants import audit
 
@@ -46,10 +46,11 @@ def listen(listener):
 
 @dataclass(frozen=True)
 class Reading:
-    """One attempt's GPU samples in the lookback: the newest, the oldest, the newest at or above the
-    threshold (None: none was) and the first after that one (None: the newest is busy, or none busy)."""
+    """One attempt's GPU samples in the lookback: the newest, the newest at or above the threshold (None:
+    none was), the oldest (read only where none was busy) and the first after the busy one (None: the
+    newest is busy, or none busy)."""
     latest: datetime
-    oldest: datetime
+    oldest: datetime | None = None
     last_busy: datetime | None = None
     first_idle: datetime | None = None
 
@@ -82,6 +83,7 @@ def remove_policy(tenant):
         if policy is not None:
             audit.record("deleted", "idle-gpu-policy", tenant.slug, tenant=tenant, before=policy.as_dict())
             policy.delete()
+            IdleWatch.objects.filter(job__tenant=tenant).delete()
 
 
 def policy_text(policy):
@@ -92,13 +94,14 @@ def run(now=None):
     """One pass over every tenant with a policy; the ids of the jobs it flagged."""
     now = now or timezone.now()
     flagged = []
+    IdleWatch.objects.exclude(job__status=Status.PROCESSING).delete()  # what it read of jobs that moved on
     for policy in IdleGpuPolicy.objects.all():
         jobs = {job.id: job for job in Job.objects.select_related("tenant").filter(
             tenant_id=policy.tenant_id, status=Status.PROCESSING, gpus__gt=0)}
         if not jobs:
             continue
         window = timedelta(minutes=policy.minutes)
-        readings = _readings(jobs, threshold=policy.below_percent, since=now - window - LOOKBACK_MARGIN)
+        readings = _readings(jobs, policy, since=now - window - LOOKBACK_MARGIN)
         for job in jobs.values():
             reading = readings.get(job.id)
             if job.gpus_idle is not None:
@@ -110,26 +113,71 @@ def run(now=None):
     return flagged
 
 
-def _readings(jobs, *, threshold, since):
-    """{job id: Reading} of the jobs' current attempts, in two queries whatever their number."""
-    rows = (ResourceSample.objects
-            .filter(job_id__in=list(jobs), time__gte=since, gpu_utilization__isnull=False)
-            .values("job_id", "attempt")
-            .annotate(latest=Max("time"), oldest=Min("time"),
-                      last_busy=Max("time", filter=Q(gpu_utilization__gte=threshold))))
-    found = {row["job_id"]: row for row in rows if row["attempt"] == jobs[row["job_id"]].attempt}
-    # Where a busy sample came last, when did the quiet after it begin: the first sample after it.
-    busy = [row for row in found.values() if row["last_busy"] is not None and row["latest"] > row["last_busy"]]
-    first_idle = {}
-    if busy:
-        after = Q()
-        for row in busy:
-            after |= Q(job_id=row["job_id"], attempt=row["attempt"], time__gt=row["last_busy"])
-        first_idle = dict(ResourceSample.objects.filter(after, gpu_utilization__isnull=False)
-                          .values("job_id").annotate(first=Min("time")).values_list("job_id", "first"))
-    return {job_id: Reading(latest=row["latest"], oldest=row["oldest"], last_busy=row["last_busy"],
-                            first_idle=first_idle.get(job_id))
-            for job_id, row in found.items()}
+def _readings(jobs, policy, *, since):
+    """{job id: Reading} of the jobs' current attempts, samples from `since` on. Each job's IdleWatch
+    keeps its newest sample and its newest busy one, so only the samples stored since the pass before
+    are read (an ingest post stores a job's samples under the job's lock: later ids commit later);
+    where the quiet began is then one step along the (job, time) index."""
+    watches = _watches(jobs, policy)
+    _read_new(watches, threshold=policy.below_percent, since=since)
+    IdleWatch.objects.bulk_create(watches.values(), update_conflicts=True, unique_fields=["job"],
+                                  update_fields=["attempt", "below_percent", "minutes", "read_through", "latest",
+                                                 "last_busy"])
+    readings = {}
+    for job_id, watch in watches.items():
+        if watch.latest is None or watch.latest < since:
+            continue
+        last_busy = watch.last_busy if watch.last_busy is not None and watch.last_busy >= since else None
+        if jobs[job_id].gpus_idle is not None:  # a flagged job is judged by its last busy sample alone
+            readings[job_id] = Reading(latest=watch.latest, last_busy=last_busy)
+        elif last_busy is None:
+            readings[job_id] = Reading(latest=watch.latest, oldest=_first_sample(watch, after=since, inclusive=True))
+        else:
+            readings[job_id] = Reading(latest=watch.latest, last_busy=last_busy, first_idle=None
+                                       if watch.latest == last_busy else _first_sample(watch, after=last_busy))
+    return readings
+
+
+def _watches(jobs, policy):
+    """{job id: its IdleWatch}, a new one where there is none yet or its attempt or policy changed."""
+    kept = {watch.job_id: watch for watch in IdleWatch.objects.filter(job_id__in=list(jobs))}
+    watches = {}
+    for job_id, job in jobs.items():
+        watch = kept.get(job_id)
+        if watch is None or (watch.attempt, watch.below_percent, watch.minutes) != (
+                job.attempt, policy.below_percent, policy.minutes):
+            watch = IdleWatch(job_id=job_id, attempt=job.attempt, below_percent=policy.below_percent,
+                              minutes=policy.minutes)
+        watches[job_id] = watch
+    return watches
+
+
+def _read_new(watches, *, threshold, since):
+    """Move each watch past the samples of its attempt stored since it last read (a new one: those from
+    `since`). A query per job, each one range of an index: one query for all of them was planned as a
+    scan of every job's samples."""
+    for watch in watches.values():
+        stored = (Q(id__gt=watch.read_through) if watch.read_through else Q(time__gte=since))
+        new = (ResourceSample.objects.filter(stored, job_id=watch.job_id, attempt=watch.attempt)
+               .aggregate(top=Max("id"), latest=Max("time", filter=Q(gpu_utilization__isnull=False)),
+                          last_busy=Max("time", filter=Q(gpu_utilization__gte=threshold))))
+        if new["top"] is not None:
+            watch.read_through = new["top"]
+            watch.latest = _later(watch.latest, new["latest"])
+            watch.last_busy = _later(watch.last_busy, new["last_busy"])
+
+
+def _later(one, other):
+    return other if one is None else one if other is None else max(one, other)
+
+
+def _first_sample(watch, *, after, inclusive=False):
+    """The time of the watched attempt's first sample with a GPU utilisation after `after` (at it, too,
+    where `inclusive`)."""
+    later = Q(time__gte=after) if inclusive else Q(time__gt=after)
+    return (ResourceSample.objects.filter(later, job_id=watch.job_id, attempt=watch.attempt,
+                                          gpu_utilization__isnull=False)
+            .order_by("time").values_list("time", flat=True).first())
 
 
 def flag(job, *, since, policy, when):

@@ -296,6 +296,21 @@ class IdleGpuPolicy(models.Model):
         return {"below_percent": self.below_percent, "minutes": self.minutes, "action": self.action}
 
 
+class IdleWatch(models.Model):
+    """How far the idle-GPU pass (jobs.idle) has read a running job's resource samples, with the newest
+    of them and the newest busy one, so that a pass reads only the samples stored since the one before,
+    whatever the tenant's window. It holds for one attempt under one policy: a change of either starts
+    it again."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    attempt = models.PositiveIntegerField()
+    below_percent = models.FloatField()
+    minutes = models.FloatField()
+    read_through = models.BigIntegerField(default=0)  # the highest sample id read; 0: none yet
+    latest = models.DateTimeField(null=True, blank=True)  # of the samples read that have a GPU utilisation
+    last_busy = models.DateTimeField(null=True, blank=True)  # of those at or above below_percent
+
+
 class Artifact(models.Model):
     """A stored result file or checkpoint, recorded when the job's results are stored."""
 

@@ -5,6 +5,7 @@ are left alone. The tenant's policy is read by every member and set by its admin
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from jobs import idle
@@ -12,6 +13,7 @@ from jobs.models import FollowUp, IdleGpuPolicy, JobEvent, ResourceSample, Statu
 from notifications.models import Delivery, Webhook
 from tenants.models import AuditEntry
 from tests.support.builders import client_for, job, logged_in, member, record_sends
+from tests.support.optional import skip_or_fail
 
 pytestmark = pytest.mark.django_db
 T0 = timezone.now().replace(microsecond=0)
@@ -130,6 +132,51 @@ def test_only_the_current_attempt_and_the_policys_tenant_count(sent):
     elsewhere = running(eve)
     samples(elsewhere, [0.0] * 12)
     assert idle.run(now=at(6.5)) == []
+
+
+def samples_read():
+    """Rows of the samples' table this transaction has read so far (PostgreSQL's own count)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables "
+                       "WHERE relname = %s", [ResourceSample._meta.db_table])
+        return cursor.fetchone()[0]
+
+
+def test_a_pass_reads_only_the_samples_stored_since_the_one_before(sent):
+    """A tenant's admin may set a window of a week: reading all of it again every pass, for each of the
+    tenant's running jobs, held the database and the pass (every tenant's) for as long as it took."""
+    if connection.vendor != "postgresql":
+        skip_or_fail("counts the rows PostgreSQL reads (set DATABASE_URL)")
+    alice = member()
+    policy(alice, minutes=7 * 24 * 60)
+    target = running(alice)
+    ResourceSample.objects.bulk_create([
+        ResourceSample(job=target, time=at(n), cpu_cores=0.1, memory_bytes=1, memory_peak_bytes=1,
+                       gpu_utilization=90.0 if n == 0 else 2.0) for n in range(2000)])  # a busy minute, then quiet
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {ResourceSample._meta.db_table}")  # as autovacuum would: plans by the real sizes
+    idle.run(now=at(2000))
+    samples(target, [2.0, 3.0], start=2000, every_s=60)
+    before = samples_read()
+    assert idle.run(now=at(2002)) == []
+    assert samples_read() - before < 20
+    samples(target, [1.0] * 3, start=7 * 24 * 60 + 2, every_s=60)
+    assert idle.run(now=at(7 * 24 * 60 + 5)) == [target.id]  # still judged on the whole week
+    target.refresh_from_db()
+    assert target.gpus_idle == at(1)
+
+
+def test_a_changed_policy_judges_the_samples_already_read_again(sent):
+    alice = member()
+    strict = policy(alice, below=1.0)
+    target = running(alice)
+    samples(target, [95.0] + [3.0] * 12)
+    assert idle.run(now=at(6.5)) == []  # 3% is busy by this policy
+    strict.below_percent = 10.0
+    strict.save()
+    assert idle.run(now=at(6.6)) == [target.id]
+    target.refresh_from_db()
+    assert target.gpus_idle == at(0.5)
 
 
 def test_the_job_page_and_the_jobs_list_show_the_flag(sent):
