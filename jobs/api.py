@@ -24,7 +24,7 @@ from jobs.serializers import (AllocationListSerializer, AllocationSerializer, Ar
                               LogPageSerializer, ManifestRequestSerializer, ManifestValidSerializer,
                               MetricListSerializer, ShareRequestSerializer, SharesSerializer,
                               SubmitRequestSerializer, log_line_json, metric_json)
-from jobs.serializers import ResourcePageSerializer, ResourceSampleSerializer
+from jobs.serializers import RESOURCE_FIELDS, ResourcePageSerializer, resource_sample_json
 from jobs.bounds import BadParameter, BoundedFormParser, BoundedJSONParser, BoundedMultiPartParser, whole_number
 from jobs.models import ACTIVE, FINAL, Artifact
 from tenants import access, throttling
@@ -34,7 +34,7 @@ from trainyard.manifest import MAX_MANIFEST_BYTES, ManifestError, parse_manifest
 MAX_LOG_LIMIT = 10000
 ARTIFACT_PAGE = 200  # files per page of a job's artifacts by default, and at most
 MAX_ARTIFACT_PAGE = 1000
-MAX_RESOURCE_LIMIT = 10000  # resource samples in one page
+MAX_RESOURCE_LIMIT = 5000  # resource samples in one page: the resources chart reads pages this size
 MAX_METRIC_LIMIT = 10000  # metric points in one page, and by default
 MAX_SEQ = 2**53  # log sequence numbers: far beyond any log, within what every JSON client reads exactly
 
@@ -210,9 +210,9 @@ class JobResources(TenantScoped, APIView):
     def get(self, request, job_id):
         after = whole_number(request.query_params, "after", default=0, minimum=0, maximum=MAX_SEQ)
         limit = whole_number(request.query_params, "limit", default=1000, minimum=1, maximum=MAX_RESOURCE_LIMIT)
-        rows, more = _keyset_page(self.job().resource_samples.all(), after, limit)
-        return Response({"results": ResourceSampleSerializer(rows, many=True).data,
-                         "next_after": rows[-1].id if rows else after, "more": more})
+        rows, more = _keyset_page(self.job().resource_samples.values(*RESOURCE_FIELDS), after, limit)
+        return Response({"results": [resource_sample_json(row) for row in rows],
+                         "next_after": rows[-1]["id"] if rows else after, "more": more})
 
 
 def _keyset_page(rows, after, limit):

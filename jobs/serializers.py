@@ -23,6 +23,19 @@ def metric_json(point):
             "time": point.time.isoformat(), "learner": point.learner, "attempt": point.attempt}
 
 
+RESOURCE_FIELDS = ("id", "attempt", "learner", "time", "cpu_cores", "memory_bytes", "memory_peak_bytes",
+                   "memory_limit_bytes", "gpus")
+_api_time = serializers.DateTimeField().to_representation
+
+
+def resource_sample_json(sample):
+    """ResourceSampleSerializer's shape of a `values(*RESOURCE_FIELDS)` row, built by hand: a page holds
+    thousands of samples of up to 64 GPUs each (jobs.api.MAX_RESOURCE_LIMIT), which the serializer took
+    seconds of a web thread over. Ingest stored each GPU with exactly its fields
+    (jobs.ingest_records.resource_gpus), so they pass as they are."""
+    return {**sample, "time": _api_time(sample["time"])}
+
+
 def queue_position(job):
     """1-based place in its tenant's queue as the scheduler's latest cycle ordered it (the place its
     wait_reason begins with), or None: not queued, or no cycle has seen it yet. Read from the reason,
