@@ -48,11 +48,13 @@ class ExperimentSerializer(serializers.ModelSerializer):
                   "smaller_is_better", "private", "trials_started", "max_trials", "max_concurrent_trials",
                   "best_trial", "best_value", "created_at", "updated_at", "finished_at"]
 
+    # A listed row has them annotated (experiments.listed), an experiment's own its whole spec.
     def get_max_trials(self, experiment) -> int:
-        return experiment.spec["searcher"]["max_trials"]
+        return getattr(experiment, "max_trials", None) or experiment.spec["searcher"]["max_trials"]
 
     def get_max_concurrent_trials(self, experiment) -> int:
-        return experiment.spec["searcher"]["max_concurrent_trials"]
+        return (getattr(experiment, "max_concurrent_trials", None)
+                or experiment.spec["searcher"]["max_concurrent_trials"])
 
 
 class ExperimentDetailSerializer(ExperimentSerializer):
@@ -72,7 +74,7 @@ class ExperimentDetailSerializer(ExperimentSerializer):
 
     @extend_schema_field(TrialSerializer(many=True))
     def get_trials(self, experiment):
-        return TrialSerializer(experiment.trials.select_related("job").order_by("number"), many=True).data
+        return TrialSerializer(experiments.trials_of(experiment), many=True).data
 
 
 class ExperimentListSerializer(serializers.Serializer):
@@ -105,7 +107,8 @@ class ExperimentList(Scoped, APIView):
                    parameters=[OpenApiParameter("state", str, description="only experiments in this state")],
                    responses={200: ExperimentListSerializer})
     def get(self, request):
-        rows = experiments.experiments_of(self.membership()).select_related("owner", "tenant").order_by("-created_at")
+        rows = experiments.listed(experiments.experiments_of(self.membership()).select_related("owner", "tenant")
+                                  .order_by("-created_at"))
         if state := request.query_params.get("state"):
             if state.upper() not in Experiment.State.values:
                 return Response({"detail": f"state {state!r} is not one of {', '.join(Experiment.State.values)}",

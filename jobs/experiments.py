@@ -42,7 +42,9 @@ from pathlib import Path
 import yaml
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, IntegerField, OuterRef, Q
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 from django.http import Http404
 from django.utils import timezone
 
@@ -66,6 +68,9 @@ TPE_NEW_TRIALS_PER_PASS = 1
 # halt when it pauses), promote, halt or resume one, or stop one of a killed experiment (a job's
 # transition each). The rest is left in the rows for the next passes.
 DECISIONS_PER_PASS = 32
+# The searcher's metric points one pass reads: a learner may report up to its cap of them
+# (TRAINYARD_METRIC_POINTS_PER_LEARNER), all at once, and the rest wait for the next passes.
+OBSERVED_POINTS_PER_PASS = 10_000
 
 
 class ExperimentError(submission.SubmitError):
@@ -245,11 +250,12 @@ class Pass:
 
     def __init__(self, experiment):
         self.experiment = experiment
-        self.trials = list(experiment.trials.select_related("job").order_by("number"))
+        self.trials = list(trials_of(experiment))
         self.actor = f"experiment {experiment.id}"
         self.asha = experiment.searcher == "asha"
         self.allowance = DECISIONS_PER_PASS
         self.more = False  # work left for the next pass: the loop is woken for it
+        self.behind = False  # metric points left for the next pass (OBSERVED_POINTS_PER_PASS): woken too
         self.stored = []  # the new trials' jobs, whose folders are theirs only once the pass commits
         self._views, self._places = None, {}
         try:
@@ -274,7 +280,7 @@ class Pass:
         if self.recorded() != before:  # most passes over a running experiment change nothing
             self.experiment.updated_at = timezone.now()
             self.experiment.save()
-        if self.more:
+        if self.more or self.behind:
             dispatch.wake_scheduler_on_commit()
 
     def decide(self):
@@ -342,11 +348,14 @@ class Pass:
 
     # --- 1. observe -------------------------------------------------------------------------------
     def observe(self):
+        """The trials' new points, up to OBSERVED_POINTS_PER_PASS (the rest the next passes), and their
+        jobs' ends: a trial whose job ended is settled once every point of it is read."""
         open_trials = {t.job_id: t for t in self.trials if t.state in (Trial.State.RUNNING, Trial.State.PAUSED)}
+        unread = set()
         if open_trials:
-            points = (MetricPoint.objects.filter(job_id__in=list(open_trials), name=self.experiment.metric,
-                                                 id__gt=self.experiment.points_seen)
-                      .order_by("id").values_list("id", "job_id", "step", "value"))
+            points = list(MetricPoint.objects.filter(job_id__in=list(open_trials), name=self.experiment.metric,
+                                                     id__gt=self.experiment.points_seen)
+                          .order_by("id").values_list("id", "job_id", "step", "value")[:OBSERVED_POINTS_PER_PASS])
             for point_id, job_id, step, value in points:
                 self.experiment.points_seen = max(self.experiment.points_seen, point_id)
                 if value is not None and math.isfinite(value):
@@ -354,10 +363,21 @@ class Pass:
                     trial.value, trial.step = value, step
                     self.changed(trial)
                     trial.tracker.points.append((step, value))
+            if len(points) == OBSERVED_POINTS_PER_PASS:
+                self.behind = True
+                unread = self.with_unread_points([t for t in open_trials.values() if t.job.status in FINAL])
         if self.asha:
             self.rungs_reached()
         for trial in open_trials.values():
-            self.see_job(trial)
+            if trial.job_id not in unread:
+                self.see_job(trial)
+
+    def with_unread_points(self, trials):
+        """The job ids of those of `trials` with points of the metric this pass has not read."""
+        unread = MetricPoint.objects.filter(job_id=OuterRef("job_id"), name=self.experiment.metric,
+                                            id__gt=self.experiment.points_seen)
+        return set(Trial.objects.filter(pk__in=[t.pk for t in trials]).filter(Exists(unread))
+                   .values_list("job_id", flat=True)) if trials else set()
 
     def rungs_reached(self):
         """Record the rung each running trial reached with this pass's points, all first, then decide for
@@ -665,6 +685,23 @@ def experiments_of(membership):
     if membership.is_admin:
         return rows
     return rows.filter(Q(private=False) | Q(owner=membership.user))
+
+
+def trials_of(experiment):
+    """The experiment's trials in number order, each with its job as the passes and an experiment's
+    answer read it: not the manifest, runtime and description every trial's job keeps a copy of (its
+    experiment's, up to 64 KiB, for each of thousands of trials)."""
+    return (experiment.trials.select_related("job")
+            .defer("job__description", "job__manifest", "job__manifest_yaml", "job__runtime").order_by("number"))
+
+
+def listed(rows):
+    """The experiments `rows` as a list shows them: without their manifests (`spec` and `manifest_yaml`,
+    up to 64 KiB each, which a tenant may keep for every experiment it ever ran), with the searcher's
+    limits read from the spec by the database."""
+    return rows.defer("spec", "manifest_yaml").annotate(
+        max_trials=Cast(KT("spec__searcher__max_trials"), IntegerField()),
+        max_concurrent_trials=Cast(KT("spec__searcher__max_concurrent_trials"), IntegerField()))
 
 
 def experiment_or_404(membership, experiment_id):

@@ -38,10 +38,9 @@ def experiment_list(request, membership):
     else:
         state = ""
     count = rows.count()
-    listed = list(rows[:LIST_ROWS])
+    listed = list(experiments.listed(rows)[:LIST_ROWS])
     for experiment in listed:
         experiment.chip = STATE_CHIPS[experiment.state]
-        experiment.max_trials = experiment.spec["searcher"]["max_trials"]
         experiment.best_text = format_value(experiment.best_value)
     return render(request, "experiments/list.html", {
         "membership": membership, "experiments": listed, "count": count, "state": state,

@@ -52,8 +52,8 @@ MAX_FLOAT_TEXT = 24  # the longest repr() of a float ("-1.2345678901234567e-308"
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 PLACEHOLDER = re.compile(r"\{\{\s*hparams\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 # A value goes into commands, environments and database rows: no NUL (no text column stores it) and no
-# other control character but tab and line breaks.
-CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# other control character, C0 or C1, but tab and line breaks.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 RANGE_FIELDS = {"const": ("type", "val"), "int": ("type", "minval", "maxval", "count"),
                 "double": ("type", "minval", "maxval", "count"), "log": ("type", "minval", "maxval", "count"),
                 "categorical": ("type", "vals")}
@@ -321,6 +321,11 @@ class ExperimentDocument(Document):
             raise Broken("must be a mapping of names to ranges, choices or constants")
         if len(hyperparameters) > MAX_HYPERPARAMETERS:
             raise Broken(f"has {len(hyperparameters)} entries; at most {MAX_HYPERPARAMETERS}")
+        seen = {}  # a trial's environment names each upper-cased (environment()): one would hide another
+        for name in hyperparameters:
+            if (other := seen.setdefault(name.upper(), name)) != name:
+                raise Broken(f"is TRAINYARD_HP_{name.upper()} in a trial's environment, as {other} is: give "
+                             "names that differ in more than case", name)
         return hyperparameters
 
 
