@@ -4,6 +4,7 @@ beyond 64 bits with a 500, and text holding NUL with another) or Python's stack 
 DRF's parsers and paginators are imported here: DRF's settings load this module while `rest_framework.views`
 is itself still loading."""
 import re
+from datetime import datetime
 
 from django.http import HttpResponseBadRequest, JsonResponse
 
@@ -30,6 +31,21 @@ def whole_number(params, name, *, default, minimum, maximum):
     if digits is None or not minimum <= int(digits.group(1)) <= maximum:
         raise BadParameter(name, f"must be a whole number in {minimum}..{maximum}")
     return int(digits.group(1))
+
+
+def moment(params, name):
+    """The query parameter `name` as an aware datetime (ISO 8601 with its offset, or Z), None when
+    absent, or BadParameter."""
+    text = params.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        value = datetime.fromisoformat(text.strip()) if len(text) <= 40 else None
+    except ValueError:
+        value = None
+    if value is None or value.tzinfo is None:
+        raise BadParameter(name, "must be an ISO 8601 time with its offset (2026-11-30T12:00:00Z)")
+    return value
 
 
 class BoundedLimitOffsetPagination(LimitOffsetPagination):

@@ -1,5 +1,9 @@
 """REST endpoints for experiments (SPEC §4): tenant-scoped like jobs, an experiment another tenant owns
 is a 404. The trials themselves are jobs: their logs, metrics and actions are the jobs endpoints'."""
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.response import Response
@@ -7,11 +11,14 @@ from rest_framework.views import APIView
 
 from jobs import deletion, experiments
 from jobs.api import TenantScoped
-from jobs.bounds import BoundedMultiPartParser, whole_number
+from jobs.bounds import BoundedMultiPartParser, moment, whole_number
 from jobs.models import Experiment, MetricPoint
 from jobs.serializers import ErrorSerializer, SubmitRequestSerializer
 
 MAX_POINTS = 100_000  # metric points in one answer of /metrics/ (after= pages on)
+# How far before an answer was read its `next_changed_after` lies: a change stamped before the read but
+# committed after it (a scheduling pass's transaction) is then in the next answer too.
+CHANGES_OVERLAP = timedelta(seconds=60)
 
 
 # --- what answers look like --------------------------------------------------------------------------
@@ -62,11 +69,12 @@ class ExperimentDetailSerializer(ExperimentSerializer):
     searcher_settings = serializers.DictField(source="spec.searcher", help_text="the manifest's searcher block")
     rungs = serializers.SerializerMethodField()
     trials = serializers.SerializerMethodField()
+    next_changed_after = serializers.SerializerMethodField()
     manifest_yaml = serializers.CharField(help_text="as submitted, data-store credentials redacted")
 
     class Meta(ExperimentSerializer.Meta):
         fields = ExperimentSerializer.Meta.fields + ["hyperparameters", "searcher_settings", "rungs", "trials",
-                                                     "manifest_yaml"]
+                                                     "next_changed_after", "manifest_yaml"]
 
     def get_rungs(self, experiment) -> list[int]:
         """ASHA's milestones (steps of the metric); [] for other searchers."""
@@ -74,7 +82,15 @@ class ExperimentDetailSerializer(ExperimentSerializer):
 
     @extend_schema_field(TrialSerializer(many=True))
     def get_trials(self, experiment):
-        return TrialSerializer(experiments.trials_of(experiment), many=True).data
+        """Every trial; with ?changed_after=, those that (or whose jobs) changed since then."""
+        trials = experiments.trials_of(experiment)
+        if (since := self.context.get("changed_after")) is not None:
+            trials = trials.filter(Q(updated_at__gte=since) | Q(job__updated_at__gte=since))
+        return TrialSerializer(trials, many=True).data
+
+    def get_next_changed_after(self, experiment) -> datetime:
+        """Pass as ?changed_after= to be sent only the trials changed since this answer."""
+        return self.context.get("read_at", timezone.now()) - CHANGES_OVERLAP
 
 
 class ExperimentListSerializer(serializers.Serializer):
@@ -138,9 +154,13 @@ class ExperimentList(Scoped, APIView):
 
 
 class ExperimentDetail(Scoped, APIView):
-    @extend_schema(responses={200: ExperimentDetailSerializer})
+    @extend_schema(parameters=[OpenApiParameter(
+        "changed_after", str, description="an earlier answer's `next_changed_after`: `trials` then holds only "
+                                          "the trials that changed since (the page's refreshes ask this way)")],
+        responses={200: ExperimentDetailSerializer})
     def get(self, request, experiment_id):
-        return Response(ExperimentDetailSerializer(self.experiment()).data)
+        context = {"read_at": timezone.now(), "changed_after": moment(request.query_params, "changed_after")}
+        return Response(ExperimentDetailSerializer(self.experiment(), context=context).data)
 
     @extend_schema(request=None, responses={
         202: OpenApiResponse(ExperimentDetailSerializer, description=(

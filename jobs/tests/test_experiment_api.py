@@ -3,8 +3,8 @@ and tenant scoping (another tenant's experiment is a 404)."""
 import pytest
 from django.utils import timezone
 
-from jobs import experiments
-from jobs.models import Experiment, MetricPoint
+from jobs import experiment_api, experiments
+from jobs.models import Experiment, Job, MetricPoint, Trial
 from tests.support.builders import client_for, member, record_sends, tar_gz, upload
 
 pytestmark = pytest.mark.django_db
@@ -53,6 +53,34 @@ def test_create_list_show_and_the_metric_of_every_trial(alice):
     assert [e["id"] for e in listed] == [body["id"]]
     assert client.get("/api/v1/experiments/?state=completed").json()["results"] == []
     assert client.get("/api/v1/experiments/?state=nope").status_code == 400
+
+
+def test_a_refresh_asks_only_for_the_trials_that_changed_since_the_answer_before(alice):
+    client = client_for(alice)
+    created = post(client).json()
+    experiments.advance(created["id"])
+    long_ago = timezone.now() - 10 * experiment_api.CHANGES_OVERLAP  # the trials were started a while ago
+    Trial.objects.filter(experiment_id=created["id"]).update(updated_at=long_ago)
+    Job.objects.filter(trial__experiment_id=created["id"]).update(updated_at=long_ago)
+    url = f"/api/v1/experiments/{created['id']}/"
+    first = client.get(url).json()
+    assert [t["number"] for t in first["trials"]] == [0, 1]
+    unchanged = client.get(url, {"changed_after": first["next_changed_after"]}).json()
+    assert unchanged["trials"] == [] and unchanged["state"] == "ACTIVE"
+    Trial.objects.filter(experiment_id=created["id"], number=0).update(value=0.5, updated_at=timezone.now())
+    Job.objects.filter(trial__experiment_id=created["id"], trial__number=1).update(
+        status="PENDING", updated_at=timezone.now())  # its job was admitted
+    changed = client.get(url, {"changed_after": unchanged["next_changed_after"]}).json()
+    assert [(t["number"], t["value"], t["job_status"]) for t in changed["trials"]] == [
+        (0, 0.5, "QUEUED"), (1, None, "PENDING")]
+
+
+@pytest.mark.parametrize("value", ["yesterday", "2026-11-30T12:00:00", "2026-11-30T12:00:00+99:00", "1" * 41])
+def test_a_changed_after_that_is_no_time_with_its_offset_is_a_400_naming_it(alice, value):
+    client = client_for(alice)
+    created = post(client).json()
+    refused = client.get(f"/api/v1/experiments/{created['id']}/", {"changed_after": value})
+    assert refused.status_code == 400 and refused.json()["field"] == "changed_after"
 
 
 def test_a_bad_manifest_is_a_400_naming_the_field(alice):

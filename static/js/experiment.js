@@ -2,8 +2,8 @@
  * ticked for Compare, the searcher's metric charted per trial (the job page's charts, one line per trial),
  * the best value over time, and the parallel-coordinates view (parallel.js).
  *
- * The server rendered the header and the table; this script reads GET /api/v1/experiments/<id>/ and its
- * metrics/ (from the last point it has, `after`), and until the experiment has finished asks again every
+ * The server rendered the header and the table; this script reads GET /api/v1/experiments/<id>/ (then
+ * only the trials changed since, `changed_after`) and its metrics/ (from the last point it has, `after`), and until the experiment has finished asks again every
  * few seconds and brings the header, the table and the charts up to date; once finished, now and then,
  * to find it deleted. Pause, Resume and Kill are the template's forms; Delete, which a form cannot send, is
  * sent from here.
@@ -484,10 +484,24 @@
     refreshIn(finished ? FINISHED_REFRESH_MS : document.hidden ? 5 * REFRESH_MS : REFRESH_MS);
   }
 
+  // Every trial as last heard of, by number: after the first answer, each asks only for the trials
+  // that changed since the one before (`next_changed_after`), which an experiment of thousands needs.
+  const trialsByNumber = new Map();
+  let changedAfter = null;
+
+  /** The experiment's answer, its `trials` every trial heard of so far, in number order. */
+  async function readDetail() {
+    const detail = await T.getJson(api(changedAfter ? `?changed_after=${encodeURIComponent(changedAfter)}` : ""));
+    for (const trial of detail.trials) trialsByNumber.set(trial.number, trial);
+    detail.trials = [...trialsByNumber.values()].sort((a, b) => a.number - b.number);
+    changedAfter = detail.next_changed_after;
+    return detail;
+  }
+
   async function refreshOnce() {
     let detail;
     try {
-      detail = await T.getJson(api(""));
+      detail = await readDetail();
       renderHeader(detail);
       renderTrials(detail);
       drawParallel(detail);
