@@ -56,6 +56,7 @@ class FreeMap:
                 self.buckets[len(state.gpu_ids)][state] = None
                 self._count_free(len(state.gpu_ids), state.cpus, state.memory)
         self._ever_hosts = {}
+        self._kinds = None
         # Most of a long queue does not fit once the cluster is full: remember, per job shape, the
         # version of the free map at which it did not fit (and why), until something changes.
         self.version = 0
@@ -103,9 +104,21 @@ class FreeMap:
         """Learners of this shape the schedulable cluster could hold if it were empty."""
         key = (per.gpus, per.cpus, per.memory_bytes)
         if key not in self._ever_hosts:
-            self._ever_hosts[key] = sum(learners_hosted(n.total_gpus, n.total_cpus, n.total_memory, per)
-                                        for n in self.nodes.values() if n.schedulable)
+            # By kind of node, not node by node: a queue whose jobs are each of a shape of their own
+            # would otherwise cost a scan of the cluster per job.
+            self._ever_hosts[key] = sum(count * learners_hosted(gpus, cpus, memory, per)
+                                        for (gpus, cpus, memory), count in self._node_kinds().items())
         return self._ever_hosts[key]
+
+    def _node_kinds(self):
+        """{(GPUs, CPUs, memory) of a schedulable node: how many such nodes}; a cluster has few kinds."""
+        if self._kinds is None:
+            self._kinds = {}
+            for state in self.nodes.values():
+                if state.schedulable:
+                    kind = (state.total_gpus, state.total_cpus, state.total_memory)
+                    self._kinds[kind] = self._kinds.get(kind, 0) + 1
+        return self._kinds
 
     def _find(self, per, packing):
         gpus = per.gpus
@@ -228,7 +241,7 @@ class FreeMap:
 
     def _explain(self, per, learners):
         if self.ever_hosts(per) < learners:
-            biggest = max((n.total_gpus for n in self.nodes.values() if n.schedulable), default=0)
+            biggest = max((gpus for gpus, _, _ in self._node_kinds()), default=0)
             return (f"needs {learners_of(learners, per.gpus)} with {cpus_text(per.cpus)} and {gib(per.memory_bytes)} "
                     f"per learner; the cluster can never hold it (largest node has {gpus_text(biggest)})")
         gpus = per.gpus

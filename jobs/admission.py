@@ -256,7 +256,9 @@ def _schedule_with_yielding(snapshot, queue, yielding):
     an elastic job holds beyond its minimum waits while that job shrinks to the learners it keeps;
     preemption (of any job) is only chosen when even that is not room enough.
     Returns (decisions, {elastic job id: (placement it keeps, why)})."""
-    calm = dataclasses.replace(_policy(), preemption=False, consolidate=False, reservations=0)
+    # Nodes held for a job that waited long stay held in the first pass too: backfilling them there
+    # would let later jobs take, while any elastic job could shrink, what the hold keeps for it.
+    calm = dataclasses.replace(_policy(), preemption=False, consolidate=False)
     first = scheduler.schedule(snapshot, queue, calm)
     rest = [w for w in queue if w.job_id not in first.admitted]
     if not rest:
@@ -265,8 +267,10 @@ def _schedule_with_yielding(snapshot, queue, yielding):
                                   learners=len(first.admitted[w.job_id]), queued_at=None)
               for w in queue if w.job_id in first.admitted]
     running = {w.job_id: w for w in snapshot.running}
-    trimmed = [dataclasses.replace(w, placement=w.placement[:yielding[w.job_id]]) if w.job_id in yielding else w
-               for w in snapshot.running]
+    # A trimmed job is a whole job at its minimum: still a victim of reclaim and of priority, as it
+    # would be had it never grown (a job placed short of its learners is never one).
+    trimmed = [dataclasses.replace(w, placement=w.placement[:keep], learners=keep)
+               if (keep := yielding.get(w.job_id)) is not None else w for w in snapshot.running]
     second = scheduler.schedule(dataclasses.replace(snapshot, running=tuple(trimmed + placed)), rest, _policy())
     lent = {(p.node, gpu): job_id for job_id, keep in yielding.items()
             for p in running[job_id].placement[keep:] for gpu in p.gpu_ids}
@@ -287,6 +291,8 @@ def _schedule_with_yielding(snapshot, queue, yielding):
                                      "shrink and make room")
     shrinks = {}
     for lender, (gpus, queued) in taken.items():
+        if lender in decisions.preempt:
+            continue  # halted whole: it frees its GPUs without a resize
         keep = tuple(p for p in running[lender].placement if not any((p.node, g) in gpus for g in p.gpu_ids))
         why = f"making room for {job_seen_by(running[lender].tenant, queued)}"
         shrinks[lender] = ([{"node": p.node, "gpu_ids": list(p.gpu_ids)} for p in keep], why)

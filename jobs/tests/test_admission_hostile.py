@@ -1,0 +1,86 @@
+"""Admission against a noisy neighbour: what one tenant runs or queues must not keep another from its
+guaranteed quota, its fair share or a cycle of its own."""
+from types import SimpleNamespace
+
+import pytest
+
+from jobs import admission
+from jobs.backends.base import Capacity, Node
+from jobs.models import Job, Learner, Status
+from jobs.states import transition
+from tenants.models import Quota
+from tests.support.builders import job, member, record_sends
+
+pytestmark = pytest.mark.django_db
+
+# An elastic job that needs at least 2 learners of one GPU, and may grow to 4.
+ELASTIC_MIN_2 = """
+name: elastic
+learners: 2
+gpus: 1
+cpus: 1
+memory: 1GiB
+framework: {name: custom, command: sh run.sh}
+elastic: {min_learners: 2, max_learners: 4}
+"""
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    return record_sends(monkeypatch)
+
+
+@pytest.fixture
+def one_node(monkeypatch):
+    """The backend reports one node of 4 GPUs."""
+    capacity = Capacity(nodes=(Node("local", 4, 64.0, 256 * 2**30),))
+    monkeypatch.setattr(admission, "get_backend", lambda: SimpleNamespace(capacity=lambda: capacity))
+
+
+def running(row, gpus):
+    """Admitted on these GPUs of the node, every learner running."""
+    row = transition(row.id, Status.PENDING, actor="scheduler", learners=len(gpus),
+                     placement=[{"node": "local", "gpu_ids": [g]} for g in gpus])
+    for index in range(row.learners):
+        Learner.objects.create(job=row, attempt=row.attempt, index=index, state=Learner.State.RUNNING)
+    return transition(row.id, Status.PROCESSING, actor="lifecycle-manager", reason="training")
+
+
+@pytest.mark.parametrize("gpus", [[0, 1], [0, 1, 2]], ids=["at-its-minimum", "grown-past-it"])
+def test_it_reclaims_a_guaranteed_quota_from_an_elastic_job_grown_past_its_minimum(one_node, sent, gpus):
+    """team-a (1 GPU guaranteed, may borrow) runs an elastic job of at least 2 learners, at 2 or grown
+    to 3 on idle GPUs; team-b's 4-GPU job fits in its own quota. Shrinking to the minimum is not room
+    enough, so the borrowed job is reclaimed, whatever size it grew to."""
+    borrower, owner = member("team-a", "alice"), member("team-b", "bob")
+    Quota.objects.update_or_create(tenant=borrower.tenant, defaults={"gpus": 1, "can_borrow": True})
+    Quota.objects.update_or_create(tenant=owner.tenant, defaults={"gpus": 4, "can_borrow": False})
+    elastic = running(job(borrower, manifest_yaml=ELASTIC_MIN_2, gpus=1, learners=len(gpus)), gpus=gpus)
+    guaranteed = job(owner, gpus=4, learners=1)
+    admission.run_cycle()
+    elastic.refresh_from_db()
+    assert elastic.status == Status.HALTING and elastic.preempted_reason.startswith("reclaimed")
+    waiting = Job.objects.get(pk=guaranteed.pk)
+    assert waiting.status == Status.QUEUED and "being freed by preemption" in waiting.wait_reason
+
+
+ELASTIC_MIN_1 = ELASTIC_MIN_2.replace("min_learners: 2", "min_learners: 1")
+
+
+@pytest.mark.parametrize("elastic", [False, True], ids=["a-fixed-job", "an-elastic-job-past-its-minimum"])
+def test_a_job_that_waited_long_keeps_its_held_node_while_an_elastic_job_could_shrink(one_node, sent, elastic):
+    """team-b's 4-GPU job has waited past the reservation age; the node is held for it, so a later
+    small job of another tenant does not take the GPU that is free. team-a's job on two of the GPUs
+    being elastic (it could shrink to one) must not lift that hold."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    manifest = {"manifest_yaml": ELASTIC_MIN_1} if elastic else {}
+    neighbour = running(job(member("team-a", "alice"), gpus=1, learners=2, **manifest), gpus=[0, 1])
+    running(job(member("team-c", "carol"), gpus=1, learners=1), gpus=[2])
+    big = job(member("team-b", "bob"), gpus=4, learners=1)
+    Job.objects.filter(pk=big.pk).update(updated_at=timezone.now() - timedelta(hours=5))
+    small = job(member("team-d", "dave"), gpus=1, learners=1)
+    admission.run_cycle()
+    assert Job.objects.get(pk=small.pk).status == Status.QUEUED
+    assert "held for it" in Job.objects.get(pk=big.pk).wait_reason
+    assert Job.objects.get(pk=neighbour.pk).status == Status.PROCESSING
