@@ -47,11 +47,13 @@ from django.utils import timezone
 
 from gpu_scheduler import elastic as optimizer
 from gpu_scheduler import throughput
+from gpu_scheduler.model import Resources
+from gpu_scheduler.placement import learners_hosted
 from jobs import admission, elastic_timeline, lifecycle
 from jobs.backends import get_backend
 from jobs.models import ACTIVE, Allocation, Job, MetricPoint, ResourceSample, Status
 from tenants import quotas
-from tenants.models import UsageRecord
+from tenants.models import Quota, UsageRecord
 from trainyard import elasticity
 
 log = logging.getLogger(__name__)
@@ -157,6 +159,8 @@ def _candidates(active, now):
     pass for every other tenant's (a job whose reads fail is left as it is, and logged)."""
     candidates = []
     for job in active:
+        if not _may_be_candidate(job):
+            continue  # no savepoint for each of the other tenants' running jobs
         try:
             with transaction.atomic():  # a savepoint: a failed read leaves the pass's transaction usable
                 candidate = _candidate(job, now)
@@ -168,9 +172,15 @@ def _candidates(active, now):
     return candidates
 
 
+def _may_be_candidate(job):
+    """An elastic job training on GPUs and not being halted: what _candidate asks first, read from the row."""
+    return bool((job.runtime or {}).get("elastic") and job.gpus and job.status == Status.PROCESSING
+                and not job.preempted_reason)
+
+
 def _candidate(job, now):
     elastic = elasticity.of(job)
-    if elastic is None or not job.gpus or job.status != Status.PROCESSING or job.preempted_reason:
+    if elastic is None or not _may_be_candidate(job):
         return None
     current = elastic_timeline.of_attempt(job)
     if job.batch_request is not None and _unapplied_for(job, now) > BATCH_CHANGE_PATIENCE_S:
@@ -209,24 +219,35 @@ def _gpus_released_since(moment):
 
 def _reserved_for_queue(nodes, held, active):
     """{node: idle GPUs kept for queued jobs}: what the queued jobs that wait for capacity (not for
-    their tenant's quota) need at least (an elastic one its minimum), taken from the idle GPUs, the
-    nodes with the most first. The autoscaler never grows onto them, so a queued job is admitted by
-    the next cycle once they are enough, rather than waiting for an elastic job to shrink again."""
+    their tenant's quota or spent hard budget, nor for a cluster that can never hold them) need at
+    least (an elastic one its minimum), taken from the idle GPUs, the nodes with the most first. The
+    autoscaler never grows onto them, so a queued job is admitted by the next cycle once they are
+    enough, rather than waiting for an elastic job to shrink again."""
     need = 0
     used = {}
     for job in active:
         used[job.tenant_id] = used.get(job.tenant_id, 0) + sum(len(p["gpu_ids"]) for p in job.placement)
-    tenant_quotas = {}
+    tenant_quotas, hosted = {}, {}
+    schedulable = [n for n in nodes if n.schedulable]
     for job in Job.objects.filter(status=Status.QUEUED, gpus__gt=0).select_related("tenant").only(
-            "id", "tenant", "learners", "gpus", "runtime"):
+            "id", "tenant", "learners", "gpus", "cpus", "memory_bytes", "runtime"):
         elastic = elasticity.of(job)
-        gpus = (elastic.min_learners if elastic else job.learners) * job.gpus
+        learners = elastic.min_learners if elastic else job.learners
+        gpus = learners * job.gpus
         if job.tenant_id not in tenant_quotas:
-            tenant_quotas[job.tenant_id] = quotas.quota_of(job.tenant)
+            tenant_quotas[job.tenant_id] = _startable_quota(job.tenant)
         quota = tenant_quotas[job.tenant_id]
+        if quota is False:
+            continue  # its tenant's hard budget is spent: nothing of it starts, whatever is idle
         if quota is not None and quota.gpus is not None and not quota.can_borrow \
                 and used.get(job.tenant_id, 0) + gpus > quota.gpus:
             continue  # it waits for its tenant's quota, which no grow of another job's takes
+        shape = (job.gpus, job.cpus, job.memory_bytes)
+        if shape not in hosted:
+            per = Resources(*shape)
+            hosted[shape] = sum(learners_hosted(n.gpus, n.cpus, n.memory_bytes, per) for n in schedulable)
+        if hosted[shape] < learners:
+            continue  # the cluster can never hold it: keeping GPUs idle for it would keep them idle for good
         need += gpus
     idle = {n.name: n.gpus - sum(1 for node, _ in held if node == n.name) for n in nodes if n.schedulable}
     reserved = {}
@@ -238,19 +259,30 @@ def _reserved_for_queue(nodes, held, active):
     return reserved
 
 
+def _startable_quota(tenant):
+    """The tenant's quota (None: none), or False when its hard budget is spent (admission starts none
+    of its jobs then)."""
+    quota = quotas.quota_of(tenant)
+    if quota is not None and quotas.budget_state(quota, quotas.usage_of(tenant, quota=quota))[0] == "hard_exceeded":
+        return False
+    return quota
+
+
 def _tenant_gpus_left(active, mine):
     """tenant slug -> GPUs its elastic candidates may hold in all, for tenants whose GPU quota binds
     them (no borrowing); GPUs its other jobs hold count against it."""
-    left = {}
+    others, tenants = {}, {}
     for job in active:
-        if job.tenant.slug in left:
-            continue
-        quota = quotas.quota_of(job.tenant)
+        tenants[job.tenant_id] = job.tenant
+        if job.id not in mine:
+            others[job.tenant_id] = others.get(job.tenant_id, 0) + sum(len(p["gpu_ids"]) for p in job.placement)
+    left = {}
+    quota_of = {quota.tenant_id: quota for quota in Quota.objects.filter(tenant_id__in=tenants)}  # one read
+    for tenant_id, tenant in tenants.items():
+        quota = quota_of.get(tenant_id)
         if quota is None or quota.gpus is None or quota.can_borrow:
             continue
-        others = sum(len(p["gpu_ids"]) for j in active if j.tenant_id == job.tenant_id and j.id not in mine
-                     for p in j.placement)
-        left[job.tenant.slug] = max(0, quota.gpus - others)
+        left[tenant.slug] = max(0, quota.gpus - others.get(tenant_id, 0))
     return left
 
 
