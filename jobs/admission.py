@@ -64,7 +64,8 @@ def run_cycle():
         # As a subquery: Django compiles a list of every queued and active id slowly into the statement.
         attained = quotas.earlier_gpu_seconds(Job.objects.filter(status__in=(Status.QUEUED, *ACTIVE)).values("id"))
         snapshot = scheduler.Snapshot(nodes=nodes, tenants={p.name: p for p in tenants.values()},
-                                      running=tuple(_workload(job, tenants, attained) for job in running),
+                                      running=_holding_what_nodes_have(
+                                          [_workload(job, tenants, attained) for job in running], nodes),
                                       now=timezone.now().timestamp())
         queue = [_workload(job, tenants, attained) for job in queued]
         yielding = _yielding(running)
@@ -82,6 +83,31 @@ def run_cycle():
         _record_wait_reasons(_reasons_to_write(decisions.waiting, by_id))
     prometheus_series.SCHEDULING_CYCLE.observe(time.perf_counter() - started)
     return admitted
+
+
+def _holding_what_nodes_have(running, nodes):
+    """The running workloads, each holding only GPUs its nodes report and no other job holds: a GPU a
+    node no longer reports (failed, taken out by its device plugin) or a placement written twice made
+    the scheduler refuse the snapshot, and so every cycle, for every tenant, until that job ended.
+    Such a GPU holds nothing placeable now, and the job keeps the rest; the error names it."""
+    gpus = {node.name: node.gpus for node in nodes}
+    held, kept = set(), []
+    for workload in running:
+        placement = []
+        for place in workload.placement:
+            ids = place.gpu_ids
+            if place.node in gpus:  # a node that left the cluster the scheduler passes over itself
+                ids = tuple(g for g in ids if 0 <= g < gpus[place.node] and (place.node, g) not in held)
+                held.update((place.node, g) for g in ids)
+            if ids != place.gpu_ids:
+                log.error("job %s holds GPU(s) %s of node %s, which reports %d or another job holds; left out "
+                          "of this cycle", workload.job_id, ", ".join(str(g) for g in place.gpu_ids if g not in ids),
+                          place.node, gpus[place.node])
+                place = scheduler.Placement(place.node, ids)
+            placement.append(place)
+        placement = tuple(placement)
+        kept.append(workload if placement == workload.placement else dataclasses.replace(workload, placement=placement))
+    return tuple(kept)
 
 
 def _cycle_rows(jobs):

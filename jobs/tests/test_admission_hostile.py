@@ -84,3 +84,24 @@ def test_a_job_that_waited_long_keeps_its_held_node_while_an_elastic_job_could_s
     assert Job.objects.get(pk=small.pk).status == Status.QUEUED
     assert "held for it" in Job.objects.get(pk=big.pk).wait_reason
     assert Job.objects.get(pk=neighbour.pk).status == Status.PROCESSING
+
+
+@pytest.mark.parametrize("held", [[3], [0]], ids=["a-GPU-the-node-no-longer-reports", "a-GPU-another-job-holds"])
+def test_a_placement_the_nodes_cannot_hold_costs_its_own_gpu_not_every_tenants_cycle(monkeypatch, sent, held, caplog):
+    """The node reports 3 GPUs now (one failed, or its device plugin took it out), or two rows hold
+    GPU 0: the scheduler refused the snapshot, and every cycle failed for every tenant until that job
+    ended. The cycle goes on without that GPU, saying so; what each job holds elsewhere stays held."""
+    capacity = Capacity(nodes=(Node("local", 3, 64.0, 256 * 2**30),))
+    monkeypatch.setattr(admission, "get_backend", lambda: SimpleNamespace(capacity=lambda: capacity))
+    alice, bob = member("team-a", "alice"), member("team-b", "bob")
+    first = running(job(alice, gpus=1, learners=1), gpus=[0])
+    odd = running(job(alice, gpus=1, learners=1), gpus=[1])
+    Job.objects.filter(pk=odd.pk).update(placement=[{"node": "local", "gpu_ids": held}])
+    waiting = job(bob, gpus=1, learners=1)
+    two = job(bob, gpus=2, learners=1)
+    assert admission.run_cycle() == [waiting.id]  # onto a GPU nobody holds
+    waiting.refresh_from_db()
+    assert waiting.placement[0]["gpu_ids"] in ([1], [2]) and waiting.placement[0]["gpu_ids"] != held
+    assert Job.objects.get(pk=two.pk).status == Status.QUEUED  # one GPU is left, not two
+    # Of two rows holding one GPU, whichever the cycle read second is named.
+    assert any(f"job {row.id} holds GPU(s) {held[0]} of node local" in caplog.text for row in (first, odd))
