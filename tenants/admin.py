@@ -3,7 +3,10 @@ usage records and the audit log. Quota changes made here reach queued jobs at on
 save re-runs the scheduler)."""
 from django.contrib import admin
 from django.db.models import Count
+from django.template.defaultfilters import pluralize
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 
 from tenants import quotas
 from tenants.models import (ApiToken, AuditEntry, GroupMapping, Invitation, Membership, Quota, SsoIdentity, Tenant,
@@ -42,20 +45,17 @@ class QuotaInline(admin.StackedInline):
     ]
 
 
-class MembershipInline(admin.TabularInline):
-    model = Membership
-    extra = 0
-    autocomplete_fields = ["user"]
-
-
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "member_count", "gpus_now", "gpu_hours_this_period", "jobs_now", "budget_mode"]
     list_filter = ["quota__budget_mode", "quota__can_borrow", "quota__period", ("quota", admin.EmptyFieldListFilter)]
     search_fields = ["slug", "name", "memberships__user__username"]
-    readonly_fields = ["usage_summary"]
-    fields = ["slug", "name", "usage_summary"]
-    inlines = [QuotaInline, MembershipInline]
+    readonly_fields = ["member_pages", "usage_summary"]
+    fields = ["slug", "name", "member_pages", "usage_summary"]
+    # Members are listed and changed on their own pages (MembershipAdmin), a page at a time: as rows of
+    # this form, a large tenant's page grew with every member and its quota could no longer be saved
+    # (a form holds at most DATA_UPLOAD_MAX_NUMBER_FIELDS fields).
+    inlines = [QuotaInline]
     actions = None
 
     def get_queryset(self, request):
@@ -63,9 +63,14 @@ class TenantAdmin(admin.ModelAdmin):
 
     @staticmethod
     def _summary(tenant):
-        # Computed once per row: the list shows several columns from it.
+        """What the list's columns show: the quota (read with the row) and usage now and this period.
+        Computed once per row, and only that: the full summary also sums every file the tenant keeps
+        and six periods of history, which made each tenant's size every list page's cost."""
         if not hasattr(tenant, "_usage_summary"):
-            tenant._usage_summary = quotas.summary(tenant)
+            quota = getattr(tenant, "quota", None) or Quota(tenant=tenant)
+            usage = quotas.usage_of(tenant, quota=quota)
+            tenant._usage_summary = {"quota": quota.as_dict(), "usage": {
+                "gpus": usage.gpus, "jobs": usage.jobs, "gpu_hours": usage.gpu_hours}}
         return tenant._usage_summary
 
     @admin.display(description="members", ordering="members")
@@ -90,6 +95,15 @@ class TenantAdmin(admin.ModelAdmin):
     @admin.display(description="budget")
     def budget_mode(self, tenant):
         return self._summary(tenant)["quota"]["budget_mode"] if hasattr(tenant, "quota") else "-"
+
+    @admin.display(description="members")
+    def member_pages(self, tenant):
+        if tenant.pk is None:
+            return "-"
+        listed = reverse("admin:tenants_membership_changelist") + "?" + urlencode({"tenant__id__exact": tenant.pk})
+        add = reverse("admin:tenants_membership_add") + "?" + urlencode({"tenant": tenant.pk})
+        return format_html('<a href="{}">{} member{}</a> · <a href="{}">add one</a>',
+                           listed, tenant.members, pluralize(tenant.members), add)
 
     @admin.display(description="usage")
     def usage_summary(self, tenant):
@@ -131,6 +145,24 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    """Who belongs to which tenant with which role, a page at a time (a tenant's page links its own).
+    Platform admins add people here directly; tenant admins invite them (tenants.people)."""
+    list_display = ["user", "tenant", "role"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__slug"]
+    list_select_related = ["user", "tenant"]
+    autocomplete_fields = ["user"]
+    fields = ["tenant", "user", "role"]
+    ordering = ["tenant__slug", "user__username"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # A membership is one person's in one tenant: moved to another, it would keep what was shared
+        # with the first (taken back only when it is deleted). Delete it and add the other instead.
+        return ["tenant", "user"] if obj is not None else []
+
+
 @admin.register(UsageRecord)
 class UsageRecordAdmin(ReadOnlyAdmin):
     list_display = ["job", "tenant", "user", "attempt", "gpus", "cpus", "started_at", "ended_at"]
@@ -146,6 +178,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     list_filter = ["target_type", "action", "tenant"]
     search_fields = ["actor", "target"]
     date_hierarchy = "time"
+    list_select_related = ["tenant"]  # an entry's tenant may be empty, which select_related() leaves out
 
 
 @admin.register(ApiToken)
@@ -155,7 +188,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
     search_fields = ["user__username", "name", "prefix"]
     # The key itself is never stored; its hash is not worth showing either.
     exclude = ["key_hash"]
-    readonly_fields = ["prefix", "created_at", "last_used_at"]
+    # A key acts as its user until it expires or is revoked: the console may revoke one (or rename it),
+    # never hand it to someone else, lengthen it, or bring a revoked one back.
+    readonly_fields = ["user", "prefix", "created_at", "last_used_at", "expires_at"]
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is not None and obj.revoked_at is not None:
+            return [*self.readonly_fields, "revoked_at"]
+        return self.readonly_fields
 
     def has_add_permission(self, request):
         # A key is shown once, to the person it is made for (their Account page, the API); one made
@@ -166,7 +206,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 @admin.register(Invitation)
 class InvitationAdmin(admin.ModelAdmin):
     """Invitations waiting for an answer; an operator may withdraw one (delete). Nobody joins through
-    here: platform admins add members directly on the tenant's page."""
+    here: platform admins add members directly (MembershipAdmin, linked from the tenant's page)."""
     list_display = ["username", "tenant", "role", "invited_by", "created_at"]
     list_filter = ["tenant", "role"]
     search_fields = ["username", "tenant__slug", "invited_by"]

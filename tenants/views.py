@@ -71,8 +71,10 @@ def _sentence(text):
 
 
 def _number(value):
-    """A form's id field as a number; anything else matches no row (0)."""
-    return int(value) if str(value or "").isdigit() else 0
+    """A form's id field as a number; anything else matches no row (0). ASCII digits only: str.isdigit()
+    also takes characters such as "²", which int() refuses; and no more than a database id holds."""
+    value = str(value or "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else 0
 
 
 @login_required

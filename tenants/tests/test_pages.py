@@ -1,12 +1,16 @@
 """The members and tokens pages of the portal."""
+import json
+import re
 from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from tenants.models import ApiToken, AuditEntry, Invitation, Membership
-from tests.support.builders import logged_in, member
+from tests.support.builders import job, logged_in, member
 
 pytestmark = pytest.mark.django_db
 
@@ -89,3 +93,50 @@ def test_a_user_of_no_tenant_is_told_so_once_and_a_tenant_not_theirs_is_refused(
     body = home.content.decode()
     assert home.status_code == 200 and body.count("account page") == 1, body
     assert page.get("/", {"tenant": "team-a"}).status_code == 403
+
+
+def _rows_read(sql):
+    """The most rows any step of the query's plan produced, run for real (EXPLAIN ANALYZE)."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+
+    def walk(node):
+        yield node["Actual Rows"] * node["Actual Loops"]
+        for child in node.get("Plans", []):
+            yield from walk(child)
+    return max(walk(plan[0]["Plan"]))
+
+
+def test_it_counts_every_tenants_members_and_jobs_without_pairing_them():
+    # Counted through one join, each tenant's members were paired with each of its jobs: a large tenant
+    # made the overview read members x jobs rows.
+    if connection.vendor != "postgresql":
+        pytest.skip("reads PostgreSQL's plan")
+    alice = member("team-a", "alice")
+    users = get_user_model().objects.bulk_create(get_user_model()(username=f"user-{i}") for i in range(30))
+    Membership.objects.bulk_create(Membership(tenant=alice.tenant, user=user) for user in users)
+    for _ in range(30):
+        job(alice)
+    member("team-b", "bob")
+    page = Client()
+    page.force_login(get_user_model().objects.create_superuser("root", "root@example.org", "pw"))
+    with CaptureQueriesContext(connection) as queries:
+        body = page.get("/").content.decode()
+    assert re.search(r'data-testid="tenant-team-a">.*?<td class="num">31</td><td class="num">30</td>', body, re.S)
+    overview = [q["sql"] for q in queries.captured_queries if '"member_count"' in q["sql"]]
+    assert len(overview) == 1
+    assert _rows_read(overview[0]) <= 31 + 30
+
+
+@pytest.mark.parametrize("action, field, path", [("withdraw", "invitation", "/tenant/members/"),
+                                                 ("revoke", "token", "/account/tokens/"),
+                                                 ("accept", "invitation", "/account/tokens/")])
+def test_it_takes_an_id_field_that_only_looks_like_digits_as_no_row(action, field, path):
+    # "²" is a digit to str.isdigit() and no number to int(); twenty nines no database id: the form's
+    # answer was a server error.
+    alice = member("team-a", "alice", role="admin")
+    page = logged_in(alice)
+    assert page.post(path, {"action": action, field: "²"}).status_code == 302
+    assert page.post(path, {"action": action, field: "9" * 20}).status_code == 302

@@ -161,7 +161,7 @@ def test_the_admin_console_breaks_none_of_the_csp(platform, browser):
     page.click("input[type=submit]")
     page.wait_for_url(platform.url + "/admin/")
     for path in ["/admin/", "/admin/tenants/tenant/", "/admin/tenants/tenant/1/change/", "/admin/jobs/job/",
-                 "/admin/auth/user/add/"]:
+                 "/admin/tenants/membership/add/", "/admin/auth/user/add/"]:
         assert page.goto(platform.url + path).status == 200, path
         page.wait_for_load_state("networkidle")
     assert violations == []
