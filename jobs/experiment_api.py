@@ -15,7 +15,7 @@ from jobs.bounds import BoundedMultiPartParser, moment, whole_number
 from jobs.models import Experiment, MetricPoint
 from jobs.serializers import ErrorSerializer, SubmitRequestSerializer
 
-MAX_POINTS = 100_000  # metric points in one answer of /metrics/ (after= pages on)
+MAX_POINTS = 10_000  # metric points in one answer of /metrics/ (after= pages on), as the jobs' own
 # How far before an answer was read its `next_changed_after` lies: a change stamped before the read but
 # committed after it (a scheduling pass's transaction) is then in the next answer too.
 CHANGES_OVERLAP = timedelta(seconds=60)

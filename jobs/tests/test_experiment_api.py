@@ -83,6 +83,21 @@ def test_a_changed_after_that_is_no_time_with_its_offset_is_a_400_naming_it(alic
     assert refused.status_code == 400 and refused.json()["field"] == "changed_after"
 
 
+def test_the_searchers_metric_comes_in_pages(alice, monkeypatch):
+    monkeypatch.setattr(experiment_api, "MAX_POINTS", 2)
+    client = client_for(alice)
+    created = post(client).json()
+    experiments.advance(created["id"])
+    trial_job = Trial.objects.get(experiment_id=created["id"], number=0).job_id
+    for step in range(5):
+        MetricPoint.objects.create(job_id=trial_job, name="val_acc", step=step, value=step / 10, time=timezone.now())
+    url, after, pages = f"/api/v1/experiments/{created['id']}/metrics/", 0, []
+    while (page := client.get(url, {"after": after}).json())["results"]:
+        pages.append([p["step"] for p in page["results"]])
+        after = page["next_after"]
+    assert pages == [[0, 1], [2, 3], [4]]
+
+
 def test_a_bad_manifest_is_a_400_naming_the_field(alice):
     refused = post(client_for(alice), MANIFEST.replace(b"max_trials: 3", b"max_trials: 0"))
     assert refused.status_code == 400
