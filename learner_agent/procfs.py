@@ -84,6 +84,16 @@ def catches(pid, signum):
     return False
 
 
+def real_uid(pid):
+    """The process's real uid, or None if it is gone. Not the owner of its /proc files, which are root's
+    for a process that made itself non-dumpable (the agent: learner_agent.agent._guard_credential)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
 def start_time(pid):
     """When the process started (clock ticks since boot), or None if it is gone: with its pid, an
     identity a recycled pid cannot fake."""
@@ -97,8 +107,9 @@ def agent_running(folder):
     """Whether the agent of the learner folder `folder` runs: the process its agent.pid names is alive,
     not a zombie, and is that agent, so a recycled pid does not fool us. A cold-started agent's
     command line names the folder's agent.json; a spare that was handed the learner
-    (learner_agent.spare) names only its FIFO, and counts if it started before it wrote the pid file
-    (a process that took the pid over later started after that)."""
+    (learner_agent.spare) names only its FIFO. Either counts only if it runs as our uid (learners run
+    as uids of their own, and can take any command line, another learner's agent.json included) and
+    started before it wrote the pid file (a process that took the pid over later started after that)."""
     pid_file = os.path.join(folder, "agent.pid")
     try:
         with open(pid_file) as f:
@@ -107,12 +118,12 @@ def agent_running(folder):
     except (OSError, ValueError):
         return False
     fields = stat_fields(pid)
-    if fields is None or fields[:1] == [b"Z"]:
+    if fields is None or fields[:1] == [b"Z"] or real_uid(pid) != os.getuid():
         return False
     command = argv(pid)
-    if os.path.join(folder, "agent.json") in " ".join(command):
-        return True
-    return command[1:5] == ["-S", "-m", "learner_agent", "spare"] and _started_before(pid, written_at)
+    ours = (os.path.join(folder, "agent.json") in " ".join(command)
+            or command[1:5] == ["-S", "-m", "learner_agent", "spare"])
+    return ours and _started_before(pid, written_at)
 
 
 def _started_before(pid, moment):

@@ -9,6 +9,7 @@ importable there; that is checked before anything starts. The learners of a dist
 one private network namespace, held per attempt (learner_agent.netns, `attempt-<n>/netns.pid`):
 they reach each other on 127.0.0.1 and nothing else.
 """
+import fcntl
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from jobs.backends.base import (BackendError, Capacity, DeploySpec, LearnerState
 from learner_agent import address, netns, procfs, sandbox, spare, spool, trees
 from learner_agent.agent import agent_argv, clean_environment
 from learner_agent.config import HALT_MARK, ConfigError, parse_config
+from learner_agent.files import write_atomically
 from trainyard import frameworks
 
 log = logging.getLogger(__name__)
@@ -247,12 +249,22 @@ class LocalBackend:
             _signal_agent(folder, signal.SIGUSR1)
 
     def delete(self, *, tenant, job_id, attempt, learners, wait_s=10.0):
-        """Stop every learner of the attempt; SIGKILL what has not stopped after `wait_s`."""
+        """Stop every learner of the attempt; SIGKILL what has not stopped after `wait_s`.
+
+        An agent started a moment ago (a job ended while it was being deployed) has no pid yet for a
+        signal to reach, and would start its learner after this: such a learner is barred instead
+        (_bar_unstarted), or, while its agent holds it but has not written its pid, waited for."""
         folders = [storage.learner_dir(tenant, job_id, attempt, i) for i in range(learners)]
-        for folder in folders:
-            _signal_agent(folder, signal.SIGTERM)
+        waiting, signalled = list(folders), set()
         deadline = time.monotonic() + wait_s
-        while any(_agent_alive(f) for f in folders) and time.monotonic() < deadline:
+        while True:
+            for folder in waiting:
+                if folder not in signalled and _agent_alive(folder):
+                    _signal_agent(folder, signal.SIGTERM)
+                    signalled.add(folder)
+            waiting = [f for f in waiting if _agent_alive(f) or not _bar_unstarted(f)]
+            if not waiting or time.monotonic() >= deadline:
+                break
             time.sleep(0.1)
         for folder in folders:
             _signal_agent(folder, signal.SIGKILL)
@@ -270,6 +282,31 @@ def _disk_config(caps, *, job_dir, work_dir, state_dir):
     return {"disk_caps": [{"name": name, "bytes": caps[name], "paths": paths}
                           for name, paths in folders.items() if caps.get(name)],
             "tmp_bytes": caps.get("tmp")}
+
+
+def _bar_unstarted(folder):
+    """Whether no agent can start the learner of `folder` any more. One that never had an agent
+    (no agent.pid) gets an exit record, written under the agent's lock: an agent that comes later
+    finds it and leaves without running the command (learner_agent.agent._claim_learner). False while
+    an agent holds the lock and has not written its pid yet."""
+    if (folder / "agent.pid").exists() or (folder / "exit.json").exists():
+        return True
+    try:
+        fd = os.open(folder / "agent.lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        return True  # never deployed
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    try:
+        if not (folder / "agent.pid").exists() and not (folder / "exit.json").exists():
+            write_atomically(folder / "exit.json", json.dumps(
+                {"exit_code": None, "reason": "terminated before its learner agent started", "finished_at": time.time()}),
+                durable=True)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _remove_scratch(folder):

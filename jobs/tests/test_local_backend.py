@@ -1,6 +1,11 @@
 """The local backend starting learner agents: detached, with a clean environment, one start-up each."""
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -8,6 +13,7 @@ import pytest
 from jobs.backends import local
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec
 from jobs.backends.local import LocalBackend
+from learner_agent import procfs
 from learner_agent.config import parse_config
 from learner_agent.agent import _CLEAN_ENV_MARK, AGENT_ENV_KEEP, clean_environment
 from tests.support.agent_runs import wait_for, write_agent_config
@@ -204,3 +210,96 @@ def test_each_agent_is_told_where_its_halt_file_is(tmp_path):
         metric_regexes={}, checkpoint_signal="SIGTERM", grace_seconds=5, ingest_url="http://127.0.0.1:1/")
     config = parse_config(LocalBackend()._agent_config(spec, local_learner(), folder), path=str(folder / "agent.json"))
     assert config.halt_file == str(folder / local.HALT_FILE)
+
+
+@pytest.mark.parametrize("spares", [0, 1], ids=["cold-start", "spare"])
+def test_a_learner_deleted_before_its_agent_is_up_never_starts(outside_tmp, ingest, monkeypatch, settings, spares):
+    # A job terminated while it was being deployed: its agent (or the spare handed it) has no pid yet,
+    # so no signal reaches it, and the teardown must still keep its command from ever starting.
+    settings.SPARE_AGENTS = spares
+    backend = LocalBackend()
+    spare_pid = None
+    if spares:
+        if local.SETSID is None:
+            pytest.skip("spares are started with setsid")
+        backend.replenish_spares()
+        wait_for(lambda: list(backend.spare_dir.glob("*.ready")), timeout=20)
+        [spare_pid] = spare_pids(backend.spare_dir)
+    started = Path(outside_tmp) / "started"
+    folder = Path(write_agent_config(outside_tmp, ingest, command=f"touch {started}; sleep 30")).parent
+    monkeypatch.setattr(local.storage, "learner_dir", lambda *a: folder)
+    where = {"tenant": "team-a", "job_id": "training-test0001", "attempt": 1, "learners": 1}
+    try:
+        if spare_pid:
+            os.kill(spare_pid, signal.SIGSTOP)  # a spare is quick, but not always first to run
+        backend._start_agent(folder)
+        backend.delete(**where, wait_s=10)
+        if spare_pid:
+            os.kill(spare_pid, signal.SIGCONT)
+        log = folder / "agent.log"
+        # The agent leaves on finding the learner ended, or locked while that was being written.
+        wait_for(lambda: started.exists() or log.exists() and re.search("not again|leaving it alone", log.read_text()),
+                 timeout=20)
+        assert not started.exists()
+        [learner] = backend.status(**where)
+        assert learner.state == local.LearnerState.EXITED
+        wait_for(lambda: spare_pids(backend.spare_dir) == [], timeout=20)  # the spare handed it left too
+    finally:
+        stop_learner_agents(settings.DATA_DIR, wait_s=5)
+
+
+# Stands for an agent between taking its learner's lock and writing its pid (learner_agent.agent.run_agent);
+# its command line names the learner's agent.json, as an agent's does.
+AGENT_COMING_UP = """
+import fcntl, os, signal, sys, time
+folder = os.path.dirname(sys.argv[1])
+fcntl.flock(os.open(os.path.join(folder, "agent.lock"), os.O_WRONLY | os.O_CREAT), fcntl.LOCK_EX)
+open(os.path.join(folder, "locked"), "w").close()
+time.sleep(1)
+signal.signal(signal.SIGTERM, lambda *_: (open(os.path.join(folder, "terminated"), "w").close(), sys.exit(0)))
+open(os.path.join(folder, "agent.pid"), "w").write(f"{os.getpid()}\\n")
+time.sleep(30)
+"""
+
+
+def test_delete_waits_for_an_agent_that_holds_its_learner_but_has_no_pid_yet_and_stops_it(
+        outside_tmp, ingest, monkeypatch):
+    folder = Path(write_agent_config(outside_tmp, ingest, command="true")).parent
+    monkeypatch.setattr(local.storage, "learner_dir", lambda *a: folder)
+    agent = subprocess.Popen([sys.executable, "-c", AGENT_COMING_UP, str(folder / "agent.json")])
+    try:
+        wait_for(lambda: (folder / "locked").exists(), timeout=20)
+        LocalBackend().delete(tenant="team-a", job_id="training-test0001", attempt=1, learners=1, wait_s=10)
+        assert (folder / "terminated").exists()
+        assert agent.wait(timeout=10) == 0
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def test_a_process_that_took_over_an_agents_pid_does_not_keep_its_learner_running(outside_tmp, ingest, monkeypatch):
+    # A learner can run any command line, one naming another tenant's learner's agent.json too, and
+    # can fork until it gets the pid that learner's agent had: that learner must not look alive for ever
+    # (its job held its room, its teardown never confirmed).
+    folder = Path(write_agent_config(outside_tmp, ingest, command="true")).parent
+    (folder / "exit.json").write_text(json.dumps({"exit_code": 0, "reason": ""}))
+    where = {"tenant": "team-a", "job_id": "training-test0001", "attempt": 1, "learners": 1}
+    monkeypatch.setattr(local.storage, "learner_dir", lambda *a: folder)
+    impostors = []
+
+    def impostor(**kwargs):
+        impostors.append(subprocess.Popen(["/bin/sh", "-c", "sleep 30; true", str(folder / "agent.json")],
+                                          start_new_session=True, **kwargs))
+        wait_for(lambda: procfs.argv(impostors[-1].pid)[-1:] == [str(folder / "agent.json")])
+        (folder / "agent.pid").write_text(f"{impostors[-1].pid}\n")
+    try:
+        impostor(user=2_000_000_123)  # a learner's uid, not the agents'
+        assert [s.state for s in LocalBackend().status(**where)] == [local.LearnerState.EXITED]
+        impostor()  # the agents' uid (a platform not run as root), but started after the pid was written
+        an_hour_ago = time.time() - 3600
+        os.utime(folder / "agent.pid", (an_hour_ago, an_hour_ago))
+        assert [s.state for s in LocalBackend().status(**where)] == [local.LearnerState.EXITED]
+    finally:
+        for process in impostors:
+            os.killpg(process.pid, signal.SIGKILL)  # its sleep too
+            process.wait()
