@@ -91,26 +91,31 @@ def test_the_regex_search_spends_the_learners_cpu_quota(outside_tmp, ingest):
     """The process searching the manifest's regexes is in the learner's control group."""
     if sandbox.bwrap_problem() is not None:
         pytest.skip(f"the learner gets a control group of its own in the sandbox only: {sandbox.bwrap_problem()}")
-    config = write_agent_config(outside_tmp, ingest, command="echo 'epoch 1 loss 0.5'; sleep 30", sandbox="auto",
+    config = write_agent_config(outside_tmp, ingest, command="echo 'epoch 1 loss 0.5'; sleep 30.25", sandbox="auto",
                                 metric_regexes={"train": r"epoch (?P<epoch>\d+) loss (?P<loss>[\d.]+)"})
     agent = start_agent(config)
     try:
         wait_for(lambda: any(r["kind"] == "metric" for r in ingest.stored()))
-        searcher = wait_for(lambda: _process_running("learner_agent.metrics"))
-        learner = wait_for(lambda: _process_running("sleep 30"))
+        agent_pid = wait_for(lambda: _read_pid(config))
+        searcher = wait_for(lambda: _process_running("learner_agent.metrics", parent=agent_pid))
+        learner = wait_for(lambda: _process_running("sleep 30.25"))
         group = _cgroup_of(learner)
         assert "trainyard" in group and _cgroup_of(searcher) == group
     finally:
         stop_process(agent)
 
 
-def _process_running(command):
-    """The pid of a process whose command line holds `command`, or None."""
+def _process_running(command, *, parent=None):
+    """The pid of a process whose command line holds `command` (and whose parent is `parent`), or None."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if command in f.read().replace(b"\0", b" ").decode(errors="replace"):
-                    return int(pid)
+                found = command in f.read().replace(b"\0", b" ").decode(errors="replace")
+            if found and parent is not None:
+                with open(f"/proc/{pid}/stat") as f:
+                    found = int(f.read().rsplit(")", 1)[1].split()[1]) == parent
+            if found:
+                return int(pid)
         except OSError:
             pass
     return None
