@@ -6,23 +6,14 @@ import pytest
 
 from jobs import admission
 from jobs.backends.base import Capacity, Node
-from jobs.models import Job, Learner, Status
-from jobs.states import transition
+from jobs.models import Job, Status
 from tenants.models import Quota
-from tests.support.builders import job, member, record_sends
+from tests.support.builders import ELASTIC_MANIFEST, job, member, record_sends, running_on
 
 pytestmark = pytest.mark.django_db
 
 # An elastic job that needs at least 2 learners of one GPU, and may grow to 4.
-ELASTIC_MIN_2 = """
-name: elastic
-learners: 2
-gpus: 1
-cpus: 1
-memory: 1GiB
-framework: {name: custom, command: sh run.sh}
-elastic: {min_learners: 2, max_learners: 4}
-"""
+ELASTIC_MIN_2 = ELASTIC_MANIFEST.replace("min_learners: 1,", "min_learners: 2,")
 
 
 @pytest.fixture
@@ -37,15 +28,6 @@ def one_node(monkeypatch):
     monkeypatch.setattr(admission, "get_backend", lambda: SimpleNamespace(capacity=lambda: capacity))
 
 
-def running(row, gpus):
-    """Admitted on these GPUs of the node, every learner running."""
-    row = transition(row.id, Status.PENDING, actor="scheduler", learners=len(gpus),
-                     placement=[{"node": "local", "gpu_ids": [g]} for g in gpus])
-    for index in range(row.learners):
-        Learner.objects.create(job=row, attempt=row.attempt, index=index, state=Learner.State.RUNNING)
-    return transition(row.id, Status.PROCESSING, actor="lifecycle-manager", reason="training")
-
-
 @pytest.mark.parametrize("gpus", [[0, 1], [0, 1, 2]], ids=["at-its-minimum", "grown-past-it"])
 def test_it_reclaims_a_guaranteed_quota_from_an_elastic_job_grown_past_its_minimum(one_node, sent, gpus):
     """team-a (1 GPU guaranteed, may borrow) runs an elastic job of at least 2 learners, at 2 or grown
@@ -54,7 +36,7 @@ def test_it_reclaims_a_guaranteed_quota_from_an_elastic_job_grown_past_its_minim
     borrower, owner = member("team-a", "alice"), member("team-b", "bob")
     Quota.objects.update_or_create(tenant=borrower.tenant, defaults={"gpus": 1, "can_borrow": True})
     Quota.objects.update_or_create(tenant=owner.tenant, defaults={"gpus": 4, "can_borrow": False})
-    elastic = running(job(borrower, manifest_yaml=ELASTIC_MIN_2, gpus=1, learners=len(gpus)), gpus=gpus)
+    elastic = running_on(job(borrower, manifest_yaml=ELASTIC_MIN_2, gpus=1, learners=len(gpus)), gpus=gpus)
     guaranteed = job(owner, gpus=4, learners=1)
     admission.run_cycle()
     elastic.refresh_from_db()
@@ -75,8 +57,8 @@ def test_a_job_that_waited_long_keeps_its_held_node_while_an_elastic_job_could_s
 
     from django.utils import timezone
     manifest = {"manifest_yaml": ELASTIC_MIN_1} if elastic else {}
-    neighbour = running(job(member("team-a", "alice"), gpus=1, learners=2, **manifest), gpus=[0, 1])
-    running(job(member("team-c", "carol"), gpus=1, learners=1), gpus=[2])
+    neighbour = running_on(job(member("team-a", "alice"), gpus=1, learners=2, **manifest), gpus=[0, 1])
+    running_on(job(member("team-c", "carol"), gpus=1, learners=1), gpus=[2])
     big = job(member("team-b", "bob"), gpus=4, learners=1)
     Job.objects.filter(pk=big.pk).update(updated_at=timezone.now() - timedelta(hours=5))
     small = job(member("team-d", "dave"), gpus=1, learners=1)
@@ -94,8 +76,8 @@ def test_a_placement_the_nodes_cannot_hold_costs_its_own_gpu_not_every_tenants_c
     capacity = Capacity(nodes=(Node("local", 3, 64.0, 256 * 2**30),))
     monkeypatch.setattr(admission, "get_backend", lambda: SimpleNamespace(capacity=lambda: capacity))
     alice, bob = member("team-a", "alice"), member("team-b", "bob")
-    first = running(job(alice, gpus=1, learners=1), gpus=[0])
-    odd = running(job(alice, gpus=1, learners=1), gpus=[1])
+    first = running_on(job(alice, gpus=1, learners=1), gpus=[0])
+    odd = running_on(job(alice, gpus=1, learners=1), gpus=[1])
     Job.objects.filter(pk=odd.pk).update(placement=[{"node": "local", "gpu_ids": held}])
     waiting = job(bob, gpus=1, learners=1)
     two = job(bob, gpus=2, learners=1)

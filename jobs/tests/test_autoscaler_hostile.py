@@ -7,10 +7,9 @@ from django.utils import timezone
 
 from jobs import admission, autoscaler
 from jobs.backends.base import Capacity, Node
-from jobs.models import Job, Learner, MetricPoint, Status
-from jobs.states import transition
+from jobs.models import Job, MetricPoint, Status
 from tenants.models import Quota
-from tests.support.builders import ELASTIC_MANIFEST, job, member, record_sends
+from tests.support.builders import ELASTIC_MANIFEST, job, member, record_sends, running_on
 
 pytestmark = pytest.mark.django_db
 
@@ -29,14 +28,6 @@ def four_gpus(monkeypatch, settings):
     monkeypatch.setattr(autoscaler, "get_backend", lambda: backend)
     settings.ELASTIC_HORIZON_S, settings.ELASTIC_MIN_INTERVAL_S, settings.ELASTIC_RESIZE_COST_S = 600.0, 300.0, 20.0
     settings.ELASTIC_GROW_SETTLE_S = 0.0
-
-
-def running(row, gpus):
-    row = transition(row.id, Status.PENDING, actor="scheduler", learners=len(gpus),
-                     placement=[{"node": "local", "gpu_ids": [g]} for g in gpus])
-    for index in range(row.learners):
-        Learner.objects.create(job=row, attempt=row.attempt, index=index, state=Learner.State.RUNNING)
-    return transition(row.id, Status.PROCESSING, actor="lifecycle-manager", reason="training")
 
 
 def measured(row):
@@ -58,7 +49,7 @@ def hard_budget_spent(membership):
 def test_a_queued_job_no_capacity_can_admit_does_not_hold_back_another_tenants_grow(four_gpus, sent, queue):
     """team-b queues a job the next cycle will not admit however many GPUs are idle; team-a's
     elastic job still grows onto them (and gives them back when a job that can start needs them)."""
-    row = running(job(member("team-a", "alice"), manifest_yaml=ELASTIC_MANIFEST, gpus=1, learners=1), gpus=[0])
+    row = running_on(job(member("team-a", "alice"), manifest_yaml=ELASTIC_MANIFEST, gpus=1, learners=1), gpus=[0])
     measured(row)
     queue(member("team-b", "bob"))
     admission.run_cycle()
@@ -74,13 +65,13 @@ def test_a_pass_reads_no_more_for_every_other_job_running(four_gpus, sent, setti
 
     backend = SimpleNamespace(capacity=lambda: Capacity(nodes=(Node("local", 64, 512.0, 2048 * 2**30),)))
     monkeypatch.setattr(autoscaler, "get_backend", lambda: backend)
-    row = running(job(member("team-a", "alice"), manifest_yaml=ELASTIC_MANIFEST, gpus=1, learners=1), gpus=[0])
+    row = running_on(job(member("team-a", "alice"), manifest_yaml=ELASTIC_MANIFEST, gpus=1, learners=1), gpus=[0])
     measured(row)
     settings.ELASTIC_HORIZON_S = 0.0  # no grow pays: the pass reads, decides, and stops
 
     def queries_with(others):
         for index in range(others):
-            running(job(member(f"team-{others}-{index}", f"user-{others}-{index}"), gpus=1, learners=1),
+            running_on(job(member(f"team-{others}-{index}", f"user-{others}-{index}"), gpus=1, learners=1),
                     gpus=[1 + others + index])
         with CaptureQueriesContext(connection) as captured:
             autoscaler.run()

@@ -90,15 +90,9 @@ def sent(monkeypatch):
 
 
 def running(row, learners=None, gpus=None):
-    """Admit the job on the given GPUs and have every learner run."""
-    from jobs import storage
-    storage.job_dir(row.tenant.slug, row.id).mkdir(parents=True, exist_ok=True)
-    gpus = gpus if gpus is not None else list(range(learners))
-    row = transition(row.id, Status.PENDING, actor="scheduler", learners=len(gpus),
-                     placement=[{"node": "local", "gpu_ids": [g]} for g in gpus])
-    for index in range(row.learners):
-        Learner.objects.create(job=row, attempt=row.attempt, index=index, state=Learner.State.RUNNING)
-    return transition(row.id, Status.PROCESSING, actor="lifecycle-manager", reason="training")
+    """Admit the job on the given GPUs (or the first `learners`) and have every learner run."""
+    from tests.support.builders import running_on
+    return running_on(row, gpus if gpus is not None else list(range(learners)))
 
 
 def learners_stop(row, *, reasons=()):

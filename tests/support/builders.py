@@ -7,9 +7,10 @@ from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from jobs import runtime
+from jobs import runtime, storage
+from jobs.states import transition
 from trainyard.manifest import parse_manifest
-from jobs.models import FollowUp, Job
+from jobs.models import FollowUp, Job, Learner, Status
 from tenants.models import ApiToken, Membership, Tenant
 
 MANIFEST = b"""
@@ -86,6 +87,17 @@ def job(membership, **fields):
     values.update(fields)
     values.setdefault("runtime", runtime.from_manifest(parse_manifest(values["manifest_yaml"])))
     return Job.objects.create(**values)
+
+
+def running_on(row, gpus):
+    """The job admitted on these GPUs of the node "local", one learner on each, its folder made and
+    every learner running."""
+    storage.job_dir(row.tenant.slug, row.id).mkdir(parents=True, exist_ok=True)
+    row = transition(row.id, Status.PENDING, actor="scheduler", learners=len(gpus),
+                     placement=[{"node": "local", "gpu_ids": [g]} for g in gpus])
+    for index in range(row.learners):
+        Learner.objects.create(job=row, attempt=row.attempt, index=index, state=Learner.State.RUNNING)
+    return transition(row.id, Status.PROCESSING, actor="lifecycle-manager", reason="training")
 
 
 WAKE_SCHEDULER = ("wake_scheduler", ())  # how record_sends records a wake of the scheduling loop
