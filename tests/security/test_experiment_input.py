@@ -93,3 +93,13 @@ def test_a_value_with_a_nul_or_another_control_character_is_refused_naming_the_f
 def test_tabs_and_line_breaks_in_a_value_are_text():
     spec = experiment('{opt: {type: categorical, vals: ["a\\tb", "x\\ny"]}}')
     assert spec.hyperparameters[0].vals == ("a\tb", "x\ny")
+
+
+@pytest.mark.parametrize("value", ["x\x00", "2026-11-30T12:00:00", "2026-11-30T12:00:00+99:00", "9" * 41,
+                                   "2026-11-30T12:00:00Z' OR 1=1 --", "\u0662\u0660\u0662\u0666-11-30T12:00:00Z"])
+def test_an_experiment_refreshs_changed_after_is_a_time_with_its_offset_or_a_400_naming_it(value):
+    """GET /api/v1/experiments/ID/?changed_after= (the page's refreshes) reads it with jobs.bounds.moment."""
+    from jobs.bounds import BadParameter, moment
+    with pytest.raises(BadParameter) as refused:
+        moment({"changed_after": value}, "changed_after")
+    assert refused.value.field == "changed_after"
