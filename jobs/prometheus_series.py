@@ -21,7 +21,7 @@ from jobs import prometheus as shared
 from jobs.models import ACTIVE, Job, ResourceSample, Status
 from trainyard.manifest import PRIORITIES
 
-BACKEND_OPERATIONS = ("deploy", "status", "halt", "delete", "logs", "capacity")
+BACKEND_OPERATIONS = ("deploy", "status", "halt", "delete", "capacity")
 SOCKET_STREAMS = ("job", "list")
 # Seconds: from a cycle of a few milliseconds to one stuck behind a slow backend.
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
