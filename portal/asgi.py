@@ -12,9 +12,12 @@ from channels.sessions import SessionMiddlewareStack  # noqa: E402
 
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 from jobs.serving import ServingLoop  # noqa: E402
+from portal import statement_timeout  # noqa: E402
 from portal.bodylimit import BodyLimit, refuse  # noqa: E402
 from portal.hosts import WebsocketOriginValidator  # noqa: E402
 from portal.overrides.ingest import PATH as INGEST_PATH, IngestRoute  # noqa: E402
+
+statement_timeout.limit()  # the servers' statements only: workers and the scheduling loop bound their own
 
 # The session's cookie only, no AuthMiddleware: the consumers authenticate afresh from the session key
 # or token at every check (jobs.consumers), and AuthMiddleware loaded a user nobody read, for every

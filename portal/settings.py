@@ -61,6 +61,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "portal.csp.ContentSecurityPolicyMiddleware",
     "axes.middleware.AxesMiddleware",  # a locked-out sign-in's answer (tenants.sso.lockout_response)
+    "portal.statement_timeout.StatementTimeoutMiddleware",  # a cancelled statement is a 503, not a 500
     "jobs.prometheus.RequestMetricsMiddleware",  # django-prometheus's, its labels bounded
 ]
 
@@ -267,6 +268,9 @@ INGEST_READ_S = env.number("TRAINYARD_INGEST_READ_S", 60.0, minimum=1.0)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 # How long a request's body may take to arrive (portal.bodylimit): a 408 then, and the connection closed.
 REQUEST_READ_S = env.number("TRAINYARD_REQUEST_READ_S", 300.0, minimum=1.0)
+# How long one database statement of the web and ingest servers may run or wait (portal.statement_timeout);
+# 0 = no limit.
+WEB_STATEMENT_TIMEOUT_S = env.number("TRAINYARD_WEB_STATEMENT_TIMEOUT_S", 30.0, minimum=0.0)
 # How many websockets one user may hold open in one web process at once, of both streams together
 # (jobs.consumers); past it a socket is refused with 4429.
 WEBSOCKETS_PER_USER = env.integer("TRAINYARD_WEBSOCKETS_PER_USER", 256, minimum=1)
