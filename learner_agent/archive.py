@@ -3,9 +3,11 @@
 The same rules run twice: the platform calls `inspect_archive` when a job is submitted, so a bad
 archive is refused before anything is stored, and the learner agent calls `extract_archive` to unpack
 the code. An archive is untrusted input, so both refuse anything that could write outside the target
-(absolute paths, `..`, links), anything that isn't a plain file or directory, too many members, and
-more bytes than allowed. Headers can lie (zip bombs), so extraction also counts the bytes it actually
-writes. Stdlib only: the agent imports this.
+(absolute paths, `..`, links), anything that isn't a plain file or directory, too many members, more
+bytes than allowed, and paths the agent could not unpack or measure (`MAX_DEPTH`, `MAX_NAME_BYTES`,
+`MAX_PATH_BYTES`), so such an archive is refused at submission rather than failing its job later.
+Headers can lie (zip bombs), so extraction also counts the bytes it actually writes. Stdlib only: the
+agent imports this.
 
 Inspection runs inside the submit request, so it is bounded (`InspectBounds`): an archive may unpack to
 at most `max_ratio` times its own size (past `RATIO_FREE_BYTES`), a .tar.gz is inflated only that far,
@@ -19,12 +21,15 @@ import os
 import re
 import shutil
 import stat
+import struct
 import tarfile
 import tempfile
 import time
 import zipfile
 import zlib
 from dataclasses import dataclass
+
+from learner_agent import diskwatch
 
 _CHUNK_BYTES = 1 << 20
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
@@ -33,12 +38,29 @@ _CORRUPT_ERRORS = (tarfile.TarError, zipfile.BadZipFile, zlib.error, gzip.BadGzi
                    NotImplementedError)
 
 
+# Folders an archive may nest: the agent fails a learner whose work folder nests deeper than it can
+# measure (diskwatch.MAX_DEPTH).
+MAX_DEPTH = diskwatch.MAX_DEPTH
+MAX_NAME_BYTES = 255  # one name in a path (Linux's NAME_MAX)
+# A member's whole path: Linux's PATH_MAX (4096) less room for the folder it is unpacked in.
+MAX_PATH_BYTES = 3072
+# What a message shows of a member's name: a tar header can give one of megabytes.
+SHOWN_NAME_CHARS = 200
+
+
 class ArchiveError(ValueError):
     """The archive breaks a rule; the message names the offending member when there is one."""
 
     def __init__(self, message, *, member=None):
         self.member = member
-        super().__init__(f"archive member {member!r}: {message}" if member is not None else message)
+        super().__init__(f"archive member {shown(member)}: {message}" if member is not None else message)
+
+
+def shown(name):
+    """A member's name (or a link's target) for a message: quoted, cut short past SHOWN_NAME_CHARS."""
+    if len(name) <= SHOWN_NAME_CHARS:
+        return repr(name)
+    return f"{name[:SHOWN_NAME_CHARS]!r}... ({len(name):,} characters)"
 
 
 class ArchiveTooLarge(ArchiveError):
@@ -230,6 +252,8 @@ def _write_file(entry, target, written, max_unpacked_bytes):
 def _entries(path, kind, *, max_unpacked_bytes, max_members, budget=None):
     """Yield the archive's members as checked _Entry objects, enforcing count and declared size (and,
     with a _ReadBudget, the bytes a tar stream may inflate to)."""
+    if kind == "zip":
+        _check_zip_directory(path, max_members)
     source = _zip_entries(path) if kind == "zip" else _tar_entries(path, kind, budget)
     members = declared = 0
     for entry in source:
@@ -243,6 +267,47 @@ def _entries(path, kind, *, max_unpacked_bytes, max_members, budget=None):
             raise ArchiveTooLarge(f"archive unpacks to more than {max_unpacked_bytes} bytes",
                                   member=entry.name)
         yield entry
+
+
+# The zip records the central directory is found and walked by (APPNOTE 4.3.12, 4.3.14-16).
+_END = struct.Struct("<4s4H2LH")
+_END64_LOCATOR = struct.Struct("<4sLQL")
+_END64 = struct.Struct("<4sQ2H2L4Q")
+_CENTRAL = struct.Struct("<4s24x3H12x")  # signature, then the name's, extra field's and comment's lengths
+
+
+def _check_zip_directory(path, max_members):
+    """Refuse a zip whose central directory holds more than `max_members` entries, counted before
+    zipfile reads it: zipfile makes an object of every entry first, over a million for a 100 MiB zip of
+    empty files (seconds and hundreds of MiB of one request, past any deadline). The directory is
+    found as zipfile finds it; one that is not there is left to zipfile to refuse."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        tail_start = max(0, size - _END.size - 0xFFFF)  # the end record, then at most 64 KiB of comment
+        f.seek(tail_start)
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06", 0, len(tail) - _END.size + 4)
+        if at < 0:
+            return
+        end = tail_start + at
+        directory_bytes = _END.unpack_from(tail, at)[5]
+        if end >= _END64_LOCATOR.size + _END64.size:
+            f.seek(end - _END64_LOCATOR.size - _END64.size)
+            record, locator = f.read(_END64.size), f.read(_END64_LOCATOR.size)
+            if locator[:4] == b"PK\x06\x07" and record[:4] == b"PK\x06\x06":
+                directory_bytes, end = _END64.unpack(record)[8], end - _END64_LOCATOR.size - _END64.size
+        f.seek(max(0, end - directory_bytes))
+        walked = entries = 0
+        while walked < directory_bytes:
+            header = f.read(_CENTRAL.size)
+            if len(header) < _CENTRAL.size or header[:4] != b"PK\x01\x02":
+                return  # not a central directory zipfile can read: it says so
+            entries += 1
+            if entries > max_members:
+                raise ArchiveError(f"archive has more than {max_members} members")
+            name, extra, comment = _CENTRAL.unpack(header)[1:]
+            f.seek(name + extra + comment, os.SEEK_CUR)
+            walked += _CENTRAL.size + name + extra + comment
 
 
 def _zip_entries(path):
@@ -324,14 +389,29 @@ def _safe_parts(name, *, is_dir):
         if is_dir:
             return None
         raise ArchiveError("empty file name", member=name)
+    _check_path_size(name, parts, is_dir=is_dir)
     return parts
+
+
+def _check_path_size(name, parts, *, is_dir):
+    folders = len(parts) if is_dir else len(parts) - 1
+    if folders > MAX_DEPTH:
+        raise ArchiveError(f"path nests {folders} folders deep; at most {MAX_DEPTH} are allowed", member=name)
+    # surrogateescape: how tarfile reads a name that is not UTF-8, and how it is written back
+    sizes = [len(part.encode("utf-8", "surrogateescape")) for part in parts]
+    if max(sizes) > MAX_NAME_BYTES:
+        raise ArchiveError(f"a name in its path is {max(sizes):,} bytes long; at most {MAX_NAME_BYTES} are allowed",
+                           member=name)
+    if sum(sizes) + len(sizes) - 1 > MAX_PATH_BYTES:
+        raise ArchiveError(f"path is {sum(sizes) + len(sizes) - 1:,} bytes long; at most {MAX_PATH_BYTES} are "
+                           "allowed", member=name)
 
 
 def _describe_tar_type(member):
     if member.issym():
-        return f"is a symbolic link (to {member.linkname!r}); links are not allowed"
+        return f"is a symbolic link (to {shown(member.linkname)}); links are not allowed"
     if member.islnk():
-        return f"is a hard link (to {member.linkname!r}); links are not allowed"
+        return f"is a hard link (to {shown(member.linkname)}); links are not allowed"
     if member.ischr() or member.isblk():
         return "is a device file; only files and directories are allowed"
     if member.isfifo():

@@ -66,9 +66,12 @@ def pack_directory(root, out, *, warn=None):
     The platform accepts no links in archives, so symlinks that stay inside the tree are stored as
     copies of what they point to; a symlink that leads outside the tree is refused (it would pack
     whatever it points to, e.g. a home directory), and so is one that loops back to its own parent.
+    Hard links are stored as copies too.
     """
     root_real = os.path.realpath(root)
-    with tarfile.open(fileobj=out, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+    # dereference: every path added is already resolved, so all it changes is that a file with a second
+    # name in the tree is stored again rather than as a hard link to the first.
+    with tarfile.open(fileobj=out, mode="w:gz", format=tarfile.PAX_FORMAT, dereference=True) as tar:
         _pack_tree(tar, root_real, "", root_real, frozenset({root_real}), warn or log.warning)
         if not any(member.isfile() for member in tar.getmembers()):
             # The platform refuses such an archive too; saying so here names the folder.

@@ -5,11 +5,12 @@ import os
 import stat
 import struct
 import tarfile
+import tracemalloc
 import zipfile
 
 import pytest
 
-from learner_agent import archive
+from learner_agent import archive, diskwatch
 from learner_agent.archive import ArchiveError, extract_archive, inspect_archive
 from tests.support.bombs import tar_bomb
 
@@ -302,6 +303,98 @@ def test_a_good_archive_passes_the_bounds(tmp_path):
     path = make_tar(tmp_path / "code.tgz", [file_member("train.py", b"print(1)\n" * 1000)])
     info = inspect_archive(path, **BOUNDED, bounds=archive.InspectBounds(max_ratio=100, max_seconds=15))
     assert info == archive.ArchiveInfo(kind="tar.gz", members=1, files=1, unpacked_bytes=9000)
+
+# --- paths the agent could not unpack or measure ---
+
+def test_it_refuses_folders_nested_deeper_than_the_agent_measures(tmp_path):
+    # The agent fails a learner whose work folder nests past diskwatch.MAX_DEPTH: refused at submission.
+    deep = "d/" * (diskwatch.MAX_DEPTH + 1) + "train.py"
+    assert_refused(make_tar(tmp_path / "a.tgz", [file_member(deep)]), tmp_path,
+                   f"nests {diskwatch.MAX_DEPTH + 1} folders deep; at most {diskwatch.MAX_DEPTH}")
+    assert_refused(make_zip(tmp_path / "a.zip", {"d/" * (diskwatch.MAX_DEPTH + 1): ""}), tmp_path, "folders deep")
+
+
+def test_folders_as_deep_as_the_agent_measures_unpack_and_measure(tmp_path):
+    path = make_tar(tmp_path / "a.tgz", [file_member("d/" * diskwatch.MAX_DEPTH + "train.py")])
+    extract_archive(path, tmp_path / "dest", **LIMITS)
+    assert diskwatch.usage([tmp_path / "dest"]) > 0
+
+
+@pytest.mark.parametrize("name, match", [
+    ("\u00e9" * 128 + ".py", "a name in its path is 259 bytes long; at most 255"),  # 131 characters, 259 bytes
+    ("/".join(["n" * 200] * 16), "path is 3,215 bytes long; at most 3072"),
+])
+def test_it_refuses_names_longer_than_a_file_system_takes(tmp_path, name, match):
+    assert_refused(make_tar(tmp_path / "a.tgz", [file_member(name)]), tmp_path, match)
+    assert_refused(make_zip(tmp_path / "a.zip", {name: "x"}), tmp_path, match)
+
+
+def test_a_huge_name_is_cut_short_in_its_refusal(tmp_path):
+    path = make_tar(tmp_path / "a.tgz", [file_member("x" * 2**20 + "/../evil"), file_member("link")])
+    with pytest.raises(ArchiveError) as refused:
+        inspect_archive(path, **LIMITS)
+    message = str(refused.value)
+    assert len(message) < 500, len(message)
+    assert message.startswith("archive member 'xxx") and "... (1,048,584 characters)" in message
+    assert refused.value.member == "x" * 2**20 + "/../evil"  # the whole name stays on the error
+
+
+def test_a_huge_link_target_is_cut_short_in_its_refusal(tmp_path):
+    path = make_tar(tmp_path / "a.tgz", [({"name": "link", "type": tarfile.SYMTYPE, "linkname": "t" * 2**20}, None)])
+    with pytest.raises(ArchiveError, match=r"symbolic link \(to 't+'\.\.\. \(1,048,576 characters\)\)") as refused:
+        inspect_archive(path, **LIMITS)
+    assert len(str(refused.value)) < 500
+
+
+# --- a zip's central directory, read within its member limit ---
+
+def zip_of_entries(path, count, *, zip64=False, listed=None):
+    """A zip whose central directory lists one empty file `count` times (what a 100 MiB upload of empty
+    files holds a million of), its end record saying `listed` (default: `count`) entries."""
+    local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, 0, 0, 0, 1, 0) + b"a"
+    central = struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0) + b"a"
+    listed = count if listed is None else listed
+    directory_at, directory_bytes = len(local), len(central) * count
+    tail = b""
+    if zip64:
+        tail = (struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, listed, listed, directory_bytes,
+                            directory_at)
+                + struct.pack("<4sLQL", b"PK\x06\x07", 0, directory_at + directory_bytes, 1))
+        listed, directory_at, directory_bytes = 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, min(listed, 0xFFFF), min(listed, 0xFFFF), directory_bytes,
+                      directory_at, 0)
+    path.write_bytes(local + central * count + tail + end)
+    return str(path)
+
+
+@pytest.mark.parametrize("zip64", [False, True])
+def test_a_zip_of_too_many_entries_is_refused_before_zipfile_reads_them(tmp_path, zip64):
+    path = zip_of_entries(tmp_path / "many.zip", 60_000, zip64=zip64, listed=1)  # 2.8 MB; it says it holds 1
+    tracemalloc.start()
+    try:
+        with pytest.raises(ArchiveError, match="more than 100 members"):
+            inspect_archive(path, **LIMITS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak  # zipfile's object for each of 60,000 entries takes tens of MiB
+    assert_refused(path, tmp_path, "more than 100 members")
+
+
+@pytest.mark.parametrize("zip64", [False, True])
+def test_a_zip_within_its_member_limit_is_read_as_before(tmp_path, zip64):
+    path = zip_of_entries(tmp_path / "few.zip", 100, zip64=zip64)
+    assert inspect_archive(path, **LIMITS).members == 100
+
+
+def test_a_zip_with_a_comment_is_read_as_before(tmp_path):
+    path = tmp_path / "commented.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        for i in range(100):
+            zf.writestr(f"f{i}.py", "x = 1\n")
+        zf.comment = b"a comment the end record is looked for behind " * 1000
+    assert inspect_archive(str(path), **LIMITS).members == 100
+
 
 def understate_zip_sizes(path, name, size):
     """Rewrite the uncompressed size of `name` in its local header and central directory entry."""
