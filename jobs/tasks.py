@@ -15,6 +15,7 @@ from jobs import autoscaler, deletion, dispatch, idle, lifecycle, outbox, reconc
 from jobs.backends import get_backend
 from jobs.models import FollowUp
 from learner_agent import address
+from tenants import people
 
 Kind = FollowUp.Kind
 HANDLERS = {Kind.DEPLOY: lifecycle.deploy, Kind.HALT: lifecycle.halt_learners,
@@ -75,6 +76,12 @@ def purge_deleted():
 def prune_samples():
     """Celery beat's pass over resource samples past their retention (jobs.retention.prune_pass)."""
     retention.prune_pass()
+
+
+@shared_task(name="jobs.tasks.prune_people", ignore_result=True)
+def prune_people():
+    """Celery beat's pass over API tokens and invitations long ended (tenants.people.prune)."""
+    people.prune()
 
 
 @shared_task(name="jobs.tasks.idle_gpus", ignore_result=True)

@@ -1,5 +1,6 @@
 """/api/v1/webhooks/: the caller's hooks (and the tenant's, for its admins); another tenant's hook,
 or a hook the caller does not manage, answers 404."""
+from django.utils.cache import add_never_cache_headers
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -86,7 +87,9 @@ class Webhooks(APIView):
                                            scope=str(data.get("scope") or "user"))
         except services.HookError as exc:
             return _refused(exc)
-        return Response({**WebhookSerializer(hook).data, "secret": secret}, status=201)
+        answer = Response({**WebhookSerializer(hook).data, "secret": secret}, status=201)
+        add_never_cache_headers(answer)  # it carries the secret, shown this once: nobody keeps a copy
+        return answer
 
 
 class WebhookDetail(APIView):

@@ -47,7 +47,9 @@ class Delivery(models.Model):
     gave_up = models.BooleanField(default=False)
 
     class Meta:
-        indexes = [models.Index(fields=["done_at", "due_at"], name="delivery_open")]
+        indexes = [models.Index(fields=["done_at", "due_at"], name="delivery_open"),
+                   # A hook's open rows: counted at every status change, and the one before a row found.
+                   models.Index(fields=["webhook", "id"], condition=models.Q(done_at=None), name="delivery_open_per_hook")]
 
     def __str__(self):
         return f"delivery {self.pk} ({self.event} of {self.job_id})"

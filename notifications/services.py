@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from jobs import dispatch, egress, outbox, tenancy, transfers
@@ -43,6 +43,9 @@ MAX_TRIES = 20  # about 17 minutes of retries with the outbox's backoff (1, 2, 4
 # A row waiting for an earlier one of its hook is sent when that one is done; the sweep sends it again
 # only this long after it last found the earlier one open (in case that message is lost as well).
 WAITING_SWEPT_AFTER = timedelta(hours=1)
+# Open deliveries one hook keeps: past them the oldest waiting ones are skipped (marked "gave up"),
+# so a receiver down for days costs a bounded number of rows and gets the newest events when back.
+MAX_OPEN_PER_HOOK = 100
 
 
 class HookError(Exception):
@@ -222,6 +225,20 @@ def _write_deliveries(job, event, *, before, when, extra=None):
     Delivery.objects.bulk_update(rows, ["payload"])
     for row in rows:
         dispatch.send_on_commit(TASK, row.pk)
+    _bound_open_rows([hook.pk for hook in hooks], when)
+
+
+def _bound_open_rows(hook_ids, when):
+    """Skip the oldest waiting deliveries of the hooks holding more than MAX_OPEN_PER_HOOK open ones.
+    The first open one stays: it is being delivered or retried, and sends the next when done."""
+    over = (Delivery.objects.filter(webhook_id__in=hook_ids, done_at=None).values("webhook_id")
+            .annotate(open=Count("id")).filter(open__gt=MAX_OPEN_PER_HOOK))
+    for hook in over:
+        waiting = (Delivery.objects.filter(webhook_id=hook["webhook_id"], done_at=None).order_by("pk")
+                   .values_list("pk", flat=True)[1:1 + hook["open"] - MAX_OPEN_PER_HOOK])
+        Delivery.objects.filter(pk__in=list(waiting), done_at=None, claimed_at=None).update(
+            done_at=when, gave_up=True,
+            last_error=f"skipped: more than {MAX_OPEN_PER_HOOK} deliveries waited for this hook's receiver")
 
 
 def payload(hook, job, *, event, before, when, sequence, extra=None):

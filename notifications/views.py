@@ -3,6 +3,7 @@ Plain forms (no script: the CSP forbids inline ones and none is needed); the new
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
 
 from notifications import services
 from notifications.models import Delivery, Webhook
@@ -11,6 +12,7 @@ from tenants import access
 LOG_ROWS = 20
 
 
+@never_cache  # it shows a new hook's secret once: no browser or proxy may keep a copy
 @login_required
 def webhooks_page(request):
     try:

@@ -179,6 +179,8 @@ CELERY_BEAT_SCHEDULE = {
     "purge-deleted": {"task": "jobs.tasks.purge_deleted", "schedule": RECONCILE_INTERVAL_S},
     # Resource samples past their retention (jobs.retention.prune_pass), within a time budget a pass.
     "prune-samples": {"task": "jobs.tasks.prune_samples", "schedule": 60.0},
+    # API tokens and invitations ended ENDED_KEPT ago (tenants.people.prune), a bounded number a pass.
+    "prune-people": {"task": "jobs.tasks.prune_people", "schedule": 600.0},
     # What processes killed mid-submission left in storage (jobs.reconcile.sweep_storage): a walk over
     # every job's folder, so not every reconcile pass.
     "sweep-storage": {"task": "jobs.tasks.sweep_storage", "schedule": 600.0},

@@ -2,6 +2,7 @@
 admins, and the caller's own API tokens."""
 from django.core.exceptions import ValidationError
 from django.http import Http404
+from django.utils.cache import add_never_cache_headers
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
@@ -24,6 +25,12 @@ CONFLICT = OpenApiResponse(ERROR, description="Conflicts with what exists (`deta
 def _fields(request):
     """The body's fields; a JSON body that is not an object has none, so each is refused by name as missing."""
     return request.data if isinstance(request.data, dict) else {}
+
+
+def _never_cached(response):
+    """An answer carrying a secret shown once: no browser or proxy may keep a copy."""
+    add_never_cache_headers(response)
+    return response
 
 
 def _forbidden(detail):
@@ -117,15 +124,16 @@ class Members(APIView):
 
 
 class TenantInvitations(APIView):
-    """GET the invitations of the caller's tenant that wait for an answer (tenant admins)."""
+    """GET the invitations of the caller's tenant (tenant admins): those waiting for an answer and those
+    expired unanswered, each with its `state` and `expires_at`."""
 
     @extend_schema(responses={200: InvitationListSerializer})
     def get(self, request):
         membership = access.request_membership(request)
         if not membership.is_admin:
             return _forbidden("only tenant admins manage members")
-        waiting = Invitation.objects.filter(tenant=membership.tenant).select_related("tenant").order_by("username")
-        return Response({"results": InvitationSerializer(waiting, many=True).data})
+        sent = Invitation.objects.filter(tenant=membership.tenant).select_related("tenant").order_by("username")
+        return Response({"results": InvitationSerializer(sent, many=True).data})
 
 
 class TenantInvitation(APIView):
@@ -164,7 +172,10 @@ class AcceptInvitation(APIView):
 
     @extend_schema(request=None, responses={200: JoinedSerializer})
     def post(self, request, invitation_id):
-        member = people.accept(_my_invitation(request, invitation_id), request.user)
+        try:
+            member = people.accept(_my_invitation(request, invitation_id), request.user)
+        except people.PeopleError as exc:  # withdrawn or expired since it was found
+            return _refused(exc)
         return Response(JoinedSerializer(member).data)
 
 
@@ -256,7 +267,7 @@ class Tokens(APIView):
         except people.PeopleError as exc:
             return _refused(exc)
         token.key = key  # the one answer that carries it
-        return Response(NewTokenSerializer(token).data, status=201)
+        return _never_cached(Response(NewTokenSerializer(token).data, status=201))
 
 
 class Token(APIView):

@@ -10,14 +10,22 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from tenants import audit
 from tenants.models import ApiToken, Invitation, Membership, Tenant
 
 TOKEN_NAME_MAX = 100
 # Live tokens (not revoked, not expired) one user may hold: each is a row every request's lookup, the
 # token list and the Account page carry, and anyone signed in may make them.
 MAX_TOKENS = 100
+# Revoked and expired tokens, and expired invitations, stay listed (which one ended, and when) this
+# long, then the periodic pass (prune) deletes them; a user keeps at most MAX_ENDED_TOKENS ended
+# tokens, however fast they make and revoke them.
+ENDED_KEPT = timedelta(days=30)
+MAX_ENDED_TOKENS = 100
+PRUNED_PER_PASS = 500  # rows of each kind one pass deletes: each is audited, so a pass stays short
 USERNAME_MAX = 150
 
 
@@ -57,20 +65,38 @@ def invitations_for(user):
             .select_related("tenant").order_by("created_at", "pk"))
 
 
-def _oldest_valid():
+def _oldest_valid(now=None):
     # An invitation names a username only: one left waiting could be taken by whoever holds that
     # name later (an account made again, a first sign-in through the provider).
-    return timezone.now() - timedelta(days=settings.INVITATION_DAYS)
+    return (now or timezone.now()) - timedelta(days=settings.INVITATION_DAYS)
+
+
+def expires_at(invitation):
+    """When the invitation stops being acceptable."""
+    return invitation.created_at + timedelta(days=settings.INVITATION_DAYS)
+
+
+def is_expired(invitation):
+    return invitation.created_at <= _oldest_valid()
+
+
+def waiting_in(tenant):
+    """The tenant's invitations that can still be accepted, by username."""
+    return Invitation.objects.filter(tenant=tenant, created_at__gt=_oldest_valid()).order_by("username")
 
 
 def accept(invitation, user):
     """`user` accepts an invitation addressed to them: they join with its role."""
-    if invitation.username != user.get_username() or not user.is_active or invitation.created_at <= _oldest_valid():
-        raise PeopleError("this invitation is not yours, or it has expired", status=404)
     with transaction.atomic():
-        member, _ = Membership.objects.get_or_create(tenant=invitation.tenant, user=user,
-                                                     defaults={"role": invitation.role})
-        invitation.delete()
+        # Read again under its lock: one withdrawn, renewed with another role or expired since it was
+        # shown is not what the user may accept now.
+        current = Invitation.objects.select_for_update().filter(
+            pk=invitation.pk, username=user.get_username(), created_at__gt=_oldest_valid()).first()
+        if current is None or not user.is_active:
+            raise PeopleError("this invitation is not yours, or it has expired", status=404)
+        member, _ = Membership.objects.get_or_create(tenant_id=current.tenant_id, user=user,
+                                                     defaults={"role": current.role})
+        current.delete()
     return member
 
 
@@ -201,7 +227,15 @@ def create_token(user, name, *, expires_at=None):
         if live.count() >= MAX_TOKENS:
             raise PeopleError(f"at most {MAX_TOKENS} of your tokens may be live at once; revoke one you no "
                               "longer use", field="name", status=409)
+        _trim_ended_tokens(user)
         return ApiToken.issue(user, name, expires_at=expires_at)
+
+
+def _trim_ended_tokens(user):
+    """The user's oldest ended tokens past MAX_ENDED_TOKENS go: making and revoking in a loop piles up nothing."""
+    ended = _ended_tokens(timezone.now()).filter(user=user).order_by("-pk").values_list("pk", flat=True)
+    with audit.because("retention"):
+        _delete_some(ApiToken.objects.filter(pk__in=list(ended[MAX_ENDED_TOKENS:MAX_ENDED_TOKENS + PRUNED_PER_PASS])))
 
 
 def revoke_token(token):
@@ -209,3 +243,26 @@ def revoke_token(token):
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
     return token
+
+
+def _ended_tokens(now):
+    return ApiToken.objects.filter(Q(revoked_at__isnull=False) | Q(expires_at__lte=now))
+
+
+def prune(now=None):
+    """The periodic pass: delete tokens revoked or expired more than ENDED_KEPT ago and invitations
+    expired as long ago, at most PRUNED_PER_PASS of each; returns (tokens, invitations) deleted."""
+    now = now or timezone.now()
+    before = now - ENDED_KEPT
+    tokens = _ended_tokens(now).filter(Q(revoked_at__lt=before) | Q(expires_at__lt=before))
+    invitations = Invitation.objects.filter(created_at__lt=_oldest_valid(now) - ENDED_KEPT)
+    with audit.acting_as("system"), audit.because("retention"):
+        return _delete_some(tokens), _delete_some(invitations)
+
+
+def _delete_some(rows, limit=PRUNED_PER_PASS):
+    """Delete the first `limit` of `rows` (oldest first) through the model's signals (the audit log)."""
+    ids = list(rows.order_by("pk").values_list("pk", flat=True)[:limit])
+    if ids:
+        rows.model.objects.filter(pk__in=ids).delete()
+    return len(ids)

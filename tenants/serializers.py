@@ -1,7 +1,10 @@
 """How tenants, members, invitations, quotas and tokens look in JSON, and what the OpenAPI schema says
 of the tenant summary (tenants.quotas.summary builds it as a dict: the pages read it too)."""
+from datetime import datetime
+
 from rest_framework import serializers
 
+from tenants import people
 from tenants.models import ApiToken, Invitation, Membership, Quota, Tenant
 
 
@@ -52,10 +55,18 @@ class InvitedSerializer(serializers.Serializer):
 
 class InvitationSerializer(serializers.ModelSerializer):
     tenant = TenantRefSerializer()
+    expires_at = serializers.SerializerMethodField(help_text="when it can no longer be accepted")
+    state = serializers.SerializerMethodField(help_text="waiting (it can be accepted) or expired")
 
     class Meta:
         model = Invitation
-        fields = ["id", "tenant", "username", "role", "invited_by", "created_at"]
+        fields = ["id", "tenant", "username", "role", "invited_by", "created_at", "expires_at", "state"]
+
+    def get_expires_at(self, invitation) -> datetime:
+        return serializers.DateTimeField().to_representation(people.expires_at(invitation))
+
+    def get_state(self, invitation) -> str:
+        return "expired" if people.is_expired(invitation) else "waiting"
 
 
 class InvitationListSerializer(serializers.Serializer):

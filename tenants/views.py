@@ -6,6 +6,7 @@ Plain forms posting back to the page; every change goes through the same rules a
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
 
 from tenants import access, people
 from tenants.models import ApiToken, Invitation, Membership
@@ -25,8 +26,7 @@ def members_page(request):
             _change_members(request, membership.tenant)
         return redirect(request.get_full_path())
     members = Membership.objects.filter(tenant=membership.tenant).select_related("user").order_by("user__username")
-    invitations = Invitation.objects.filter(tenant=membership.tenant).order_by("username") if membership.is_admin \
-        else Invitation.objects.none()
+    invitations = people.waiting_in(membership.tenant) if membership.is_admin else Invitation.objects.none()
     return render(request, "tenants/members.html", {
         "membership": membership, "members": members, "roles": Membership.Role.choices, "invitations": invitations,
         "adds_directly": access.is_platform_admin(request.user)})
@@ -77,6 +77,7 @@ def _number(value):
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else 0
 
 
+@never_cache  # it shows a new token's key once: no browser or proxy may keep a copy
 @login_required
 def tokens_page(request):
     """The user's account page: their API tokens, the invitations waiting for them, their default tenant."""

@@ -184,6 +184,7 @@ def test_it_shows_the_secret_once_and_audits_changes(private_allowed):
     client = client_for(alice)
     answer = client.post("/api/v1/webhooks/", {"url": "http://127.0.0.1:9/x", "events": ["FAILED"]}, format="json")
     assert answer.status_code == 201 and answer.json()["secret"].startswith("whsec_")
+    assert "no-store" in answer["Cache-Control"]  # no browser or proxy keeps a copy of the secret
     hook_id = answer.json()["id"]
     assert "secret" not in client.get(f"/api/v1/webhooks/{hook_id}/").json()
     assert [h["id"] for h in client.get("/api/v1/webhooks/").json()["results"]] == [hook_id]
@@ -218,6 +219,7 @@ def test_it_adds_shows_and_removes_hooks_on_the_settings_page(sent, private_allo
     page = logged_in(alice)
     added = page.post("/account/webhooks/", {"action": "create", "url": "http://127.0.0.1:9/x", "events": ["FAILED"]})
     assert added.status_code == 200 and b"whsec_" in added.content  # the secret, this once
+    assert "no-store" in added["Cache-Control"]
     hook_ = Webhook.objects.get()
     transition(job(alice, status="PROCESSING").id, Status.FAILED, actor="t")
     listing = page.get("/account/webhooks/").content.decode()
@@ -435,6 +437,27 @@ def test_deliveries_waiting_behind_their_hooks_first_one_leave_the_sweep_to_othe
     services.deliver(first.pk)  # the receiver is back: the first goes, and the next is due again
     following = Delivery.objects.get(pk=waiting[0].pk)
     assert following.due_at < timezone.now() + timedelta(minutes=1) and (services.TASK, (following.pk,)) in sent
+
+
+def test_a_hook_whose_receiver_is_down_keeps_its_first_and_newest_open_deliveries(sent, private_allowed,
+                                                                                   monkeypatch, receiver):
+    monkeypatch.setattr(services, "MAX_OPEN_PER_HOOK", 3)
+    alice, bob = member(username="alice"), member(username="bob")
+    down, _ = hook(alice, receiver.url)
+    bobs, _ = hook(bob, "http://127.0.0.1:9/b", events=["COMPLETED"])
+    target = job(alice)
+    for status in (Status.PENDING, Status.DOWNLOADING, Status.PROCESSING, Status.STORING, Status.COMPLETED):
+        transition(target.id, status, actor="t")
+    rows = {row.event: row for row in Delivery.objects.filter(webhook=down)}
+    open_events = set(Delivery.objects.filter(webhook=down, done_at=None).values_list("event", flat=True))
+    assert open_events == {"PENDING", "STORING", "COMPLETED"}  # the one being tried, and the newest
+    log = {row["event"]: row for row in client_for(alice).get(f"/api/v1/webhooks/{down.pk}/deliveries/").json()["results"]}
+    assert log["DOWNLOADING"]["state"] == log["PROCESSING"]["state"] == "gave up"
+    assert "more than 3 deliveries waited" in log["PROCESSING"]["last_error"]
+    assert Delivery.objects.filter(webhook=bobs, done_at=None).count() == 1  # another hook's rows: its own
+    sent.clear()
+    services.deliver(rows["PENDING"].pk)  # the receiver is back: the next open one follows
+    assert sent == [(services.TASK, (rows["STORING"].pk,))]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -108,8 +108,10 @@ def test_members_of_another_tenant_are_not_found():
 def test_users_create_list_and_revoke_their_tokens():
     alice = member("team-a", "alice")
     client = client_for(alice)
-    created = client.post("/api/v1/tokens/", {"name": "laptop"}, format="json").json()
+    answer = client.post("/api/v1/tokens/", {"name": "laptop"}, format="json")
+    created = answer.json()
     assert created["key"].startswith("ty_") and created["name"] == "laptop"
+    assert "no-store" in answer["Cache-Control"]  # no browser or proxy keeps a copy of the key
     listed = client.get("/api/v1/tokens/").json()["results"]
     assert "key" not in listed[0] and {t["name"] for t in listed} == {"default", "laptop"}
     assert client.delete(f"/api/v1/tokens/{created['id']}/").json()["revoked_at"]
@@ -243,3 +245,47 @@ def test_two_admins_demoting_each_other_at_once_leave_one_admin_and_no_error(mon
         thread.join(30)
     assert sorted(outcomes) == ["PeopleError", "demoted"]
     assert Membership.objects.filter(tenant=alice.tenant, role="admin").count() == 1
+
+
+def test_the_periodic_pass_deletes_tokens_long_revoked_or_expired():
+    from tenants import people
+    alice = member()
+    now = timezone.now()
+    long_ago = now - people.ENDED_KEPT - timedelta(seconds=1)
+    tokens = {name: ApiToken.issue(alice.user, name)[0] for name in
+              ("live", "revoked-long-ago", "expired-long-ago", "revoked-lately", "expired-lately", "expiring")}
+    ApiToken.objects.filter(name="revoked-long-ago").update(revoked_at=long_ago)
+    ApiToken.objects.filter(name="expired-long-ago").update(expires_at=long_ago)
+    ApiToken.objects.filter(name="revoked-lately").update(revoked_at=now - timedelta(days=1))
+    ApiToken.objects.filter(name="expired-lately").update(expires_at=now - timedelta(days=1))
+    ApiToken.objects.filter(name="expiring").update(expires_at=now + timedelta(days=365))
+    assert people.prune() == (2, 0)
+    assert set(ApiToken.objects.values_list("name", flat=True)) == {
+        "live", "revoked-lately", "expired-lately", "expiring"}
+    assert AuditEntry.objects.filter(target_type="token", action="deleted", actor="system").count() == 2
+    assert tokens["live"].pk in {t["id"] for t in client_for(alice).get("/api/v1/tokens/").json()["results"]}
+
+
+def test_celery_beat_runs_the_periodic_pass(settings):
+    from jobs import tasks
+    from tenants import people
+    alice = member()
+    ApiToken.issue(alice.user, "revoked-long-ago")
+    ApiToken.objects.update(revoked_at=timezone.now() - people.ENDED_KEPT - timedelta(seconds=1))
+    assert "jobs.tasks.prune_people" in {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    tasks.prune_people()
+    assert not ApiToken.objects.exists()
+
+
+def test_making_and_revoking_tokens_in_a_loop_keeps_a_bounded_number_of_ended_ones(monkeypatch):
+    from tenants import people
+    monkeypatch.setattr(people, "MAX_ENDED_TOKENS", 3)
+    alice = member()
+    client = client_for(alice)
+    for index in range(6):
+        made = client.post("/api/v1/tokens/", {"name": f"t{index}"}, format="json").json()
+        client.delete(f"/api/v1/tokens/{made['id']}/")
+    assert client.post("/api/v1/tokens/", {"name": "last"}, format="json").status_code == 201
+    ended = ApiToken.objects.filter(user=alice.user, revoked_at__isnull=False)
+    assert sorted(ended.values_list("name", flat=True)) == ["t3", "t4", "t5"]  # the newest kept
+    assert ApiToken.objects.filter(user=alice.user, revoked_at=None).count() == 2  # the client's own and "last"

@@ -196,3 +196,63 @@ def test_deleting_an_account_withdraws_the_invitations_to_its_name():
     get_user_model().objects.get(username="bob").delete()
     newcomer = get_user_model().objects.create_user("bob")  # someone else, later
     assert client_for(newcomer).get("/api/v1/invitations/").json()["results"] == []
+
+
+def test_an_expired_invitation_reads_as_expired_to_the_admin_and_leaves_the_members_page(settings):
+    admin = member("team-a", "ada", role="admin")
+    invite(admin, "bob")
+    invite(admin, "carol")
+    Invitation.objects.filter(username="bob").update(
+        created_at=timezone.now() - timedelta(days=settings.INVITATION_DAYS, seconds=1))
+    listed = {i["username"]: i for i in client_for(admin).get("/api/v1/tenants/current/invitations/").json()["results"]}
+    assert (listed["bob"]["state"], listed["carol"]["state"]) == ("expired", "waiting")
+    assert listed["bob"]["expires_at"] < timezone.now().isoformat() < listed["carol"]["expires_at"]
+    page = logged_in(admin).get("/tenant/members/").content.decode()
+    assert 'data-testid="invitation-carol"' in page and 'data-testid="invitation-bob"' not in page
+
+
+def test_an_invitation_withdrawn_or_changed_after_it_was_shown_is_accepted_as_it_is_now(settings):
+    admin = member("team-a", "ada", role="admin")
+    bob = get_user_model().objects.create_user("bob")
+    invite(admin, "bob", role="admin")
+    shown = people.invitations_for(bob).get()
+    invite(admin, "bob", role="viewer")  # renewed with another role meanwhile
+    assert people.accept(shown, bob).role == "viewer"
+    people.remove_member(Membership.objects.get(user=bob))
+    invite(admin, "bob")
+    shown = people.invitations_for(bob).get()
+    Invitation.objects.filter(pk=shown.pk).delete()  # withdrawn meanwhile
+    with pytest.raises(people.PeopleError):
+        people.accept(shown, bob)
+    assert not Membership.objects.filter(user=bob).exists()
+
+
+def test_accepting_an_invitation_withdrawn_while_the_request_ran_is_a_404(monkeypatch):
+    admin = member("team-a", "ada", role="admin")
+    bob = get_user_model().objects.create_user("bob")
+    invite(admin, "bob")
+    [waiting] = client_for(bob).get("/api/v1/invitations/").json()["results"]
+    found = people.invitations_for
+
+    def withdrawn_once_found(user):  # the admin withdraws it between the request's lookup and its accept
+        shown = list(found(user))
+        Invitation.objects.filter(pk=waiting["id"]).delete()
+        return SimpleNamespace(filter=lambda **_: SimpleNamespace(first=lambda: shown[0]))
+    monkeypatch.setattr(people, "invitations_for", withdrawn_once_found)
+    answer = client_for(bob).post(f"/api/v1/invitations/{waiting['id']}/accept/")
+    assert answer.status_code == 404 and "expired" in answer.json()["detail"]
+    assert not Membership.objects.filter(user=bob).exists()
+
+
+def test_the_periodic_pass_deletes_invitations_long_expired(settings):
+    admin = member("team-a", "ada", role="admin")
+    for name in ("old", "expired", "fresh"):
+        invite(admin, name)
+    expiry = timedelta(days=settings.INVITATION_DAYS)
+    Invitation.objects.filter(username="old").update(created_at=timezone.now() - expiry - people.ENDED_KEPT
+                                                     - timedelta(seconds=1))
+    Invitation.objects.filter(username="expired").update(created_at=timezone.now() - expiry)
+    assert people.prune() == (0, 1)
+    assert sorted(Invitation.objects.values_list("username", flat=True)) == ["expired", "fresh"]
+    assert AuditEntry.objects.filter(target_type="invitation", action="deleted", target="old@team-a",
+                                     actor="system", after={"reason": "retention"}).exists()

@@ -58,9 +58,11 @@ def test_the_last_admin_stays_admin():
 def test_tokens_page_shows_a_new_key_once_and_revokes():
     alice = member("team-a", "alice")
     page = logged_in(alice)
-    created = page.post("/account/tokens/", {"action": "create", "name": "laptop"}).content.decode()
+    answer = page.post("/account/tokens/", {"action": "create", "name": "laptop"})
+    created = answer.content.decode()
     token = ApiToken.objects.get(user=alice.user, name="laptop")
     assert f"ty_{token.prefix}" in created and 'data-testid="new-token"' in created
+    assert "no-store" in answer["Cache-Control"]  # no browser or proxy keeps a copy of the key
     assert 'data-testid="new-token"' not in page.get("/account/tokens/").content.decode()
     other = ApiToken.issue(member("team-a", "bob").user, "theirs")[0]
     page.post("/account/tokens/", {"action": "revoke", "token": other.pk})
