@@ -21,6 +21,8 @@ import fcntl
 import hashlib
 import json
 import os
+import socket
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +44,10 @@ LOCAL_STORES_DIR = "datastores"  # under TRAINYARD_DATA_DIR: <tenant>/<container
 MAX_SERVER_TEXT = 300  # of an S3 server's error message: the endpoint is whoever wrote the manifest
 MAX_REASON = 1000  # of a transfer failure, as a job's reason and log line
 PROGRESS_EVERY_S = 2.0  # between two progress lines of a transfer in the job's log
+# Objects one download lists at most: the listing is held in memory before the first byte is fetched,
+# and a server may list without end; past it, the data belongs in fewer, larger objects (archives).
+MAX_OBJECTS = 100_000
+MAX_KEY_BYTES = 1024  # S3's own limit on a key; longer ones only come from a server that means harm
 
 
 class DataStoreError(Exception):
@@ -68,9 +74,15 @@ class Allowance:
         self.left -= count
         if self.left < 0:
             raise DataStoreError(f"{label}: the download went past the job's {self.cap}; stopped")
-        if time.monotonic() > self.deadline:
+        self.check_time(label)
+
+    def check_time(self, label):
+        if self.past_deadline():
             raise DataStoreError(f"{label}: the download took longer than {self.seconds}s in all "
                                  "(TRAINYARD_DATA_DOWNLOAD_SECONDS); stopped")
+
+    def past_deadline(self):
+        return time.monotonic() > self.deadline
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,9 @@ class LocalStore:
 
     def put(self, source, key):
         _copy_file(source, self.path_of(key))
+
+    def cut(self):
+        """Nothing to cut: reading and writing a local disk ends by itself."""
 
     def path_of(self, key, *, what=None):
         """The path of `key` ('' is the root); when confined, refused unless it stays inside the root.
@@ -134,6 +149,7 @@ class S3Store:
         self.name = name
         self.egress = egress
         self._endpoint_checked = False
+        self._cutter = _Cutter()
         options = dict(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"},
                        s3={"addressing_style": "path"})
         if egress is not None:
@@ -145,7 +161,7 @@ class S3Store:
             aws_secret_access_key=secret_key or None, aws_session_token=session_token or None,
             region_name=region or "us-east-1", config=Config(**options))
         if egress is not None:
-            _guard_connections(self.client, egress)
+            _guard_connections(self.client, egress, self._cutter)
 
     def list(self, prefix=""):
         with self._errors("listing"):
@@ -167,6 +183,10 @@ class S3Store:
     def put(self, source, key):
         with self._errors(f"uploading {key}"):
             self.client.upload_file(str(source), self.bucket, key)
+
+    def cut(self):
+        """End every connection to the endpoint now, and open none again (from any thread)."""
+        self._cutter.cut()
 
     def check_endpoint(self):
         """Refuse a disallowed endpoint before anything connects (also when a proxy would be used,
@@ -210,7 +230,42 @@ def _no_connection(exc):
     return False
 
 
-def _guard_connections(client, policy):
+class _Cutter:
+    """The connections a store's guarded pools opened, each with a duplicate of its socket kept
+    here, so that `cut()` can shut them all down from another thread: a server trickling a byte at a
+    time stays under every read timeout (the TLS handshake's too) and would hold a worker as long as
+    it likes. Once cut, no connection opens."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._spares = set()
+        self._cut = False
+
+    def opened(self, sock):
+        """The spare of a freshly connected `sock`, to hand back to `closed`; OSError once cut."""
+        with self._lock:
+            if self._cut:
+                raise OSError("the data store's connections were cut")
+            spare = sock.dup()
+            self._spares.add(spare)
+            return spare
+
+    def closed(self, spare):
+        with self._lock:
+            self._spares.discard(spare)
+            spare.close()
+
+    def cut(self):
+        with self._lock:  # shutting down under the lock: a spare closed meanwhile is never touched
+            self._cut = True
+            for spare in self._spares:
+                try:
+                    spare.shutdown(socket.SHUT_RDWR)  # wakes a read blocked on any descriptor of it
+                except OSError:
+                    pass
+
+
+def _guard_connections(client, policy, cutter):
     """Make every connection the client opens go through jobs.egress.connect (checked addresses only).
 
     botocore keeps its urllib3 pool classes in one dict shared by its pool and proxy managers, and
@@ -223,20 +278,38 @@ def _guard_connections(client, policy):
     if not isinstance(classes, dict) or set(classes) != {"http", "https"}:
         raise RuntimeError("botocore's connection pools are not where jobs.datastores expects them; "
                            "data-store endpoints cannot be checked")
-    classes["http"] = _guarded_pool(AWSHTTPConnectionPool, AWSHTTPConnection, policy)
-    classes["https"] = _guarded_pool(AWSHTTPSConnectionPool, AWSHTTPSConnection, policy)
+    classes["http"] = _guarded_pool(AWSHTTPConnectionPool, AWSHTTPConnection, policy, cutter)
+    classes["https"] = _guarded_pool(AWSHTTPSConnectionPool, AWSHTTPSConnection, policy, cutter)
 
 
-def _guarded_pool(pool_class, connection_class, policy):
+def _guarded_pool(pool_class, connection_class, policy, cutter):
     from urllib3.exceptions import NewConnectionError
 
     class GuardedConnection(connection_class):
+        spare = None  # the cutter's duplicate of this connection's socket
+
         def _new_conn(self):
             try:
-                return egress.connect(self._dns_host, self.port, policy, timeout=self.timeout,
+                sock = egress.connect(self._dns_host, self.port, policy, timeout=self.timeout,
                                       source_address=self.source_address, socket_options=self.socket_options)
             except OSError as exc:
                 raise NewConnectionError(self, egress.UNREACHABLE) from exc
+            self._release_spare()
+            try:
+                self.spare = cutter.opened(sock)
+            except OSError as exc:
+                sock.close()
+                raise NewConnectionError(self, str(exc)) from exc
+            return sock
+
+        def close(self):
+            super().close()
+            self._release_spare()
+
+        def _release_spare(self):
+            if self.spare is not None:
+                cutter.closed(self.spare)
+                self.spare = None
 
     return type(f"Guarded{pool_class.__name__}", (pool_class,), {"ConnectionCls": GuardedConnection})
 
@@ -359,11 +432,43 @@ def _transfer(items, move, report, doing):
 
 def fetch(source, destination, *, report=lambda line: None, allowance=None):
     """Download every object under source.prefix into `destination`, keeping relative paths, within
-    `allowance` (an Allowance, shared by every store of the job) when given."""
-    destination = Path(destination)
+    `allowance` (an Allowance, shared by every store of the job) when given: past its deadline the
+    store's connections are cut, whatever the server is sending, and the download fails saying so."""
+    if allowance is None:
+        return _fetch(source, Path(destination), report, None)
+    cutting = threading.Timer(max(0.0, allowance.deadline - time.monotonic()), source.store.cut)
+    cutting.daemon = True
+    cutting.start()
+    try:
+        return _fetch(source, Path(destination), report, allowance)
+    except Exception:
+        if allowance.past_deadline():  # whatever the cut made the store fail with
+            allowance.check_time(source.label)
+        raise
+    finally:
+        cutting.cancel()
+
+
+def _listed(source, folder, allowance):
+    """The objects under `folder`, within MAX_OBJECTS, MAX_KEY_BYTES a key and the allowance's time."""
+    objects = []
+    for obj in source.store.list(folder):
+        if len(objects) == MAX_OBJECTS:
+            raise DataStoreError(f"{source.label} holds more than {MAX_OBJECTS:,} objects under {folder!r}, "
+                                 "more than one download takes; pack the data into fewer, larger objects")
+        if len(obj.key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise DataStoreError(f"{source.label}: object {obj.key[:100]!r} has a key longer than "
+                                 f"{MAX_KEY_BYTES} bytes; refused")
+        if allowance is not None:
+            allowance.check_time(source.label)
+        objects.append(obj)
+    return objects
+
+
+def _fetch(source, destination, report, allowance):
     # The prefix is a folder: `inputs` is not `inputs-old/` (a key prefix alone would match both).
     folder = source.prefix.strip("/") + "/" if source.prefix.strip("/") else ""
-    objects = list(source.store.list(folder))
+    objects = _listed(source, folder, allowance)
     if allowance is not None:
         allowance.listed(sum(o.size for o in objects), source.label)
 

@@ -16,7 +16,7 @@ from jobs import datastores, disk, egress, live, outbox, runtime, storage
 from jobs.models import FINAL, Job, LogLine, Status
 from jobs.serializers import log_line_json
 from jobs.states import transition
-from learner_agent import diskwatch
+from learner_agent import diskwatch, trees
 from tenants import throttling
 from trainyard.units import format_bytes
 
@@ -98,6 +98,7 @@ def _fetch(job, run, stores, folder, data_dir):
         if job.status == Status.PENDING:
             transition(job.id, Status.DOWNLOADING, actor=SYSTEM, attempt=job.attempt,
                        reason=f"downloading training data from data store {labels}")
+        _empty(data_dir)  # what a worker killed mid-download left is outside this download's allowance
         try:
             secrets = sealed_credentials(folder)
             cap = run.disk["data"]
@@ -107,6 +108,7 @@ def _fetch(job, run, stores, folder, data_dir):
                 source = datastores.location(spec, "training_data", secrets, **_store_context(job))
                 datastores.fetch(source, data_dir, report=lambda line: system_log(job.id, line), allowance=allowance)
         except datastores.transfer_failures() as exc:
+            _empty(data_dir)
             failure = datastores.failure_text(exc)
             system_log(job.id, f"[trainyard] {failure}")
             transition(job.id, Status.FAILED, actor=SYSTEM, attempt=job.attempt,
@@ -114,6 +116,17 @@ def _fetch(job, run, stores, folder, data_dir):
             return False
         (data_dir / datastores.FETCHED_MARK).touch()
     return True
+
+
+def _empty(data_dir):
+    """Leave DATA_DIR empty: moved aside whole and made again, so that one `rm` removes however many
+    files a download left."""
+    if data_dir.is_dir() and any(data_dir.iterdir()):
+        stale = data_dir.with_name(".data-stale")
+        trees.remove(stale)  # an earlier one that could not be removed
+        data_dir.rename(stale)
+        data_dir.mkdir()
+        trees.remove(stale)
 
 
 # --- STORING -------------------------------------------------------------------------------------

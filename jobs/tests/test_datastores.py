@@ -300,6 +300,37 @@ def test_a_download_past_the_jobs_data_cap_fails_it_and_leaves_no_partial_file(s
     assert not list((storage.job_dir(job.tenant.slug, job.id) / "data").glob("*"))
 
 
+TWO_LOCAL_STORES_JOB = LOCAL_JOB + """
+  - id: gone
+    type: local
+    training_data: {container: missing}
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_download_failing_part_way_leaves_nothing_of_it_in_data_dir(settings):
+    from jobs.models import Status
+    job, _ = pending_local_job(member(), settings.DATA_DIR, {"train.csv": b"1,2\n"}, TWO_LOCAL_STORES_JOB)
+    assert transfers.fetch_training_data(job) is False  # 'shelf' is fetched, then 'gone' has no folder
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and "data store 'gone'" in job.status_reason
+    assert not list((storage.job_dir(job.tenant.slug, job.id) / "data").iterdir())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_download_starts_over_from_an_empty_data_dir(settings):
+    """What a worker killed mid-download left (files of another listing, a temporary file) is not
+    kept beside the new download, whose allowance knows nothing of it."""
+    job, _ = pending_local_job(member(), settings.DATA_DIR, {"train.csv": b"1,2\n"})
+    data = storage.job_dir(job.tenant.slug, job.id) / "data"
+    (data / "old" / "deep").mkdir(parents=True)
+    (data / "old" / "deep" / "part.bin").write_bytes(b"x" * 1000)
+    (data / ".tmp-train.csv").write_bytes(b"half")
+    assert transfers.fetch_training_data(job) is True
+    assert sorted(path.name for path in data.iterdir()) == [datastores.FETCHED_MARK, "train.csv"]
+    assert not (data.parent / ".data-stale").exists()
+
+
 def test_an_allowance_counts_what_is_written_and_the_time_it_takes(tmp_path):
     allowance = datastores.Allowance(10, 3600, cap="data cap")
     allowance.listed(10, "lake")  # what a listing says is only a first check
