@@ -337,6 +337,9 @@ OIDC_RP_SCOPES = OIDC_SCOPES
 OIDC_USE_PKCE = True
 OIDC_USE_NONCE = True
 OIDC_AUTHENTICATION_CALLBACK_URL = "sso-callback"
+# Seconds each request to the provider may take, the library's and tenants.sso's own: without one, a
+# provider that never answers holds the sign-in's web thread for ever.
+OIDC_TIMEOUT = 10
 
 AUTHENTICATION_BACKENDS = [
     # django-axes's lockout first: a locked username+address is refused before its password is checked.

@@ -46,10 +46,10 @@ from tenants.models import ApiToken, GroupMapping, Membership, SsoIdentity, Tena
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = 10
 LEEWAY_S = 30  # clock skew allowed between the provider and us when checking exp, iat and nbf
 RANK = {Membership.Role.VIEWER: 0, Membership.Role.RESEARCHER: 1, Membership.Role.ADMIN: 2}
 ACCESS_TOKEN, REFRESH_TOKEN, CHECKED_AT = "sso_access_token", "sso_refresh_token", "sso_checked_at"
+ACCESS_EXPIRES = "sso_access_expires"
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 PERSONAL_TOKEN_NAME = "trainyard login --sso"
 
@@ -71,7 +71,8 @@ def provider():
     issuer = settings.OIDC_ISSUER
     document = _discovery.get(issuer)
     if document is None:
-        response = requests.get(issuer.rstrip("/") + "/.well-known/openid-configuration", timeout=TIMEOUT_S)
+        response = requests.get(issuer.rstrip("/") + "/.well-known/openid-configuration",
+                                timeout=settings.OIDC_TIMEOUT)
         response.raise_for_status()
         document = response.json()
         if document.get("issuer") != issuer:  # OpenID Connect Discovery §4.3
@@ -252,6 +253,7 @@ class SsoBackend(OIDCAuthenticationBackend):
         session = self.request.session
         session[ACCESS_TOKEN] = access_token
         session[REFRESH_TOKEN] = self.token_info.get("refresh_token")
+        session[ACCESS_EXPIRES] = expiry(self.token_info)
         session[CHECKED_AT] = time.time()
 
     def get_or_create_user(self, access_token, id_token, payload):
@@ -380,8 +382,15 @@ def recheck(session, user):
     response = _userinfo(session[ACCESS_TOKEN])
     if response.status_code == 401 and session.get(REFRESH_TOKEN):
         tokens = refreshed(session[REFRESH_TOKEN])
-        session[ACCESS_TOKEN], session[REFRESH_TOKEN] = tokens["access_token"], tokens.get("refresh_token")
+        # A provider that does not rotate refresh tokens leaves the one it gave standing (RFC 6749 §6).
+        session[ACCESS_TOKEN] = tokens["access_token"]
+        session[REFRESH_TOKEN] = tokens.get("refresh_token") or session[REFRESH_TOKEN]
+        session[ACCESS_EXPIRES] = expiry(tokens)
         response = _userinfo(session[ACCESS_TOKEN])
+    elif response.status_code == 401 and time.time() >= (session.get(ACCESS_EXPIRES) or float("inf")):
+        # Our own access token ran out and nothing renews it: the provider was not asked, and has not
+        # refused the person, so the session ends with their memberships left as they are.
+        raise requests.RequestException("the session's access token expired and the provider gave no refresh token")
     claims = _vouching_claims(response)
     identity = SsoIdentity.objects.filter(user=user, issuer=settings.OIDC_ISSUER).first()
     if identity is None or str(claims.get("sub")) != identity.subject:
@@ -389,6 +398,14 @@ def recheck(session, user):
     if sign_in(claims) is None:
         raise SsoError("the account is disabled")
     session[CHECKED_AT] = time.time()
+
+
+def expiry(tokens):
+    """When the access token of a token response expires (time.time()), or None when it does not say."""
+    try:
+        return time.time() + float(tokens["expires_in"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _vouching_claims(response):
@@ -403,11 +420,11 @@ def _vouching_claims(response):
 
 def _userinfo(access_token):
     return requests.get(provider()["userinfo_endpoint"], headers={"Authorization": f"Bearer {access_token}"},
-                        timeout=TIMEOUT_S)
+                        timeout=settings.OIDC_TIMEOUT)
 
 
 def refreshed(refresh_token):
-    response = requests.post(provider()["token_endpoint"], auth=client_auth(), timeout=TIMEOUT_S,
+    response = requests.post(provider()["token_endpoint"], auth=client_auth(), timeout=settings.OIDC_TIMEOUT,
                              data={"grant_type": "refresh_token", "refresh_token": refresh_token})
     if response.status_code >= 500:
         raise requests.RequestException(f"the provider could not refresh the session ({response.status_code})")
@@ -422,7 +439,7 @@ def start_device_flow():
     endpoint = provider().get("device_authorization_endpoint")
     if not endpoint:
         raise SsoError("the identity provider does not offer the device authorization grant")
-    response = requests.post(endpoint, auth=client_auth(), timeout=TIMEOUT_S,
+    response = requests.post(endpoint, auth=client_auth(), timeout=settings.OIDC_TIMEOUT,
                              data={"client_id": settings.OIDC_CLIENT_ID, "scope": settings.OIDC_SCOPES})
     if response.status_code != 200:
         raise SsoError(f"the identity provider refused the device authorization ({response.status_code}): "
@@ -435,7 +452,7 @@ def start_device_flow():
 def finish_device_flow(device_code):
     """(None, RFC 8628 error) while the person has not finished, else (token, key, user): a personal
     API token that expires."""
-    response = requests.post(provider()["token_endpoint"], auth=client_auth(), timeout=TIMEOUT_S,
+    response = requests.post(provider()["token_endpoint"], auth=client_auth(), timeout=settings.OIDC_TIMEOUT,
                              data={"grant_type": DEVICE_GRANT, "device_code": device_code,
                                    "client_id": settings.OIDC_CLIENT_ID})
     answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
@@ -506,9 +523,12 @@ def token_refusal(token):
 
 def disowned(user, reason):
     """The provider refused to vouch for `user`: their memberships in the tenants a mapping names end
-    (the audit entry gives `reason`), so no session or token of theirs reaches those tenants until a
-    sign-in through the provider brings them back. Other memberships (invitations) are left alone."""
+    (the audit entry gives `reason`), and none of their API tokens works until a sign-in through the
+    provider vouches for them again (token_refusal), so no token reaches the tenants they joined by
+    invitation either. Those memberships themselves are left alone."""
     sync_memberships(user, set(), why_removed=reason)
+    # What the provider said before no longer stands, and the refresh token it just refused is spent.
+    SsoIdentity.objects.filter(user=user, issuer=settings.OIDC_ISSUER).update(checked_at=None, refresh_token="")
 
 
 def revoke_personal_tokens(user, reason):

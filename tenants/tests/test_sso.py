@@ -2,6 +2,9 @@
 tests/support/oidc.py): people signed in through it, tenants and roles from its groups, membership
 following it, and every way a hostile answer is refused. The portal side runs in Django's test client;
 everything the provider does is the provider's."""
+import contextlib
+import socket
+import threading
 import time
 from datetime import timedelta
 from urllib.parse import urlencode, urlparse
@@ -167,6 +170,73 @@ def test_an_expired_access_token_is_refreshed_at_the_recheck(idp, client, settin
     assert client.session[sso.ACCESS_TOKEN] != "revoked-or-expired"
 
 
+def test_a_session_keeps_its_refresh_token_when_the_provider_does_not_rotate_it(idp, client, settings, monkeypatch):
+    """The real provider's refresh answers without a refresh token, as providers that do not rotate
+    them answer (RFC 6749 §6): the one the sign-in gave stays good for the next refresh."""
+    real_post = sso.requests.post
+
+    def without_rotation(url, **kwargs):
+        response = real_post(url, **kwargs)
+        if kwargs.get("data", {}).get("grant_type") == "refresh_token" and response.status_code == 200:
+            answer = {key: value for key, value in response.json().items() if key != "refresh_token"}
+            response.json = lambda **_: answer
+        return response
+    monkeypatch.setattr(sso.requests, "post", without_rotation)
+    sign_in(client, "carol")
+    settings.OIDC_RECHECK_S = 1
+    for _ in range(2):  # the access token expires again after the first refresh
+        session = client.session
+        session[sso.ACCESS_TOKEN] = "expired"
+        session.save()
+        time.sleep(1.1)
+        assert signed_in_as(client)["role"] == "researcher"
+    assert Membership.objects.filter(user__username="carol", tenant__slug="vision").exists()
+
+
+@pytest.fixture
+def short_lived_idp(tmp_path, settings, monkeypatch):
+    """A provider of its own whose access tokens last 1 s (and 15 s more: its clock tolerance), carol
+    in ml-vision (vision as researcher)."""
+    monkeypatch.setenv("OIDC_ACCESS_TOKEN_TTL", "1")
+    instance = oidc.Provider(tmp_path / "oidc", redirect_uris=[CALLBACK], accounts={"carol": {"groups": ["ml-vision"]}})
+    instance.start()
+    for name, value in instance.settings(OIDC_GROUP_MAP="ml-vision=vision:researcher").items():
+        setattr(settings, name, value)
+    Tenant.objects.create(slug="vision")
+    yield instance
+    instance.stop()
+
+
+def without_refresh_token(client):
+    """What a sign-in leaves in the session when the provider gives no refresh token (most give one
+    only for offline_access)."""
+    session = client.session
+    session[sso.REFRESH_TOKEN] = None
+    session.save()
+
+
+def test_a_session_whose_access_token_ran_out_ends_with_the_persons_tenants_kept(short_lived_idp, client, settings):
+    """The session cannot be checked any more, but the provider has not refused the person: their
+    memberships, and with them their shares and the invitations they sent, stay."""
+    sign_in(client, "carol")
+    without_refresh_token(client)
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(17)  # past the token's life and the provider's tolerance, so its userinfo answers 401
+    assert client.get("/api/v1/tenants/current/").status_code == 401
+    assert Membership.objects.filter(user__username="carol", tenant__slug="vision").exists()
+    assert not AuditEntry.objects.filter(target="carol@vision", action="deleted").exists()
+
+
+def test_without_a_refresh_token_the_providers_refusal_still_takes_the_tenants(idp, client, settings):
+    sign_in(client, "carol")
+    without_refresh_token(client)
+    idp.set_accounts({})
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)  # within the access token's life: userinfo refuses her
+    assert client.get("/api/v1/tenants/current/").status_code == 401
+    assert not Membership.objects.filter(user__username="carol", tenant__slug="vision").exists()
+
+
 def test_invitations_keep_working_and_a_tenant_no_mapping_names_is_left_alone(idp, client):
     Tenant.objects.create(slug="shared")
     sign_in(client, "carol")
@@ -292,6 +362,49 @@ def test_an_answer_from_an_issuer_that_is_not_configured_is_refused(idp, client)
     elsewhere = callback.replace(urlencode({"iss": idp.issuer}), urlencode({"iss": "https://evil.example"}))
     assert elsewhere != callback
     assert_refused(client.get(elsewhere), "https://evil.example, which is not the configured provider")
+
+
+@contextlib.contextmanager
+def silent_server(*, hang_up_after):
+    """The URL of a server that takes connections and never answers (a provider that hangs), hanging
+    up after `hang_up_after` seconds so that a request waiting for ever still ends the test."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def take():
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+
+    def hang_up():  # twice is harmless
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        listener.close()
+        for connection in held:
+            connection.close()
+
+    threading.Thread(target=take, daemon=True).start()
+    timer = threading.Timer(hang_up_after, hang_up)
+    timer.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/token"
+    finally:
+        timer.cancel()
+        hang_up()
+
+
+def test_a_provider_that_never_answers_holds_a_sign_in_no_longer_than_the_timeout(idp, client, monkeypatch,
+                                                                                   settings):
+    callback = through_provider(client, "carol")
+    assert 0 < settings.OIDC_TIMEOUT <= 30  # the library waits for ever without one
+    settings.OIDC_TIMEOUT = 1
+    with silent_server(hang_up_after=10) as token_endpoint:
+        monkeypatch.setattr(sso.SsoBackend, "OIDC_OP_TOKEN_ENDPOINT", token_endpoint)
+        started = time.monotonic()
+        response = client.get(callback)
+        waited = time.monotonic() - started
+    assert waited < 5
+    assert_refused(response, "timed out")
 
 
 def test_a_provider_discovered_under_another_name_is_refused(idp, client, settings):
@@ -468,6 +581,43 @@ def test_a_token_made_on_the_tokens_page_follows_the_provider_too(idp, client, s
     assert refused.status_code == 401 and "no longer vouches" in refused.json()["detail"]
     assert not Membership.objects.filter(user__username="dave", tenant__slug="vision").exists()
     assert use().status_code != 200  # between two asks: no tenant of the provider's is left to act in
+
+
+def test_a_person_the_provider_disowns_has_no_token_left_even_in_a_tenant_they_were_invited_to(idp, client, settings):
+    Tenant.objects.create(slug="shared")
+    made = make_token("ci", HTTP_AUTHORIZATION=f"Token {device_token(client, 'dave')}")
+    dave = get_user_model().objects.get(username="dave")
+    Membership.objects.create(tenant=Tenant.objects.get(slug="shared"), user=dave, role="researcher")
+    use = lambda: Client().get("/api/v1/tenants/current/", HTTP_AUTHORIZATION=f"Token {made}")  # noqa: E731
+
+    idp.set_accounts({})  # dave leaves the organisation
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    assert use().status_code == 401  # the request that asked the provider
+    refused = use()  # and every one after it, not only one per interval
+    assert refused.status_code == 401 and "sign in through your organisation again" in refused.json()["detail"]
+    assert Membership.objects.filter(user=dave, tenant__slug="shared").exists()  # the invitation's stays
+
+    idp.set_accounts({"dave": {"groups": ["ml-vision"]}})
+    sign_in(Client(), "dave")  # the provider vouches for him again
+    assert use().status_code == 200
+
+
+def test_a_session_the_provider_refuses_takes_the_persons_tokens_with_it(idp, client, settings):
+    """Signed in with a browser only, so no refresh token is kept for her tokens: the session's recheck
+    is what hears the provider refuse."""
+    Tenant.objects.create(slug="shared")
+    sign_in(client, "carol")
+    made = make_token("ci", HTTP_COOKIE=f"sessionid={client.cookies['sessionid'].value}")
+    carol = get_user_model().objects.get(username="carol")
+    Membership.objects.create(tenant=Tenant.objects.get(slug="shared"), user=carol, role="researcher")
+
+    idp.set_accounts({})
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    assert client.get("/api/v1/tenants/current/").status_code == 401
+    refused = Client().get("/api/v1/tenants/current/", HTTP_AUTHORIZATION=f"Token {made}")
+    assert refused.status_code == 401 and "sign in through your organisation again" in refused.json()["detail"]
 
 
 def test_without_a_refresh_token_a_persons_token_works_while_the_provider_vouched_lately(idp, client, settings):
