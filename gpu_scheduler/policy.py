@@ -72,8 +72,8 @@ class Policy:
     @classmethod
     def fifo_spread(cls):
         return cls(placement="spread", gang=False, reservations=0, fair_share=False, fair_share_preemption=False,
-                   quotas=False,
-                   borrowing=False, preemption=False, consolidate=False, service_levels=(), name="fifo_spread")
+                   quotas=False, borrowing=False, preemption=False, consolidate=False, service_levels=(),
+                   name="fifo_spread")
 
     @classmethod
     def kueue_like(cls):

@@ -17,6 +17,7 @@ what the dead agent spooled, continuing its numbering, and reports the learner's
 ("killed with its agent") or no code when the command had not started. The platform treats that as
 any failed learner (a retry if the job has one left). See `_resume`.
 """
+import contextlib
 import fcntl
 import json
 import logging
@@ -616,10 +617,8 @@ class Agent:
         pid = started.get("pid")
         if isinstance(pid, int) and procfs.start_time(pid) == started.get("start"):  # not a reused pid
             for victim in [*procfs.descendants(pid), pid]:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(victim, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
         if started.get("sandboxed"):
             self._cgroup = self._make_cgroup()  # the same group: whatever escaped the tree is in it
             self._release_cgroup()
@@ -839,12 +838,10 @@ def _guard_credential(config):
         except OSError as e:  # a read-only mount: say so, the learner may be able to read it
             print(f"learner_agent: could not delete the ingest credential {config.ingest_token_file}: "
                   f"{e.strerror or e}", file=sys.stderr, flush=True)
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: nothing to guard this way
         import ctypes
         PR_SET_DUMPABLE = 4
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: nothing to guard this way
 
 
 def _detach(config):

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 
 from learner_agent import report
+from learner_agent.files import write_atomically
 
 __all__ = ["APPLIED_METRIC", "CONTROL_ENV", "LISTENING_METRIC", "BatchChange", "BatchChanges", "write_request"]
 
@@ -107,10 +108,7 @@ def _read(path):
 
 
 def write_request(path, request):
-    """The agent's half: put the platform's request where the learner reads it, whole or not at all
-    (a temporary file renamed over the last)."""
-    folder = os.path.dirname(path)
-    temporary = os.path.join(folder, f".{os.path.basename(path)}.tmp")
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump({key: request[key] for key in ("id", "global_batch", "local_batch", "lr_scale")}, f)
-    os.replace(temporary, path)
+    """The agent's half: put the platform's request where the learner (maybe of a uid of its own)
+    reads it, whole or not at all."""
+    write_atomically(path, json.dumps({key: request[key] for key in ("id", "global_batch", "local_batch",
+                                                                      "lr_scale")}), mode=0o644)

@@ -13,6 +13,7 @@ Writing the limits needs write access to the hierarchy, in practice root; the gr
 `trainyard` group below the agent's own (v1) or at the top of the v2 hierarchy (v2's rule of no
 processes in inner groups forbids the agent's own).
 """
+import contextlib
 import os
 import re
 import signal
@@ -80,21 +81,16 @@ class Cgroup:
                 moved.append(controller)
         except OSError as e:
             for controller in moved:  # all or nothing: one name for the learner in every hierarchy
-                try:
+                with contextlib.suppress(OSError):
                     os.rename(renamed[controller], self.dirs[controller])
-                except OSError:
-                    pass
             raise CgroupError(f"cgroup v1: cannot rename {e.filename} to {name}: {e.strerror or e}") from e
         self.dirs = renamed
 
     def pids(self):
         found = set()
         for procs in self.procs_files:
-            try:
-                with open(procs) as f:
-                    found.update(int(line) for line in f if line.strip())
-            except OSError:
-                pass
+            with contextlib.suppress(OSError), open(procs) as f:
+                found.update(int(line) for line in f if line.strip())
         return found
 
     def remove(self, *, timeout=REMOVE_TIMEOUT_S):
@@ -102,10 +98,8 @@ class Cgroup:
         deadline = time.monotonic() + timeout
         while (pids := self.pids()) and time.monotonic() < deadline:
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
             time.sleep(0.05)
         problems = []
         for path in sorted(set(self.dirs.values())):
@@ -165,11 +159,9 @@ def remove_stale_standby(*, mounts="/proc/self/mounts", own="/proc/self/cgroup")
             continue
         for name in names:
             path = os.path.join(parent, name)
-            try:
+            with contextlib.suppress(OSError):  # EBUSY: a spare's launcher waits in it; or gone meanwhile
                 if now - os.stat(path).st_mtime > STANDBY_STALE_S:
                     os.rmdir(path)
-            except OSError:  # EBUSY: a spare's launcher waits in it; or gone meanwhile
-                pass
 
 
 def _create_v2(root, name, *, memory_bytes, cpus, max_processes):
@@ -287,14 +279,11 @@ def _own_paths(own):
 
 def read_key(path, key):
     """The number after `key` in a cgroup file of `key value` lines (cpu.stat, memory.events), or None."""
-    try:
-        with open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[0] == key:
-                    return int(parts[1])
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == key:
+                return int(parts[1])
     return None
 
 
@@ -318,7 +307,5 @@ def _write_if_present(path, value):
 
 
 def _remove_quietly(path):
-    try:
+    with contextlib.suppress(OSError):
         os.rmdir(path)
-    except OSError:
-        pass

@@ -6,6 +6,7 @@ sit between us and the command, which runs in a session of its own. Killing bwra
 sandbox at once, which is right for SIGKILL but wrong for a polite signal the learner must see (the
 checkpoint signal), so polite signals go to the process groups *inside* the tree instead.
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -138,14 +139,10 @@ def _decode(raw):
 
 
 def _kill(pid, sig):
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _killpg(group, sig):
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(group, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

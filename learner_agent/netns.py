@@ -15,6 +15,7 @@ Stdlib only, like the rest of the agent: unshare(2) through ctypes, the loopback
 the SIOCSIFFLAGS ioctl.
 """
 import argparse
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -28,6 +29,7 @@ import sys
 import time
 
 from learner_agent import procfs
+from learner_agent.files import write_atomically
 
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -80,10 +82,8 @@ def create(attempt_dir, learners):
 def stop(attempt_dir):
     pid = holder_pid(attempt_dir)
     if pid is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 def join_argv(path):
@@ -135,10 +135,7 @@ def hold(attempt_dir, learners):
     os.setsid()
     holder = os.fork()
     if holder:
-        tmp = os.path.join(attempt_dir, f".tmp-{PID_FILE}")
-        with open(tmp, "w") as out:
-            out.write(f"{holder}\n")
-        os.replace(tmp, os.path.join(attempt_dir, PID_FILE))
+        write_atomically(os.path.join(attempt_dir, PID_FILE), f"{holder}\n", mode=0o644)
         os._exit(0)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):

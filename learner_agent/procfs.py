@@ -5,6 +5,7 @@ tree to enforce the memory limit (the sum over every process, as a container's l
 and to deliver signals to every process group in it (inside bubblewrap the command runs in its own
 session, so signalling only the process we started would miss it). Linux only, like the agent.
 """
+import contextlib
 import os
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -74,13 +75,10 @@ def argv(pid):
 
 def catches(pid, signum):
     """Whether the process has a handler installed for the signal (SigCgt in /proc/PID/status)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) & (1 << (int(signum) - 1)))
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) & (1 << (int(signum) - 1)))
     return False
 
 

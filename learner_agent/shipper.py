@@ -32,6 +32,7 @@ memory (a bounded amount: Spool.has_room), the flusher and the sender retry with
 file already holds is still sent, and two `system` lines say when writing failed and when it worked
 again. Nothing is dropped and no seq is skipped or reused.
 """
+import contextlib
 import json
 import logging
 import os
@@ -147,11 +148,10 @@ class Shipper:
     def _notice(self, text):
         """A `system` line in the job's log (and agent.log); goes in even when the spool is full."""
         log.warning("%s", text)
-        try:
+        # No segment the disk takes: agent.log has it, and the caller's thread lives on.
+        with contextlib.suppress(OSError):
             self._append([json.dumps({"kind": "log", "stream": "system", "time": time.time(),
                                       "line": f"learner agent: {text}"}, separators=(",", ":")).encode()])
-        except OSError:  # no segment the disk takes: agent.log has it, and the caller's thread lives on
-            pass
 
     def flush(self, timeout=None):
         """Wait until everything added so far is acked; False on timeout or when shipping stopped."""

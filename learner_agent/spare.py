@@ -26,6 +26,7 @@ as a platform stop does) and one still `.starting` after STALE_S (its spare neve
 A spare holds nothing of any job until it is handed one, and its environment is the clean one a
 cold-started agent gets (agent.clean_environment).
 """
+import contextlib
 import os
 import select
 import sys
@@ -277,7 +278,5 @@ def _mtime(path, default):
 
 
 def _remove(path):
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

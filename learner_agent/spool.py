@@ -26,6 +26,7 @@ and `write_error` says so; meanwhile `append` still takes records (into memory: 
 that to MAX_UNWRITTEN_BYTES, so the learner is held back beyond it) and never starts a segment.
 """
 import bisect
+import contextlib
 import json
 import logging
 import os
@@ -127,10 +128,8 @@ class Spool:
             self._buffer += b"\n"
             self.last_seq = seq
         if len(self._buffer) >= WRITE_BUFFER_BYTES and self.write_error is None:
-            try:
+            with contextlib.suppress(OSError):  # taken all the same: buffered, and written by a later flush
                 self.flush()
-            except OSError:  # taken all the same: buffered, and written by a later flush
-                pass
 
     def _current_size(self):
         return self._sizes[self._segments[-1]] + len(self._buffer)

@@ -16,6 +16,7 @@ when the agent restarts, and the platform stores each once). The sources, best f
   sampled all the same.
 """
 import collections
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -164,10 +165,8 @@ class Gpus:
 
     def close(self):
         if self.available:
-            try:
+            with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
-            except Exception:
-                pass
             self.available = False
 
 
@@ -230,10 +229,8 @@ def _site_folders():
     folders = [os.path.join(prefix, libdir, version, name) for prefix in prefixes
                for libdir in dict.fromkeys((sys.platlibdir, "lib")) for name in ("site-packages", "dist-packages")]
     folders += site.getsitepackages(prefixes)
-    try:
+    with contextlib.suppress(Exception):
         folders.append(site.getusersitepackages())
-    except Exception:
-        pass
     return list(dict.fromkeys(folders))
 
 

@@ -17,7 +17,7 @@ import re
 import sys
 
 from trainyard import overrides, sso
-from trainyard.client import Client
+from trainyard.client import Client, read_manifest_file
 from trainyard.config import Config, config_path, normalize_url, save_config
 from trainyard.errors import TrainyardError, UsageError
 from trainyard.experiment import ExperimentDocument, parse_experiment
@@ -45,20 +45,12 @@ def _read_manifest(path, changes=()):
     if os.path.isdir(path):
         raise UsageError(f"{path}: is a folder, not a manifest (the job's YAML file); `trainyard train` takes "
                          "the manifest first, then the code: trainyard train MANIFEST CODE_DIR_OR_ARCHIVE")
-    text = _read_bytes(path)
+    text = read_manifest_file(path)
     try:
         text = overrides.overridden(text, changes)
         return text, parse_manifest(text)
     except ManifestError as exc:
         raise _invalid(f"{path}{' with --set/--name' if changes else ''}: invalid manifest", exc) from None
-
-
-def _read_bytes(path):
-    try:
-        with open(path, "rb") as manifest_file:
-            return manifest_file.read()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
 
 
 def _invalid(what, error):
@@ -70,7 +62,7 @@ def _invalid(what, error):
 
 def _read_experiment(path):
     """The experiment manifest's bytes and the Experiment they make; UsageError naming every problem."""
-    text = _read_bytes(path)
+    text = read_manifest_file(path)
     try:
         return text, parse_experiment(text)
     except ManifestError as exc:
@@ -150,7 +142,7 @@ def cmd_train(args):
 def _is_experiment(path):
     """Whether the manifest file has an experiment's sections (read leniently: the checks come after)."""
     try:
-        fields = load_fields(_read_bytes(path))
+        fields = load_fields(read_manifest_file(path))
     except (UsageError, ManifestError):
         return False
     return "searcher" in fields or "hyperparameters" in fields

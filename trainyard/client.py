@@ -1,11 +1,4 @@
-"""`trainyard.Client`: Trainyard's REST API (SPEC §4) as Python calls.
-
-    from trainyard import Client
-    client = Client()                      # TRAINYARD_URL / TRAINYARD_TOKEN, or what `trainyard login` saved
-    job = client.submit("examples/pytorch-digits/manifest.yml", "examples/pytorch-digits")
-    for line in client.logs(job["id"], follow=True):
-        print(line["line"])
-    print(client.wait(job["id"])["status"], client.metrics(job["id"]))
+"""`trainyard.Client`: Trainyard's REST API (SPEC §4) as Python calls (an example: the package's docstring).
 
 Jobs, log lines, metric points and artifacts are the API's own JSON objects (dicts), so nothing here
 hides a field the server adds. Failures are `trainyard.errors` exceptions with one-line messages.
@@ -460,11 +453,16 @@ def _manifest_bytes(manifest):
         return json.dumps(manifest).encode()  # JSON is YAML
     if isinstance(manifest, str) and "\n" in manifest:
         return manifest.encode()
+    return read_manifest_file(manifest)
+
+
+def read_manifest_file(path):
+    """A manifest file's bytes; UsageError naming the file when it cannot be read."""
     try:
-        with open(manifest, "rb") as manifest_file:
+        with open(path, "rb") as manifest_file:
             return manifest_file.read()
     except OSError as exc:
-        raise UsageError(f"{manifest}: {exc.strerror or exc}") from None
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
 
 
 def _overridden(manifest_bytes, overrides, name):
@@ -612,10 +610,8 @@ class StatusWatch:
         return True
 
     def close(self):
-        try:
+        with contextlib.suppress(Exception):  # already gone: nothing to tidy
             self.closing.close()
-        except Exception:  # already gone: nothing to tidy
-            pass
 
 
 def _status_in(message):

@@ -71,15 +71,9 @@ class ServerError(ApiError):
     transient = True
 
 
+_CLASS_OF_STATUS = {400: BadRequest, 413: BadRequest, 422: BadRequest, 401: Unauthorized, 403: Unauthorized,
+                    404: NotFound, 409: Conflict, 429: ServerError}
+
+
 def api_error_class(status):
-    if status in (400, 413, 422):
-        return BadRequest
-    if status in (401, 403):
-        return Unauthorized
-    if status == 404:
-        return NotFound
-    if status == 409:
-        return Conflict
-    if status >= 500 or status == 429:
-        return ServerError
-    return ApiError
+    return ServerError if status >= 500 else _CLASS_OF_STATUS.get(status, ApiError)

@@ -45,8 +45,6 @@ class Framework:
     why_minimum: str = ""
     # Extra environment of every learner on every backend (e.g. which Keras backend to use).
     env: dict = field(default_factory=dict)
-    # How learners of one distributed job find each other, besides the torch.distributed variables.
-    rendezvous: str = "torch.distributed env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
 
     def check_version(self, version):
         """The version a manifest asked for, normalised ("" for "latest"); FrameworkError if refused."""
@@ -86,7 +84,6 @@ class Framework:
 @dataclass(frozen=True)
 class TensorFlowFramework(Framework):
     """TensorFlow's MultiWorkerMirroredStrategy reads the cluster from TF_CONFIG."""
-    rendezvous: str = "TF_CONFIG (MultiWorkerMirroredStrategy), plus the torch.distributed variables"
 
     def distributed_env(self, *, index, learners, hosts, port):
         workers = [f"{hosts[i]}:{port + 1 + i}" for i in range(learners)]
@@ -97,8 +94,6 @@ class TensorFlowFramework(Framework):
 @dataclass(frozen=True)
 class JaxFramework(Framework):
     """jax.distributed.initialize(coordinator_address, num_processes, process_id) from these."""
-    rendezvous: str = ("JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID for "
-                       "jax.distributed.initialize(), plus the torch.distributed variables")
 
     def distributed_env(self, *, index, learners, hosts, port):
         return {"JAX_COORDINATOR_ADDRESS": f"{hosts[0]}:{port}", "JAX_NUM_PROCESSES": str(learners),

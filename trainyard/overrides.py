@@ -91,22 +91,18 @@ def _set(fields, path, value):
     node = fields
     for depth, part in enumerate(parts):
         where = ".".join(parts[:depth])
-        last = depth == len(parts) - 1
         if isinstance(node, list):
-            index = _index(node, part, path, where)
-            if last:
-                node[index] = value
-            else:
-                node = node[index]
+            key = _index(node, part, path, where)
         elif isinstance(node, dict):
-            if last:
-                node[part] = value
-            else:
-                if node.get(part) is None:
-                    node[part] = {}
-                node = node[part]
+            key = part
         else:
             raise ManifestError(path, f"{where} is {shown(node)}, not a section with fields")
+        if depth == len(parts) - 1:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and node.get(key) is None:
+                node[key] = {}
+            node = node[key]
 
 
 def _index(items, part, path, where):
