@@ -11,8 +11,8 @@ metrics, halt, resume, terminate and download what they produced.
     print(job["status"], job["latest_metrics"])
     client.download(job["id"], "out/")
 
-The `trainyard` command (`trainyard.cli`) is built on this. The package needs only the standard
-library and `requests`; it never imports Django.
+The `trainyard` command (`trainyard.cli`) is built on this. The package needs only what its
+distribution declares (requests and a few small libraries, pyproject.toml); it never imports Django.
 """
 from trainyard.client import FINAL_STATUSES, RESTING_STATUSES, Client, Downloaded
 from trainyard.errors import (ApiError, BadRequest, ConfigError, Conflict, ConnectionFailed, NotFound, PackingError,
