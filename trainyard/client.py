@@ -486,12 +486,15 @@ def _newest_per_name(artifacts, kind):
     return latest
 
 
-def safe_target(destination, name):
-    """destination/<name>, refusing a name that would land outside destination."""
+def safe_target(destination, name, *, path=os.path):
+    """destination/<name>, refusing a name that would land outside destination. A learner names its
+    files: on Windows (`path` is ntpath) a backslash or a colon in one of them is a separator, a drive
+    or a stream, so `results/..\\..\\x` would climb out."""
     parts = PurePosixPath(name).parts
-    if not parts or PurePosixPath(name).is_absolute() or any(part in ("..", "") for part in parts):
+    if (not parts or PurePosixPath(name).is_absolute() or any(part in ("..", "") for part in parts)
+            or (path.sep == "\\" and any("\\" in part or ":" in part for part in parts))):
         raise TrainyardError(f"the server sent an unsafe artifact name {name!r}; not downloading it")
-    return os.path.join(destination, *parts)
+    return path.join(destination, *parts)
 
 
 def _origin(url):

@@ -668,6 +668,15 @@ def test_download_refuses_unsafe_names():
         client.safe_target("/tmp/x", "../../etc/passwd")
 
 
+@pytest.mark.parametrize("name", ["results/..\\..\\x", "results/C:x", "results/model.pt:stream"])
+def test_download_to_windows_refuses_names_that_climb_out_there(name):
+    import ntpath
+    with pytest.raises(TrainyardError, match="unsafe"):
+        client.safe_target("C:\\out", name, path=ntpath)
+    assert client.safe_target("/tmp/out", name) == "/tmp/out/" + name  # a plain file name on POSIX
+    assert client.safe_target("C:\\out", "results/model.pt", path=ntpath) == "C:\\out\\results\\model.pt"
+
+
 def test_train_json_prints_the_whole_job(api, tmp_path, code_dir, capsys):
     assert run("train", write(tmp_path / "m.yml", GOOD_MANIFEST), code_dir, "--json") == 0
     job = json.loads(capsys.readouterr().out)
