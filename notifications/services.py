@@ -96,6 +96,9 @@ def check_url(url):
     if parts.username or parts.password:
         raise HookError("credentials in the URL are not allowed; the hook's secret signs every request",
                         field="url")
+    if not (parts.path + parts.query + parts.fragment).isascii():  # no request line can carry it
+        raise HookError("the URL's path or query holds a character outside ASCII; percent-encode it "
+                        "(é is %C3%A9)", field="url")
     try:
         egress.checked_addresses(parts.hostname, port or (443 if parts.scheme == "https" else 80), egress_policy(),
                                  timeout=LOOKUP_TIMEOUT_S)

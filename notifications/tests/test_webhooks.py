@@ -179,6 +179,18 @@ def test_it_refuses_bad_urls_and_schemes(url, private_allowed):
     assert answer.status_code == 400 and answer.json()["field"] == "url"
 
 
+def test_a_url_no_request_line_can_carry_is_refused_and_its_encoded_form_taken(private_allowed):
+    import http.client
+    with pytest.raises(UnicodeEncodeError):  # what every delivery to it would fail with
+        http.client.HTTPConnection("127.0.0.1", 9).putrequest("POST", "/hooks/é")
+    client = client_for(member())
+    for url in ("http://127.0.0.1:9/hooks/é", "http://127.0.0.1:9/hooks?to=é"):
+        answer = client.post("/api/v1/webhooks/", {"url": url}, format="json")
+        assert answer.status_code == 400 and answer.json()["field"] == "url"
+        assert "outside ASCII" in answer.json()["detail"]
+    assert client.post("/api/v1/webhooks/", {"url": "http://127.0.0.1:9/hooks/%C3%A9"}, format="json").status_code == 201
+
+
 def test_it_shows_the_secret_once_and_audits_changes(private_allowed):
     alice = member()
     client = client_for(alice)
