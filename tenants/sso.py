@@ -21,6 +21,7 @@ Scripts and the CLI: `trainyard login --sso` runs the device authorization grant
 the two endpoints at the bottom (the client secret never leaves the server) and receives a personal API
 token that expires after TRAINYARD_OIDC_TOKEN_LIFETIME seconds.
 """
+import contextlib
 import logging
 import time
 from datetime import timedelta
@@ -32,6 +33,7 @@ from django.contrib import auth
 from django.contrib.auth import get_user_model
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
+from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
 from django.db import transaction
 from django.http import Http404, HttpResponseForbidden
@@ -367,8 +369,44 @@ def session_vouched_for(session, user):
     if (ACCESS_TOKEN not in session or not user.is_authenticated
             or time.time() - session.get(CHECKED_AT, 0) < settings.OIDC_RECHECK_S):
         return True
+    with _rechecking(session) as mine:
+        if not mine:
+            return True  # another request of this session is asking the provider right now
+        _take_newer_check(session)
+        if time.time() - session.get(CHECKED_AT, 0) < settings.OIDC_RECHECK_S:
+            return True  # a request that read the session before this one asked meanwhile
+        return _rechecked(session, user)
+
+
+SESSION_CHECKS = (ACCESS_TOKEN, REFRESH_TOKEN, ACCESS_EXPIRES, CHECKED_AT)
+
+
+@contextlib.contextmanager
+def _rechecking(session):
+    """Whether this request asks the provider about the session: one at a time per session (the pages'
+    requests come in parallel), since each would refresh with the same refresh token, which a provider
+    that rotates them takes for a stolen one and answers by revoking the person's grant."""
+    key = f"sso-recheck:{session.session_key}"
+    mine = cache.add(key, 1, timeout=3 * settings.OIDC_TIMEOUT + 5)  # a killed process's mark runs out
+    try:
+        yield mine
+    finally:
+        if mine:
+            cache.delete(key)
+
+
+def _take_newer_check(session):
+    """What another request of the session stored since this one read it (fresher tokens, a later check)."""
+    stored = session.__class__(session_key=session.session_key)
+    if stored.get(CHECKED_AT, 0) > session.get(CHECKED_AT, 0):
+        for name in SESSION_CHECKS:
+            session[name] = stored.get(name)
+
+
+def _rechecked(session, user):
     try:
         recheck(session, user)
+        session.save()  # before the next request may ask: it reads what this one learnt
         return True
     except requests.RequestException as exc:
         log.info("single sign-on session of %s ended: the provider cannot be asked (%s)", user.username, exc)

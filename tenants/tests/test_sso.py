@@ -194,6 +194,61 @@ def test_a_session_keeps_its_refresh_token_when_the_provider_does_not_rotate_it(
 
 
 @pytest.fixture
+def refreshes(monkeypatch):
+    """The refresh grants sent to the provider (the refresh token each spent)."""
+    sent, real_post = [], sso.requests.post
+
+    def counting(url, **kwargs):
+        if kwargs.get("data", {}).get("grant_type") == "refresh_token":
+            sent.append(kwargs["data"]["refresh_token"])
+        return real_post(url, **kwargs)
+    monkeypatch.setattr(sso.requests, "post", counting)
+    return sent
+
+
+def expired_session(client, settings):
+    """carol's session, due for its recheck with an access token the provider no longer takes."""
+    sign_in(client, "carol")
+    session = client.session
+    session[sso.ACCESS_TOKEN] = "expired"
+    session.save()
+    settings.OIDC_RECHECK_S = 1
+    time.sleep(1.1)
+    return session.session_key, get_user_model().objects.get(username="carol")
+
+
+def test_a_request_that_read_the_session_before_another_refreshed_it_spends_no_refresh_token_again(
+        idp, client, settings, refreshes):
+    """Pages send requests in parallel: each read the session before the first to recheck stored what it
+    learnt, and a second refresh with the token the first spent is, to a provider that rotates them,
+    a stolen token (it revokes the person's grant)."""
+    from django.contrib.sessions.backends.db import SessionStore
+    key, carol = expired_session(client, settings)
+    first, read_earlier = SessionStore(session_key=key), SessionStore(session_key=key)
+    assert read_earlier[sso.ACCESS_TOKEN] == first[sso.ACCESS_TOKEN] == "expired"  # both loaded now
+    assert sso.session_vouched_for(first, carol)
+    assert sso.session_vouched_for(read_earlier, carol)
+    assert len(refreshes) == 1
+    assert read_earlier[sso.REFRESH_TOKEN] == first[sso.REFRESH_TOKEN]
+    assert read_earlier[sso.ACCESS_TOKEN] == first[sso.ACCESS_TOKEN] != "expired"
+
+
+def test_while_one_request_asks_the_provider_the_sessions_others_go_on_without_asking(
+        idp, client, settings, refreshes):
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.core.cache import cache
+    key, carol = expired_session(client, settings)
+    assert cache.add(f"sso-recheck:{key}", 1, timeout=30)  # as the request asking now holds it
+    try:
+        session = SessionStore(session_key=key)
+        assert sso.session_vouched_for(session, carol)
+        assert refreshes == [] and session[sso.ACCESS_TOKEN] == "expired"
+    finally:
+        cache.delete(f"sso-recheck:{key}")
+    assert sso.session_vouched_for(session, carol) and len(refreshes) == 1  # its turn, once the mark is gone
+
+
+@pytest.fixture
 def short_lived_idp(tmp_path, settings, monkeypatch):
     """A provider of its own whose access tokens last 1 s (and 15 s more: its clock tolerance), carol
     in ml-vision (vision as researcher)."""
