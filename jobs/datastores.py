@@ -17,11 +17,14 @@ path (upload), handing the sealed credentials over as a Kubernetes Secret.
 Imports are Django-free at module level (the manifest parser and the CLI import this module).
 """
 import base64
+import errno
 import fcntl
 import hashlib
+import io
 import json
 import os
 import socket
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -48,6 +51,9 @@ PROGRESS_EVERY_S = 2.0  # between two progress lines of a transfer in the job's 
 # and a server may list without end; past it, the data belongs in fewer, larger objects (archives).
 MAX_OBJECTS = 100_000
 MAX_KEY_BYTES = 1024  # S3's own limit on a key; longer ones only come from a server that means harm
+# Of one answer that is no object's content (a listing page, an upload's answer, any error): botocore
+# reads such an answer whole into memory before parsing it, and a server may send one without end.
+MAX_ANSWER_BYTES = 16 * 2**20
 
 
 class DataStoreError(Exception):
@@ -55,14 +61,32 @@ class DataStoreError(Exception):
 
 
 # --- the store interface and its two implementations ---------------------------------------------
-class Allowance:
+class Deadline:
+    """`seconds` in all for a transfer (`doing`: "download", "upload"), set by the operator's
+    `setting`: past it the transfer stops with a message naming both, and its stores' connections
+    are cut (`_cut_past`)."""
+
+    def __init__(self, seconds, *, doing, setting):
+        self.seconds, self.doing, self.setting = seconds, doing, setting
+        self.deadline = time.monotonic() + seconds
+
+    def check_time(self, label):
+        if self.past_deadline():
+            raise DataStoreError(f"{label}: the {self.doing} took longer than {self.seconds}s in all "
+                                 f"({self.setting}); stopped")
+
+    def past_deadline(self):
+        return time.monotonic() > self.deadline
+
+
+class Allowance(Deadline):
     """What a download may still take: `most_bytes` (the job's data cap, named `cap` in a refusal)
     and `seconds` in all. Counted as bytes are written, not from what a listing says (a data store's
     server says what it likes): one reading past either raises DataStoreError."""
 
     def __init__(self, most_bytes, seconds, cap):
-        self.left, self.seconds, self.cap = most_bytes, seconds, cap
-        self.deadline = time.monotonic() + seconds
+        super().__init__(seconds, doing="download", setting="TRAINYARD_DATA_DOWNLOAD_SECONDS")
+        self.left, self.cap = most_bytes, cap
 
     def listed(self, total, label):
         """Refuse at once a listing that says more than is left."""
@@ -75,14 +99,6 @@ class Allowance:
         if self.left < 0:
             raise DataStoreError(f"{label}: the download went past the job's {self.cap}; stopped")
         self.check_time(label)
-
-    def check_time(self, label):
-        if self.past_deadline():
-            raise DataStoreError(f"{label}: the download took longer than {self.seconds}s in all "
-                                 "(TRAINYARD_DATA_DOWNLOAD_SECONDS); stopped")
-
-    def past_deadline(self):
-        return time.monotonic() > self.deadline
 
 
 @dataclass(frozen=True)
@@ -112,7 +128,8 @@ class LocalStore:
         _copy_file(self.path_of(key), destination, allowance, label=f"data store {self.name!r}")
 
     def put(self, source, key):
-        _copy_file(source, self.path_of(key))
+        """`source` (a file open for reading) written as `key`."""
+        _write(_blocks(source), self.path_of(key))
 
     def cut(self):
         """Nothing to cut: reading and writing a local disk ends by itself."""
@@ -150,6 +167,7 @@ class S3Store:
         self.egress = egress
         self._endpoint_checked = False
         self._cutter = _Cutter()
+        self._bound = _AnswerBound()
         options = dict(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"},
                        s3={"addressing_style": "path"})
         if egress is not None:
@@ -161,7 +179,8 @@ class S3Store:
             aws_secret_access_key=secret_key or None, aws_session_token=session_token or None,
             region_name=region or "us-east-1", config=Config(**options))
         if egress is not None:
-            _guard_connections(self.client, egress, self._cutter)
+            _guard_connections(self.client, egress, self._cutter, self._bound)
+            self.client.meta.events.register("before-call.s3", self._bound.before_call)
 
     def list(self, prefix=""):
         with self._errors("listing"):
@@ -181,8 +200,9 @@ class S3Store:
                 body.close()
 
     def put(self, source, key):
+        """`source` (a file open for reading) uploaded as `key`."""
         with self._errors(f"uploading {key}"):
-            self.client.upload_file(str(source), self.bucket, key)
+            self.client.upload_fileobj(source, self.bucket, key)
 
     def cut(self):
         """End every connection to the endpoint now, and open none again (from any thread)."""
@@ -214,6 +234,9 @@ class S3Store:
             raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: "
                                  f"{_explain_client_error(exc)}") from None
         except (BotoCoreError, S3UploadFailedError) as exc:
+            if _caused_by(exc, AnswerTooLong):
+                raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: the "
+                                     f"server's answer was longer than {format_bytes(MAX_ANSWER_BYTES)}; refused") from None
             if self.egress is not None and _no_connection(exc):
                 raise self._unreachable() from None  # refused, timed out, not resolved: all read the same
             raise DataStoreError(f"data store {self.name!r}: {doing} in bucket {self.bucket!r} failed: {exc}") from None
@@ -222,12 +245,45 @@ class S3Store:
 def _no_connection(exc):
     """The failure (or what caused it: uploads wrap it) is a connection that could not be made or kept."""
     from botocore.exceptions import ConnectionError, HTTPClientError
+    return _caused_by(exc, (ConnectionError, HTTPClientError))
+
+
+def _caused_by(exc, kinds):
     cause = exc
     while cause is not None:
-        if isinstance(cause, (ConnectionError, HTTPClientError)):
+        if isinstance(cause, kinds):
             return True
         cause = cause.__cause__ or cause.__context__
     return False
+
+
+class AnswerTooLong(Exception):
+    """A data store's server sent more than MAX_ANSWER_BYTES where no object's content was asked for."""
+
+
+class _AnswerBound(threading.local):
+    """Whether the call this thread makes now is an object download (its answer is streamed to disk
+    and counted there), set by botocore's `before-call` event, which runs in the thread that then
+    sends the request; every other answer is read within MAX_ANSWER_BYTES by the guarded pool."""
+    streamed = True
+
+    def before_call(self, model, **kwargs):
+        self.streamed = model.has_streaming_output
+
+
+def _read_within(response, method, url):
+    """The answer `response` (urllib3's, unread) read whole within MAX_ANSWER_BYTES, as an answer
+    of the same status and headers that botocore reads instead; AnswerTooLong past the bound."""
+    from urllib3.response import HTTPResponse
+    body = response.read(MAX_ANSWER_BYTES + 1, decode_content=False)
+    if len(body) > MAX_ANSWER_BYTES:
+        response.close()  # the rest is never read: the connection cannot be used again
+        raise AnswerTooLong(f"an answer over {MAX_ANSWER_BYTES} bytes")
+    response.release_conn()
+    return HTTPResponse(body=io.BytesIO(body), headers=response.headers, status=response.status,
+                        version=response.version, reason=response.reason, preload_content=False,
+                        decode_content=False, enforce_content_length=False, request_method=method,
+                        request_url=url)
 
 
 class _Cutter:
@@ -265,8 +321,10 @@ class _Cutter:
                     pass
 
 
-def _guard_connections(client, policy, cutter):
-    """Make every connection the client opens go through jobs.egress.connect (checked addresses only).
+def _guard_connections(client, policy, cutter, bound):
+    """Make every connection the client opens go through jobs.egress.connect (checked addresses only),
+    kept by `cutter`, and every answer that `bound` says is no object's content read within
+    MAX_ANSWER_BYTES (through the pools' public `urlopen`).
 
     botocore keeps its urllib3 pool classes in one dict shared by its pool and proxy managers, and
     creates pools lazily, so replacing the classes before the first request covers every connection.
@@ -278,11 +336,11 @@ def _guard_connections(client, policy, cutter):
     if not isinstance(classes, dict) or set(classes) != {"http", "https"}:
         raise RuntimeError("botocore's connection pools are not where jobs.datastores expects them; "
                            "data-store endpoints cannot be checked")
-    classes["http"] = _guarded_pool(AWSHTTPConnectionPool, AWSHTTPConnection, policy, cutter)
-    classes["https"] = _guarded_pool(AWSHTTPSConnectionPool, AWSHTTPSConnection, policy, cutter)
+    classes["http"] = _guarded_pool(AWSHTTPConnectionPool, AWSHTTPConnection, policy, cutter, bound)
+    classes["https"] = _guarded_pool(AWSHTTPSConnectionPool, AWSHTTPSConnection, policy, cutter, bound)
 
 
-def _guarded_pool(pool_class, connection_class, policy, cutter):
+def _guarded_pool(pool_class, connection_class, policy, cutter, bound):
     from urllib3.exceptions import NewConnectionError
 
     class GuardedConnection(connection_class):
@@ -311,7 +369,13 @@ def _guarded_pool(pool_class, connection_class, policy, cutter):
                 cutter.closed(self.spare)
                 self.spare = None
 
-    return type(f"Guarded{pool_class.__name__}", (pool_class,), {"ConnectionCls": GuardedConnection})
+    def urlopen(self, method, url, *args, **kwargs):
+        response = pool_class.urlopen(self, method, url, *args, **kwargs)
+        # An error is read whole too, an object download's included.
+        return response if bound.streamed and response.status < 300 else _read_within(response, method, url)
+
+    return type(f"Guarded{pool_class.__name__}", (pool_class,), {"ConnectionCls": GuardedConnection,
+                                                                  "urlopen": urlopen})
 
 
 def transfer_failures():
@@ -348,7 +412,11 @@ def _relative_posix(path, top, prefix):
 
 def _copy_file(source, destination, allowance=None, *, label=""):
     with open(source, "rb") as src:
-        _write(iter(lambda: src.read(1024 * 1024), b""), destination, allowance, label=label)
+        _write(_blocks(src), destination, allowance, label=label)
+
+
+def _blocks(file):
+    return iter(lambda: file.read(1024 * 1024), b"")
 
 
 def _write(blocks, destination, allowance=None, *, label=""):
@@ -436,14 +504,23 @@ def fetch(source, destination, *, report=lambda line: None, allowance=None):
     store's connections are cut, whatever the server is sending, and the download fails saying so."""
     if allowance is None:
         return _fetch(source, Path(destination), report, None)
-    cutting = threading.Timer(max(0.0, allowance.deadline - time.monotonic()), source.store.cut)
+    with _cut_past(allowance, source):
+        return _fetch(source, Path(destination), report, allowance)
+
+
+@contextmanager
+def _cut_past(deadline, location):
+    """The block, with the location's store cut once `deadline` (a Deadline) passes: a server
+    trickling its answers or reading slowly holds a shared worker no longer. Whatever the cut made
+    the store fail with reads as the deadline passed."""
+    cutting = threading.Timer(max(0.0, deadline.deadline - time.monotonic()), location.store.cut)
     cutting.daemon = True
     cutting.start()
     try:
-        return _fetch(source, Path(destination), report, allowance)
+        yield
     except Exception:
-        if allowance.past_deadline():  # whatever the cut made the store fail with
-            allowance.check_time(source.label)
+        if deadline.past_deadline():
+            deadline.check_time(location.label)
         raise
     finally:
         cutting.cancel()
@@ -484,22 +561,83 @@ def _fetch(source, destination, report, allowance):
     return _transfer([(obj, obj.size) for obj in objects], get, report, f"downloading from {source.label}")
 
 
-def push(folders, target, *, report=lambda line: None):
-    """Upload every regular file of each {name: folder} under target.prefix/name/."""
-    files = []
+def push(folders, target, *, report=lambda line: None, deadline=None):
+    """Upload every regular file of each {name: folder} under target.prefix/name/, within `deadline`
+    (a Deadline, shared by every target of the job) when given. Links are never followed: those
+    found, and files that turn out to be links or no plain files when opened, are left out, and one
+    line through `report` names them."""
+    files, left_out = [], []
     for name, folder in folders.items():
         folder = Path(folder)
+        if folder.is_symlink():
+            left_out.append(name)
+            continue
         if not folder.is_dir():
             continue
-        for path in regular_files(folder):
+        for path in regular_files(folder, links=left_out, named_from=folder.parent):
             if not path.name.startswith(".tmp"):
-                key = PurePosixPath(target.prefix, name, path.relative_to(folder).as_posix())
-                files.append(((path, str(key).lstrip("/")), path.stat().st_size))
-    return _transfer(files, lambda file: target.store.put(*file), report, f"uploading to {target.label}")
+                relative = path.relative_to(folder)
+                key = str(PurePosixPath(target.prefix, name, relative.as_posix())).lstrip("/")
+                files.append(((folder, relative, key), path.lstat().st_size))
+
+    def put(file):
+        folder, relative, key = file
+        if deadline is not None:
+            deadline.check_time(target.label)
+        source = _open_below(folder, relative)
+        if source is None:
+            left_out.append(f"{folder.name}/{relative.as_posix()}")
+            return
+        with source:
+            target.store.put(source, key)
+
+    if deadline is None:
+        done = _transfer(files, put, report, f"uploading to {target.label}")
+    else:
+        with _cut_past(deadline, target):
+            done = _transfer(files, put, report, f"uploading to {target.label}")
+    if left_out:
+        report(_left_out_line(target, left_out))
+    return done
 
 
-def regular_files(top):
-    """Every regular file under `top` (symlinks left out, so nothing outside is read), in a stable
+def _open_below(top, relative):
+    """The file `relative` below the folder `top`, open for reading, each folder and the file opened
+    without following a link (O_NOFOLLOW), never by its path: a learner's process left running can
+    swap a link to any file of the platform's in for a listed one. None when one of them is a link
+    or gone, or the file is no plain file (O_NONBLOCK: a FIFO must not hold the upload)."""
+    folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        folder = os.open(top, folder_flags)
+        try:
+            for part in relative.parts[:-1]:
+                inner = os.open(part, folder_flags, dir_fd=folder)
+                os.close(folder)
+                folder = inner
+            fd = os.open(relative.parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         dir_fd=folder)
+        finally:
+            os.close(folder)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def _left_out_line(target, names, shown=3):
+    listed = ", ".join(repr(name[:200]) for name in names[:shown])
+    more = f" and {len(names) - shown:,} more" if len(names) > shown else ""
+    return (f"[trainyard] uploading to {target.label}: {len(names):,} symbolic links or other entries that are "
+            f"not plain files were left out (a link is never followed): {listed}{more}")
+
+
+def regular_files(top, *, links=None, named_from=None):
+    """Every regular file under `top` (symlinks left out, so nothing outside is read; each one's path
+    relative to `named_from`, else `top`, is added to the list `links` when given), in a stable
     order, folder by folder as os.walk goes. A learner can nest its folders thousands deep: those
     past diskwatch.MAX_DEPTH (whose learner that cap already failed) and unreadable ones are passed
     over, and the walk keeps a stack of its own (os.walk recursed once per level)."""
@@ -518,6 +656,8 @@ def regular_files(top):
                     folders.append(Path(entry.path))
                 elif entry.is_file(follow_symlinks=False):
                     yield Path(entry.path)
+                elif links is not None and entry.is_symlink():
+                    links.append(Path(entry.path).relative_to(named_from or top).as_posix())
             except OSError:  # gone meanwhile
                 continue
         if depth < diskwatch.MAX_DEPTH:

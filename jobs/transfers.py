@@ -133,16 +133,21 @@ def _empty(data_dir):
 def push_results(job, run):
     """Upload RESULT_DIR, the checkpoints and the log to every store with training_results, and mirror
     them into the platform's storage when that is S3. Returns None, or what failed (naming the store;
-    also written to the job's log). The caller decides what that means for the job's status."""
+    also written to the job's log). The caller decides what that means for the job's status.
+
+    All of it takes at most RESULT_UPLOAD_SECONDS: a result store's server that reads slowly or
+    trickles its answers holds a lifecycle worker, which every tenant shares, no longer."""
     folder = storage.job_dir(job.tenant.slug, job.id)
     folders = {name: folder / name for name in ("results", "checkpoints", "logs")}
+    deadline = datastores.Deadline(settings.RESULT_UPLOAD_SECONDS, doing="upload",
+                                   setting="TRAINYARD_RESULT_UPLOAD_SECONDS")
     try:
         targets = _result_targets(job, run, folder)
         if targets and (over := _over_caps(run, folders)) is not None:
             system_log(job.id, f"[trainyard] {over}")
             return over
         for target in targets:
-            datastores.push(folders, target, report=lambda line: system_log(job.id, line))
+            datastores.push(folders, target, report=lambda line: system_log(job.id, line), deadline=deadline)
     except datastores.transfer_failures() as exc:
         failure = datastores.failure_text(exc)
         system_log(job.id, f"[trainyard] {failure}")

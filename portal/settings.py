@@ -240,6 +240,8 @@ DISK_DEFAULTS = {
 # How long downloading a job's training data may take in all (a data store answering slowly holds a
 # lifecycle worker meanwhile).
 DATA_DOWNLOAD_SECONDS = env.integer("TRAINYARD_DATA_DOWNLOAD_SECONDS", 3600, minimum=1)
+# How long uploading a job's results to its result stores may take in all (same reason).
+RESULT_UPLOAD_SECONDS = env.integer("TRAINYARD_RESULT_UPLOAD_SECONDS", 3600, minimum=1)
 # What one learner of a job may store of the log (within the job's caps), and one line's length.
 LOG_MAX_BYTES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_MB_PER_LEARNER", 256, minimum=1) * 2**20
 LOG_MAX_LINES_PER_LEARNER = env.integer("TRAINYARD_LOG_MAX_LINES_PER_LEARNER", 1_000_000, minimum=1)

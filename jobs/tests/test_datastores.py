@@ -111,6 +111,32 @@ def test_fetch_and_push_with_local_folders_report_progress(tmp_path):
         "job-1/results/model.bin"]
 
 
+@pytest.mark.parametrize("swapped", ["sub/model.bin", "sub"])
+def test_a_file_or_folder_swapped_for_a_link_after_listing_is_left_out_not_followed(tmp_path, swapped):
+    # A learner's process left running swaps a link to a platform file in for a listed one while the
+    # upload begins (its first progress line).
+    secret = tmp_path / "platform"
+    secret.mkdir()
+    (secret / "model.bin").write_bytes(b"SECRET")
+    results = tmp_path / "results"
+    (results / "sub").mkdir(parents=True)
+    (results / "sub" / "model.bin").write_bytes(b"mine")
+    lines = []
+
+    def swap(line):
+        if not lines:
+            moved = results / swapped
+            moved.rename(tmp_path / "aside")
+            moved.symlink_to(secret / "model.bin" if swapped.endswith(".bin") else secret)
+        lines.append(line)
+
+    datastores.push({"results": results}, Location(LocalStore(tmp_path / "out", name="o"), "job-1", "store o"),
+                    report=swap)
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert lines[-1] == ("[trainyard] uploading to store o: 1 symbolic links or other entries that are not plain "
+                         "files were left out (a link is never followed): 'results/sub/model.bin'")
+
+
 def test_a_missing_local_folder_is_a_clear_error(tmp_path):
     with pytest.raises(DataStoreError, match="folder .* does not exist"):
         datastores.fetch(Location(LocalStore(tmp_path, name="s"), "nope", "s"), tmp_path / "data")

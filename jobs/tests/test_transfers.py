@@ -63,3 +63,19 @@ def test_output_within_its_caps_is_pushed(settings):
     (folder / "results" / "model.txt").write_bytes(b"m" * 1000)
     assert transfers.push_results(target, runtime.of(target)) is None
     assert pushed_bytes(settings, alice) == 1000
+
+
+def test_links_in_the_output_are_left_out_and_named_in_the_jobs_log(settings, tmp_path):
+    alice = member()
+    target, folder = job_with_local_results(alice, results=MiB, checkpoints=MiB)
+    (tmp_path / "secret").write_bytes(b"s" * 100)
+    (folder / "results" / "model.txt").write_bytes(b"m" * 1000)
+    (folder / "results" / "latest").symlink_to("model.txt")
+    (folder / "results" / "key").symlink_to(tmp_path / "secret")
+    (folder / "checkpoints" / "elsewhere").symlink_to(tmp_path)
+    assert transfers.push_results(target, runtime.of(target)) is None
+    assert pushed_bytes(settings, alice) == 1000
+    line = LogLine.objects.get(job=target, stream="system", line__contains="left out").line
+    assert line == ("[trainyard] uploading to data store 'shelf' (folder trained): 3 symbolic links or other entries "
+                    "that are not plain files were left out (a link is never followed): 'results/key', "
+                    "'results/latest', 'checkpoints/elsewhere'")
