@@ -12,6 +12,7 @@ sockets are told (`{"type": "deleted"}`) and closed with 4404, and a socket open
 """
 import asyncio
 import collections
+import contextlib
 import logging
 import weakref
 from importlib import import_module
@@ -80,6 +81,15 @@ class _ScopedConsumer(AsyncJsonWebsocketConsumer):
     counted = False
     rechecks = None  # the task that asks this socket to check its access now and then
     holder = None  # the user whose sockets this one counts among (None until it has a place)
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # A handler that raised (a statement cancelled, the database gone) ends the socket without
+            # its disconnect: its place, its rechecks and its subscriptions would stay for good.
+            with contextlib.suppress(Exception):
+                await self.disconnect(1011)
 
     async def accept(self, subprotocol=None, headers=None):
         await super().accept(subprotocol, headers)
@@ -376,16 +386,24 @@ class JobListConsumer(_ScopedConsumer):
         else:
             self.membership = membership
 
+    @property
+    def sight(self):
+        """What may_see's answer rests on (the membership it reads again): sockets with the same see alike."""
+        return self.membership.pk
+
     @_db
-    def may_see(self, job_id):
-        """Asked by the tenant's hub for each private job's change."""
+    def may_see(self, job_ids):
+        """Of these private jobs, those this socket's user may see (asked by the tenant's hub for the private
+        jobs' changes of a burst, one query for the batch)."""
         membership = self._membership_now()
-        return membership is not None and tenancy.jobs_of(membership).filter(pk=job_id).exists()
+        if membership is None:
+            return set()
+        return set(tenancy.jobs_of(membership).filter(pk__in=list(job_ids)).values_list("pk", flat=True))
 
     @_db
     def may_have_seen(self, job_ids):
         """Of these deleted private jobs, those this socket's user could see before they went (asked by the
-        tenant's hub for a deletion, one query for the batch)."""
+        tenant's hub for a burst's deletions, one query for the batch)."""
         membership = self._membership_now()
         if membership is None:
             return set()

@@ -6,11 +6,12 @@ behind. Here one hub per tenant joins the group with one channel, reads each cha
 the sockets one message per burst: the first
 change at once, the changes of the next COALESCE_S together (`{"type": "statuses", "changes": [...]}`),
 each as a lone `status` message would be. A burst's message is encoded once for every socket that
-sees all of it; a private job's change is checked per socket and reaches only those that may see it.
+sees all of it; a private job's change reaches only the sockets that may see it, checked once per user
+and burst.
 
 Deletions (jobs.live.publish_deleted_on_commit) come as batches of job ids and go out as changes of their
 own in the same bursts, `{"type": "deleted", "jobs": [ids], "time"}`; the private jobs among them are
-checked per socket, one query for the batch, and reach only those who could see them before they went.
+checked with the burst's, and reach only those who could see them before they went.
 """
 import asyncio
 import json
@@ -114,9 +115,17 @@ class TenantHub:
 
     async def _deliver(self, changes):
         shared = None  # the message for a socket that sees every change, encoded once
+        private = {change["job"] for change in changes if _is_private_status(change)}
+        deleted = frozenset().union(*(change.private for change in changes if isinstance(change, Deleted)))
+        # What each user may see of the burst's private jobs, checked once per user and burst, never per
+        # socket and change: a private experiment's thousands of trials times a user's hundreds of sockets
+        # would hold the thread pool every tenant's sockets share.
+        sights = {}
         for socket in list(self.sockets):
             try:
-                seen = [await _as_seen_by(socket, change) for change in changes]
+                if socket.sight not in sights:
+                    sights[socket.sight] = await _sight_of(socket, private, deleted)
+                seen = [_as_seen(change, sights[socket.sight]) for change in changes]
                 if all(mine is whole for mine, whole in zip(seen, changes)):
                     shared = shared or _encode(changes)
                     await socket.send(text_data=shared)
@@ -145,18 +154,27 @@ def _change_in(message):
     return None
 
 
-async def _as_seen_by(socket, change):
-    """`change` as `socket` may see it: itself, None, or for a deletion the one without the private jobs
-    its user could not see."""
+def _is_private_status(change):
+    return not isinstance(change, Deleted) and bool(change["job_detail"].get("private"))
+
+
+async def _sight_of(socket, private, deleted):
+    """Of a burst's private jobs, those the socket's user may see: the live ones, and the deleted ones
+    they could see before they went (one query each for the batch)."""
+    visible = set(await socket.may_see(private)) if private else set()
+    return visible | (set(await socket.may_have_seen(deleted)) if deleted else set())
+
+
+def _as_seen(change, visible):
+    """`change` as a socket whose user may see `visible` of the burst's private jobs sees it: itself, None,
+    or for a deletion the one without the private jobs its user could not see."""
     if isinstance(change, Deleted):
-        if not change.private:
-            return change
-        hidden = change.private - await socket.may_have_seen(change.private)
+        hidden = change.private - visible
         if not hidden:
             return change
         jobs = [job_id for job_id in change["jobs"] if job_id not in hidden]
         return {**change, "jobs": jobs} if jobs else None
-    if not change["job_detail"].get("private") or await socket.may_see(change["job"]):
+    if not _is_private_status(change) or change["job"] in visible:
         return change
     return None
 

@@ -12,9 +12,9 @@ node is where its attempt placed it (the attempt's Allocation row); a node's GPU
 no sample of the minute read a GPU (no NVML there).
 
 One GROUP BY over the window's samples, per learner and minute, whatever their number. Its cost grows
-with every tenant's learners, and anyone signed in may ask: an answer is shared by every caller for the
-minute it was made in (`shared_history`), and a tenant has one computed at a time
-(tenants.throttling.CLUSTER_HISTORY).
+with every tenant's learners, and anyone signed in may ask: only the few WINDOWS are computed, each
+shared by every caller for the minute it was made in (`shared_history`; a shorter history is cut from
+the window that holds it), and a tenant has one computed at a time (tenants.throttling.CLUSTER_HISTORY).
 """
 import logging
 import time
@@ -30,12 +30,23 @@ from jobs.models import Allocation, ResourceSample
 
 MINUTE_S = 60.0
 MAX_MINUTES = 24 * 60
+# The histories computed: any other length is cut from the shortest that holds it, so callers asking
+# for each length in turn cannot make the database sum every tenant's samples again for each.
+WINDOWS = (60, 6 * 60, MAX_MINUTES)
 
 log = logging.getLogger(__name__)
 
 
 def shared_history(minutes):
-    """history(minutes), as computed at most a minute ago for any caller."""
+    """history(minutes), as computed at most a minute ago for any caller: the minutes of the shortest
+    of WINDOWS that holds it, from the minute `minutes` ago on."""
+    window = next(w for w in WINDOWS if w >= minutes)
+    since = timezone.now() - timedelta(minutes=minutes)
+    return [{"name": node["name"], "points": points} for node in _window(window)
+            if (points := [p for p in node["points"] if p["time"] > since - timedelta(seconds=MINUTE_S)])]
+
+
+def _window(minutes):
     key = f"node-use:{minutes}:{int(time.time() // MINUTE_S)}"
     try:
         found = cache.get(key)

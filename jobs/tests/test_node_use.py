@@ -112,3 +112,25 @@ def test_a_tenant_has_one_history_computed_at_a_time():
         assert refused.status_code == 429 and refused["Retry-After"]
         assert client_for(member("team-c", "carol")).get("/api/v1/cluster/use/").status_code == 200
     assert client_for(bob).get("/api/v1/cluster/use/").status_code == 200
+
+
+def test_callers_asking_for_each_length_in_turn_share_the_few_computed_windows():
+    """A member walking ?minutes= through 1..1440 must not have every tenant's samples summed again for each."""
+    import time
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    if time.time() % 60 > 50:  # every request in one minute
+        time.sleep(11)
+    row = job(member())
+    placed(row, 1, "local")
+    now = timezone.now()
+    samples(row, 0, 1, cpu=1.0, start=now - timedelta(minutes=90))
+    samples(row, 0, 1, cpu=2.0, start=now - timedelta(seconds=30))
+    client = client_for(member("team-b", "bob"))
+    assert [len(n["points"]) for n in client.get("/api/v1/cluster/use/?minutes=360").json()["nodes"]] == [2]
+    with CaptureQueriesContext(connection) as queries:
+        for minutes, shown in ((359, 2), (89, 1), (61, 1)):  # the sample 90 minutes ago is in the first only
+            body = client.get(f"/api/v1/cluster/use/?minutes={minutes}").json()
+            assert body["minutes"] == minutes and [len(n["points"]) for n in body["nodes"]] == [shown]
+    assert not [q for q in queries if ResourceSample._meta.db_table in q["sql"]]

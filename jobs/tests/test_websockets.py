@@ -449,6 +449,46 @@ def test_a_burst_with_a_private_job_reaches_each_socket_with_what_it_may_see(mon
     assert scenario() == {"alice": [public.id, secret.id, later.id], "bob": [public.id, later.id]}
 
 
+def test_a_burst_of_private_jobs_is_checked_once_per_user_not_per_socket_and_job(monkeypatch):
+    """Each check is a trip to the database on the thread pool every tenant's sockets share: a private
+    experiment's trials changing at once, times a user's many sockets, must not cost one check each."""
+    from channels.layers import get_channel_layer
+    from jobs import consumers, listhub
+    monkeypatch.setattr(listhub, "COALESCE_S", 0.5)
+    real, checks = consumers.JobListConsumer.__dict__["may_see"], []
+
+    async def counted(self, *args):  # the real check, counted
+        checks.append(args)
+        return await real(self, *args)
+    monkeypatch.setattr(consumers.JobListConsumer, "may_see", counted)
+    alice, bob = member("team-a", "alice"), member("team-a", "bob")
+    public, secrets, later = job(alice), [job(alice, private=True) for _ in range(12)], job(alice)
+    group = live.tenant_group(alice.tenant_id)
+    paths = [(name, f"/ws/jobs/?token={token_for(who)}") for name, who in
+             (("alice", alice), ("alice", alice), ("alice", alice), ("bob", bob))]
+
+    @async_to_sync
+    async def scenario():
+        layer = get_channel_layer()
+        sockets = [(name, communicator_for(path)) for name, path in paths]
+        for _, socket in sockets:
+            assert (await socket.connect())[0]
+        for target in (public, *secrets, later):
+            await layer.group_send(group, {"type": "job.status", "status": {"job": target.id, "status": "FAILED"},
+                                           "job": live.status_payload(target)})
+        seen = []
+        for name, socket in sockets:
+            first, burst = await socket.receive_json_from(timeout=2), await socket.receive_json_from(timeout=2)
+            seen.append((name, [first["job"]] + [c["job"] for c in burst.get("changes", [burst])]))
+            assert await socket.receive_nothing(timeout=0.6)
+            await socket.disconnect()
+        return seen
+
+    assert scenario() == [("alice", [public.id, *(s.id for s in secrets), later.id])] * 3 + [
+        ("bob", [public.id, later.id])]
+    assert len(checks) == 2  # the burst's private jobs: once for alice's three sockets, once for bob's
+
+
 # --- what one socket can cost the others ----------------------------------------------------------------
 def test_a_socket_that_takes_nothing_is_let_go_and_the_tenants_other_sockets_go_on(monkeypatch):
     from channels.generic.websocket import AsyncWebsocketConsumer
