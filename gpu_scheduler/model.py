@@ -115,6 +115,7 @@ class Workload:
     attained_gpu_s: float = 0.0  # GPU-seconds it ran in earlier attempts (its service so far, without this run)
     # An elastic job (0 = fixed): when its `learners` do not fit, it may start with as few as this.
     min_learners: int = 0
+    private: bool = False  # seen by its owner and those it is shared with only: reasons do not name it
 
     def __post_init__(self):
         if not self.job_id:

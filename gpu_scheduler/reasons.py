@@ -36,10 +36,13 @@ def split_position(reason):
 
 def job_seen_by(viewer_tenant, workload, kind=""):
     """`workload` as the tenant `viewer_tenant` may see it named, e.g. with kind="higher-priority ":
-    'higher-priority job X' for its own job, 'a higher-priority job of another tenant' otherwise."""
-    if workload.tenant == viewer_tenant:
-        return f"{kind}job {workload.job_id}"
-    return f"a {kind}job of another tenant"
+    'higher-priority job X' for its own job, 'a higher-priority job of another tenant' otherwise, and
+    'a private higher-priority job of this tenant' for one that not every member may see."""
+    if workload.tenant != viewer_tenant:
+        return f"a {kind}job of another tenant"
+    if workload.private:
+        return f"a private {kind}job of this tenant"
+    return f"{kind}job {workload.job_id}"
 
 
 def gib(memory_bytes):

@@ -47,7 +47,7 @@ POSITIONS_REFRESHED_KEY = "admission:positions-refreshed"
 # What a cycle reads of every queued and active job: whole rows (the manifest as sent and as parsed)
 # and an owner object per job made building the rows most of a cycle's own time.
 CYCLE_FIELDS = ("id", "tenant_id", "status", "attempt", "learners", "gpus", "cpus", "memory_bytes", "priority",
-                "placement", "preempted_reason", "wait_reason", "created_at", "updated_at", "admitted_at")
+                "placement", "preempted_reason", "wait_reason", "created_at", "updated_at", "admitted_at", "private")
 
 
 def run_cycle():
@@ -243,7 +243,7 @@ def _workload(job, tenants, attained):
         started=job.admitted_at.timestamp() if job.admitted_at else 0.0,
         # A queued job's last transition put it in the queue (wait-reason updates leave updated_at alone).
         queued_at=job.updated_at.timestamp() if job.status == Status.QUEUED else None,
-        attained_gpu_s=attained.get(job.id, 0.0))
+        attained_gpu_s=attained.get(job.id, 0.0), private=job.private)
 
 
 def _admit(job, placement, *, tenant):

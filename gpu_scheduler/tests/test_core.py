@@ -230,6 +230,14 @@ def test_a_higher_priority_job_halts_lower_priority_work(victim, expected):
         assert decisions.waiting["h"] == "waiting: 1st in tenant queue; for 8 GPUs being freed by preemption"
 
 
+def test_a_private_job_is_not_named_in_the_reasons_its_colleagues_read():
+    """The victim's reason is read by whoever sees the victim; a private job is seen by its owner and
+    those it is shared with only."""
+    snap = snapshot([node()], running("x", ("n1", range(8)), priority="low"))
+    decisions = schedule(snap, [job("secret-h", gpus=8, priority="high", private=True)])
+    assert decisions.preempt == {"x": "preempted for a private higher-priority job of this tenant"}
+
+
 # Fair share (an equal part of the cluster among the tenants with running or queued work): a job of
 # another pool tenant is halted only while the preempting tenant stays within its share with the new
 # job, and only from a tenant above its own.

@@ -154,6 +154,22 @@ def test_a_job_preempted_for_another_tenants_job_is_not_told_which_job_or_tenant
     assert not [text for text in told if high.id in text or "team-b" in text or "bob" in text], told
 
 
+def test_a_job_preempted_for_a_colleagues_private_job_is_not_told_which(cluster, sent):
+    """A private job is seen by its owner and those it is shared with: the colleague whose job it halts
+    reads that a private job of the tenant needed the GPUs, not its id."""
+    cluster(gpus=4)
+    alice, carol = member("team-a", "alice"), member("team-a", "carol")
+    for _ in range(4):
+        job(alice, gpus=1, priority="low")
+    admission.run_cycle()
+    secret = job(carol, gpus=1, priority="high", private=True)
+    admission.run_cycle()
+    victim = Job.objects.get(status=Status.HALTING)
+    told = [victim.status_reason, victim.preempted_reason, *victim.events.values_list("reason", flat=True)]
+    assert victim.preempted_reason == "preempted for a private higher-priority job of this tenant"
+    assert not [text for text in told if secret.id in text], told
+
+
 def test_a_tenant_at_its_fair_share_halts_its_own_work_not_another_tenants(cluster, sent):
     """Shared pool: team-b already holds half of the 4 GPUs; its high-priority job would take it past
     half, so it halts team-b's own normal job, not team-a's low-priority one."""
