@@ -72,7 +72,9 @@ class AtOnce:
     # soon a slot whose process died is free again
     busy: str = ""  # what a refusal (Busy) says takes every slot, after their number
 
-COMPARISONS = AtOnce("compare", limit=2, hold_s=120, busy="comparisons of this tenant are running")
+# A comparison runs statements per line of each job, each allowed TRAINYARD_WEB_STATEMENT_TIMEOUT_S: it may
+# outlast any fixed hold, so its slot is kept while it runs.
+COMPARISONS = AtOnce("compare", limit=2, hold_s=120, renewed=True, busy="comparisons of this tenant are running")
 CLUSTER_HISTORY = AtOnce("cluster-use", limit=1, hold_s=120,  # jobs.node_use: every tenant's samples
                          busy="request(s) of this tenant for the cluster's history are being answered")
 USAGE_REPORTS = AtOnce("usage", limit=2, hold_s=120,  # jobs.usage: a period's samples, summed by the database

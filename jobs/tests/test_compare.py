@@ -243,6 +243,24 @@ def test_a_renewed_slot_is_kept_past_its_hold_while_its_block_runs():
         assert after
 
 
+def test_a_comparisons_slot_is_kept_while_it_runs(monkeypatch, alice, sweep):
+    import dataclasses
+    import time
+    from jobs import compare
+    monkeypatch.setattr(throttling, "COMPARISONS", dataclasses.replace(throttling.COMPARISONS, limit=1, hold_s=1))
+    real = compare.metric_series
+    seen = []
+
+    def slow(*args, **kwargs):  # the lines of large jobs: longer than the slot's hold
+        time.sleep(2.2)
+        with throttling.slot(throttling.COMPARISONS, alice.tenant_id) as another:
+            seen.append(another)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(compare, "metric_series", slow)
+    assert get(client_for(alice), [job.id for job in sweep]).status_code == 200
+    assert seen == [False]
+
+
 def test_a_comparison_that_outran_its_slot_frees_only_a_slot_it_still_holds():
     rule = throttling.AtOnce("compare-test", limit=1, hold_s=60)
     first = throttling.slot(rule, "t")
