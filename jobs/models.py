@@ -215,7 +215,9 @@ class LogLine(models.Model):
 
 
 class MetricPoint(models.Model):
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    # Indexed by (job, id) below: a job's points in the order they came, one range of it a page (by the
+    # job alone, a page after a job's last points walked every later point of every tenant).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points", db_index=False)
     attempt = models.PositiveIntegerField(default=1)
     learner = models.PositiveIntegerField(default=0)
     name = models.CharField(max_length=100)
@@ -224,7 +226,8 @@ class MetricPoint(models.Model):
     time = models.DateTimeField()
 
     class Meta:
-        indexes = [models.Index(fields=["job", "name", "id"])]
+        indexes = [models.Index(fields=["job", "name", "id"]),
+                   models.Index(fields=["job", "id"], name="metric_point_job_id")]
 
 
 class ResourceSample(models.Model):
