@@ -131,7 +131,7 @@ def test_hostile_records_are_noted_and_break_nothing(running_job):
     assert post(running_job, records).json() == {"acked": 8}
     assert points() == [("ok", 7, 1.5)]
     assert Learner.objects.get(job=running_job).ingest_state["tags"] == {"": {"bomb": True, "ok": True, "nan": True}}
-    notes = list(LogLine.objects.filter(stream="system").values_list("line", flat=True))
+    notes = list(LogLine.objects.filter(stream="system").order_by("seq").values_list("line", flat=True))
     assert len(notes) == 4 and all(n.startswith("TensorBoard: ") for n in notes)
     assert "f byte 100: not an Event protobuf" in notes[0]
     assert "not base64" in notes[1] and "its file's path" in notes[2] and "at most" in notes[3]
@@ -160,7 +160,7 @@ def test_notes_stop_at_the_limit(running_job):
     records = [{"seq": s, "kind": "tfevent", "file": "f", "offset": s, "time": 1.0,
                 "data": base64.b64encode(b"\xff garbage").decode()} for s in range(1, 40)]
     post(running_job, records)
-    notes = list(LogLine.objects.filter(stream="system").values_list("line", flat=True))
+    notes = list(LogLine.objects.filter(stream="system").order_by("seq").values_list("line", flat=True))
     assert len(notes) == tensorboard.MAX_NOTES and "the last such note" in notes[-1]
 
 
