@@ -371,7 +371,7 @@ def session_vouched_for(session, user):
         return True
     with _rechecking(session) as mine:
         if not mine:
-            return True  # another request of this session is asking the provider right now
+            return True  # another request with the same sign-in is asking the provider
         _take_newer_check(session)
         if time.time() - session.get(CHECKED_AT, 0) < settings.OIDC_RECHECK_S:
             return True  # a request that read the session before this one asked meanwhile
