@@ -52,7 +52,7 @@ def test_the_asgi_application_refuses_a_foreign_origin_at_the_handshake(origin, 
     async def connect():
         communicator = WebsocketCommunicator(application, "/ws/jobs/", headers=[(b"host", b"testserver"),
                                                                               (b"origin", origin)])
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=10)  # a first socket imports the consumers
         await communicator.disconnect()
         return connected
     # Accepted means it reached the consumer, which then refuses an anonymous caller with 4401.

@@ -21,9 +21,17 @@ async def receive_all(communicator):
     return messages, None
 
 
+class Communicator(WebsocketCommunicator):
+    """Channels' communicator, given as long to connect as a loaded machine needs: a process's first
+    socket imports the consumers and opens a database connection, past the library's one second."""
+
+    async def connect(self, timeout=10):
+        return await super().connect(timeout)
+
+
 def communicator_for(path, headers=()):
-    return WebsocketCommunicator(application, path,
-                                 headers=[(b"host", b"testserver"), (b"origin", b"http://testserver"), *headers])
+    return Communicator(application, path,
+                        headers=[(b"host", b"testserver"), (b"origin", b"http://testserver"), *headers])
 
 
 @async_to_sync
