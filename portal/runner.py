@@ -132,8 +132,9 @@ class Platform:
         if self._supervisor is not None:
             self._supervisor.join()
             self._supervisor = None
-        for name in reversed(self.names()):
-            self.stop_process(name, timeout=timeout)
+        # Every part at once, Redis last: the others may still hand it a task as they wind down.
+        self.stop_processes([name for name in self.names() if name != "redis"], timeout=timeout)
+        self.stop_processes(["redis"], timeout=timeout)
         if self._web_socket is not None:
             self._web_socket.close()
             self._web_socket = None
@@ -206,16 +207,22 @@ class Platform:
             return self.processes[name]
 
     def stop_process(self, name, *, timeout=10, sig=signal.SIGTERM):
+        self.stop_processes([name], timeout=timeout, sig=sig)
+
+    def stop_processes(self, names, *, timeout=10, sig=signal.SIGTERM):
+        """Signal the parts together, then wait for them: what is left after `timeout` is killed."""
         with self._lock:
-            process = self.processes.pop(name, None)
-            if process is None or process.poll() is not None:
-                return
-            _signal_group(process, sig)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(process, signal.SIGKILL)
-                process.wait()
+            stopping = [process for process in (self.processes.pop(name, None) for name in names)
+                        if process is not None and process.poll() is None]
+            for process in stopping:
+                _signal_group(process, sig)
+            deadline = time.monotonic() + timeout
+            for process in stopping:
+                try:
+                    process.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _signal_group(process, signal.SIGKILL)
+                    process.wait()
 
     def kill(self, name):
         """SIGKILL one part (chaos tests)."""
