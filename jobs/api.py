@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import (admission, compare, deletion, elastic_timeline, ingest, lifecycle, listing, node_use, serving,
-                  sharing, storage, submission, tenancy)
+                  shared_reads, sharing, storage, submission, tenancy)
 from jobs.backends import get_backend
 from jobs.serializers import (AllocationListSerializer, AllocationSerializer, ArtifactPageSerializer,
                               ArtifactSerializer, ClusterSerializer, ClusterUseSerializer, ComparisonSerializer,
@@ -36,6 +36,7 @@ ARTIFACT_PAGE = 200  # files per page of a job's artifacts by default, and at mo
 MAX_ARTIFACT_PAGE = 1000
 MAX_RESOURCE_LIMIT = 5000  # resource samples in one page: the resources chart reads pages this size
 MAX_METRIC_LIMIT = 10000  # metric points in one page, and by default
+CAPACITY_SHARED_S = 5  # how old the nodes the cluster's answer lists may be
 MAX_SEQ = 2**53  # log sequence numbers: far beyond any log, within what every JSON client reads exactly
 
 
@@ -301,11 +302,13 @@ class JobArtifactDownload(TenantScoped, APIView):
 
 
 class Cluster(APIView):
-    """Capacity per node in tenant-neutral figures; `my_jobs` lists only the caller's own tenant's jobs."""
+    """Capacity per node in tenant-neutral figures; `my_jobs` lists only the caller's own tenant's jobs.
+    The nodes are read from the backend (on Kubernetes a list of every Node) once per CAPACITY_SHARED_S
+    for every caller: anyone signed in may ask as often as they like. What is used is read each time."""
 
     @extend_schema(responses={200: ClusterSerializer})
     def get(self, request):
-        capacity = get_backend().capacity()
+        capacity = shared_reads.shared("capacity", CAPACITY_SHARED_S, get_backend().capacity)
         used = admission.used_resources()
         mine = _tenant_jobs_by_node(request)
         nodes = []

@@ -16,16 +16,14 @@ with every tenant's learners, and anyone signed in may ask: only the few WINDOWS
 shared by every caller for the minute it was made in (`shared_history`; a shorter history is cut from
 the window that holds it), and a tenant has one computed at a time (tenants.throttling.CLUSTER_HISTORY).
 """
-import logging
-import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db.models import Avg, Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
+from jobs import shared_reads
 from jobs.models import Allocation, ResourceSample
 
 MINUTE_S = 60.0
@@ -33,8 +31,6 @@ MAX_MINUTES = 24 * 60
 # The histories computed: any other length is cut from the shortest that holds it, so callers asking
 # for each length in turn cannot make the database sum every tenant's samples again for each.
 WINDOWS = (60, 6 * 60, MAX_MINUTES)
-
-log = logging.getLogger(__name__)
 
 
 def shared_history(minutes):
@@ -47,19 +43,7 @@ def shared_history(minutes):
 
 
 def _window(minutes):
-    key = f"node-use:{minutes}:{int(time.time() // MINUTE_S)}"
-    try:
-        found = cache.get(key)
-    except Exception as exc:  # noqa: BLE001 - the cache is an economy: without it, compute
-        log.warning("could not reach the cache for the cluster's history (%s)", exc)
-        return history(minutes)
-    if found is None:
-        found = history(minutes)
-        try:
-            cache.set(key, found, timeout=int(MINUTE_S))
-        except Exception as exc:  # noqa: BLE001
-            log.warning("could not keep the cluster's history in the cache (%s)", exc)
-    return found
+    return shared_reads.shared(f"node-use:{minutes}", MINUTE_S, lambda: history(minutes))
 
 
 def history(minutes, now=None):

@@ -134,3 +134,24 @@ def test_callers_asking_for_each_length_in_turn_share_the_few_computed_windows()
             body = client.get(f"/api/v1/cluster/use/?minutes={minutes}").json()
             assert body["minutes"] == minutes and [len(n["points"]) for n in body["nodes"]] == [shown]
     assert not [q for q in queries if ResourceSample._meta.db_table in q["sql"]]
+
+
+def test_the_cluster_asks_the_backend_for_its_nodes_once_a_period_for_every_caller(monkeypatch):
+    """On Kubernetes each ask lists every Node: a member refreshing the cluster page, or a script
+    polling it, must not make the API server do it for each request."""
+    import time
+
+    from jobs import api
+    from jobs.backends import get_backend
+    backend, asked = get_backend(), []
+    real = backend.capacity
+    monkeypatch.setattr(backend, "capacity", lambda: asked.append(1) or real())
+    monkeypatch.setattr(api, "CAPACITY_SHARED_S", 1.0)
+    if time.time() % 1 > 0.7:  # the first requests in one period
+        time.sleep(0.35)
+    first = client_for(member("team-b", "bob")).get("/api/v1/cluster/").json()
+    again = [client_for(member(f"team-{t}", f"user-{t}")).get("/api/v1/cluster/").json() for t in "cd"]
+    assert len(asked) == 1 and all(body["nodes"] == first["nodes"] for body in again)
+    time.sleep(1.05)
+    assert client_for(member("team-b", "bob")).get("/api/v1/cluster/").json()["gpus_total"] == first["gpus_total"]
+    assert len(asked) == 2  # the next period asks again
