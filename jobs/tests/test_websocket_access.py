@@ -233,5 +233,5 @@ def test_the_list_socket_closes_when_its_session_expires(monkeypatch, settings):
     # The session's row ends as an expired one would, with nothing sent anywhere (a queryset update).
     expire = change(lambda: Session.objects.filter(session_key=client.cookies["sessionid"].value)
                     .update(expire_date=timezone.now() - timedelta(seconds=1)))
-    code, _ = session("/ws/jobs/", headers=headers, then=then_wait(0.8, expire))
+    code, _ = session("/ws/jobs/", headers=headers, then=then_wait(1.5, expire))
     assert code == 4401
