@@ -1,7 +1,6 @@
 """Hosts and websocket origins derived from the public URL (portal.hosts)."""
 import pytest
 from asgiref.sync import async_to_sync
-from channels.testing import WebsocketCommunicator
 
 from portal import hosts
 
@@ -46,13 +45,13 @@ def test_it_decides_which_websocket_origins_may_connect(origin, host, ok):
 @pytest.mark.parametrize("origin, accepted", [(b"http://testserver", True), (b"http://evil.example", False)])
 def test_the_asgi_application_refuses_a_foreign_origin_at_the_handshake(origin, accepted, settings):
     from portal.asgi import application
+    from tests.support.websockets import Communicator
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
     @async_to_sync
     async def connect():
-        communicator = WebsocketCommunicator(application, "/ws/jobs/", headers=[(b"host", b"testserver"),
-                                                                              (b"origin", origin)])
-        connected, _ = await communicator.connect(timeout=10)  # a first socket imports the consumers
+        communicator = Communicator(application, "/ws/jobs/", headers=[(b"host", b"testserver"), (b"origin", origin)])
+        connected, _ = await communicator.connect()
         await communicator.disconnect()
         return connected
     # Accepted means it reached the consumer, which then refuses an anonymous caller with 4401.
