@@ -24,6 +24,10 @@ from portal import env as env_vars  # `env` names the processes' environment her
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SUPERVISE_INTERVAL_S = 0.5
 RESTARTS_PER_MINUTE = 5  # a part that dies more often than this is left down (crash loop)
+# Webhook deliveries going out at once (threads of the webhooks' worker). A tenant sends one at a time
+# (notifications.services.DELIVERING_PER_TENANT), so only this many tenants whose receivers all hang
+# can make another tenant's delivery wait.
+WEBHOOK_THREADS = 16
 
 
 class StartupError(RuntimeError):
@@ -89,7 +93,8 @@ class Platform:
         # same socket. One process (the default) binds its port itself, as before.
         try:
             self.web_processes = env_vars.integer("TRAINYARD_WEB_PROCESSES", 1, minimum=1, environ=self.env)
-            self.webhook_workers = env_vars.integer("TRAINYARD_WEBHOOK_WORKERS", 2, minimum=1, environ=self.env)
+            self.webhook_workers = env_vars.integer("TRAINYARD_WEBHOOK_WORKERS", WEBHOOK_THREADS, minimum=1,
+                                                    environ=self.env)
         except env_vars.ConfigError as exc:
             raise StartupError(str(exc)) from None
         self._web_socket = None
@@ -189,9 +194,11 @@ class Platform:
 
     def start_webhooks(self):
         """The worker of the webhook queue (settings.WEBHOOK_QUEUE) alone: deliveries wait on other
-        people's servers, so they never take the lifecycle worker's processes."""
+        people's servers, so they never take the lifecycle worker's processes. Its pool is threads: a
+        delivery is a wait on a socket, so many go out at once for the memory of one process."""
         self.spawn("webhooks", [sys.executable, "-m", "celery", "-A", "portal.celery", "worker", "--loglevel=INFO",
-                                "-Q", "webhooks", f"--concurrency={self.webhook_workers}", "--without-gossip",
+                                "-Q", "webhooks", "--pool=threads", f"--concurrency={self.webhook_workers}",
+                                "--without-gossip",
                                 "--without-mingle", "-n", f"trainyard-webhooks-{self.port}@%h"])
 
     def start_beat(self):

@@ -107,6 +107,40 @@ def test_trickling_receivers_of_one_tenant_do_not_hold_another_tenants_job(platf
             trickler.stop()
 
 
+def test_hanging_receivers_of_two_tenants_do_not_delay_a_third_tenants_delivery(platform, intruder):
+    """Each tenant sends one delivery at a time, so two tenants with hanging receivers hold two of the
+    webhooks' worker's threads, and alice's delivery goes out beside them, not after their deadlines."""
+    _, _, mallory = intruder
+    oscar = platform.add_member("team-c", "oscar")
+    tricklers = [Receiver(trickle_s=1.0).start() for _ in range(2)]
+    hooks = [(add_hook(platform, t.url, token=token), token) for t, token in zip(tricklers, (mallory, oscar))]
+    receiver = Receiver().start()
+    hooks.append((add_hook(platform, receiver.url), None))
+    try:
+        noisy = [quick_job(platform, token=token, name=f"noisy-{i}") for i, token in enumerate((mallory, oscar))]
+        deadline = time.monotonic() + 30
+        while not all(t.trickling for t in tricklers):
+            assert time.monotonic() < deadline, f"the hooks were never both called: {[t.trickling for t in tricklers]}"
+            time.sleep(0.05)
+        job = quick_job(platform, name="alice-beside")
+        began = time.monotonic()
+        while not any(payload["job"]["id"] == job["id"] for payload, _ in receiver.events(hooks[-1][0]["secret"])):
+            assert time.monotonic() - began < 30, "alice's hook heard nothing of her job"
+            time.sleep(0.05)
+        took = time.monotonic() - began
+        # Waiting for a thread, it would have gone out when the first hanging delivery was cut off, most
+        # of DEADLINE_S after this began.
+        assert took < DEADLINE_S - 2, (f"alice's first delivery took {took:.1f}s while two other tenants' "
+                                       f"receivers hung (a delivery's deadline is {DEADLINE_S}s)")
+        for job_of_neighbour, token in zip(noisy, (mallory, oscar)):
+            platform.wait_for(job_of_neighbour["id"], token=token, timeout=60)
+    finally:
+        for hook, token in hooks:
+            remove_hook(platform, hook, token=token)
+        for server in (*tricklers, receiver):
+            server.stop()
+
+
 def test_a_slack_hook_gets_a_hostile_job_name_as_text(platform):
     receiver = Receiver().start()
     hook = add_hook(platform, receiver.url)
