@@ -61,8 +61,14 @@ def invited_answer(invitation):
 
 def invitations_for(user):
     """The invitations waiting for `user`, oldest first (those not expired)."""
-    return (Invitation.objects.filter(username=user.get_username(), created_at__gt=_oldest_valid())
-            .select_related("tenant").order_by("created_at", "pk"))
+    return (Invitation.objects.filter(_addressed_to(user)).select_related("tenant").order_by("created_at", "pk"))
+
+
+def _addressed_to(user):
+    # Only an invitation sent (or sent again) since the account was made: one sent to a name nobody held
+    # would go to whoever took the name first, and a first sign-in through the provider takes the name
+    # the provider says (preferred_username), which a person may choose there.
+    return Q(username=user.get_username(), created_at__gt=_oldest_valid(), created_at__gte=user.date_joined)
 
 
 def _oldest_valid(now=None):
@@ -90,8 +96,7 @@ def accept(invitation, user):
     with transaction.atomic():
         # Read again under its lock: one withdrawn, renewed with another role or expired since it was
         # shown is not what the user may accept now.
-        current = Invitation.objects.select_for_update().filter(
-            pk=invitation.pk, username=user.get_username(), created_at__gt=_oldest_valid()).first()
+        current = Invitation.objects.select_for_update().filter(_addressed_to(user), pk=invitation.pk).first()
         if current is None or not user.is_active:
             raise PeopleError("this invitation is not yours, or it has expired", status=404)
         member, _ = Membership.objects.get_or_create(tenant_id=current.tenant_id, user=user,

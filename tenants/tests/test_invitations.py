@@ -198,6 +198,18 @@ def test_deleting_an_account_withdraws_the_invitations_to_its_name():
     assert client_for(newcomer).get("/api/v1/invitations/").json()["results"] == []
 
 
+def test_an_invitation_sent_before_the_account_existed_is_not_the_accounts():
+    admin = member("team-a", "ada", role="admin")
+    invite(admin, "bob", role="admin")
+    bob = get_user_model().objects.create_user("bob")  # whoever took the name first
+    assert client_for(bob).get("/api/v1/invitations/").json()["results"] == []
+    early = Invitation.objects.get(username="bob")
+    with pytest.raises(people.PeopleError):
+        people.accept(early, bob)
+    invite(admin, "bob", role="viewer")
+    assert [i["role"] for i in client_for(bob).get("/api/v1/invitations/").json()["results"]] == ["viewer"]
+
+
 def test_an_expired_invitation_reads_as_expired_to_the_admin_and_leaves_the_members_page(settings):
     admin = member("team-a", "ada", role="admin")
     invite(admin, "bob")

@@ -305,6 +305,24 @@ def test_invitations_keep_working_and_a_tenant_no_mapping_names_is_left_alone(id
     assert list(Membership.objects.filter(user=carol).values_list("tenant__slug", flat=True)) == ["shared"]
 
 
+def test_a_first_sign_in_under_an_invited_name_does_not_take_the_invitation(idp, client):
+    """The provider's preferred_username is the name a first sign-in takes, and a person may choose it
+    there: an invitation sent to a name nobody held is not theirs. Invited again, it is."""
+    from tenants import people
+    shared = Tenant.objects.create(slug="shared")
+    people.invite(shared, "erin", "admin", invited_by="ada")
+    idp.set_accounts({"erin": {"groups": []}})
+    sign_in(client, "erin")
+    assert get_user_model().objects.filter(username="erin").exists()
+    assert client.get("/api/v1/invitations/").json()["results"] == []
+    waiting = Invitation.objects.get(username="erin")
+    assert client.post(f"/api/v1/invitations/{waiting.pk}/accept/").status_code == 404
+    assert not Membership.objects.filter(tenant=shared).exists()
+    people.invite(shared, "erin", "viewer", invited_by="ada")  # sent to the account that holds the name now
+    [invitation] = client.get("/api/v1/invitations/").json()["results"]
+    assert client.post(f"/api/v1/invitations/{invitation['id']}/accept/").json()["role"] == "viewer"
+
+
 @pytest.mark.parametrize("groups_left, role_left", [(["ml-vision"], "researcher"), ([], None)],
                          ids=["demoted", "removed"])
 def test_an_admin_the_provider_demotes_or_removes_takes_back_the_invitations_they_sent(
