@@ -26,7 +26,7 @@ import gpu_scheduler as scheduler
 from gpu_scheduler.reasons import job_seen_by, position_prefix, split_position
 from jobs import lifecycle, prometheus_series
 from jobs.backends import get_backend
-from jobs.models import ACTIVE, Job, Status
+from jobs.models import ACTIVE, AT_REST, FollowUp, Job, Status
 from jobs.states import transition
 from tenants import quotas
 from tenants.models import Tenant
@@ -59,7 +59,7 @@ def run_cycle():
         queued = list(_cycle_rows(Job.objects.filter(status=Status.QUEUED).order_by("created_at")))
         if not queued:
             return []  # not timed: idle cycles (the loop's periodic ones) would drown the ones that decide
-        running = list(_cycle_rows(Job.objects.filter(status__in=ACTIVE)))
+        running = list(_cycle_rows(Job.objects.filter(status__in=ACTIVE))) + list(_cycle_rows(being_torn_down()))
         tenants = _policies({job.tenant_id for job in queued + running})
         # As a subquery: Django compiles a list of every queued and active id slowly into the statement.
         attained = quotas.earlier_gpu_seconds(Job.objects.filter(status__in=(Status.QUEUED, *ACTIVE)).values("id"))
@@ -108,6 +108,15 @@ def _holding_what_nodes_have(running, nodes):
         placement = tuple(placement)
         kept.append(workload if placement == workload.placement else dataclasses.replace(workload, placement=placement))
     return tuple(kept)
+
+
+def being_torn_down():
+    """Jobs at rest whose teardown is open: their learners may still run (a terminated job's get a
+    grace period, then a kill, and the backend confirms them gone), so they keep their GPUs until it
+    is done, not to share one with the next tenant's learner (nor be grown onto: jobs.autoscaler). The
+    teardown's end wakes the loop."""
+    tearing_down = FollowUp.objects.filter(kind=FollowUp.Kind.TEARDOWN, done_at=None).values("job_id")
+    return Job.objects.filter(pk__in=tearing_down, status__in=AT_REST).exclude(placement=[])
 
 
 def _cycle_rows(jobs):
@@ -239,7 +248,7 @@ def _workload(job, tenants, attained):
         per_learner=scheduler.Resources(job.gpus, job.cpus, job.memory_bytes), priority=job.priority,
         order=int(job.created_at.timestamp() * 1_000_000),
         placement=tuple(scheduler.Placement(p["node"], tuple(p["gpu_ids"])) for p in job.placement),
-        stopping=job.status == Status.HALTING or bool(job.preempted_reason),
+        stopping=job.status == Status.HALTING or job.status in AT_REST or bool(job.preempted_reason),
         started=job.admitted_at.timestamp() if job.admitted_at else 0.0,
         # A queued job's last transition put it in the queue (wait-reason updates leave updated_at alone).
         queued_at=job.updated_at.timestamp() if job.status == Status.QUEUED else None,

@@ -116,7 +116,7 @@ def run(now=None):
         candidates = _candidates(active, now)
         if not candidates:
             return []
-        held = _held_gpus(active)
+        held = _held_gpus([*active, *admission.being_torn_down()])
         mine = {c.job.id for c in candidates}
         reserved = _reserved_for_queue(nodes, held, active)
         gpus_left = _tenant_gpus_left(active, mine)
@@ -208,7 +208,7 @@ def _unapplied_for(job, now):
 
 
 def _held_gpus(active):
-    """{(node, gpu id): job id} of every GPU an active job holds."""
+    """{(node, gpu id): job id} of every GPU the jobs hold."""
     return {(p["node"], gpu): job.id for job in active for p in job.placement for gpu in p["gpu_ids"]}
 
 

@@ -7,8 +7,9 @@ import pytest
 from jobs import admission
 from jobs.backends.base import Capacity, Node
 from jobs.models import Job, Status
+from jobs.states import transition
 from tenants.models import Quota
-from tests.support.builders import ELASTIC_MANIFEST, job, member, record_sends, running_on
+from tests.support.builders import ELASTIC_MANIFEST, job, member, record_sends, running_on, torn_down
 
 pytestmark = pytest.mark.django_db
 
@@ -43,6 +44,28 @@ def test_it_reclaims_a_guaranteed_quota_from_an_elastic_job_grown_past_its_minim
     assert elastic.status == Status.HALTING and elastic.preempted_reason.startswith("reclaimed")
     waiting = Job.objects.get(pk=guaranteed.pk)
     assert waiting.status == Status.QUEUED and "being freed by preemption" in waiting.wait_reason
+
+
+@pytest.mark.parametrize("end", ["terminated", "failed"])
+def test_an_ended_jobs_gpus_stay_held_until_its_teardown_confirms_its_learners_gone(one_node, sent, end):
+    """team-a's job on every GPU ends; its learners get a grace period and a kill, and the teardown row
+    stays open until the backend says none runs. team-b's job must not start on a GPU that a learner of
+    team-a's may still be using: it is admitted when the teardown is done, and the teardown's end is
+    what wakes the loop (jobs.tasks.RELEASES)."""
+    from jobs import lifecycle, tasks
+    from jobs.models import FollowUp
+    ended = running_on(job(member("team-a", "alice"), gpus=1, learners=4), gpus=[0, 1, 2, 3])
+    if end == "terminated":
+        lifecycle.terminate(ended, actor="alice")
+    else:
+        transition(ended.id, Status.FAILED, actor="lifecycle-manager", reason="learner 0 exited 1")
+    waiting = job(member("team-b", "bob"), gpus=2, learners=1)
+    assert admission.run_cycle() == []
+    assert Job.objects.get(pk=waiting.pk).status == Status.QUEUED
+    assert FollowUp.objects.filter(job_id=ended.id, kind=FollowUp.Kind.TEARDOWN, done_at=None).exists()
+    assert FollowUp.Kind.TEARDOWN in tasks.RELEASES
+    torn_down(ended)
+    assert admission.run_cycle() == [waiting.id]
 
 
 ELASTIC_MIN_1 = ELASTIC_MIN_2.replace("min_learners: 2", "min_learners: 1")

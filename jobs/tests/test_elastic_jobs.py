@@ -5,7 +5,7 @@ from django.utils import timezone
 from jobs.lifecycle import deploy_spec
 from jobs.models import Allocation, Job, Learner, MetricPoint, ResourceSample, Status
 from jobs.states import transition
-from tests.support.builders import ELASTIC_MANIFEST as ELASTIC, job, member
+from tests.support.builders import ELASTIC_MANIFEST as ELASTIC, job, member, torn_down
 
 pytestmark = pytest.mark.django_db
 
@@ -291,8 +291,10 @@ def test_a_grow_waits_until_gpus_stop_being_released_then_takes_them_all(four_gp
     first, second = (running(job(member(), gpus=1, learners=1), gpus=[g]) for g in (2, 3))
     reports(row, (20, 0), (0, 2000))
     transition(first.id, Status.TERMINATED, actor="alice", reason="terminated")
+    torn_down(first)
     assert four_gpus.run() == []  # a GPU was released just now: the plan waits
     transition(second.id, Status.TERMINATED, actor="alice", reason="terminated")
+    torn_down(second)
     assert four_gpus.run(now=timezone.now() + timezone.timedelta(seconds=5)) == []
     resized, = four_gpus.run(now=timezone.now() + timezone.timedelta(seconds=11))
     assert resized.learners == 4 and Job.objects.get(pk=row.pk).status == Status.HALTING
@@ -381,7 +383,9 @@ def test_without_gpu_samples_or_with_the_rule_off_it_grows(four_gpus, sent):
 
 def test_it_never_grows_onto_gpus_a_queued_job_waits_for(four_gpus, sent):
     """A fixed job holds 2 GPUs, the elastic job 1; a queued job needs 3. The idle GPU is kept for it:
-    once the fixed job ends it is admitted in the next cycle, not after the elastic job shrinks back."""
+    once the fixed job ends (and its teardown confirms its learners gone) it is admitted in the next
+    cycle, not after the elastic job shrinks back; nor does the elastic job grow onto the ended job's
+    GPUs while the teardown is open."""
     from jobs import scheduler_loop
     row = running(elastic_job(learners=1), gpus=[0])
     reports(row, (20, 0), (0, 2000))
@@ -390,6 +394,10 @@ def test_it_never_grows_onto_gpus_a_queued_job_waits_for(four_gpus, sent):
     assert four_gpus.run() == []
     assert Job.objects.get(pk=row.pk).status == Status.PROCESSING
     transition(fixed.id, Status.TERMINATED, actor="alice", reason="terminated")
+    scheduler_loop.run_cycle()
+    assert Job.objects.get(pk=waiting.pk).status == Status.QUEUED
+    assert Job.objects.get(pk=row.pk).learners == 1
+    torn_down(fixed)
     scheduler_loop.run_cycle()
     assert Job.objects.get(pk=waiting.pk).status == Status.PENDING
     assert Job.objects.get(pk=row.pk).learners == 1

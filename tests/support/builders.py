@@ -6,6 +6,7 @@ import zipfile
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
+from django.utils import timezone
 
 from jobs import runtime, storage
 from jobs.states import transition
@@ -98,6 +99,12 @@ def running_on(row, gpus):
     for index in range(row.learners):
         Learner.objects.create(job=row, attempt=row.attempt, index=index, state=Learner.State.RUNNING)
     return transition(row.id, Status.PROCESSING, actor="lifecycle-manager", reason="training")
+
+
+def torn_down(row):
+    """The job's open teardown done, as a worker marks it once the backend says none of its learners
+    runs: until then the scheduler counts the ended job's GPUs as held (jobs.admission.being_torn_down)."""
+    FollowUp.objects.filter(job_id=row.id, kind=FollowUp.Kind.TEARDOWN, done_at=None).update(done_at=timezone.now())
 
 
 WAKE_SCHEDULER = ("wake_scheduler", ())  # how record_sends records a wake of the scheduling loop
