@@ -27,7 +27,7 @@ import socket
 import stat
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
@@ -108,9 +108,10 @@ class StoredObject:
 
 
 class LocalStore:
-    """A directory tree. With `confined`, nothing outside the root is read or written: every path is
-    resolved (following symlinks) and must stay inside the resolved root, so a link placed in a
-    tenant's folder cannot lead into another tenant's."""
+    """A directory tree. With `confined`, nothing outside the root is read or written: a key is
+    checked to stay inside the root (path_of), then opened one folder at a time from the root without
+    following a link (_Confined), never by its path. A link placed in a tenant's folder, or swapped in
+    for a folder between the check and the open, cannot lead into another tenant's."""
 
     def __init__(self, root, *, name="local", confined=False):
         self.root = Path(root)
@@ -125,11 +126,19 @@ class LocalStore:
             yield StoredObject(_relative_posix(path, top, prefix), path.stat().st_size)
 
     def get(self, key, destination, allowance=None):
-        _copy_file(self.path_of(key), destination, allowance, label=f"data store {self.name!r}")
+        label = f"data store {self.name!r}"
+        if not self.confined:
+            return _copy_file(self.path_of(key), destination, allowance, label=label)
+        self.path_of(key)
+        with _Confined(self).open(key) as source:
+            _write(_blocks(source), destination, allowance, label=label)
 
     def put(self, source, key):
         """`source` (a file open for reading) written as `key`."""
-        _write(_blocks(source), self.path_of(key))
+        if not self.confined:
+            return _write(_blocks(source), self.path_of(key))
+        self.path_of(key)
+        _Confined(self).write(_blocks(source), key)
 
     def cut(self):
         """Nothing to cut: reading and writing a local disk ends by itself."""
@@ -144,7 +153,84 @@ class LocalStore:
         if resolved != root and root not in resolved.parents:
             raise DataStoreError(f"data store {self.name!r}: {what or repr(key)} leads outside the tenant's local "
                                  "data-store folder (through '..', an absolute path or a symbolic link); refused")
+        if resolved != Path(os.path.normpath(root / key)):  # the same place only through a link
+            raise DataStoreError(f"data store {self.name!r}: {what or repr(key)} goes through a symbolic link "
+                                 "inside the tenant's local data-store folder; links there are not followed")
         return resolved
+
+
+class _Confined:
+    """Reading and writing a key of a confined LocalStore through file descriptors: the root opened
+    as the operator made it (it may be a link to a mount), each folder below it with O_NOFOLLOW and
+    relative to the one before (openat), the file likewise. A link anywhere below the root is
+    refused, so what path_of checked is what is opened, whatever changes in the folders meanwhile."""
+
+    FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def __init__(self, store):
+        self.store = store
+
+    def open(self, key):
+        """The file `key`, open for reading (a plain file only: O_NONBLOCK, so a FIFO does not hold it)."""
+        *folders, name = self._parts(key)
+        with self._folder(folders, make=False) as folder:
+            fd = self._call(key, os.open, name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                            dir_fd=folder)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise DataStoreError(f"data store {self.store.name!r}: {key!r} is not a plain file")
+        return os.fdopen(fd, "rb")
+
+    def write(self, blocks, key):
+        """`blocks` as `key`, through a temporary file beside it that goes when anything fails."""
+        *folders, name = self._parts(key)
+        tmp = f".tmp-{name}"
+        self.store.root.mkdir(parents=True, exist_ok=True)  # the platform's path (DATA_DIR, a tenant's slug)
+        with self._folder(folders, make=True) as folder:
+            fd = self._call(key, os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                            0o644, dir_fd=folder)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    for block in blocks:
+                        out.write(block)
+                os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)  # replaces a link, never follows it
+            except BaseException:
+                with suppress(OSError):
+                    os.unlink(tmp, dir_fd=folder)
+                raise
+
+    def _parts(self, key):
+        parts = [part for part in PurePosixPath(key).parts if part not in ("", ".", "/")]
+        if not parts or ".." in parts:
+            raise DataStoreError(f"data store {self.store.name!r}: {key!r} is not a file's key inside the store")
+        return parts
+
+    @contextmanager
+    def _folder(self, parts, *, make):
+        folder = self._call("", os.open, str(self.store.root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts:
+                if make:
+                    with suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=folder)
+                inner = self._call(part, os.open, part, self.FOLDER, dir_fd=folder)
+                os.close(folder)
+                folder = inner
+            yield folder
+        finally:
+            os.close(folder)
+
+    def _call(self, what, call, *args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except OSError as exc:
+            where = f"data store {self.store.name!r}"
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise DataStoreError(f"{where}: {what!r} is a symbolic link or not a folder; links inside a "
+                                     "tenant's local data-store folder are not followed") from None
+            if exc.errno == errno.ENOENT:
+                raise DataStoreError(f"{where}: {what or '.'!r} does not exist") from None
+            raise
 
 
 class S3Store:

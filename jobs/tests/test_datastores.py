@@ -482,6 +482,58 @@ def test_a_symlink_out_of_the_tenants_folder_is_refused_for_reading_and_writing(
     assert not (theirs / "results").exists()
 
 
+@pytest.mark.parametrize("doing", ["read", "write"])
+def test_a_folder_swapped_for_a_link_after_the_check_leads_nowhere(tmp_path, monkeypatch, doing):
+    """Someone who can write in team-b's folder swaps `digits` for a link to team-a's between the
+    check that the key stays inside and the open: the open does not follow it."""
+    import io
+    theirs = datastores.local_root(tmp_path, "team-a") / "digits"
+    theirs.mkdir(parents=True)
+    (theirs / "secret.txt").write_text("team-a only")
+    mine = datastores.local_root(tmp_path, "team-b")
+    (mine / "digits").mkdir(parents=True)
+    (mine / "digits" / "secret.txt").write_text("team-b's")
+    store = datastores.LocalStore(mine, name="shelf", confined=True)
+    checked = store.path_of
+
+    def check_then_swap(key, **named):
+        path = checked(key, **named)
+        (mine / "digits" / "secret.txt").unlink()
+        (mine / "digits").rmdir()
+        (mine / "digits").symlink_to(theirs)
+        return path
+
+    monkeypatch.setattr(store, "path_of", check_then_swap)
+    with pytest.raises(DataStoreError, match="'digits' is a symbolic link or not a folder"):
+        if doing == "read":
+            store.get("digits/secret.txt", tmp_path / "got.txt")
+        else:
+            store.put(io.BytesIO(b"planted"), "digits/secret.txt")
+    assert not (tmp_path / "got.txt").exists()
+    assert [p.name for p in theirs.iterdir()] == ["secret.txt"] and (theirs / "secret.txt").read_text() == "team-a only"
+
+
+def test_a_link_inside_the_tenants_folder_is_refused_naming_the_field(tmp_path):
+    mine = datastores.local_root(tmp_path, "team-b")
+    (mine / "digits-v2").mkdir(parents=True)
+    (mine / "digits").symlink_to(mine / "digits-v2")
+    with pytest.raises(DataStoreError, match=r"training_data\.container 'digits' goes through a symbolic link"):
+        local_location(tmp_path, "team-b")
+    assert local_location(tmp_path, "team-b", "digits-v2").prefix == "digits-v2"
+
+
+def test_a_confined_local_store_writes_and_reads_nested_keys(tmp_path):
+    import io
+    store = datastores.LocalStore(tmp_path / "team-b", name="shelf", confined=True)
+    store.put(io.BytesIO(b"weights"), "trained/job-1/results/model.bin")
+    store.put(io.BytesIO(b"newer"), "trained/job-1/results/model.bin")  # written again: replaced whole
+    store.get("trained/job-1/results/model.bin", tmp_path / "out" / "model.bin")
+    assert (tmp_path / "out" / "model.bin").read_bytes() == b"newer"
+    assert [p.name for p in (tmp_path / "team-b" / "trained" / "job-1" / "results").iterdir()] == ["model.bin"]
+    with pytest.raises(DataStoreError, match="'trained/job-1/nothing' does not exist"):
+        store.get("trained/job-1/nothing", tmp_path / "out" / "nothing")
+
+
 def test_files_nested_past_the_depth_a_learner_may_use_are_passed_over_without_recursing(tmp_path):
     import os
     from pathlib import Path
