@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import os
+import secrets
 import socket
 import stat
 import threading
@@ -184,10 +185,11 @@ class _Confined:
     def write(self, blocks, key):
         """`blocks` as `key`, through a temporary file beside it that goes when anything fails."""
         *folders, name = self._parts(key)
-        tmp = f".tmp-{name}"
+        # A name of its own, made new (O_EXCL): never a file someone left or linked there beforehand.
+        tmp = f".tmp-{secrets.token_hex(8)}"
         self.store.root.mkdir(parents=True, exist_ok=True)  # the platform's path (DATA_DIR, a tenant's slug)
         with self._folder(folders, make=True) as folder:
-            fd = self._call(key, os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+            fd = self._call(key, os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                             0o644, dir_fd=folder)
             try:
                 with os.fdopen(fd, "wb") as out:
