@@ -19,7 +19,7 @@ import time
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 import gpu_scheduler as scheduler
@@ -350,9 +350,12 @@ def _preempt(job, reason, *, tenant):
 
 
 def used_resources():
-    """{node: {gpus, cpus, memory_bytes, gpu_ids}} held by the learners of active jobs."""
+    """{node: {gpus, cpus, memory_bytes, gpu_ids}} held by the learners of active jobs and of ended
+    ones whose teardown is open (being_torn_down): what the cluster view shows as free is what the
+    scheduler would give the next job."""
     used = {}
-    for job in Job.objects.filter(status__in=ACTIVE).only("placement", "cpus", "memory_bytes"):
+    holding = Job.objects.filter(Q(status__in=ACTIVE) | Q(pk__in=being_torn_down().values("pk")))
+    for job in holding.only("placement", "cpus", "memory_bytes"):
         for learner in job.placement:
             node = used.setdefault(learner["node"], {"gpus": 0, "cpus": 0.0, "memory_bytes": 0, "gpu_ids": set()})
             node["gpus"] += len(learner["gpu_ids"])

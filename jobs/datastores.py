@@ -123,6 +123,9 @@ class LocalStore:
         top = self.path_of(prefix)
         if not top.is_dir():
             raise DataStoreError(f"data store {self.name!r}: folder {prefix.rstrip('/') or '.'!r} does not exist")
+        if self.confined:
+            yield from _Confined(self).files(prefix)
+            return
         for path in regular_files(top):
             yield StoredObject(_relative_posix(path, top, prefix), path.stat().st_size)
 
@@ -161,26 +164,25 @@ class LocalStore:
 
 
 class _Confined:
-    """Reading and writing a key of a confined LocalStore through file descriptors: the root opened
-    as the operator made it (it may be a link to a mount), each folder below it with O_NOFOLLOW and
-    relative to the one before (openat), the file likewise. A link anywhere below the root is
-    refused, so what path_of checked is what is opened, whatever changes in the folders meanwhile."""
-
-    FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    """Listing, reading and writing a confined LocalStore through file descriptors (_open_folder from
+    the root, which is opened as the operator made it: it may be a link to a mount). A link anywhere
+    below the root is refused or passed over, so what path_of checked is what is opened, whatever
+    changes in the folders meanwhile."""
 
     def __init__(self, store):
         self.store = store
 
     def open(self, key):
-        """The file `key`, open for reading (a plain file only: O_NONBLOCK, so a FIFO does not hold it)."""
+        """The file `key`, open for reading (a plain file only)."""
         *folders, name = self._parts(key)
-        with self._folder(folders, make=False) as folder:
-            fd = self._call(key, os.open, name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                            dir_fd=folder)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
+        folder = self._folder(folders)
+        try:
+            source = self._call(key, _open_plain, folder, name)
+        finally:
+            os.close(folder)
+        if source is None:
             raise DataStoreError(f"data store {self.store.name!r}: {key!r} is not a plain file")
-        return os.fdopen(fd, "rb")
+        return source
 
     def write(self, blocks, key):
         """`blocks` as `key`, through a temporary file beside it that goes when anything fails."""
@@ -188,7 +190,8 @@ class _Confined:
         # A name of its own, made new (O_EXCL): never a file someone left or linked there beforehand.
         tmp = f".tmp-{secrets.token_hex(8)}"
         self.store.root.mkdir(parents=True, exist_ok=True)  # the platform's path (DATA_DIR, a tenant's slug)
-        with self._folder(folders, make=True) as folder:
+        folder = self._folder(folders, make=True)
+        try:
             fd = self._call(key, os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                             0o644, dir_fd=folder)
             try:
@@ -200,6 +203,30 @@ class _Confined:
                 with suppress(OSError):
                     os.unlink(tmp, dir_fd=folder)
                 raise
+        finally:
+            os.close(folder)
+
+    def files(self, prefix):
+        """A StoredObject for every plain file under the folder `prefix`, in regular_files' order and
+        within its depth. Each folder is opened afresh from the root like a key's (so no more than one
+        descriptor is held however wide the tree), and a link met anywhere is passed over: a folder
+        swapped for one meanwhile shows nothing of where it points, neither names nor sizes."""
+        top = [part for part in PurePosixPath(prefix).parts if part not in ("", ".", "/")]
+        stack = [((), 0)]
+        while stack:
+            below, depth = stack.pop()
+            try:
+                folder = _open_folder(self.store.root, [*top, *below], top_may_be_link=True)
+            except OSError:  # swapped for a link or gone meanwhile
+                continue
+            try:
+                found, inner = _plain_files_and_folders(folder)
+            finally:
+                os.close(folder)
+            for name, size in found:
+                yield StoredObject(PurePosixPath(prefix, *below, name).as_posix(), size)
+            if depth < diskwatch.MAX_DEPTH:
+                stack.extend(((*below, name), depth + 1) for name in reversed(inner))
 
     def _parts(self, key):
         parts = [part for part in PurePosixPath(key).parts if part not in ("", ".", "/")]
@@ -207,32 +234,27 @@ class _Confined:
             raise DataStoreError(f"data store {self.store.name!r}: {key!r} is not a file's key inside the store")
         return parts
 
-    @contextmanager
-    def _folder(self, parts, *, make):
-        folder = self._call("", os.open, str(self.store.root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    def _folder(self, parts, *, make=False):
+        """_open_folder from the root, a refusal naming the folder the walk stopped at."""
         try:
-            for part in parts:
-                if make:
-                    with suppress(FileExistsError):
-                        os.mkdir(part, 0o755, dir_fd=folder)
-                inner = self._call(part, os.open, part, self.FOLDER, dir_fd=folder)
-                os.close(folder)
-                folder = inner
-            yield folder
-        finally:
-            os.close(folder)
+            return _open_folder(self.store.root, parts, top_may_be_link=True, make=make)
+        except OSError as exc:
+            raise self._refusal(exc, "." if exc.filename == str(self.store.root) else exc.filename) from None
 
-    def _call(self, what, call, *args, **kwargs):
+    def _call(self, key, call, *args, **kwargs):
         try:
             return call(*args, **kwargs)
         except OSError as exc:
-            where = f"data store {self.store.name!r}"
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise DataStoreError(f"{where}: {what!r} is a symbolic link or not a folder; links inside a "
-                                     "tenant's local data-store folder are not followed") from None
-            if exc.errno == errno.ENOENT:
-                raise DataStoreError(f"{where}: {what or '.'!r} does not exist") from None
-            raise
+            raise self._refusal(exc, key) from None
+
+    def _refusal(self, exc, what):
+        where = f"data store {self.store.name!r}"
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return DataStoreError(f"{where}: {what!r} is a symbolic link or not a folder; links inside a "
+                                  "tenant's local data-store folder are not followed")
+        if exc.errno == errno.ENOENT:
+            return DataStoreError(f"{where}: {what!r} does not exist")
+        return exc
 
 
 class S3Store:
@@ -690,30 +712,70 @@ def push(folders, target, *, report=lambda line: None, deadline=None):
 
 
 def _open_below(top, relative):
-    """The file `relative` below the folder `top`, open for reading, each folder and the file opened
-    without following a link (O_NOFOLLOW), never by its path: a learner's process left running can
-    swap a link to any file of the platform's in for a listed one. None when one of them is a link
-    or gone, or the file is no plain file (O_NONBLOCK: a FIFO must not hold the upload)."""
-    folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    """The file `relative` below the folder `top`, open for reading, never by its path (_open_folder;
+    `top` may not be a link either): a learner's process left running can swap a link to any file of
+    the platform's in for a listed one. None when one of them is a link or gone, or the file is no
+    plain file."""
     try:
-        folder = os.open(top, folder_flags)
+        folder = _open_folder(top, relative.parts[:-1])
         try:
-            for part in relative.parts[:-1]:
-                inner = os.open(part, folder_flags, dir_fd=folder)
-                os.close(folder)
-                folder = inner
-            fd = os.open(relative.parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                         dir_fd=folder)
+            return _open_plain(folder, relative.parts[-1])
         finally:
             os.close(folder)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
             return None
         raise
+
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _open_folder(top, parts, *, top_may_be_link=False, make=False):
+    """A descriptor of the folder top/parts/..., each folder below `top` opened relative to the one
+    before without following a link (openat with O_NOFOLLOW), and made first when `make`; `top`
+    itself likewise unless `top_may_be_link` (an operator's folder, which may be a link to a mount).
+    A link or no folder on the way raises OSError (ELOOP or ENOTDIR) naming it as its filename."""
+    folder = os.open(top, _FOLDER_FLAGS | (0 if top_may_be_link else os.O_NOFOLLOW))
+    try:
+        for part in parts:
+            if make:
+                with suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=folder)
+            inner = os.open(part, _FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+    except BaseException:
+        os.close(folder)
+        raise
+    return folder
+
+
+def _open_plain(folder, name):
+    """`name` in the folder descriptor `folder`, open for reading without following a link; None if
+    it is no plain file (O_NONBLOCK: a FIFO does not hold the open)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=folder)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         return None
     return os.fdopen(fd, "rb")
+
+
+def _plain_files_and_folders(folder):
+    """([(name, size)] of the plain files, [name] of the folders) in the folder descriptor `folder`,
+    sorted by name; links and whatever goes meanwhile are left out."""
+    files, folders = [], []
+    with os.scandir(folder) as listing:
+        entries = sorted(listing, key=lambda entry: entry.name)
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(entry.name)
+            elif entry.is_file(follow_symlinks=False):
+                files.append((entry.name, entry.stat(follow_symlinks=False).st_size))
+        except OSError:
+            continue
+    return files, folders
 
 
 def _left_out_line(target, names, shown=3):

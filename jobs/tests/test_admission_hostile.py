@@ -64,7 +64,9 @@ def test_an_ended_jobs_gpus_stay_held_until_its_teardown_confirms_its_learners_g
     assert Job.objects.get(pk=waiting.pk).status == Status.QUEUED
     assert FollowUp.objects.filter(job_id=ended.id, kind=FollowUp.Kind.TEARDOWN, done_at=None).exists()
     assert FollowUp.Kind.TEARDOWN in tasks.RELEASES
+    assert admission.used_resources()["local"]["gpu_ids"] == {0, 1, 2, 3}  # the cluster view agrees
     torn_down(ended)
+    assert admission.used_resources() == {}
     assert admission.run_cycle() == [waiting.id]
 
 

@@ -513,6 +513,31 @@ def test_a_folder_swapped_for_a_link_after_the_check_leads_nowhere(tmp_path, mon
     assert [p.name for p in theirs.iterdir()] == ["secret.txt"] and (theirs / "secret.txt").read_text() == "team-a only"
 
 
+def test_a_confined_listing_shows_nothing_of_where_a_link_points(tmp_path, monkeypatch):
+    """A listing walks folders by descriptor too: a folder swapped for a link to team-a's after the
+    check, or a link placed deeper down, shows neither names nor sizes from there."""
+    theirs = datastores.local_root(tmp_path, "team-a") / "digits"
+    theirs.mkdir(parents=True)
+    (theirs / "secret-plans.txt").write_text("team-a only")
+    mine = datastores.local_root(tmp_path, "team-b")
+    (mine / "digits" / "train").mkdir(parents=True)
+    (mine / "digits" / "train" / "a.bin").write_bytes(b"12345")
+    (mine / "digits" / "labels.csv").write_bytes(b"1,2")
+    (mine / "digits" / "train" / "more").symlink_to(theirs)
+    store = datastores.LocalStore(mine, name="shelf", confined=True)
+    assert [(o.key, o.size) for o in store.list("digits/")] == [("digits/labels.csv", 3), ("digits/train/a.bin", 5)]
+    checked = store.path_of
+
+    def check_then_swap(key, **named):
+        path = checked(key, **named)
+        (mine / "digits").rename(mine / "digits-old")
+        (mine / "digits").symlink_to(theirs)
+        return path
+
+    monkeypatch.setattr(store, "path_of", check_then_swap)
+    assert list(store.list("digits/")) == []
+
+
 def test_a_link_inside_the_tenants_folder_is_refused_naming_the_field(tmp_path):
     mine = datastores.local_root(tmp_path, "team-b")
     (mine / "digits-v2").mkdir(parents=True)
