@@ -37,7 +37,44 @@ DEPLOYING = (Status.PENDING, Status.DOWNLOADING, Status.PROCESSING)
 
 
 def deploy(job_id, attempt):
-    """Start the learners of an admitted attempt. Repeating it is harmless (deterministic names)."""
+    """Start the learners of an admitted attempt. Repeating it is harmless (deterministic names).
+
+    A failure is retried (jobs.outbox) until DEPLOY_TRIES tries in a row have failed; then the attempt
+    ends (_give_up_deploy): a deploy that cannot succeed must not hold its GPUs from other tenants for
+    ever."""
+    try:
+        _deploy(job_id, attempt)
+    except outbox.NotYet:
+        raise
+    except Exception as exc:
+        tries = (FollowUp.objects.filter(job_id=job_id, attempt=attempt, kind=FollowUp.Kind.DEPLOY, done_at=None)
+                 .values_list("tries", flat=True).first() or 0)
+        if tries < settings.DEPLOY_TRIES:
+            raise
+        log.warning("%s: deploy of attempt %d failed %d times in a row; giving up", job_id, attempt, tries,
+                    exc_info=True)
+        _give_up_deploy(job_id, attempt, f"deploy failed {tries} times in a row, the last time: "
+                                         f"{type(exc).__name__}: {str(exc)[:500]}")
+
+
+def _give_up_deploy(job_id, attempt, failure):
+    """End an attempt whose learners could not be started: queued again as the next attempt while the
+    job has restarts left (restart_policy.max_retries), failed otherwise. The attempt's teardown
+    deletes whatever of it the backend did make."""
+    job = Job.objects.filter(pk=job_id, attempt=attempt, status__in=DEPLOYING).first()
+    if job is None:
+        return  # halted or ended meanwhile: that change saw to it
+    try:
+        run = runtime.of(job)
+    except runtime.RuntimeUnavailable:
+        run = None
+    if run is not None and job.retries < run.max_retries:
+        _restart(job, run, failure)
+    else:
+        transition(job.id, Status.FAILED, actor=SYSTEM, reason=failure, attempt=attempt)
+
+
+def _deploy(job_id, attempt):
     job = Job.objects.select_related("tenant").filter(pk=job_id).first()
     if job is None:
         return

@@ -288,6 +288,9 @@ LOCAL_MEMORY_MB = env.integer("TRAINYARD_LOCAL_MEMORY_MB", 0)  # 0: the machine'
 # How many complete checkpoints each attempt keeps once it ends (0 keeps them all).
 CHECKPOINTS_KEPT_PER_ATTEMPT = env.integer("TRAINYARD_CHECKPOINTS_KEPT", 5, minimum=0)
 SANDBOX = env.choice("TRAINYARD_SANDBOX", "auto", ("auto", "bwrap", "none"))
+# Tries in a row a job's deploy may fail (about a minute apart past the first few) before its attempt
+# ends: queued again while it has restarts left, failed otherwise (jobs.lifecycle.deploy).
+DEPLOY_TRIES = env.integer("TRAINYARD_DEPLOY_TRIES", 10, minimum=1)
 # Learner agents the local backend keeps started ahead of deploys (learner_agent.spare); 0: none.
 SPARE_AGENTS = env.integer("TRAINYARD_SPARE_AGENTS", 1, minimum=0)
 

@@ -12,10 +12,10 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs import lifecycle, outbox, storage, tasks
-from jobs.backends.base import LearnerState, LearnerStatus
+from jobs.backends.base import BackendError, LearnerState, LearnerStatus
 from jobs.models import FollowUp, Job, Learner, Status
 from jobs.states import transition
-from tests.support.builders import job, member, open_follow_ups, record_sends
+from tests.support.builders import MANIFEST, job, member, open_follow_ups, record_sends
 
 pytestmark = pytest.mark.django_db
 Kind = FollowUp.Kind
@@ -465,6 +465,44 @@ def test_a_learner_that_ends_before_a_killed_deploy_started_the_others_does_not_
     for row in FollowUp.objects.filter(job=target, kind=Kind.FINISH, done_at=None):
         outbox.run(row.pk, tasks.HANDLERS)
     assert Job.objects.get(pk=target.id).status == Status.COMPLETED
+
+
+class DeployAlwaysRefused:
+    """A backend whose API server answers every deploy with a 503: an error that may pass, retried."""
+
+    def __init__(self):
+        self.tries = 0
+
+    def deploy(self, spec):
+        self.tries += 1
+        raise BackendError("the API server answered 503 (ServiceUnavailable)")
+
+
+@pytest.mark.parametrize("restarts, then", [(0, Status.FAILED), (1, Status.QUEUED)])
+def test_a_deploy_that_keeps_failing_ends_its_attempt_instead_of_holding_its_gpus_for_ever(sent, monkeypatch, settings,
+                                                                                          restarts, then):
+    """Its row was retried about once a minute for ever, the job PENDING on its GPUs all along. After
+    DEPLOY_TRIES tries in a row the attempt ends like a failed one: queued again while the job has
+    restarts left, failed otherwise, and its teardown deletes whatever the backend made of it."""
+    settings.DEPLOY_TRIES = 3
+    backend = DeployAlwaysRefused()
+    monkeypatch.setattr(lifecycle, "get_backend", lambda: backend)
+    manifest = MANIFEST.decode() + f"restart_policy: {{max_retries: {restarts}}}\n"
+    target = job(member(), manifest_yaml=manifest)
+    storage.create_job_dir(target.tenant.slug, target.id)
+    transition(target.id, Status.PENDING, actor="scheduler", placement=[{"node": "local", "gpu_ids": [0]}])
+    deploy = FollowUp.objects.get(job=target, kind=Kind.DEPLOY)
+    for _ in range(2):
+        assert outbox.run(deploy.pk, tasks.HANDLERS) is None  # kept for another try
+    deploy.refresh_from_db()
+    assert deploy.last_error == "BackendError: the API server answered 503 (ServiceUnavailable)"
+    assert Job.objects.get(pk=target.id).status == Status.PENDING
+    assert outbox.run(deploy.pk, tasks.HANDLERS) is not None  # the third: given up, the row done
+    target.refresh_from_db()
+    assert backend.tries == 3 and target.status == then
+    assert ("deploy failed 3 times in a row, the last time: BackendError: the API server answered 503 "
+            "(ServiceUnavailable)") in target.status_reason
+    assert target.attempt == 1 + restarts and ("teardown", 1) in open_follow_ups(target)
 
 
 @pytest.mark.django_db(transaction=True)
