@@ -17,7 +17,7 @@ from django.utils import timezone
 from jobs import artifacts, checkpoints, credentials, dispatch, elastic_timeline, outbox, runtime, storage, transfers
 from jobs.backends import get_backend
 from jobs.backends.base import BackendError, DeploySpec, LearnerSpec, LearnerState
-from jobs.models import ACTIVE, Allocation, FollowUp, Job, Learner, LogLine, Status
+from jobs.models import ACTIVE, Allocation, FollowUp, Job, Learner, LearnerUid, LogLine, Status
 from jobs.states import require_transition, transition
 from jobs.submission import code_archive
 from trainyard import elasticity, experiment, frameworks
@@ -165,7 +165,8 @@ def deploy_spec(job):
         checkpoint_signal=run.checkpoint_signal, grace_seconds=run.grace_seconds,
         ingest_url=ingest_url(job.id), framework=run.framework,
         framework_version=run.framework_version, image=framework.image_for(run.framework_version),
-        tensorboard_dir=run.tensorboard_dir, disk=run.disk)
+        tensorboard_dir=run.tensorboard_dir, disk=run.disk,
+        uid_number=LearnerUid.objects.get_or_create(job=job)[0].pk)
 
 
 def ingest_url(job_id):

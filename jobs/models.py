@@ -336,6 +336,14 @@ class Artifact(models.Model):
         constraints = [models.UniqueConstraint(fields=["job", "name"], name="one_artifact_per_name")]
 
 
+class LearnerUid(models.Model):
+    """A number of a job's own, made at its first deploy: its id numbers the uid the job's learners run
+    as on the local backend (learner_agent.sandbox.learner_identity), so no two of any 2**24 jobs in a
+    row share one. A uid from a hash of the job's id could be the same for two tenants' running jobs,
+    which could then signal each other's processes and reach each other's files."""
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="learner_uid")
+
+
 class FollowUp(models.Model):
     """The outbox (jobs.outbox): work a status change requires, written in the transaction that made
     the change, and done by whichever worker claims it. The row, not the Celery message that wakes

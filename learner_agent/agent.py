@@ -192,7 +192,7 @@ class Agent:
         if mode == "none":
             self.discard_launcher()
             return sandbox.build_argv(config.command, network_namespace=config.network_namespace), env, None
-        identity = sandbox.learner_identity(config.job_id)
+        identity = sandbox.learner_identity(config.job_id, config.uid_number)
         if identity is not None:
             try:
                 sandbox.hand_over(identity, tree=config.work_dir, dirs=self._dirs_to_create())

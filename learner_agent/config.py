@@ -58,6 +58,8 @@ class AgentConfig:
     # The learner's processes and threads (a pids cgroup, or RLIMIT_NPROC of the job's own uid):
     # enough for data-loader workers and their threads, few enough to stop a fork bomb.
     max_processes: int = 4096
+    # The platform's number for the job's learners' uid (learner_agent.sandbox.learner_identity).
+    uid_number: int | None = None
     flush_timeout_s: float = 86400.0
     # Records the platform has not acked yet, on disk (learner_agent.spool); when full, the learner's
     # output waits. 256MiB is about 2.5 million typical lines: a day of a chatty learner.
@@ -155,6 +157,7 @@ def parse_config(data, *, path):
                 "spool_max_bytes", "log_burst_bytes"):
         values[key] = _integer(data, key, minimum=1, default=getattr(AgentConfig, key))
     values["log_bytes_per_second"] = _integer(data, "log_bytes_per_second", minimum=0, default=0)
+    values["uid_number"] = _integer(data, "uid_number", minimum=0, default=None)
     values["disk_caps"] = _disk_caps(data.get("disk_caps") or [], base)
     if values["spool_max_bytes"] < MIN_SPOOL_BYTES:
         raise ConfigError(f"spool_max_bytes: must be an integer >= {MIN_SPOOL_BYTES} (1MiB)")

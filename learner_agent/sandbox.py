@@ -110,11 +110,15 @@ class Identity:
     gid: int
 
 
-def learner_identity(job_id):
-    """The job's own uid/gid when the agent can switch to it (it is root), else None."""
+def learner_identity(job_id, uid_number=None):
+    """The job's own uid/gid when the agent can switch to it (it is root), else None: numbered by the
+    platform (`uid_number`, distinct for every job of a long run) or, in a config without one, by a
+    hash of the job's id."""
     if os.geteuid() != 0:
         return None
-    number = LEARNER_ID_BASE + int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big") % LEARNER_ID_COUNT
+    if uid_number is None:
+        uid_number = int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big")
+    number = LEARNER_ID_BASE + uid_number % LEARNER_ID_COUNT
     return Identity(number, number)
 
 

@@ -59,6 +59,8 @@ class DeploySpec:
     tensorboard_dir: str = ""  # the manifest's TensorBoard folder (learner_agent.tfevents), "" for none
     # The job's disk caps (jobs.disk: results, checkpoints, work, tmp in bytes); empty: none enforced.
     disk: dict = field(default_factory=dict)
+    # The job's own number for its learners' uid (jobs.models.LearnerUid); None: one from its id's hash.
+    uid_number: int | None = None
 
 
 def agent_config_base(spec, learner):
@@ -68,7 +70,7 @@ def agent_config_base(spec, learner):
             "code_archive": spec.code_archive, "readonly_dirs": [str(job_dir / "data"), str(job_dir / "checkpoints")],
             "metric_regexes": spec.metric_regexes, "tensorboard_dir": spec.tensorboard_dir, "cpus": spec.cpus,
             "memory_bytes": spec.memory_bytes, "checkpoint_signal": spec.checkpoint_signal,
-            "grace_seconds": spec.grace_seconds}
+            "grace_seconds": spec.grace_seconds, "uid_number": spec.uid_number}
 
 
 class LearnerState(str, Enum):

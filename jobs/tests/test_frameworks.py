@@ -124,3 +124,18 @@ def test_deploy_spec_carries_the_image_and_each_learners_rendezvous():
     assert (first["RANK"], second["RANK"], first["WORLD_SIZE"], first["MASTER_ADDR"]) == ("0", "1", "2", "127.0.0.1")
     assert first["MASTER_PORT"] == second["MASTER_PORT"]
     assert json.loads(second["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
+
+
+@pytest.mark.django_db
+def test_every_job_gets_a_uid_number_of_its_own_and_keeps_it_across_attempts():
+    """The local backend's learners run as uid BASE + this number mod 2**24 (learner_agent.sandbox): a
+    hash of the job's id could give two tenants' running jobs the same uid; numbers made in turn do not,
+    for any 2**24 jobs in a row."""
+    from jobs.lifecycle import deploy_spec
+    from jobs.models import Job
+    from tests.support.builders import job, member
+    ours, theirs = job(member("team-a", "alice")), job(member("team-b", "bob"))
+    first, other = deploy_spec(ours).uid_number, deploy_spec(theirs).uid_number
+    assert first != other
+    Job.objects.filter(pk=ours.pk).update(attempt=2)
+    assert deploy_spec(Job.objects.get(pk=ours.pk)).uid_number == first  # its folders stay its uid's

@@ -169,8 +169,10 @@ def test_the_agent_gets_the_jobs_disk_caps_and_tmp_size(tmp_path):
         job_dir=str(job_dir), learners=(local_learner(),), cpus=1.0, memory_bytes=2**30, gpus=0,
         env={"CHECKPOINT_DIR": str(job_dir / "checkpoints" / "attempt-1"), "JOB_STATE_DIR": str(folder / "state")},
         metric_regexes={}, checkpoint_signal="SIGTERM", grace_seconds=5, ingest_url="http://127.0.0.1:1/",
-        disk={"results": 1000, "checkpoints": 2000, "work": 3000, "tmp": 4000, "logs": 5, "log_lines": 6})
+        disk={"results": 1000, "checkpoints": 2000, "work": 3000, "tmp": 4000, "logs": 5, "log_lines": 6},
+        uid_number=41)
     config = parse_config(LocalBackend()._agent_config(spec, local_learner(), folder), path=str(folder / "agent.json"))
+    assert config.uid_number == 41  # the platform's number for the job's learners' uid
     caps = {cap.name: (cap.limit, cap.paths) for cap in config.disk_caps}
     assert caps == {"results": (1000, (str(job_dir / "results"),)),
                     "checkpoints": (2000, (str(job_dir / "checkpoints"),)),

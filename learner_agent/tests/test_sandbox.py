@@ -252,6 +252,9 @@ def test_learner_identities_are_per_job_in_the_documented_range(monkeypatch):
     for identity in (a, b):
         assert sandbox.LEARNER_ID_BASE <= identity.uid < sandbox.LEARNER_ID_BASE + sandbox.LEARNER_ID_COUNT
         assert identity.gid == identity.uid
+    # Numbered by the platform (jobs.models.LearnerUid): distinct for any LEARNER_ID_COUNT jobs in a row.
+    numbered = [sandbox.learner_identity("training-aaaaaaaaaa", n).uid for n in (1, 2, sandbox.LEARNER_ID_COUNT + 1)]
+    assert numbered == [sandbox.LEARNER_ID_BASE + 1, sandbox.LEARNER_ID_BASE + 2, sandbox.LEARNER_ID_BASE + 1]
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
     assert sandbox.learner_identity("training-aaaaaaaaaa") is None  # not root: nothing to switch to
 
