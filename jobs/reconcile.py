@@ -23,6 +23,7 @@ from jobs.backends import get_backend
 from jobs.backends.base import LearnerState
 from jobs.models import ACTIVE, FINAL, Experiment, FollowUp, Job, Learner, Status
 from tenants.models import Tenant
+from trainyard.manifest import MAX_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
 Kind = FollowUp.Kind
@@ -86,10 +87,16 @@ def _reconcile_job(job, learners, backend):
 
 
 def _halt_overdue(job):
-    """Whether the halt began more than the learners' grace and HALT_SLACK_S ago."""
+    """Whether the halt began more than the learners' grace and HALT_SLACK_S ago. A job whose runtime
+    cannot be read gets the longest grace a manifest may ask: its halt still ends, its GPUs are not
+    held for ever."""
     began = (job.events.filter(to_status=Status.HALTING, attempt=job.attempt)
              .order_by("-time").values_list("time", flat=True).first())
-    allowed = timedelta(seconds=runtime.of(job).grace_seconds + HALT_SLACK_S)
+    try:
+        grace = runtime.of(job).grace_seconds
+    except runtime.RuntimeUnavailable:
+        grace = MAX_GRACE_SECONDS
+    allowed = timedelta(seconds=grace + HALT_SLACK_S)
     return began is not None and timezone.now() - began > allowed
 
 

@@ -388,9 +388,12 @@ class Framework(Section):
         return self
 
 
+MAX_GRACE_SECONDS = 3600
+
+
 class Checkpoint(Section):
     signal: Choice(*SIGNALS, default="SIGTERM") = "SIGTERM"
-    grace_seconds: Whole(0, 3600) = 60
+    grace_seconds: Whole(0, MAX_GRACE_SECONDS) = 60
 
 
 class RestartPolicy(Section):

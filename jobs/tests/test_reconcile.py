@@ -62,6 +62,31 @@ def test_it_marks_a_vanished_learner_lost(monkeypatch, sent):
     assert ("finish", 1) not in open_follow_ups(target)  # learner 0 still runs
 
 
+@pytest.mark.parametrize("over", [False, True], ids=["within-the-longest-grace", "past-it"])
+def test_a_halt_its_learners_ignore_ends_even_when_the_jobs_runtime_cannot_be_read(monkeypatch, sent, over):
+    """The overdue check read the job's grace from its runtime and raised for one that cannot be read,
+    every pass: the learners ignoring the halt kept the job's GPUs for ever. It now allows the longest
+    grace a manifest may ask, then deletes them."""
+    from datetime import timedelta
+
+    from jobs.models import Status
+    from jobs.states import transition
+    from trainyard.manifest import MAX_GRACE_SECONDS
+    target = running_job(learners=2, runtime={"unreadable": "a rule this platform no longer has"})
+    transition(target.id, Status.HALTING, actor="alice")
+    elapsed = MAX_GRACE_SECONDS + reconcile.HALT_SLACK_S + (1 if over else -60)
+    target.events.filter(to_status=Status.HALTING).update(time=timezone.now() - timedelta(seconds=elapsed))
+    deleted = []
+    use_backend(monkeypatch, {})
+    monkeypatch.setattr(BackendDouble, "delete", lambda self, **where: deleted.append(where["job_id"]), raising=False)
+    reconcile.reconcile()
+    states = set(Learner.objects.filter(job=target).values_list("state", flat=True))
+    if over:
+        assert deleted == [target.id] and states == {"lost"}
+    else:
+        assert deleted == [] and states == {"running"}
+
+
 def test_it_redrives_finish_when_every_learner_ended_but_the_job_did_not(monkeypatch, sent):
     target = running_job()
     Learner.objects.filter(job=target).update(state=Learner.State.EXITED, exit_code=0)
