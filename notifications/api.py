@@ -41,11 +41,17 @@ class NewWebhookSerializer(serializers.Serializer):
 
 
 class DeliverySerializer(serializers.ModelSerializer):
+    delivery_id = serializers.SerializerMethodField(help_text="As in its X-Trainyard-Delivery header")
     state = serializers.SerializerMethodField()
 
     class Meta:
         model = Delivery
-        fields = ["id", "job", "event", "created", "done_at", "tries", "response_status", "last_error", "state"]
+        # Not the row id: it is platform-wide, and its gaps would count other tenants' events.
+        fields = ["delivery_id", "sequence", "job", "event", "created", "done_at", "tries", "response_status",
+                  "last_error", "state"]
+
+    def get_delivery_id(self, row) -> str:
+        return services.delivery_id(row.pk)
 
     def get_state(self, row) -> str:
         if row.gave_up:

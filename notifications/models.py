@@ -23,6 +23,9 @@ class Webhook(models.Model):
     sealed_secret = models.TextField()
     created = models.DateTimeField(default=timezone.now)
     created_by = models.CharField(max_length=150)
+    # How many of its deliveries have been numbered (Delivery.sequence): the hook's own count, so the
+    # numbers a receiver sees say nothing of other hooks' or tenants' events.
+    numbered = models.PositiveBigIntegerField(default=0)
 
     def __str__(self):
         return f"webhook {self.pk} -> {self.url}"
@@ -35,7 +38,9 @@ class Delivery(models.Model):
     webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+")
     event = models.CharField(max_length=20)
-    payload = models.JSONField()  # the event as it was at the change (sequence and time included)
+    payload = models.JSONField()  # the event as it was at the change (its time included)
+    # Its place among its hook's deliveries, given at its first try (they go out one at a time, in order).
+    sequence = models.PositiveBigIntegerField(null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)
     due_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)

@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from jobs import dispatch, egress, outbox, tenancy, transfers
 from jobs.models import Status
@@ -224,7 +225,7 @@ def _write_deliveries(job, event, *, before, when, extra=None):
     hooks = [hook for hook in hooks if (not job.private if hook.user_id is None else hook.user_id in seeing)]
     rows = Delivery.objects.bulk_create([Delivery(webhook=hook, job=job, event=event, payload={}) for hook in hooks])
     for hook, row in zip(hooks, rows):
-        row.payload = payload(hook, job, event=event, before=before, when=when, sequence=row.pk, extra=extra)
+        row.payload = payload(hook, job, event=event, before=before, when=when, extra=extra)
     Delivery.objects.bulk_update(rows, ["payload"])
     for row in rows:
         dispatch.send_on_commit(TASK, row.pk)
@@ -244,10 +245,10 @@ def _bound_open_rows(hook_ids, when):
             last_error=f"skipped: more than {MAX_OPEN_PER_HOOK} deliveries waited for this hook's receiver")
 
 
-def payload(hook, job, *, event, before, when, sequence, extra=None):
+def payload(hook, job, *, event, before, when, extra=None):
+    """The body of a delivery but its `sequence`, which its first try adds (_numbered)."""
     fields = {
         "event": event,
-        "sequence": sequence,  # increases with every change: a receiver orders a job's events by it
         "occurred_at": when.isoformat(),
         "tenant": job.tenant.slug,
         "job": {"id": job.id, "name": job.name, "status": job.status, "previous_status": before,
@@ -315,6 +316,26 @@ def deliver(row_id):
     return done
 
 
+def _numbered(row):
+    """The delivery's `sequence`: 1, 2, 3 … over its hook's deliveries, given at its first try and kept
+    for the next. A hook's deliveries go out one at a time, in the order of their changes, so the
+    numbers grow with the changes; counted per hook, they tell a receiver nothing of how many events
+    other hooks (other tenants') had, as the platform-wide row id did."""
+    if row.sequence is not None:
+        return row.sequence
+    with transaction.atomic():
+        Webhook.objects.filter(pk=row.webhook_id).update(numbered=F("numbered") + 1)
+        number = Webhook.objects.filter(pk=row.webhook_id).values_list("numbered", flat=True).get()
+        Delivery.objects.filter(pk=row.pk).update(sequence=number)
+    return number
+
+
+def delivery_id(row_id):
+    """The X-Trainyard-Delivery header: the same on every try of a delivery, so a receiver can drop a
+    repeat, and opaque (keyed with the platform's secret), unlike the platform-wide row id."""
+    return salted_hmac("trainyard.webhook-delivery", str(row_id)).hexdigest()[:32]
+
+
 def _delivering():
     # Held no longer than a delivery may take, so a worker that died frees its tenant's slot soon.
     return throttling.AtOnce("webhook-deliveries", limit=DELIVERING_PER_TENANT,
@@ -326,9 +347,9 @@ def _post(row):
     if row.tries > MAX_TRIES:
         Delivery.objects.filter(pk=row.pk).update(gave_up=True)
         return
-    body = json.dumps(row.payload, separators=(",", ":"), sort_keys=True).encode()
+    body = json.dumps({**row.payload, "sequence": _numbered(row)}, separators=(",", ":"), sort_keys=True).encode()
     try:
-        status = delivery.post(hook.url, body, {delivery.DELIVERY_HEADER: str(row.pk),
+        status = delivery.post(hook.url, body, {delivery.DELIVERY_HEADER: delivery_id(row.pk),
                                                 delivery.EVENT_HEADER: row.event},
                                secret=secret_of(hook), policy=egress_policy(), timeout_s=settings.WEBHOOK_TIMEOUT_S)
     except delivery.DeliveryFailed as exc:

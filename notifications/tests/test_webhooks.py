@@ -79,8 +79,8 @@ def test_it_delivers_signed_to_a_receiver(sent, private_allowed, receiver):
     row = Delivery.objects.get()
     assert services.deliver(row.pk) is not None
     [(payload, headers)] = receiver.events(secret)  # the signature checks out
-    assert payload["event"] == "PENDING" and payload["sequence"] == row.pk and payload["job"]["id"] == target.id
-    assert headers[delivery.DELIVERY_HEADER] == str(row.pk)
+    assert payload["event"] == "PENDING" and payload["sequence"] == 1 and payload["job"]["id"] == target.id
+    assert headers[delivery.DELIVERY_HEADER] == services.delivery_id(row.pk)
     row.refresh_from_db()
     assert row.done_at and row.response_status == 200
     headers_, body = receiver.received[0]
@@ -421,6 +421,37 @@ def test_a_hooks_deliveries_go_out_one_at_a_time_in_order(sent, private_allowed,
     assert sent == [(services.TASK, (second.pk,))]  # the next one, once this one is done
     services.deliver(second.pk)
     assert [payload["job"]["status"] for payload, _ in receiver.events(secret)] == ["PENDING", "FAILED"]
+
+
+def test_a_hooks_numbers_and_delivery_ids_say_nothing_of_other_tenants_events(sent, private_allowed, receiver):
+    """`sequence` and X-Trainyard-Delivery were the platform-wide row id: the gap between two numbers a
+    receiver got counted every other hook's events meanwhile, another tenant's included. A hook now
+    numbers its own deliveries 1, 2, 3 at their first try (a retry keeps the number), and the
+    delivery id is opaque, the same on every try."""
+    alice, eve = member(username="alice"), member("team-b", "eve")
+    mine, secret = hook(alice, "http://127.0.0.1:9/down")  # refused at first
+    hook(eve, "http://127.0.0.1:9/e")
+    ours = job(alice)
+    transition(ours.id, Status.PENDING, actor="t")
+    for _ in range(3):  # the other tenant's events in between
+        transition(job(eve).id, Status.PENDING, actor="t")
+    transition(ours.id, Status.FAILED, actor="t")
+    first, second = Delivery.objects.filter(webhook=mine).order_by("pk")
+    assert second.pk - first.pk == 4  # the row ids count the other tenant's events
+    assert services.deliver(first.pk) is None  # refused: kept for another try
+    first.refresh_from_db()
+    assert (first.sequence, first.tries) == (1, 1)
+    Webhook.objects.filter(pk=mine.pk).update(url=receiver.url)
+    services.deliver(first.pk)
+    services.deliver(second.pk)
+    got = receiver.events(secret)
+    assert [payload["sequence"] for payload, _ in got] == [1, 2]
+    ids = [headers[delivery.DELIVERY_HEADER] for _, headers in got]
+    assert ids == [services.delivery_id(first.pk), services.delivery_id(second.pk)] and len(ids[0]) == 32
+    assert not set(ids) & {str(first.pk), str(second.pk)}
+    log = client_for(alice).get(f"/api/v1/webhooks/{mine.pk}/deliveries/").json()["results"]
+    assert sorted((row["sequence"], row["delivery_id"]) for row in log) == [(1, ids[0]), (2, ids[1])]
+    assert "id" not in log[0]
 
 
 def test_deliveries_waiting_behind_their_hooks_first_one_leave_the_sweep_to_other_tenants(
