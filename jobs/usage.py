@@ -82,9 +82,12 @@ def report_for(membership, *, start, end):
     tenant's USAGE_REPORTS slots: a period's samples are summed by the database every tenant shares,
     and a web thread waits for it, so one tenant's reloads cannot take either from the others
     (throttling.Busy when both are taken)."""
+    # Deleted jobs it could see too: what they held is in the totals, and rows summing to less would
+    # not add up.
+    visible = tenancy.jobs_of(membership).values_list("id", flat=True).union(
+        tenancy.deleted_jobs_of(membership).values_list("id", flat=True))
     with throttling.held(throttling.USAGE_REPORTS, membership.tenant_id):
-        return report(membership.tenant, start=start, end=end,
-                      visible=tenancy.jobs_of(membership).values_list("id", flat=True))
+        return report(membership.tenant, start=start, end=end, visible=visible)
 
 
 def report(tenant, *, start, end, visible=None, now=None):
@@ -117,10 +120,12 @@ def report(tenant, *, start, end, visible=None, now=None):
         if group["gpu_n"]:
             entry["gpu_measured"] = True
             entry["used_gpu_s"] += group["gpu"] * interval
-    facts = {job["id"]: job for job in Job.objects.filter(id__in=list(jobs)).values("id", "name", "owner__username")}
+    facts = {job["id"]: job for job in Job.objects.filter(id__in=list(jobs)).values("id", "name", "owner__username",
+                                                                                     "deleted_at")}
     shown = set(jobs) if visible is None else set(jobs) & set(visible)
     job_rows = [{"job": job_id, "name": facts[job_id]["name"], "user": facts[job_id]["owner__username"],
-                 **_hours(entry)} for job_id, entry in sorted(jobs.items()) if job_id in shown]
+                 "deleted": facts[job_id]["deleted_at"] is not None, **_hours(entry)}
+                for job_id, entry in sorted(jobs.items()) if job_id in shown]
     by_user, total = {}, _zero()
     for job_id, entry in jobs.items():
         _add(by_user.setdefault(facts[job_id]["owner__username"], _zero()), entry)
@@ -170,7 +175,7 @@ def _hours(entry):
     return hours
 
 
-BY = {"job": ("job", "name", "user"), "user": ("user",), "tenant": ("tenant",)}
+BY = {"job": ("job", "name", "user", "deleted"), "user": ("user",), "tenant": ("tenant",)}
 
 
 def as_csv(body, *, by):
@@ -180,7 +185,9 @@ def as_csv(body, *, by):
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["period_start", "period_end", *BY[by], *FIELDS])
     for row in rows:
-        writer.writerow([body["period"]["start"], body["period"]["end"], *(_cell(row[name]) for name in BY[by]),
+        writer.writerow([body["period"]["start"], body["period"]["end"],
+                         *(_cell(str(row[name]).lower() if isinstance(row[name], bool) else row[name])
+                           for name in BY[by]),
                          *("" if row[name] is None else row[name] for name in FIELDS)])
     return out.getvalue()
 

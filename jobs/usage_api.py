@@ -46,6 +46,7 @@ class JobUsageRow(HoursSerializer):
     job = serializers.CharField()
     name = serializers.CharField()
     user = serializers.CharField()
+    deleted = serializers.BooleanField(help_text="The job was deleted; what it held still counts")
 
 
 class UsageReportSerializer(serializers.Serializer):

@@ -53,8 +53,9 @@ def test_it_reports_allocated_and_used_per_job_user_and_tenant(tenant_jobs):
     alice, bob, trained, unmeasured = tenant_jobs
     body = client_for(bob).get(URL, period()).json()
     jobs = {row["job"]: row for row in body["jobs"]}
-    assert jobs[trained.id] == {"job": trained.id, "name": "trained", "user": "alice", "allocated_gpu_hours": 2.0,
-                                "used_gpu_hours": 1.0, "allocated_cpu_hours": 4.0, "used_cpu_hours": 2.0}
+    assert jobs[trained.id] == {"job": trained.id, "name": "trained", "user": "alice", "deleted": False,
+                                "allocated_gpu_hours": 2.0, "used_gpu_hours": 1.0, "allocated_cpu_hours": 4.0,
+                                "used_cpu_hours": 2.0}
     assert jobs[unmeasured.id]["used_gpu_hours"] is None and jobs[unmeasured.id]["used_cpu_hours"] == 1.0
     assert body["tenant"] == {"tenant": "team-a", "allocated_gpu_hours": 4.0, "used_gpu_hours": 1.0,
                               "allocated_cpu_hours": 6.0, "used_cpu_hours": 3.0, "unmeasured_gpu_hours": 2.0}
@@ -67,6 +68,28 @@ def test_job_rows_are_only_the_jobs_the_member_may_see_and_totals_are_everyones(
     body = client_for(alice).get(URL, period()).json()
     assert [row["job"] for row in body["jobs"]] == [trained.id]  # bob's job is private
     assert body["tenant"]["allocated_gpu_hours"] == 4.0  # another tenant's 8 GPUs never count
+
+
+def test_a_deleted_jobs_row_stays_marked_so_the_rows_add_up_to_the_totals(tenant_jobs):
+    """Deleting a job keeps what it held in the totals (its usage records stay); its row went from the
+    report, so a member's job rows summed to less than the tenant's. Those who could see it keep its
+    row, marked deleted, on the page, in the API and in the CSV; others' private jobs stay hidden."""
+    from jobs import deletion
+    from jobs.models import Job
+    alice, bob, trained, unmeasured = tenant_jobs
+    Job.objects.filter(pk=trained.pk).update(status="COMPLETED")
+    deletion.delete(Job.objects.get(pk=trained.pk), actor="alice")
+    body = client_for(alice).get(URL, period()).json()
+    assert [(row["job"], row["deleted"]) for row in body["jobs"]] == [(trained.id, True)]
+    assert body["tenant"]["allocated_gpu_hours"] == 4.0
+    admin = client_for(member(username="root", role="admin")).get(URL, period()).json()
+    assert sum(row["allocated_gpu_hours"] for row in admin["jobs"]) == admin["tenant"]["allocated_gpu_hours"]
+    rows = list(csv.DictReader(io.StringIO(client_for(alice).get(URL + "csv/", {**period(), "by": "job"})
+                                           .content.decode())))
+    assert [(row["job"], row["deleted"]) for row in rows] == [(trained.id, "true")]
+    start = timezone.localtime(T0).date().isoformat()
+    page = logged_in(alice).get("/tenant/", {"start": start, "end": start}).content.decode()
+    assert f'data-job="{trained.id}"' in page and "(deleted)" in page and f'href="/jobs/{trained.id}/"' not in page
 
 
 def test_the_period_cuts_what_was_held_and_used(tenant_jobs):
