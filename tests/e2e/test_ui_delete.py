@@ -90,3 +90,28 @@ def test_a_running_job_and_a_viewer_get_no_delete_button(server_browser, live_se
     assert page.get_by_test_id("job-status").inner_text() == "COMPLETED"
     assert page.get_by_test_id("delete").count() == 0
     page.close()
+
+
+def test_the_usage_page_keeps_a_deleted_jobs_row_marked_without_a_link(server_browser, live_server):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs import deletion
+    from tenants.models import UsageRecord
+    alice = person("alice")
+    gone = job(alice, name="deleted-later", status=Status.COMPLETED)
+    began = timezone.now() - timedelta(hours=2)
+    UsageRecord.objects.create(tenant=gone.tenant, job=gone, user=gone.owner, attempt=1, gpus=2, cpus=1.0,
+                               memory_bytes=2**30, started_at=began, ended_at=began + timedelta(hours=1))
+    deletion.delete(gone, actor="alice")
+    today = timezone.localtime().date()
+    page = log_in(server_browser, live_server.url, "alice", PASSWORD, timeout_ms=WAIT_MS)
+    page.goto(f"{live_server.url}/tenant/?start={today - timedelta(days=1)}&end={today}")
+    page.locator("details:has([data-testid=usage-jobs]) > summary").click()
+    row = page.locator(f"[data-testid=usage-jobs] tr[data-job='{gone.id}']")
+    assert "(deleted)" in row.inner_text() and row.locator("a").count() == 0
+    assert "2.00" in row.inner_text()  # the GPU-hours it held
+    row.scroll_into_view_if_needed()
+    page.screenshot(path="/tmp/usage_deleted_row.png", full_page=True)
+    page.close()
