@@ -211,7 +211,7 @@ class _Confined:
         within its depth. Each folder is opened afresh from the root like a key's (so no more than one
         descriptor is held however wide the tree), and a link met anywhere is passed over: a folder
         swapped for one meanwhile shows nothing of where it points, neither names nor sizes."""
-        top = [part for part in PurePosixPath(prefix).parts if part not in ("", ".", "/")]
+        top = self._parts(prefix, folder=True)
         stack = [((), 0)]
         while stack:
             below, depth = stack.pop()
@@ -228,10 +228,13 @@ class _Confined:
             if depth < diskwatch.MAX_DEPTH:
                 stack.extend(((*below, name), depth + 1) for name in reversed(inner))
 
-    def _parts(self, key):
+    def _parts(self, key, *, folder=False):
+        """The names on the way to `key`, a file's (or with `folder`, a folder's: '' is the root); never '..',
+        which a folder swapped meanwhile could lead out through."""
         parts = [part for part in PurePosixPath(key).parts if part not in ("", ".", "/")]
-        if not parts or ".." in parts:
-            raise DataStoreError(f"data store {self.store.name!r}: {key!r} is not a file's key inside the store")
+        if (not parts and not folder) or ".." in parts:
+            what = "a folder" if folder else "a file's key"
+            raise DataStoreError(f"data store {self.store.name!r}: {key!r} is not {what} inside the store")
         return parts
 
     def _folder(self, parts, *, make=False):

@@ -536,6 +536,9 @@ def test_a_confined_listing_shows_nothing_of_where_a_link_points(tmp_path, monke
 
     monkeypatch.setattr(store, "path_of", check_then_swap)
     assert list(store.list("digits/")) == []
+    monkeypatch.undo()
+    with pytest.raises(DataStoreError, match="is not a folder inside the store"):
+        list(store.list("digits-old/../digits-old/"))  # never walked through '..'
 
 
 def test_a_link_inside_the_tenants_folder_is_refused_naming_the_field(tmp_path):
