@@ -157,10 +157,17 @@ class ExperimentDetail(Scoped, APIView):
     @extend_schema(parameters=[OpenApiParameter(
         "changed_after", str, description="an earlier answer's `next_changed_after`: `trials` then holds only "
                                           "the trials that changed since (the page's refreshes ask this way)")],
-        responses={200: ExperimentDetailSerializer})
+        responses={200: ExperimentDetailSerializer, 429: OpenApiResponse(ErrorSerializer, description=(
+            f"every trial of an experiment past {experiments.FREE_READ_TRIALS} asked while the tenant's other such "
+            "reads take "
+            "every slot; Retry-After says when to ask again"))})
     def get(self, request, experiment_id):
         context = {"read_at": timezone.now(), "changed_after": moment(request.query_params, "changed_after")}
-        return Response(ExperimentDetailSerializer(self.experiment(), context=context).data)
+        experiment = self.experiment()
+        if context["changed_after"] is not None:  # the page's refreshes: the changes only
+            return Response(ExperimentDetailSerializer(experiment, context=context).data)
+        with experiments.reading_every_trial(experiment):
+            return Response(ExperimentDetailSerializer(experiment, context=context).data)
 
     @extend_schema(request=None, responses={
         202: OpenApiResponse(ExperimentDetailSerializer, description=(

@@ -37,6 +37,7 @@ import math
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -52,7 +53,7 @@ from gpu_scheduler import search as searching
 from jobs import datastores, dispatch, lifecycle, storage, submission, transfers
 from jobs.models import ACTIVE, FINAL, Experiment, MetricPoint, Status, Trial
 from jobs.states import InvalidTransition
-from tenants import access, priority, quotas
+from tenants import access, priority, quotas, throttling
 from tenants.models import Membership, Tenant
 from trainyard import experiment as experiments
 from trainyard.manifest import ManifestError, parse_fields
@@ -71,6 +72,8 @@ DECISIONS_PER_PASS = 32
 # The searcher's metric points one pass reads: a learner may report up to its cap of them
 # (TRAINYARD_METRIC_POINTS_PER_LEARNER), all at once, and the rest wait for the next passes.
 OBSERVED_POINTS_PER_PASS = 10_000
+# An experiment of more trials than this is read whole a few at a time per tenant (reading_every_trial).
+FREE_READ_TRIALS = 1000
 
 
 class ExperimentError(submission.SubmitError):
@@ -183,6 +186,19 @@ def _set_state(experiment, target, sources, reason):
 
 # --- the loop's pass ----------------------------------------------------------------------------
 _not_reached = []  # the experiments the last advance_all() ran out of time for: first in line next time
+
+
+@contextmanager
+def reading_every_trial(experiment):
+    """The block that reads every trial of `experiment` (its page, its API detail). Past
+    FREE_READ_TRIALS that takes a web thread and its CPU for a good part of a second: the block then
+    holds one of the tenant's EXPERIMENT_READS slots (throttling.Busy, a 429, when they are taken), so
+    a tenant reading its large experiments in a loop does not take the web process from the others."""
+    if experiment.trials_started <= FREE_READ_TRIALS:
+        yield
+        return
+    with throttling.held(throttling.EXPERIMENT_READS, experiment.tenant_id):
+        yield
 
 
 def advance_all(*, budget_s=None):

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from jobs import compare, datastores, experiments
 from jobs.models import Experiment, Trial
 from portal import views
+from tenants import throttling
 
 LIST_ROWS = 200  # experiments on the list page, newest first
 MAX_MANIFEST_BYTES = 64 * 1024
@@ -103,7 +104,14 @@ def _manifest_text(request):
 @views.tenant_page
 def experiment_page(request, membership, experiment_id):
     experiment = experiments.experiment_or_404(membership, experiment_id)
-    return render(request, "experiments/detail.html", page_context(membership, experiment))
+    try:
+        with experiments.reading_every_trial(experiment):
+            return render(request, "experiments/detail.html", page_context(membership, experiment))
+    except throttling.Busy as exc:
+        response = render(request, "experiments/busy.html", {"membership": membership, "experiment": experiment,
+                                                             "reason": str(exc)}, status=429)
+        response["Retry-After"] = str(exc.retry_after_s)
+        return response
 
 
 @views.tenant_page

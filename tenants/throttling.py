@@ -79,6 +79,8 @@ CLUSTER_HISTORY = AtOnce("cluster-use", limit=1, hold_s=120,  # jobs.node_use: e
                          busy="request(s) of this tenant for the cluster's history are being answered")
 USAGE_REPORTS = AtOnce("usage", limit=2, hold_s=120,  # jobs.usage: a period's samples, summed by the database
                        busy="usage reports of this tenant are being prepared")
+EXPERIMENT_READS = AtOnce("experiment-read", limit=2, hold_s=60,  # jobs.experiment_api: every trial of a large one
+                          busy="reads of every trial of this tenant's large experiments are being answered")
 
 
 class Busy(Exception):

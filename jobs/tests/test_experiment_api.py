@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from jobs import experiment_api, experiments
 from jobs.models import Experiment, Job, MetricPoint, Trial
-from tests.support.builders import client_for, member, record_sends, tar_gz, upload
+from tests.support.builders import client_for, logged_in, member, record_sends, tar_gz, upload
 
 pytestmark = pytest.mark.django_db
 
@@ -141,3 +141,36 @@ def test_another_tenants_experiment_is_not_found(alice):
     assert bob.post(f"/api/v1/experiments/{experiment_id}/kill/").status_code == 404
     assert bob.get("/api/v1/experiments/").json()["results"] == []
     assert Experiment.objects.get(pk=experiment_id).state == "ACTIVE"
+
+
+def test_every_trial_of_a_large_experiment_is_read_a_few_at_once_per_tenant(alice):
+    """Reading every trial of an experiment of thousands takes a web thread and its CPU for most of a
+    second: a tenant reading them in a loop took the web process from the others. Those reads hold one
+    of the tenant's slots; the page's refreshes (changed_after) and small experiments hold none."""
+    from tenants import throttling
+    client = client_for(alice)
+    large = post(client).json()
+    small = post(client, MANIFEST.replace(b"name: sweep", b"name: small")).json()
+    Experiment.objects.filter(pk=large["id"]).update(trials_started=experiments.FREE_READ_TRIALS + 1)
+    mallory = member("team-b", "mallory")
+    theirs = post(client_for(mallory)).json()
+    Experiment.objects.filter(pk=theirs["id"]).update(trials_started=experiments.FREE_READ_TRIALS + 1)
+    holds = [throttling.slot(throttling.EXPERIMENT_READS, alice.tenant_id)
+             for _ in range(throttling.EXPERIMENT_READS.limit)]
+    assert all(hold.__enter__() for hold in holds)
+    try:
+        busy = client.get(f"/api/v1/experiments/{large['id']}/")
+        assert busy.status_code == 429 and busy["Retry-After"] == "3"
+        assert "large experiments are being answered" in busy.json()["detail"]
+        page = logged_in(alice).get(f"/experiments/{large['id']}/")
+        assert page.status_code == 429 and b"large experiments are being answered" in page.content
+        assert logged_in(alice).get(f"/experiments/{small['id']}/").status_code == 200
+        changes = client.get(f"/api/v1/experiments/{large['id']}/", {"changed_after": large["next_changed_after"]})
+        assert changes.status_code == 200
+        assert client.get(f"/api/v1/experiments/{small['id']}/").status_code == 200
+        assert client_for(mallory).get(f"/api/v1/experiments/{theirs['id']}/").status_code == 200
+    finally:
+        for hold in holds:
+            hold.__exit__(None, None, None)
+    assert client.get(f"/api/v1/experiments/{large['id']}/").status_code == 200
+    assert logged_in(alice).get(f"/experiments/{large['id']}/").status_code == 200
