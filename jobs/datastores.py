@@ -220,13 +220,14 @@ class _Confined:
             except OSError:  # swapped for a link or gone meanwhile
                 continue
             try:
-                found, inner = _plain_files_and_folders(folder)
+                files, inner, _ = _sorted_entries(folder)
+                found = [(entry.name, size) for entry in files if (size := _size(entry)) is not None]
             finally:
                 os.close(folder)
             for name, size in found:
                 yield StoredObject(PurePosixPath(prefix, *below, name).as_posix(), size)
             if depth < diskwatch.MAX_DEPTH:
-                stack.extend(((*below, name), depth + 1) for name in reversed(inner))
+                stack.extend(((*below, entry.name), depth + 1) for entry in reversed(inner))
 
     def _parts(self, key, *, folder=False):
         """The names on the way to `key`, a file's (or with `folder`, a folder's: '' is the root); never '..',
@@ -764,21 +765,31 @@ def _open_plain(folder, name):
     return os.fdopen(fd, "rb")
 
 
-def _plain_files_and_folders(folder):
-    """([(name, size)] of the plain files, [name] of the folders) in the folder descriptor `folder`,
-    sorted by name; links and whatever goes meanwhile are left out."""
-    files, folders = [], []
+def _sorted_entries(folder):
+    """(plain files, folders, links) in `folder` (a path, or a folder's descriptor), each a list of
+    os.DirEntry sorted by name; an entry gone meanwhile is left out."""
+    files, folders, links = [], [], []
     with os.scandir(folder) as listing:
         entries = sorted(listing, key=lambda entry: entry.name)
     for entry in entries:
         try:
             if entry.is_dir(follow_symlinks=False):
-                folders.append(entry.name)
+                folders.append(entry)
             elif entry.is_file(follow_symlinks=False):
-                files.append((entry.name, entry.stat(follow_symlinks=False).st_size))
+                files.append(entry)
+            elif entry.is_symlink():
+                links.append(entry)
         except OSError:
             continue
-    return files, folders
+    return files, folders, links
+
+
+def _size(entry):
+    """The entry's size, not following a link; None when it went meanwhile."""
+    try:
+        return entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        return None
 
 
 def _left_out_line(target, names, shown=3):
@@ -798,23 +809,14 @@ def regular_files(top, *, links=None, named_from=None):
     while stack:
         folder, depth = stack.pop()
         try:
-            with os.scandir(folder) as listing:
-                entries = sorted(listing, key=lambda entry: entry.name)
+            files, folders, found_links = _sorted_entries(folder)
         except OSError:
             continue
-        folders = []
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    folders.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False):
-                    yield Path(entry.path)
-                elif links is not None and entry.is_symlink():
-                    links.append(Path(entry.path).relative_to(named_from or top).as_posix())
-            except OSError:  # gone meanwhile
-                continue
+        if links is not None:
+            links.extend(Path(entry.path).relative_to(named_from or top).as_posix() for entry in found_links)
+        yield from (Path(entry.path) for entry in files)
         if depth < diskwatch.MAX_DEPTH:
-            stack.extend((inner, depth + 1) for inner in reversed(folders))
+            stack.extend((Path(entry.path), depth + 1) for entry in reversed(folders))
 
 
 @contextmanager

@@ -1,5 +1,6 @@
 """REST endpoints for experiments (SPEC §4): tenant-scoped like jobs, an experiment another tenant owns
 is a 404. The trials themselves are jobs: their logs, metrics and actions are the jobs endpoints'."""
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 
 from django.db.models import Q
@@ -159,14 +160,13 @@ class ExperimentDetail(Scoped, APIView):
                                           "the trials that changed since (the page's refreshes ask this way)")],
         responses={200: ExperimentDetailSerializer, 429: OpenApiResponse(ErrorSerializer, description=(
             f"every trial of an experiment past {experiments.FREE_READ_TRIALS} asked while the tenant's other such "
-            "reads take "
-            "every slot; Retry-After says when to ask again"))})
+            "reads take every slot; Retry-After says when to ask again"))})
     def get(self, request, experiment_id):
         context = {"read_at": timezone.now(), "changed_after": moment(request.query_params, "changed_after")}
         experiment = self.experiment()
-        if context["changed_after"] is not None:  # the page's refreshes: the changes only
-            return Response(ExperimentDetailSerializer(experiment, context=context).data)
-        with experiments.reading_every_trial(experiment):
+        # The page's refreshes ask for the changes only: not every trial.
+        reading = nullcontext() if context["changed_after"] is not None else experiments.reading_every_trial(experiment)
+        with reading:
             return Response(ExperimentDetailSerializer(experiment, context=context).data)
 
     @extend_schema(request=None, responses={
